@@ -1,0 +1,37 @@
+"""Distributed Scrapy crawls over one shared Redis frontier.
+
+The names below are the public API; everything else may be imported but is not promised.
+"""
+
+from scrapy_dist.addon import DistAddon
+from scrapy_dist.dupefilter import RFPDupeFilter
+from scrapy_dist.exceptions import (
+    ConfigurationError,
+    InvalidSeed,
+    RedisUnavailable,
+    ScrapyDistError,
+    SerializationError,
+)
+from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue
+from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider, RedisSpiderMixin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "DistAddon",
+    "FifoQueue",
+    "InvalidSeed",
+    "LifoQueue",
+    "PriorityQueue",
+    "RFPDupeFilter",
+    "RedisCrawlSpider",
+    "RedisSpider",
+    "RedisSpiderMixin",
+    "RedisUnavailable",
+    "Scheduler",
+    "ScrapyDistError",
+    "SerializationError",
+    "__version__",
+]

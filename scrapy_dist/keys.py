@@ -1,0 +1,144 @@
+"""Every Redis key name, built in one place.
+
+A *crawl* is the spider name, or ``<spider>:<job>`` when ``SCHEDULER_JOB_ID`` or
+``SCHEDULER_JOB_TIMESTAMP`` isolates runs, so ``books:20261122:requests`` and
+``books:20261123:requests`` never meet. Key templates (scrapy-redis's settings) take the
+crawl name as ``%(spider)s``; ``%(name)s`` is accepted as the same value.
+
+=========================  ===========  ==============================================
+key                        type         holds
+=========================  ===========  ==============================================
+``<crawl>:start_urls``     list/set/    seeds pushed by users (raw URL or JSON object)
+                           zset
+``<crawl>:requests``       zset / list  the shared frontier: ``<id><payload>`` entries
+``<crawl>:dupefilter``     set          raw fingerprints of requests ever enqueued
+``<crawl>:seq``            string       counter giving each queued entry its id
+``<crawl>:workers``        hash         worker id -> last heartbeat (server time, s)
+``<crawl>:dead``           list         JSON records of seeds/requests that failed
+=========================  ===========  ==============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+from scrapy_dist.addon import settings_for
+from scrapy_dist.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+
+_by_crawler: WeakKeyDictionary[Crawler, RedisKeys] = WeakKeyDictionary()
+
+
+def expand(template: str, crawl: str, *, setting: str = "key template") -> str:
+    """Fill a key template with the crawl name.
+
+    Raises:
+        ConfigurationError: the template has a placeholder other than ``%(spider)s``
+            or ``%(name)s``.
+    """
+    try:
+        return template % {"spider": crawl, "name": crawl}
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigurationError(
+            f"{setting} {template!r} is not a valid key template: use %(spider)s "
+            f"for the crawl name ({e})"
+        ) from e
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """The key names of one crawl (see the module docstring for what each holds)."""
+
+    #: The crawl name: the spider name, plus ``:<job>`` for an isolated job.
+    crawl: str
+    requests: str
+    dupefilter: str
+    start_urls: str
+
+    @property
+    def seq(self) -> str:
+        return f"{self.crawl}:seq"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.crawl}:workers"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.crawl}:dead"
+
+    def frontier(self) -> tuple[str, ...]:
+        """Keys that make up the crawl's shared state, removed when it is flushed."""
+        return (self.requests, self.dupefilter, self.seq)
+
+    def start_urls_key(self, template: str) -> str:
+        """Expand a spider's own ``redis_key`` template for this crawl."""
+        return expand(template, self.crawl, setting="redis_key")
+
+    @classmethod
+    def build(
+        cls,
+        spider: str,
+        *,
+        job: str | None = None,
+        requests: str = "%(spider)s:requests",
+        dupefilter: str = "%(spider)s:dupefilter",
+        start_urls: str = "%(name)s:start_urls",
+    ) -> RedisKeys:
+        """Build the keys of spider ``spider``'s crawl, isolated by ``job`` if given."""
+        if not spider:
+            raise ConfigurationError("a crawl needs a spider name to build its Redis keys")
+        crawl = f"{spider}:{job}" if job else spider
+        return cls(
+            crawl=crawl,
+            requests=expand(requests, crawl, setting="SCHEDULER_QUEUE_KEY"),
+            dupefilter=expand(dupefilter, crawl, setting="SCHEDULER_DUPEFILTER_KEY"),
+            start_urls=expand(start_urls, crawl, setting="REDIS_START_URLS_KEY"),
+        )
+
+
+def job_from_settings(settings: BaseSettings, now: datetime | None = None) -> str | None:
+    """Return the job part of the crawl name, fixed from the settings at ``now`` (UTC).
+
+    Raises:
+        ConfigurationError: both ``SCHEDULER_JOB_ID`` and ``SCHEDULER_JOB_TIMESTAMP`` are set.
+    """
+    job_id = settings.get("SCHEDULER_JOB_ID")
+    pattern = settings.get("SCHEDULER_JOB_TIMESTAMP")
+    if job_id and pattern:
+        raise ConfigurationError(
+            "SCHEDULER_JOB_ID and SCHEDULER_JOB_TIMESTAMP are both set; use one of them"
+        )
+    if pattern:
+        return (now or datetime.now(timezone.utc)).strftime(str(pattern))
+    return str(job_id) if job_id else None
+
+
+def keys_from_settings(
+    settings: BaseSettings, spider: str, now: datetime | None = None
+) -> RedisKeys:
+    """Build a crawl's keys from (already defaulted) settings; used by the CLI and crawlers."""
+    return RedisKeys.build(
+        spider,
+        job=job_from_settings(settings, now),
+        requests=settings["SCHEDULER_QUEUE_KEY"],
+        dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
+        start_urls=settings["REDIS_START_URLS_KEY"],
+    )
+
+
+def keys_for(crawler: Crawler) -> RedisKeys:
+    """Return the crawler's keys, computed once, so every component and every later
+    call agrees on the job stamp even if the crawl runs past a stamp boundary."""
+    try:
+        return _by_crawler[crawler]
+    except KeyError:
+        name = crawler.spider.name if crawler.spider else crawler.spidercls.name
+        keys = _by_crawler[crawler] = keys_from_settings(settings_for(crawler), name)
+        return keys

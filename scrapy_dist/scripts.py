@@ -1,0 +1,49 @@
+"""The Lua scripts in ``scrapy_dist/lua/``, registered once per client.
+
+Each ``.lua`` file opens with a header naming its ``KEYS`` and ``ARGV``. Every key a
+script touches is passed in ``KEYS``; no script derives key names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+if TYPE_CHECKING:
+    import redis
+    from redis.commands.core import Script
+
+_registered: WeakKeyDictionary[redis.Redis, Scripts] = WeakKeyDictionary()
+
+
+@cache
+def source(name: str) -> str:
+    """Return the text of ``lua/<name>.lua`` shipped with the package."""
+    return (files("scrapy_dist") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """The package's scripts bound to one client (``EVALSHA``, reloaded on ``NOSCRIPT``)."""
+
+    enqueue: Script
+    join: Script
+    leave: Script
+    heartbeat: Script
+
+
+def scripts_for(client: redis.Redis) -> Scripts:
+    """Return the scripts registered on ``client``, registering them on first use (no I/O)."""
+    try:
+        return _registered[client]
+    except KeyError:
+        scripts = _registered[client] = Scripts(
+            enqueue=client.register_script(source("enqueue")),
+            join=client.register_script(source("join")),
+            leave=client.register_script(source("leave")),
+            heartbeat=client.register_script(source("heartbeat")),
+        )
+        return scripts

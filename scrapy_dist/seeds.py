@@ -1,0 +1,333 @@
+"""Seeds: what users push to ``<spider>:start_urls``, validated and turned into requests.
+
+A seed is either a plain ``http(s)`` URL or a JSON object::
+
+    {"url": "https://example.com/api",       # required
+     "method": "POST",                        # default: GET, or POST with a body
+     "headers": {"X-Token": "t"},             # values: string or list of strings
+     "cookies": {"session": "s"},
+     "body": "raw text" | "json": {...} | "formdata": {"page": "1"},   # at most one
+     "meta": {...}, "cb_kwargs": {...}, "priority": 10,
+     "callback": "parse_item", "errback": "on_error",   # spider method names
+     "dont_filter": false}
+
+``formdata`` is urlencoded into the body for POST and into the query string for GET;
+``json`` becomes a JSON body. The same rules serve :class:`~scrapy_dist.spiders.RedisSpider`
+and the ``scrapy-dist push`` command, so what the CLI accepts a worker accepts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
+
+from scrapy import Request
+from scrapy.http import FormRequest, JsonRequest
+
+from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import redis
+    from redis.client import Pipeline
+    from scrapy.settings import BaseSettings
+
+#: URL schemes a seed may use.
+SCHEMES = frozenset(("http", "https"))
+#: Fields that each set the request body; a seed may use one.
+BODY_FIELDS = ("body", "json", "formdata")
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A validated seed; see the module docstring for the meaning of each field."""
+
+    url: str
+    method: str | None = None
+    headers: dict[str, str | list[str]] = field(default_factory=dict)
+    cookies: dict[str, str] | list[dict[str, Any]] = field(default_factory=dict)
+    body: str | None = None
+    #: ``(value,)`` when the seed has a ``json`` field (its value may be ``null``).
+    json: tuple[Any] | None = None
+    formdata: dict[str, str | list[str]] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    cb_kwargs: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    callback: str | None = None
+    errback: str | None = None
+    dont_filter: bool = False
+
+
+def _check_url(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidSeed("'url' must be a non-empty string")
+    url: str = value.strip()
+    if any(c.isspace() for c in url):
+        raise InvalidSeed(f"URL {url!r:.200} contains whitespace")
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in SCHEMES:
+        raise InvalidSeed(f"URL {url!r:.200} must start with http:// or https://")
+    if not parts.netloc:
+        raise InvalidSeed(f"URL {url!r:.200} has no host")
+    return url
+
+
+def _str_map(name: str, value: Any, *, lists: bool) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidSeed(f"{name!r} must be an object")
+    for k, v in value.items():
+        ok = isinstance(v, str) or (
+            lists and isinstance(v, list) and all(isinstance(i, str) for i in v)
+        )
+        if not ok:
+            kind = "a string or a list of strings" if lists else "a string"
+            raise InvalidSeed(f"{name}[{k!r}] must be {kind}")
+    return value
+
+
+def _method(value: Any) -> str:
+    if not isinstance(value, str) or not value.isalpha():
+        raise InvalidSeed("'method' must be an HTTP method name such as 'POST'")
+    return value.upper()
+
+
+def _cookies(value: Any) -> Any:
+    if isinstance(value, list):
+        if not all(isinstance(c, dict) and "name" in c and "value" in c for c in value):
+            raise InvalidSeed("'cookies' as a list must hold objects with 'name' and 'value'")
+        return value
+    return _str_map("cookies", value, lists=False)
+
+
+def _body(value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidSeed("'body' must be a string (use 'json' for a JSON body)")
+    return value
+
+
+def _object(name: str) -> Callable[[Any], dict[str, Any]]:
+    def check(value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise InvalidSeed(f"{name!r} must be an object")
+        return value
+
+    return check
+
+
+def _priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSeed("'priority' must be an integer")
+    return value
+
+
+def _spider_method_name(name: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.isidentifier():
+            raise InvalidSeed(f"{name!r} must be the name of a spider method")
+        return value
+
+    return check
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidSeed("'dont_filter' must be true or false")
+    return value
+
+
+#: Validator of each JSON seed field: raw JSON value -> the value :class:`Seed` keeps.
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "url": _check_url,
+    "method": _method,
+    "headers": lambda v: _str_map("headers", v, lists=True),
+    "cookies": _cookies,
+    "body": _body,
+    "json": lambda v: (v,),
+    "formdata": lambda v: _str_map("formdata", v, lists=True),
+    "meta": _object("meta"),
+    "cb_kwargs": _object("cb_kwargs"),
+    "priority": _priority,
+    "callback": _spider_method_name("callback"),
+    "errback": _spider_method_name("errback"),
+    "dont_filter": _flag,
+}
+#: Fields a JSON seed may have.
+FIELDS = frozenset(_VALIDATORS)
+
+
+def _from_object(obj: dict[str, Any]) -> Seed:
+    unknown = sorted(set(obj) - FIELDS)
+    if unknown:
+        names = ", ".join(map(repr, unknown))
+        raise InvalidSeed(f"unknown field(s) {names}; allowed: {', '.join(sorted(FIELDS))}")
+    if "url" not in obj:
+        raise InvalidSeed("JSON seed has no 'url'")
+    bodies = [f for f in BODY_FIELDS if f in obj]
+    if len(bodies) > 1:
+        raise InvalidSeed(f"use only one of {', '.join(bodies)}")
+    return Seed(**{name: _VALIDATORS[name](value) for name, value in obj.items()})
+
+
+def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
+    """Validate raw seed data.
+
+    Raises:
+        InvalidSeed: the data is not a URL or a valid JSON seed; the message says why.
+    """
+    if isinstance(data, bytes):
+        try:
+            data = data.decode(encoding)
+        except UnicodeDecodeError as e:
+            raise InvalidSeed(f"seed is not valid {encoding}: {e}") from e
+    text = data.strip()
+    if not text:
+        raise InvalidSeed("seed is empty")
+    if text[0] in "{[\"":
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            raise InvalidSeed(f"seed is not valid JSON: {e}") from e
+        if not isinstance(obj, dict):
+            raise InvalidSeed(f"a JSON seed must be an object, not {type(obj).__name__}")
+        return _from_object(obj)
+    return Seed(url=_check_url(text))
+
+
+def _spider_method(spider: object, name: str | None, field_name: str) -> Callable[..., Any] | None:
+    if name is None:
+        return None
+    method = getattr(spider, name, None)
+    if not callable(method):
+        owner = getattr(spider, "name", None) or type(spider).__name__
+        raise InvalidSeed(f"{field_name} {name!r} is not a method of spider {owner!r}")
+    return method  # type: ignore[no-any-return]
+
+
+def check_callbacks(seed: Seed, spider: object) -> None:
+    """Make sure the seed's callback and errback exist on ``spider`` (instance or class).
+
+    Raises:
+        InvalidSeed: one of them is missing.
+    """
+    _spider_method(spider, seed.callback, "callback")
+    _spider_method(spider, seed.errback, "errback")
+
+
+def request_from_seed(seed: Seed, spider: object) -> Request:
+    """Build the request a seed describes, with callbacks bound to ``spider``.
+
+    Raises:
+        InvalidSeed: a callback is missing or Scrapy rejects the request.
+    """
+    common: dict[str, Any] = {
+        "headers": seed.headers or None,
+        "cookies": seed.cookies or None,
+        "meta": seed.meta or None,
+        "cb_kwargs": seed.cb_kwargs or None,
+        "priority": seed.priority,
+        "dont_filter": seed.dont_filter,
+        "callback": _spider_method(spider, seed.callback, "callback"),
+        "errback": _spider_method(spider, seed.errback, "errback"),
+    }
+    try:
+        if seed.formdata is not None:
+            return FormRequest(
+                seed.url, method=seed.method or "POST", formdata=seed.formdata, **common
+            )
+        if seed.json is not None:
+            return JsonRequest(seed.url, method=seed.method or "POST", data=seed.json[0], **common)
+        if seed.body is not None:
+            return Request(seed.url, method=seed.method or "POST", body=seed.body, **common)
+        return Request(seed.url, method=seed.method or "GET", **common)
+    except (TypeError, ValueError) as e:
+        raise InvalidSeed(f"Scrapy rejected the request: {e}") from e
+
+
+class SeedQueue:
+    """The seeds key of a crawl, read and written according to its mode.
+
+    Args:
+        client: the crawl's Redis client.
+        key: the seeds key.
+        kind: ``"list"`` (``LPOP``, scrapy-redis's order), ``"set"`` (``SPOP``) or
+            ``"zset"`` (``ZPOPMAX``: highest score first).
+    """
+
+    KINDS = ("list", "set", "zset")
+
+    def __init__(self, client: redis.Redis, key: str, kind: str = "list") -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"seed queue kind must be one of {self.KINDS}, not {kind!r}")
+        self.client = client
+        self.key = key
+        self.kind = kind
+
+    @classmethod
+    def kind_from_settings(cls, settings: BaseSettings) -> str:
+        """The seed mode named by ``REDIS_START_URLS_AS_SET`` / ``REDIS_START_URLS_AS_ZSET``.
+
+        Raises:
+            ConfigurationError: both are set.
+        """
+        as_set = settings.getbool("REDIS_START_URLS_AS_SET")
+        as_zset = settings.getbool("REDIS_START_URLS_AS_ZSET")
+        if as_set and as_zset:
+            raise ConfigurationError(
+                "REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET are both set; "
+                "choose one"
+            )
+        return "set" if as_set else "zset" if as_zset else "list"
+
+    def pop(self, count: int) -> list[bytes]:
+        """Remove and return up to ``count`` seeds in one command."""
+        if self.kind == "set":
+            return cast("list[bytes]", self.client.spop(self.key, count)) or []
+        if self.kind == "zset":
+            popped = cast("list[tuple[bytes, float]]", self.client.zpopmax(self.key, count))
+            return [member for member, _ in popped]
+        return cast("list[bytes] | None", self.client.lpop(self.key, count)) or []
+
+    def push(
+        self, seeds: Sequence[bytes | str], score: float = 0.0, pipe: Pipeline | None = None
+    ) -> None:
+        """Add seeds (``score`` is used by the zset mode)."""
+        if not seeds:
+            return
+        target = pipe or self.client
+        if self.kind == "set":
+            target.sadd(self.key, *seeds)
+        elif self.kind == "zset":
+            mapping: dict[Any, float] = dict.fromkeys(seeds, score)
+            target.zadd(self.key, mapping)
+        else:
+            target.rpush(self.key, *seeds)
+
+    def __len__(self) -> int:
+        if self.kind == "set":
+            return int(self.client.scard(self.key))
+        if self.kind == "zset":
+            return int(self.client.zcard(self.key))
+        return int(self.client.llen(self.key))
+
+    def check_type(self) -> None:
+        """Make sure the key, if it exists, matches the configured mode.
+
+        Raises:
+            ConfigurationError: it holds another type; the message says which setting fits.
+        """
+        actual = cast("bytes", self.client.type(self.key)).decode()
+        if actual in ("none", self.kind):
+            return
+        hint = {
+            "set": "set REDIS_START_URLS_AS_SET = True",
+            "zset": "set REDIS_START_URLS_AS_ZSET = True",
+            "list": "unset REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET",
+        }.get(actual, "delete the key")
+        raise ConfigurationError(
+            f"seeds key {self.key!r} holds a {actual}, but this crawl reads a {self.kind}: {hint}"
+        )

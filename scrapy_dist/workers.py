@@ -1,0 +1,96 @@
+"""The registry of a crawl's live workers.
+
+Each worker writes a heartbeat (the Redis server's clock, so machines with skewed
+clocks agree) into ``<crawl>:workers``. A worker whose heartbeat is older than the
+timeout counts as gone and is pruned by the next join or leave. Joining may flush the
+crawl's frontier and leaving may delete it, each atomically with the count of the
+other live workers, so one worker never wipes state other workers still use.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import TYPE_CHECKING, cast
+
+from scrapy_dist.scripts import scripts_for
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import redis
+
+
+def new_worker_id() -> str:
+    """Return a unique, readable worker id: ``<host>:<pid>:<random>``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class WorkerRegistry:
+    """Join, heartbeat and leave one crawl's worker registry.
+
+    Args:
+        client: the crawl's Redis client.
+        key: the registry hash key.
+        worker_id: this worker's id.
+        timeout: seconds without heartbeat after which a worker counts as gone.
+        frontier: keys a flush deletes (queue, dupefilter, sequence...).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: str,
+        worker_id: str,
+        *,
+        timeout: float,
+        frontier: Sequence[str],
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.worker_id = worker_id
+        self.timeout = timeout
+        self.frontier = list(frontier)
+        self._scripts = scripts_for(client)
+
+    def join(self, *, flush: bool = False) -> tuple[int, bool]:
+        """Register this worker; with ``flush``, delete the frontier if no other
+        worker is alive.
+
+        Returns:
+            ``(other live workers, whether the frontier was flushed)``.
+        """
+        others, flushed = cast(
+            "list[int]",
+            self._scripts.join(
+                keys=[self.key, *self.frontier],
+                args=[self.worker_id, self.timeout, int(flush)],
+            ),
+        )
+        return int(others), bool(flushed)
+
+    def heartbeat(self) -> None:
+        """Tell the others this worker is alive."""
+        self._scripts.heartbeat(keys=[self.key], args=[self.worker_id])
+
+    def leave(self, *, clear: bool = False) -> tuple[int, bool]:
+        """Unregister this worker; with ``clear``, delete the frontier if it was the
+        last live worker.
+
+        Returns:
+            ``(live workers remaining, whether the frontier was deleted)``.
+        """
+        remaining, cleared = cast(
+            "list[int]",
+            self._scripts.leave(
+                keys=[self.key, *self.frontier],
+                args=[self.worker_id, self.timeout, int(clear)],
+            ),
+        )
+        return int(remaining), bool(cleared)
+
+    def live(self) -> dict[str, float]:
+        """Every registered worker and its last heartbeat (server time, seconds)."""
+        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.key))
+        return {k.decode(): float(v) for k, v in raw.items()}

@@ -1,0 +1,108 @@
+"""Shared fixtures: a real redis-server for the session, per-test key isolation, crawlers.
+
+Contract tests run against a ``redis-server`` the session starts itself on a free port
+(``scrapy_dist.testing.RedisServer``), or against ``--redis-url`` /
+``SCRAPY_DIST_TEST_REDIS_URL`` when given. A Redis the tests did not start is only used
+when named explicitly, and even then each test touches only keys under its own prefix,
+which it deletes with ``SCAN`` (never ``KEYS`` or ``FLUSHDB``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+from scrapy import Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_dist.testing.redis_server import RedisServer, RedisServerNotFound
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from scrapy.crawler import Crawler
+
+_names = itertools.count()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--redis-url",
+        default=os.environ.get("SCRAPY_DIST_TEST_REDIS_URL"),
+        help="use this Redis instead of starting a throwaway redis-server",
+    )
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of the session's Redis: the one given, or a throwaway redis-server."""
+    given = request.config.getoption("--redis-url")
+    if given:
+        yield given
+        return
+    try:
+        server = RedisServer()
+    except RedisServerNotFound as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs a redis-server: {e}")
+        pytest.skip(str(e))
+    with server:
+        yield server.url
+
+
+@pytest.fixture
+def name() -> str:
+    """A spider name unique to this test: every key of its crawl starts with it."""
+    return f"t{next(_names)}x{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def client(redis_url: str, name: str) -> Iterator[redis.Redis]:
+    """A client of the session's Redis; deletes the test's keys afterwards (``SCAN``)."""
+    conn = redis.Redis.from_url(redis_url)
+    yield conn
+    for key in conn.scan_iter(match=f"{name}*", count=1000):
+        conn.delete(key)
+    conn.close()
+
+
+class _TestSpider(Spider):
+    name = "unused"
+
+    def parse(self, response: Any) -> Any:
+        return None
+
+    def parse_other(self, response: Any) -> Any:
+        return None
+
+
+@pytest.fixture
+def make_crawler(
+    redis_url: str, name: str, client: redis.Redis
+) -> Callable[..., Crawler]:
+    """Build a crawler with a spider named ``name`` against the session's Redis.
+
+    Call as ``make_crawler({"SETTING": value}, spidercls=...)``; the spider instance is
+    created and attached, as Scrapy does before opening the scheduler.
+    """
+
+    def make(
+        settings: dict[str, Any] | None = None, spidercls: type[Spider] = _TestSpider
+    ) -> Crawler:
+        crawler = get_crawler(
+            type(spidercls.__name__, (spidercls,), {"name": name}),
+            {
+                "REDIS_URL": redis_url,
+                "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+                "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.RFPDupeFilter",
+                **(settings or {}),
+            },
+        )
+        crawler.spider = crawler.spidercls.from_crawler(crawler)
+        return crawler
+
+    return make
