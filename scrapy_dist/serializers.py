@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from scrapy.utils.misc import load_object
@@ -157,12 +158,7 @@ def load_serializer(spec: Any) -> Serializer:
     """
     obj = NAMED.get(spec, spec) if isinstance(spec, str) else spec
     if isinstance(obj, str):
-        try:
-            obj = load_object(obj)
-        except (ImportError, NameError, ValueError) as e:
-            raise ConfigurationError(
-                f"SCHEDULER_SERIALIZER {spec!r} cannot be imported: {e}"
-            ) from e
+        obj = _import(obj)
     if isinstance(obj, type):
         obj = obj()
     if not (callable(getattr(obj, "dumps", None)) and callable(getattr(obj, "loads", None))):
@@ -176,6 +172,18 @@ def load_serializer(spec: Any) -> Serializer:
             "code in every worker. Use the default JSON serializer unless Redis is private."
         )
     return obj  # type: ignore[no-any-return]
+
+
+def _import(path: str) -> Any:
+    """Import a module path (scrapy-redis's ``"scrapy_redis.picklecompat"``) or an object path."""
+    try:
+        return import_module(path)
+    except ImportError:
+        pass
+    try:
+        return load_object(path)
+    except (ImportError, NameError, ValueError) as e:
+        raise ConfigurationError(f"SCHEDULER_SERIALIZER {path!r} cannot be imported: {e}") from e
 
 
 class RequestCodec:

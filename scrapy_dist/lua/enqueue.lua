@@ -14,6 +14,10 @@
 --
 -- Entries are "<16-digit id><payload>": ids keep identical payloads distinct, and in
 -- the zset they order equal scores first-in first-out.
+-- Redis does not roll a script back when a command fails, so the script writes in a
+-- safe order: it only reads while deciding, pushes the new entries, and records their
+-- tokens last. A failure can at worst queue a request whose token is not recorded
+-- (crawled twice), never record a token whose request is not queued.
 -- Returns: one integer per request, 1 if queued, 0 if its token was seen.
 
 local queue, seq = KEYS[1], KEYS[2]
@@ -22,31 +26,47 @@ local nfilter = tonumber(ARGV[3])
 local first = 4 + nfilter
 local n = (#ARGV - first + 1) / 3
 
--- Test-and-set one token; return 1 if it was new. One function per filter kind.
+-- Per filter kind: test(token) returns true if the token is new (read-only);
+-- record(token) marks it seen.
 local filters = {}
-filters["set"] = function(token)
-  return redis.call("SADD", KEYS[3], token)
-end
+filters["set"] = {
+  test = function(token)
+    return redis.call("SISMEMBER", KEYS[3], token) == 0
+  end,
+  record = function(token)
+    redis.call("SADD", KEYS[3], token)
+  end,
+}
 
-local test_and_set = filters[filter_kind]
-if filter_kind ~= "none" and test_and_set == nil then
+local filter = filters[filter_kind]
+if filter_kind ~= "none" and filter == nil then
   return redis.error_reply("unknown filter kind " .. filter_kind)
 end
+local queue_type = redis.call("TYPE", queue)["ok"]
+local expected = queue_kind == "zset" and "zset" or "list"
+if queue_type ~= "none" and queue_type ~= expected then
+  return redis.error_reply("WRONGTYPE " .. queue .. " holds a " .. queue_type)
+end
 
-local result = {}
-local accepted = {}
+-- 1. decide (reads only); a token repeated inside the batch is new only once
+local result, accepted, tokens, pending = {}, {}, {}, {}
 for i = 0, n - 1 do
   local token = ARGV[first + 3 * i]
-  local new = 1
-  if test_and_set ~= nil and token ~= "" then
-    new = test_and_set(token)
+  local new = true
+  if filter ~= nil and token ~= "" then
+    new = not pending[token] and filter.test(token)
+    if new then
+      pending[token] = true
+      tokens[#tokens + 1] = token
+    end
   end
-  result[i + 1] = new
-  if new == 1 then
+  result[i + 1] = new and 1 or 0
+  if new then
     accepted[#accepted + 1] = i
   end
 end
 
+-- 2. push the new entries
 if #accepted > 0 then
   local last = redis.call("INCRBY", seq, #accepted)
   local id = last - #accepted
@@ -60,5 +80,10 @@ if #accepted > 0 then
       redis.call("LPUSH", queue, entry)
     end
   end
+end
+
+-- 3. record their tokens
+for _, token in ipairs(tokens) do
+  filter.record(token)
 end
 return result

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from scrapy.settings import Settings
+
+from scrapy_dist.addon import with_defaults
+from scrapy_dist.connection import check, client_for, client_from_settings, describe, mask_url
+from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
+from scrapy_dist.testing.redis_server import free_port
+
+if TYPE_CHECKING:
+    import redis
+
+
+def build(**values: object) -> redis.Redis:
+    return client_from_settings(with_defaults(Settings(values)))
+
+
+def test_url_unix_and_tls() -> None:
+    assert describe(build(REDIS_URL="redis://h:1234/3")) == "redis://h:1234/3"
+    assert describe(build(REDIS_URL="rediss://h:1234/0")) == "rediss://h:1234/0"
+    assert describe(build(REDIS_URL="unix:///run/redis.sock?db=2")) == (
+        "unix:///run/redis.sock?db=2"
+    )
+
+
+def test_host_port_db_and_params() -> None:
+    client = build(REDIS_HOST="h", REDIS_PORT=7000, REDIS_DB=4, REDIS_PARAMS={"socket_timeout": 3})
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["host"], kwargs["port"], kwargs["db"], kwargs["socket_timeout"]) == (
+        "h",
+        7000,
+        4,
+        3,
+    )
+
+
+def test_defaults_to_localhost_without_io() -> None:
+    client = build()  # no server is contacted to build a client
+    assert describe(client) == "redis://localhost:6379/0"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"REDIS_URL": "redis://h/0", "REDIS_HOST": "other"},
+        {"REDIS_URL": "redis://h/0", "REDIS_PORT": 1},
+        {"REDIS_URL": "redis://h/0", "REDIS_PARAMS": {"url": "redis://elsewhere/0"}},
+        {"REDIS_URL": "redis://h/0", "REDIS_PARAMS": {"host": "x"}},
+        {"REDIS_HOST": "a", "REDIS_PARAMS": {"host": "b"}},
+        {"REDIS_URL": "http://h/0"},
+        {"REDIS_PARAMS": {"decode_responses": True}},
+    ],
+)
+def test_conflicts_are_configuration_errors(values: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        build(**values)
+
+
+def test_password_is_masked() -> None:
+    assert mask_url("redis://user:secret@h:1/0") == "redis://user:***@h:1/0"
+    client = build(REDIS_URL="redis://user:secret@h:1/0")
+    assert "secret" not in describe(client)
+    assert "***" in describe(client)
+
+
+def test_unreachable_server_names_the_url_masked() -> None:
+    port = free_port()
+    client = build(REDIS_URL=f"redis://:hunter2@127.0.0.1:{port}/0")
+    with pytest.raises(RedisUnavailable) as info:
+        check(client)
+    assert f"127.0.0.1:{port}" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+def test_one_client_per_crawler(make_crawler) -> None:  # type: ignore[no-untyped-def]
+    crawler = make_crawler()
+    assert client_for(crawler) is client_for(crawler)
+    assert client_for(crawler) is not client_for(make_crawler())

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from scrapy.settings import Settings
+
+from scrapy_dist.addon import with_defaults
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import RedisKeys, keys_for, keys_from_settings
+
+
+def settings(**values: object) -> Settings:
+    s = Settings(values)
+    s.freeze()
+    return with_defaults(s)  # type: ignore[return-value]
+
+
+def test_defaults_match_scrapy_redis() -> None:
+    keys = keys_from_settings(settings(), "books")
+    assert keys.requests == "books:requests"
+    assert keys.dupefilter == "books:dupefilter"
+    assert keys.start_urls == "books:start_urls"
+    assert keys.dead == "books:dead"
+    assert keys.workers == "books:workers"
+
+
+def test_scrapy_redis_templates_are_honoured() -> None:
+    keys = keys_from_settings(
+        settings(
+            SCHEDULER_QUEUE_KEY="q:%(spider)s",
+            SCHEDULER_DUPEFILTER_KEY="df:%(spider)s",
+            REDIS_START_URLS_KEY="seeds:%(name)s",
+        ),
+        "books",
+    )
+    assert (keys.requests, keys.dupefilter, keys.start_urls) == (
+        "q:books",
+        "df:books",
+        "seeds:books",
+    )
+
+
+def test_bad_template_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="SCHEDULER_QUEUE_KEY"):
+        keys_from_settings(settings(SCHEDULER_QUEUE_KEY="%(nope)s:requests"), "books")
+
+
+def test_job_timestamp_isolates_every_crawl_key() -> None:
+    day1 = datetime(2026, 11, 22, 23, 59, tzinfo=timezone.utc)
+    day2 = datetime(2026, 11, 23, 0, 1, tzinfo=timezone.utc)
+    s = settings(SCHEDULER_JOB_TIMESTAMP="%Y%m%d")
+    k1, k2 = keys_from_settings(s, "books", day1), keys_from_settings(s, "books", day2)
+    assert k1.requests == "books:20261122:requests"
+    assert k2.requests == "books:20261123:requests"
+    for a, b in zip(
+        (k1.requests, k1.dupefilter, k1.start_urls, k1.dead, k1.workers, k1.seq),
+        (k2.requests, k2.dupefilter, k2.start_urls, k2.dead, k2.workers, k2.seq),
+        strict=True,
+    ):
+        assert a != b
+        assert a.startswith("books:20261122:")
+
+
+def test_job_id_and_timestamp_are_exclusive() -> None:
+    with pytest.raises(ConfigurationError, match="both set"):
+        keys_from_settings(settings(SCHEDULER_JOB_ID="a", SCHEDULER_JOB_TIMESTAMP="%Y"), "x")
+
+
+def test_job_id() -> None:
+    keys = keys_from_settings(settings(SCHEDULER_JOB_ID="run7"), "books")
+    assert keys.crawl == "books:run7"
+    assert keys.frontier() == ("books:run7:requests", "books:run7:dupefilter", "books:run7:seq")
+
+
+def test_keys_fixed_once_per_crawler(make_crawler) -> None:  # type: ignore[no-untyped-def]
+    crawler = make_crawler({"SCHEDULER_JOB_TIMESTAMP": "%H%M%S%f"})
+    assert keys_for(crawler) is keys_for(crawler)
+
+
+def test_spider_redis_key_template() -> None:
+    keys = RedisKeys.build("books", job="j1")
+    assert keys.start_urls_key("%(name)s:seeds") == "books:j1:seeds"
+    assert keys.start_urls_key("literal") == "literal"
