@@ -278,23 +278,30 @@ class Scheduler(BaseScheduler):
         return len(self._buffer) + len(self.queue)
 
     def _refill(self) -> None:
+        """Take up to ``prefetch`` requests from Redis; entries that cannot be rebuilt go
+        to the dead-letter list, and taking continues until one can or the queue is empty."""
         assert self._codec is not None
-        for payload in self.queue.pop(self.prefetch):
-            try:
-                request = self._codec.decode(payload)
-            except SerializationError as e:
-                logger.error(
-                    "Dropped a queued request that cannot be rebuilt (%(error)s); it is in "
-                    "%(dead)s",
-                    {"error": e, "dead": self.dead.key},
-                    extra={"spider": self.spider},
-                )
-                self.dead.add(deadletter.REQUEST, str(e), payload)
-                self.stats.inc_value("scheduler/undecodable")
-                continue
-            self._buffer.append((payload, request))
-        if self._buffer:
-            self._last_work = time.monotonic()
+        while not self._buffer:
+            payloads = self.queue.pop(self.prefetch)
+            if not payloads:
+                return
+            for payload in payloads:
+                try:
+                    request = self._codec.decode(payload)
+                except SerializationError as e:
+                    self._undecodable(payload, e)
+                else:
+                    self._buffer.append((payload, request))
+        self._last_work = time.monotonic()
+
+    def _undecodable(self, payload: bytes, error: SerializationError) -> None:
+        logger.error(
+            "Dropped a queued request that cannot be rebuilt (%(error)s); it is in %(dead)s",
+            {"error": error, "dead": self.dead.key},
+            extra={"spider": self.spider},
+        )
+        self.dead.add(deadletter.REQUEST, str(error), payload)
+        self.stats.inc_value("scheduler/undecodable")
 
     def _return_buffer(self) -> None:
         """Push requests taken from Redis but not handed to Scrapy back to the queue."""

@@ -166,10 +166,8 @@ class RedisSpiderMixin(Spider):
                 "Could not read seeds from Redis: %(error)s", {"error": e}, extra={"spider": self}
             )
             return 0
-        engine = self.crawler.engine
-        assert engine is not None
         for request in requests:
-            engine.crawl(request)
+            self.crawler.engine.crawl(request)
         return len(requests)
 
     def _on_activity(self, *_: Any, **__: Any) -> None:

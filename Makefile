@@ -1,0 +1,41 @@
+# Everything needs only python3 (>= 3.10) with venv, and root apt or a redis-server.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install redis-server test pytest lint typecheck demo bench clean
+
+## install: virtualenv with the package, test and dev tools; a redis-server binary
+install: $(VENV)/.installed redis-server
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,dev]'
+	touch $@
+
+redis-server:
+	@scripts/ensure-redis-server
+
+## test: lint, type check, then the whole test suite (end-to-end crawls included)
+test: lint typecheck pytest
+
+pytest: install
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check scrapy_dist tests benchmarks example
+
+typecheck: install
+	$(BIN)/mypy
+
+## demo: a distributed crawl of a local site by several workers sharing one Redis
+demo: install
+	$(BIN)/python example/demo.py $(DEMO_ARGS)
+
+## bench: the benchmarks in benchmarks/ (results in benchmarks/results/)
+bench: install
+	$(BIN)/python benchmarks/bench_dupefilters.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,239 @@
+"""The scheduler against a real Redis: dedupe, persistence, flush, workers, failures."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request
+from scrapy.utils.misc import build_from_crawler
+
+from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
+from scrapy_dist.keys import keys_for
+from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.testing.redis_server import free_port
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import redis
+    from scrapy.crawler import Crawler
+
+URL = "https://example.com/"
+
+
+@pytest.fixture
+def open_scheduler(
+    make_crawler: Callable[..., Crawler],
+) -> Iterator[Callable[..., Scheduler]]:
+    """Open schedulers (each a worker of the same crawl); close any left open."""
+    opened: list[Scheduler] = []
+
+    def make(settings: dict[str, Any] | None = None) -> Scheduler:
+        crawler = make_crawler(settings)
+        scheduler = build_from_crawler(Scheduler, crawler)
+        scheduler.open(crawler.spider)
+        opened.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in opened:
+        if scheduler._heartbeat.running:
+            scheduler.close("finished")
+
+
+def drain(scheduler: Scheduler) -> list[Request]:
+    out = []
+    while (request := scheduler.next_request()) is not None:
+        out.append(request)
+    return out
+
+
+def test_enqueue_dedupe_and_dequeue(open_scheduler: Callable[..., Scheduler]) -> None:
+    scheduler = open_scheduler()
+    assert scheduler.enqueue_request(Request(URL + "a"))
+    assert not scheduler.enqueue_request(Request(URL + "a"))
+    assert scheduler.enqueue_request(Request(URL + "a", dont_filter=True))
+    assert scheduler.enqueue_request(Request(URL + "b"))
+    assert scheduler.has_pending_requests()
+    assert len(scheduler) == 3
+    assert sorted(r.url for r in drain(scheduler)) == [URL + "a", URL + "a", URL + "b"]
+    assert not scheduler.has_pending_requests()
+    stats = scheduler.stats.get_stats()
+    assert stats["scheduler/enqueued/redis"] == 3
+    assert stats["scheduler/dequeued/redis"] == 3
+    assert stats["dupefilter/filtered"] == 1
+
+
+def test_workers_share_one_frontier(open_scheduler: Callable[..., Scheduler]) -> None:
+    a, b = open_scheduler(), open_scheduler()
+    assert a.enqueue_request(Request(URL + "x"))
+    assert not b.enqueue_request(Request(URL + "x"))  # a's fingerprint is shared
+    assert [r.url for r in drain(b)] == [URL + "x"]  # and so is the queue
+    assert drain(a) == []
+
+
+def test_priority_order_and_fifo_ties(open_scheduler: Callable[..., Scheduler]) -> None:
+    scheduler = open_scheduler()
+    for path, priority in [("l", -1), ("m1", 0), ("h", 5), ("m2", 0), ("m3", 0)]:
+        scheduler.enqueue_request(Request(URL + path, priority=priority))
+    assert [r.url[len(URL):] for r in drain(scheduler)] == ["h", "m1", "m2", "m3", "l"]
+
+
+@pytest.mark.parametrize(
+    ("queue_class", "expected"),
+    [("scrapy_dist.queue.FifoQueue", "abc"), ("scrapy_dist.queue.LifoQueue", "cba")],
+)
+def test_list_queues(
+    open_scheduler: Callable[..., Scheduler], queue_class: str, expected: str
+) -> None:
+    scheduler = open_scheduler({"SCHEDULER_QUEUE_CLASS": queue_class})
+    for c in "abc":
+        scheduler.enqueue_request(Request(URL + c))
+    assert "".join(r.url[-1] for r in drain(scheduler)) == expected
+
+
+def test_unserializable_request_is_counted_kept_aside_and_not_seen(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = open_scheduler()
+    bad = Request(URL + "bad", callback=lambda response: None)
+    with caplog.at_level(logging.ERROR):
+        assert not scheduler.enqueue_request(bad)
+        assert not scheduler.enqueue_request(Request(URL + "bad2", meta={"o": object()}))
+    assert caplog.text.count("Unable to serialize request") == 1  # logged once
+    assert scheduler.stats.get_value("scheduler/unserializable") == 2
+    dead = [json.loads(d) for d in client.lrange(scheduler.dead.key, 0, -1)]
+    assert [d["url"] for d in dead] == [URL + "bad", URL + "bad2"]
+    assert all(d["kind"] == "request" and "unserializable" in d["reason"] for d in dead)
+    # not marked as seen: a serializable request for the same URL still goes through
+    assert scheduler.enqueue_request(Request(URL + "bad"))
+    assert client.scard(scheduler.df.backend.key) == 1
+
+
+def test_undecodable_entry_goes_to_dead_letters(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis
+) -> None:
+    scheduler = open_scheduler({"SCHEDULER_QUEUE_CLASS": "scrapy_dist.queue.FifoQueue"})
+    scheduler.queue.push([(b"{corrupt", 0.0, b"")])
+    scheduler.enqueue_request(Request(URL + "ok"))
+    assert [r.url for r in drain(scheduler)] == [URL + "ok"]
+    assert scheduler.stats.get_value("scheduler/undecodable") == 1
+    assert client.llen(scheduler.dead.key) == 1
+
+
+def test_persist_false_keeps_keys_until_the_last_worker_leaves(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis
+) -> None:
+    a, b = open_scheduler(), open_scheduler()
+    a.enqueue_request(Request(URL + "1"))
+    a.enqueue_request(Request(URL + "2"))
+    a.close("finished")  # b still runs: nothing may be deleted under it
+    assert client.exists(a.queue.key, a.df.backend.key) == 2
+    assert [r.url for r in drain(b)] == [URL + "1", URL + "2"]
+    b.enqueue_request(Request(URL + "3"))
+    b.close("finished")
+    assert client.exists(a.queue.key, a.df.backend.key, a.queue.seq_key) == 0
+    assert client.exists(a.registry.key) == 0
+
+
+def test_persist_true_keeps_everything(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis
+) -> None:
+    a = open_scheduler({"SCHEDULER_PERSIST": True})
+    a.enqueue_request(Request(URL + "1"))
+    a.close("finished")
+    assert client.exists(a.queue.key, a.df.backend.key) == 2
+
+
+def test_dead_worker_does_not_block_cleanup(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis
+) -> None:
+    a = open_scheduler()
+    a.enqueue_request(Request(URL + "1"))
+    client.hset(a.registry.key, "ghost:1:dead", "1000.0")  # heartbeat from long ago
+    a.close("finished")
+    assert client.exists(a.queue.key) == 0
+
+
+def test_flush_on_start(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = open_scheduler({"SCHEDULER_PERSIST": True})
+    first.enqueue_request(Request(URL + "old"))
+    first.close("finished")
+    second = open_scheduler({"SCHEDULER_PERSIST": True, "SCHEDULER_FLUSH_ON_START": True})
+    assert len(second) == 0
+    assert second.enqueue_request(Request(URL + "old"))  # the dupefilter was flushed too
+    # a third worker joining with FLUSH_ON_START must not wipe the running crawl
+    with caplog.at_level(logging.WARNING):
+        third = open_scheduler({"SCHEDULER_PERSIST": True, "SCHEDULER_FLUSH_ON_START": True})
+    assert len(third) == 1
+    assert "other worker(s) of this crawl are running" in caplog.text
+
+
+def test_prefetched_requests_are_returned_at_close(
+    open_scheduler: Callable[..., Scheduler],
+) -> None:
+    a = open_scheduler({"SCHEDULER_PREFETCH": 10, "SCHEDULER_PERSIST": True})
+    for i in range(5):
+        a.enqueue_request(Request(f"{URL}{i}", priority=i))
+    first = a.next_request()
+    assert first is not None
+    assert first.url == URL + "4"
+    assert len(a.queue) == 0  # the other four sit in a's buffer
+    a.close("shutdown")
+    b = open_scheduler()
+    assert [r.url for r in drain(b)] == [f"{URL}{i}" for i in (3, 2, 1, 0)]
+
+
+def test_idle_before_close(open_scheduler: Callable[..., Scheduler]) -> None:
+    scheduler = open_scheduler({"SCHEDULER_IDLE_BEFORE_CLOSE": 30})
+    scheduler.enqueue_request(Request(URL))
+    drain(scheduler)
+    assert scheduler.has_pending_requests()  # keeps the spider open for new work a while
+    assert scheduler.next_request() is None  # but never blocks
+
+
+def test_non_redis_dupefilter_warns(
+    open_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        scheduler = open_scheduler({"DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"})
+    assert "not Redis-backed" in caplog.text
+    assert scheduler.enqueue_request(Request(URL))
+    assert not scheduler.enqueue_request(Request(URL))  # still filters locally
+
+
+def test_unreachable_redis_at_open(make_crawler: Callable[..., Crawler]) -> None:
+    crawler = make_crawler({"REDIS_URL": f"redis://:pw@127.0.0.1:{free_port()}/0"})
+    scheduler = build_from_crawler(Scheduler, crawler)
+    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as info:
+        scheduler.open(crawler.spider)
+    assert "pw" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.dupefilter.SetBackend"},
+        {"SCHEDULER_PREFETCH": 0},
+        {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},
+        {"SCHEDULER_WORKER_TIMEOUT": 1, "SCHEDULER_HEARTBEAT_INTERVAL": 5},
+    ],
+)
+def test_misconfiguration(make_crawler: Callable[..., Crawler], settings: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        build_from_crawler(Scheduler, make_crawler(settings))
+
+
+def test_queue_key_of_the_wrong_type(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    crawler = make_crawler()
+    client.rpush(keys_for(crawler).requests, b"left by a FIFO crawl")
+    scheduler = build_from_crawler(Scheduler, crawler)
+    with pytest.raises(ConfigurationError, match="holds a list"):
+        scheduler.open(crawler.spider)

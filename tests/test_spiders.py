@@ -1,0 +1,171 @@
+"""RedisSpider seeds from Redis, dead letters, seed modes and idle handling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request
+from scrapy.exceptions import CloseSpider, DontCloseSpider
+
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import redis
+    from scrapy.crawler import Crawler
+
+
+class Spider(RedisSpider):
+    name = "unused"
+
+    def parse(self, response: Any) -> Any:
+        return None
+
+    def parse_item(self, response: Any) -> Any:
+        return None
+
+
+@pytest.fixture
+def spider(make_crawler: Callable[..., Crawler]) -> Callable[..., Spider]:
+    def make(settings: dict[str, Any] | None = None, cls: type[Spider] = Spider) -> Spider:
+        return make_crawler(settings, spidercls=cls).spider  # type: ignore[no-any-return]
+
+    return make
+
+
+def test_default_key_and_batch_size(spider: Callable[..., Spider], name: str) -> None:
+    s = spider({"CONCURRENT_REQUESTS": 7})
+    assert s.redis_key == f"{name}:start_urls"
+    assert s.redis_batch_size == 7
+    assert spider({"REDIS_START_URLS_BATCH_SIZE": 3}).redis_batch_size == 3
+
+
+def test_every_seed_format_and_bad_seeds_go_to_dead_letters(
+    spider: Callable[..., Spider], client: redis.Redis
+) -> None:
+    s = spider()
+    good = [
+        "https://e.com/plain",
+        json.dumps({"url": "https://e.com/post", "method": "POST", "formdata": {"p": "1"}}),
+        json.dumps({"url": "https://e.com/json", "json": {"a": 1}, "callback": "parse_item"}),
+        json.dumps({"url": "https://e.com/h", "headers": {"X": "y"}, "body": "b"}),
+    ]
+    bad = ["no scheme.com", "{oops", json.dumps({"url": "https://e.com/", "callback": "zzz"})]
+    client.rpush(s.redis_key, *good[:2], *bad, *good[2:], b"\xff\xfe")
+    requests = s.next_requests()
+    assert [r.url for r in requests] == [
+        "https://e.com/plain",
+        "https://e.com/post",
+        "https://e.com/json",
+        "https://e.com/h",
+    ]
+    assert requests[2].callback == s.parse_item
+    dead = [json.loads(d) for d in client.lrange(f"{s.name}:dead", 0, -1)]
+    assert [d["data"] for d in dead] == [*bad, {"$b": "\xff\xfe"}]
+    assert all(d["kind"] == "seed" and d["reason"] and d["key"] == s.redis_key for d in dead)
+    assert "zzz" in dead[2]["reason"]
+    stats = s.crawler.stats.get_stats()
+    assert stats["seeds/fetched"] == 8
+    assert stats["seeds/invalid"] == 4
+    assert client.llen(s.redis_key) == 0
+
+
+def test_batches(spider: Callable[..., Spider], client: redis.Redis) -> None:
+    s = spider({"REDIS_START_URLS_BATCH_SIZE": 2})
+    client.rpush(s.redis_key, *[f"https://e.com/{i}" for i in range(5)])
+    assert [len(s.next_requests()) for _ in range(4)] == [2, 2, 1, 0]
+
+
+def test_set_and_zset_modes(spider: Callable[..., Spider], client: redis.Redis) -> None:
+    s = spider({"REDIS_START_URLS_AS_SET": True})
+    client.sadd(s.redis_key, "https://e.com/a", "https://e.com/b")
+    assert sorted(r.url for r in s.next_requests()) == ["https://e.com/a", "https://e.com/b"]
+    client.delete(s.redis_key)
+    z = spider({"REDIS_START_URLS_AS_ZSET": True, "REDIS_START_URLS_BATCH_SIZE": 1})
+    client.zadd(z.redis_key, {"https://e.com/low": 1, "https://e.com/high": 9})
+    assert [r.url for r in z.next_requests()] == ["https://e.com/high"]
+    with pytest.raises(ConfigurationError):
+        spider({"REDIS_START_URLS_AS_SET": True, "REDIS_START_URLS_AS_ZSET": True})
+
+
+def test_user_override_errors_are_dead_lettered(
+    spider: Callable[..., Spider], client: redis.Redis
+) -> None:
+    class Custom(Spider):
+        def make_request_from_data(self, data: bytes) -> Request | None:
+            if data == b"skip":
+                return None
+            if data == b"boom":
+                raise RuntimeError("cannot parse")
+            return Request(data.decode())
+
+    s = spider(cls=Custom)
+    client.rpush(s.redis_key, b"https://e.com/1", b"boom", b"skip", b"https://e.com/2")
+    assert [r.url for r in s.next_requests()] == ["https://e.com/1", "https://e.com/2"]
+    [dead] = [json.loads(d) for d in client.lrange(f"{s.name}:dead", 0, -1)]
+    assert dead["reason"] == "RuntimeError: cannot parse"
+    assert s.crawler.stats.get_value("seeds/skipped") == 1
+
+
+def test_start_yields_waiting_seeds(spider: Callable[..., Spider], client: redis.Redis) -> None:
+    s = spider()
+    client.rpush(s.redis_key, "https://e.com/1", "https://e.com/2")
+
+    async def collect() -> list[Any]:
+        return [r async for r in s.start()]
+
+    assert [r.url for r in asyncio.run(collect())] == ["https://e.com/1", "https://e.com/2"]
+
+
+def test_start_refuses_a_seeds_key_of_the_wrong_type(
+    spider: Callable[..., Spider], client: redis.Redis
+) -> None:
+    s = spider()
+    client.sadd(s.redis_key, "https://e.com/")
+
+    async def collect() -> list[Any]:
+        return [r async for r in s.start()]
+
+    with pytest.raises(CloseSpider) as info:
+        asyncio.run(collect())
+    assert info.value.reason == "seeds_key_wrong_type"
+
+
+def test_idle_close_after_max_idle_time(spider: Callable[..., Spider]) -> None:
+    s = spider({"MAX_IDLE_TIME_BEFORE_CLOSE": 0.3})
+    with pytest.raises(DontCloseSpider):
+        s._on_idle()  # idleness starts now, not at import or spider creation
+    time.sleep(0.35)
+    s._on_idle()  # past the limit: no DontCloseSpider, the spider may close
+
+
+def test_activity_resets_idleness(spider: Callable[..., Spider]) -> None:
+    s = spider({"MAX_IDLE_TIME_BEFORE_CLOSE": 0.2})
+    with pytest.raises(DontCloseSpider):
+        s._on_idle()
+    time.sleep(0.25)
+    s._on_activity()
+    with pytest.raises(DontCloseSpider):
+        s._on_idle()
+
+
+def test_zero_waits_forever(spider: Callable[..., Spider]) -> None:
+    s = spider({"MAX_IDLE_TIME_BEFORE_CLOSE": 0})
+    s._idle_since = time.monotonic() - 10_000
+    with pytest.raises(DontCloseSpider):
+        s._on_idle()
+
+
+def test_crawl_spider(make_crawler: Callable[..., Crawler], client: redis.Redis) -> None:
+    class Crawl(RedisCrawlSpider):
+        name = "unused"
+
+    s = make_crawler(spidercls=Crawl).spider
+    client.rpush(s.redis_key, "https://e.com/")
+    assert [r.url for r in s.next_requests()] == ["https://e.com/"]
