@@ -7,6 +7,13 @@ docstrings do not repeat them. Components read these through
 and :class:`scrapy_dist.addon.DistAddon` installs them at ``"addon"`` priority.
 """
 
+#: Close a worker once the crawl as a whole is finished (nothing queued, leased or
+#: waiting as a seed, for ``CRAWL_DONE_GRACE`` seconds), so a batch crawl ends by itself.
+CLOSE_WHEN_CRAWL_DONE = False
+
+#: Seconds the whole crawl must stay empty before it counts as finished.
+CRAWL_DONE_GRACE = 2.0
+
 #: Seconds a RedisSpider worker waits with nothing to do (no seeds, no queued or
 #: in-flight requests) before it closes. ``0`` waits for seeds forever.
 MAX_IDLE_TIME_BEFORE_CLOSE = 0
@@ -56,6 +63,14 @@ SCHEDULER_HEARTBEAT_INTERVAL = 5.0
 #: seen non-empty (scrapy-redis's blocking-pop timeout, without blocking).
 SCHEDULER_IDLE_BEFORE_CLOSE = 0
 
+#: Seconds between an idle worker's looks for new work in Redis (seeds, requests
+#: queued by other workers, expired leases); doubled while idle up to
+#: ``SCHEDULER_IDLE_POLL_MAX``.
+SCHEDULER_IDLE_POLL = 0.5
+
+#: Longest pause between an idle worker's looks for new work, in seconds.
+SCHEDULER_IDLE_POLL_MAX = 5.0
+
 #: Literal job id inserted into every crawl key: ``<spider>:<job>:requests``.
 SCHEDULER_JOB_ID = None
 
@@ -63,8 +78,16 @@ SCHEDULER_JOB_ID = None
 #: every crawl key, e.g. ``"%Y%m%d"``. Exclusive with ``SCHEDULER_JOB_ID``.
 SCHEDULER_JOB_TIMESTAMP = None
 
-#: Keep the queue and dupefilter when the crawl ends (otherwise the last worker to
-#: leave deletes them).
+#: Seconds a worker holds a request it took before it must renew the lease; a dead
+#: worker's requests return to the queue this long after its last renewal.
+SCHEDULER_LEASE_TIMEOUT = 120.0
+
+#: Times one request (or seed) is handed to a worker before it goes to the dead-letter
+#: list instead: a page whose callback always raises, or that kills its worker.
+SCHEDULER_MAX_DELIVERIES = 3
+
+#: Keep the queue and dupefilter when the crawl finishes (otherwise the worker that
+#: sees it finished deletes them; a crawl that is stopped unfinished is always kept).
 SCHEDULER_PERSIST = False
 
 #: Requests taken from Redis in one call and buffered by the worker.

@@ -13,6 +13,11 @@ key                        type         holds
 ``<crawl>:requests``       zset / list  the shared frontier: ``<id><payload>`` entries
 ``<crawl>:dupefilter``     set          raw fingerprints of requests ever enqueued
 ``<crawl>:seq``            string       counter giving each queued entry its id
+``<crawl>:leases``         zset         lease id -> deadline: entries a worker holds
+``<crawl>:leased``         hash         lease id -> ``origin|score|worker|entry``
+``<crawl>:deliveries``     hash         lease id -> times handed to a worker
+``<crawl>:progress``       hash         crawl counters (done, retried, dead) and the
+                                        completion state (idle_since, finished_at)
 ``<crawl>:workers``        hash         worker id -> last heartbeat (server time, s)
 ``<crawl>:dead``           list         JSON records of seeds/requests that failed
 =========================  ===========  ==============================================
@@ -73,9 +78,26 @@ class RedisKeys:
     def dead(self) -> str:
         return f"{self.crawl}:dead"
 
+    @property
+    def leases(self) -> str:
+        return f"{self.crawl}:leases"
+
+    @property
+    def leased(self) -> str:
+        return f"{self.crawl}:leased"
+
+    @property
+    def deliveries(self) -> str:
+        return f"{self.crawl}:deliveries"
+
+    @property
+    def progress(self) -> str:
+        return f"{self.crawl}:progress"
+
     def frontier(self) -> tuple[str, ...]:
-        """Keys that make up the crawl's shared state, removed when it is flushed."""
-        return (self.requests, self.dupefilter, self.seq)
+        """Keys that make up the crawl's shared state, removed when it is flushed
+        (the dupefilter backend adds its own keys to these)."""
+        return (self.requests, self.seq, self.leases, self.leased, self.deliveries)
 
     def start_urls_key(self, template: str) -> str:
         """Expand a spider's own ``redis_key`` template for this crawl."""

@@ -1,10 +1,12 @@
 """The Redis scheduler: Scrapy's scheduler interface over a shared frontier.
 
-Every worker of a crawl enqueues into and dequeues from the same Redis queue.
-Dedupe and enqueue are one atomic server-side step (``lua/enqueue.lua``), so a
-fingerprint is never recorded for a request that is not queued. Workers register in
-the crawl's worker registry; with ``SCHEDULER_PERSIST = False`` the shared keys are
-deleted only by the last live worker to leave, never by one that stops early.
+Every worker of a crawl enqueues into and takes from the same Redis queue. Dedupe and
+enqueue are one atomic server-side step (``lua/enqueue.lua``), so a fingerprint is never
+recorded for a request that is not queued. Taking a request leases it
+(:mod:`scrapy_dist.frontier`); the lease is settled once Scrapy is done with the request,
+i.e. once it has left the engine: its callback output fully processed and every request
+it produced enqueued, or it failed for good. A request whose callback raised is returned
+for another try with the error as its reason, up to ``SCHEDULER_MAX_DELIVERIES``.
 """
 
 from __future__ import annotations
@@ -12,62 +14,86 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import redis
+from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.utils.misc import load_object
+from scrapy.http import Response
 from twisted.internet.task import LoopingCall
 
 from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import check, client_for, describe
+from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
-from scrapy_dist.keys import keys_for
-from scrapy_dist.queue import RedisQueue
+from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
-from scrapy_dist.workers import WorkerRegistry, new_worker_id
+from scrapy_dist.workers import WorkerRegistry
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
+    from twisted.python.failure import Failure
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+
+#: Longest failure reason kept with a request (dead-letter records stay readable).
+REASON_MAX = 500
+
+
+def engine_in_flight(crawler: Crawler) -> Collection[Request]:
+    """The requests the crawler's engine is still working on.
+
+    A request stays in the engine's slot from the moment it is taken from the scheduler
+    until its download, callback or errback, and the processing of everything they
+    returned (new requests enqueued, items handed to the pipelines) are complete. Scrapy
+    has no public API or signal for that moment, so this reads the slot (present in
+    every Scrapy since 1.0; ``tests/test_scheduler.py`` pins it).
+    """
+    try:
+        engine = crawler.engine
+    except RuntimeError:  # Scrapy >= 2.14 before the crawl starts
+        return ()
+    slot = getattr(engine, "_slot", None)
+    return slot.inprogress if slot is not None else ()
 
 
 class Scheduler(BaseScheduler):
     """A Scrapy scheduler whose queue and dupefilter are shared through Redis.
 
     Args:
-        queue: the shared request queue.
+        frontier: this worker's gateway to the crawl's shared state.
         dupefilter: the crawl's dupefilter; an :class:`RFPDupeFilter` dedupes inside
             the enqueue script, any other is asked first, locally.
         serializer: turns request dicts into bytes.
         registry: this worker's handle on the crawl's worker registry.
         dead: the crawl's dead-letter list.
         stats: the crawler's stats collector.
-        persist: keep the queue and dupefilter when the crawl ends.
+        in_flight: returns the requests the engine is still working on.
+        persist: keep the queue and dupefilter when the crawl finishes.
         flush_on_start: clear the queue and dupefilter at open if no other worker runs.
         idle_before_close: seconds to keep reporting pending work after the queue was
             last seen non-empty.
-        prefetch: requests taken from Redis per call.
-        heartbeat_interval: seconds between registry heartbeats.
+        prefetch: requests leased from Redis per call.
+        heartbeat_interval: seconds between heartbeats and lease renewals.
     """
 
     def __init__(
         self,
         *,
-        queue: RedisQueue,
+        frontier: Frontier,
         dupefilter: BaseDupeFilter,
         serializer: Serializer,
         registry: WorkerRegistry,
         dead: DeadLetters,
         stats: StatsCollector,
+        in_flight: Callable[[], Collection[Request]],
         persist: bool = False,
         flush_on_start: bool = False,
         idle_before_close: float = 0.0,
@@ -85,12 +111,20 @@ class Scheduler(BaseScheduler):
                 f"SCHEDULER_WORKER_TIMEOUT ({registry.timeout}s) must be at least twice "
                 f"SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s)"
             )
-        self.queue = queue
+        if frontier.lease_timeout < 3 * heartbeat_interval:
+            raise ConfigurationError(
+                f"SCHEDULER_LEASE_TIMEOUT ({frontier.lease_timeout}s) must be at least three "
+                f"times SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s), which is how "
+                "often leases are renewed"
+            )
+        self.frontier = frontier
+        self.queue = frontier.queue
         self.df = dupefilter
         self.serializer = serializer
         self.registry = registry
         self.dead = dead
         self.stats = stats
+        self.in_flight = in_flight
         self.persist = persist
         self.flush_on_start = flush_on_start
         self.idle_before_close = idle_before_close
@@ -100,47 +134,48 @@ class Scheduler(BaseScheduler):
         self._shared_df = dupefilter if isinstance(dupefilter, RFPDupeFilter) else None
         self.spider: Spider | None = None
         self._codec: RequestCodec | None = None
-        self._buffer: deque[tuple[bytes, Request]] = deque()
+        #: Leased requests not yet handed to the engine.
+        self._buffer: deque[tuple[Lease, Request]] = deque()
+        #: Requests handed to the engine -> their lease id.
+        self._out: dict[Request, str] = {}
+        #: Requests whose callback raised -> the reason.
+        self._failures: dict[Request, str] = {}
         self._last_work = 0.0
         self._logunser = True
-        self._heartbeat = LoopingCall(self._beat)
+        self._ticker = LoopingCall(self._tick)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
-        client = client_for(crawler)
-        keys = keys_for(crawler)
-        queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
-        if not (isinstance(queue_cls, type) and issubclass(queue_cls, RedisQueue)):
-            raise ConfigurationError(
-                f"SCHEDULER_QUEUE_CLASS {settings['SCHEDULER_QUEUE_CLASS']!r} is not a "
-                "scrapy_dist.queue.RedisQueue subclass (FifoQueue, LifoQueue, PriorityQueue)"
-            )
-        dupefilter_cls = load_object(settings["DUPEFILTER_CLASS"])
-        dupefilter: BaseDupeFilter = dupefilter_cls.from_crawler(crawler)
-        frontier = [keys.requests, keys.seq]
+        frontier = Frontier.for_crawler(crawler)
+        dupefilter = _build_dupefilter(crawler, settings["DUPEFILTER_CLASS"])
         if isinstance(dupefilter, RFPDupeFilter):
-            frontier += dupefilter.backend.keys()
-        worker_id = new_worker_id()
-        return cls(
-            queue=queue_cls(client, keys.requests, keys.seq),
+            owned = dupefilter.backend.keys()
+            frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
+        scheduler = cls(
+            frontier=frontier,
             dupefilter=dupefilter,
             serializer=load_serializer(settings.get("SCHEDULER_SERIALIZER")),
             registry=WorkerRegistry(
-                client,
-                keys.workers,
-                worker_id,
+                frontier.client,
+                frontier.keys.workers,
+                frontier.worker_id,
                 timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
-                frontier=frontier,
+                frontier=frontier.clear_keys,
             ),
-            dead=DeadLetters(client, keys.dead, worker_id),
+            dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,
+            in_flight=lambda: engine_in_flight(crawler),
             persist=settings.getbool("SCHEDULER_PERSIST"),
             flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START"),
             idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE"),
             prefetch=settings.getint("SCHEDULER_PREFETCH"),
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
         )
+        crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
+        return scheduler
+
+    # -- Scrapy's scheduler interface ----------------------------------------------
 
     def open(self, spider: Spider) -> None:
         """Check Redis, join the crawl's worker registry and start heartbeats.
@@ -165,7 +200,7 @@ class Scheduler(BaseScheduler):
         if flushed:
             logger.info(
                 "Flushed crawl %(crawl)s (SCHEDULER_FLUSH_ON_START)",
-                {"crawl": self.registry.key},
+                {"crawl": self.frontier.keys.crawl},
                 extra={"spider": spider},
             )
         elif self.flush_on_start:
@@ -176,56 +211,81 @@ class Scheduler(BaseScheduler):
                 extra={"spider": spider},
             )
         logger.info(
-            "Worker %(worker)s joined the crawl at %(server)s (queue %(queue)s: %(size)d "
+            "Worker %(worker)s joined crawl %(crawl)s at %(server)s (%(size)d queued "
             "requests; %(others)d other worker(s))",
             {
                 "worker": self.registry.worker_id,
+                "crawl": self.frontier.keys.crawl,
                 "server": describe(self.queue.client),
-                "queue": self.queue.key,
                 "size": len(self.queue),
                 "others": others,
             },
             extra={"spider": spider},
         )
-        self._heartbeat.start(self.heartbeat_interval, now=False)
+        self._ticker.start(self.heartbeat_interval, now=False)
         self.df.open()
 
     def close(self, reason: str) -> None:
-        """Hand back buffered requests, leave the registry, and delete the shared keys
-        if this was the last worker and the crawl does not persist."""
-        if self._heartbeat.running:
-            self._heartbeat.stop()
-        try:
-            self._return_buffer()
-            remaining, cleared = self.registry.leave(clear=not self.persist)
-        except redis.RedisError as e:
-            logger.error(
-                "Could not leave the crawl cleanly, Redis failed: %(error)s",
-                {"error": e},
+        """Settle what the engine finished, hand back what it never started, leave the
+        registry; if the crawl as a whole is finished and does not persist, delete its
+        shared keys (a worker that merely stops never does)."""
+        if self._ticker.running:
+            self._ticker.stop()
+        self._settle()
+        handed = [(lease.id, HAND_BACK) for lease, _ in self._buffer]
+        handed += [(lease_id, HAND_BACK) for lease_id in self._out.values()]
+        self._buffer.clear()
+        self._out.clear()
+        self.frontier.settle(handed)
+        if handed:
+            logger.info(
+                "Handed %(n)d unstarted request(s) back to the shared queue",
+                {"n": len(handed)},
                 extra={"spider": self.spider},
             )
-        else:
-            if cleared:
-                logger.info(
-                    "Last worker of the crawl left: deleted its queue and dupefilter "
-                    "(SCHEDULER_PERSIST is off)",
-                    extra={"spider": self.spider},
-                )
-            elif not self.persist:
-                logger.info(
-                    "%(n)d worker(s) still running: the shared queue and dupefilter stay",
-                    {"n": remaining},
-                    extra={"spider": self.spider},
-                )
+        if not self.frontier.flush():
+            logger.error(
+                "Redis is unreachable: %(n)d write(s) could not be sent before closing; "
+                "the leases they would have settled expire after SCHEDULER_LEASE_TIMEOUT "
+                "and their requests are crawled again",
+                {"n": self.frontier.pending_writes},
+                extra={"spider": self.spider},
+            )
+        self.frontier.call(self.registry.leave)
+        progress = self.frontier.progress(grace=0, clear=not self.persist)
+        if progress is not None:
+            self._log_close(progress.state, progress)
         self.df.close(reason)
+
+    def _log_close(self, state: str, progress: Any) -> None:
+        if state == "finished" and not self.persist:
+            logger.info(
+                "Crawl %(crawl)s is finished: deleted its queue, leases and dupefilter "
+                "(SCHEDULER_PERSIST is off)",
+                {"crawl": self.frontier.keys.crawl},
+                extra={"spider": self.spider},
+            )
+        elif state == "busy":
+            logger.info(
+                "Crawl %(crawl)s goes on without this worker: %(queued)d queued, "
+                "%(leased)d leased, %(seeds)d seeds waiting",
+                {
+                    "crawl": self.frontier.keys.crawl,
+                    "queued": progress.queued,
+                    "leased": progress.leased,
+                    "seeds": progress.seeds,
+                },
+                extra={"spider": self.spider},
+            )
 
     def enqueue_request(self, request: Request) -> bool:
         """Store ``request`` in the shared queue unless it is a duplicate.
 
-        Returns ``True`` if the request was queued, ``False`` if it was filtered as a
-        duplicate or cannot be stored (Scrapy then fires ``request_dropped``). A request
-        that cannot be serialized is logged, counted as ``scheduler/unserializable``,
-        recorded in the dead-letter list, and not marked as seen.
+        Returns ``True`` if the request was queued (or, with Redis unreachable, kept in
+        memory to be sent when it returns), ``False`` if it was filtered as a duplicate or
+        cannot be stored (Scrapy then fires ``request_dropped``). A request that cannot
+        be serialized is logged, counted as ``scheduler/unserializable``, recorded in the
+        dead-letter list, and not marked as seen.
         """
         assert self._codec is not None, "scheduler not open"
         assert self.spider is not None
@@ -246,30 +306,44 @@ class Scheduler(BaseScheduler):
         elif self.df.request_seen(request):
             self.df.log(request, self.spider)
             return False
+        outcome: list[bool] = []
+
+        def on_reply(flags: list[bool]) -> None:
+            queued = bool(flags and flags[0])
+            outcome.append(queued)
+            if not queued:
+                assert self.spider is not None
+                self.df.log(request, self.spider)
+                return
+            if fingerprint and shared is not None:
+                shared.remember(fingerprint)
+            self.stats.inc_value("scheduler/enqueued/redis")
+            self.stats.inc_value("scheduler/enqueued")
+
         item = (payload, self.queue.score(request), fingerprint)
-        [queued] = self.queue.push([item], shared.backend if shared is not None else None)
-        if fingerprint and shared is not None:
-            shared.remember(fingerprint)
-        if not queued:
-            self.df.log(request, self.spider)
-            return False
-        self.stats.inc_value("scheduler/enqueued/redis")
-        self.stats.inc_value("scheduler/enqueued")
+        if self.frontier.enqueue([item], shared.backend if shared else None, on_reply):
+            return outcome == [True]
+        self.stats.inc_value("scheduler/enqueued/deferred")
         return True
 
     def next_request(self) -> Request | None:
-        """Return the next request for this worker, or ``None`` if the queue is empty."""
+        """Return the next request for this worker, or ``None`` if there is none now."""
+        self._settle()
         if not self._buffer:
             self._refill()
         if not self._buffer:
             return None
-        _, request = self._buffer.popleft()
+        lease, request = self._buffer.popleft()
+        self._out[request] = lease.id
         self.stats.inc_value("scheduler/dequeued/redis")
         self.stats.inc_value("scheduler/dequeued")
         return request
 
     def has_pending_requests(self) -> bool:
-        if self._buffer or len(self.queue) > 0:
+        if self._buffer or self.frontier.pending_writes:
+            return True
+        size = self.frontier.call(lambda: len(self.queue))
+        if size is None or size > 0:  # unreachable Redis: never let the crawl close
             self._last_work = time.monotonic()
             return True
         return time.monotonic() - self._last_work < self.idle_before_close
@@ -277,44 +351,68 @@ class Scheduler(BaseScheduler):
     def __len__(self) -> int:
         return len(self._buffer) + len(self.queue)
 
+    # -- leases ---------------------------------------------------------------------
+
+    def record_failure(self, failure: Failure, response: Any, spider: Spider) -> None:
+        """``spider_error``: remember why a callback failed, to settle its lease with it."""
+        if isinstance(response, Response) and response.request in self._out:
+            reason = f"{failure.type.__name__ if failure.type else 'Error'}: {failure.value}"
+            self._failures[response.request] = reason[:REASON_MAX]
+
+    def _settle(self) -> None:
+        """Settle the leases of requests the engine is done with."""
+        if not self._out:
+            return
+        in_flight = self.in_flight()
+        finished = [request for request in self._out if request not in in_flight]
+        if not finished:
+            return
+        outcomes = []
+        for request in finished:
+            reason = self._failures.pop(request, DONE)
+            outcomes.append((self._out.pop(request), reason))
+            if reason:
+                self.stats.inc_value("scheduler/failed_callbacks")
+        self.frontier.settle(outcomes)
+
     def _refill(self) -> None:
-        """Take up to ``prefetch`` requests from Redis; entries that cannot be rebuilt go
-        to the dead-letter list, and taking continues until one can or the queue is empty."""
+        """Lease up to ``prefetch`` requests; entries that cannot be rebuilt go to the
+        dead-letter list, and leasing continues until one can or the queue is empty."""
         assert self._codec is not None
         while not self._buffer:
-            payloads = self.queue.pop(self.prefetch)
-            if not payloads:
+            leases = self.frontier.reserve(self.prefetch)
+            if not leases:
                 return
-            for payload in payloads:
+            bad = []
+            for lease in leases:
                 try:
-                    request = self._codec.decode(payload)
+                    request = self._codec.decode(lease.data)
                 except SerializationError as e:
-                    self._undecodable(payload, e)
+                    self._undecodable(lease, e)
+                    bad.append((lease.id, DONE))
                 else:
-                    self._buffer.append((payload, request))
+                    self._buffer.append((lease, request))
+            self.frontier.settle(bad)
         self._last_work = time.monotonic()
 
-    def _undecodable(self, payload: bytes, error: SerializationError) -> None:
+    def _tick(self) -> None:
+        """Every heartbeat interval: heartbeat, renew held leases, settle, flush."""
+        self._settle()
+        self.frontier.flush()
+        self.frontier.call(self.registry.heartbeat)
+        held = [lease.id for lease, _ in self._buffer] + list(self._out.values())
+        self.frontier.renew(held)
+
+    # -- failures -------------------------------------------------------------------
+
+    def _undecodable(self, lease: Lease, error: SerializationError) -> None:
         logger.error(
             "Dropped a queued request that cannot be rebuilt (%(error)s); it is in %(dead)s",
             {"error": error, "dead": self.dead.key},
             extra={"spider": self.spider},
         )
-        self.dead.add(deadletter.REQUEST, str(error), payload)
+        self.dead.add(deadletter.REQUEST, str(error), lease.data)
         self.stats.inc_value("scheduler/undecodable")
-
-    def _return_buffer(self) -> None:
-        """Push requests taken from Redis but not handed to Scrapy back to the queue."""
-        if not self._buffer:
-            return
-        items = [(payload, self.queue.score(request), b"") for payload, request in self._buffer]
-        self.queue.push(items)
-        logger.info(
-            "Returned %(n)d prefetched request(s) to the shared queue",
-            {"n": len(items)},
-            extra={"spider": self.spider},
-        )
-        self._buffer.clear()
 
     def _unserializable(self, request: Request, error: SerializationError) -> None:
         if self._logunser:
@@ -327,16 +425,14 @@ class Scheduler(BaseScheduler):
             )
             self._logunser = False
         self.stats.inc_value("scheduler/unserializable")
-        self.dead.add(
-            deadletter.REQUEST, f"unserializable: {error}", repr(request), url=request.url
+        self.frontier.call(
+            lambda: self.dead.add(
+                deadletter.REQUEST, f"unserializable: {error}", repr(request), url=request.url
+            )
         )
 
-    def _beat(self) -> None:
-        try:
-            self.registry.heartbeat()
-        except redis.RedisError as e:
-            logger.warning(
-                "Heartbeat to Redis failed: %(error)s",
-                {"error": e},
-                extra={"spider": self.spider},
-            )
+
+def _build_dupefilter(crawler: Crawler, path: str) -> BaseDupeFilter:
+    from scrapy.utils.misc import build_from_crawler, load_object
+
+    return build_from_crawler(load_object(path), crawler)  # type: ignore[no-any-return]

@@ -33,6 +33,10 @@ class Scripts:
     join: Script
     leave: Script
     heartbeat: Script
+    reserve: Script
+    settle: Script
+    renew: Script
+    progress: Script
 
 
 def scripts_for(client: redis.Redis) -> Scripts:
@@ -45,5 +49,9 @@ def scripts_for(client: redis.Redis) -> Scripts:
             join=client.register_script(source("join")),
             leave=client.register_script(source("leave")),
             heartbeat=client.register_script(source("heartbeat")),
+            reserve=client.register_script(source("reserve")),
+            settle=client.register_script(source("settle")),
+            renew=client.register_script(source("renew")),
+            progress=client.register_script(source("progress")),
         )
         return scripts

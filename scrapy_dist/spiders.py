@@ -2,11 +2,18 @@
 
 ``RedisSpider`` and ``RedisCrawlSpider`` read seeds from the crawl's seeds key (a list by
 default; a set or sorted set by setting) in batches of ``redis_batch_size``. Seeds are
-fetched at start, whenever the worker has spare capacity and nothing queued (Scrapy's
-``scheduler_empty`` signal, rate-limited), and when it is idle (``spider_idle``, where
-the spider also refuses to close with :class:`~scrapy.exceptions.DontCloseSpider`). A
-worker closes after ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness, measured
-from the last moment it had work; ``0`` keeps it waiting for seeds forever.
+leased like requests: a seed leaves Redis only once the requests made from it are
+enqueued (or it was recorded as invalid), so a worker killed mid-batch loses none.
+
+Seeds are fetched at start, whenever the worker has spare capacity and nothing queued
+(Scrapy's ``scheduler_empty`` signal, rate-limited), and when it is idle
+(``spider_idle``, where the spider refuses to close with
+:class:`~scrapy.exceptions.DontCloseSpider`). While idle, the worker looks for new work in
+Redis every ``SCHEDULER_IDLE_POLL`` seconds, backing off to ``SCHEDULER_IDLE_POLL_MAX``,
+so requests queued by other workers or seeds pushed by a user start within about a
+second. A worker closes after ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness
+(measured from the last moment it had work; ``0`` waits forever), or, with
+``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a whole is finished.
 
 A seed that cannot become a request is logged with the reason, counted
 (``seeds/invalid``) and appended to the crawl's dead-letter list; the rest of its batch
@@ -19,17 +26,16 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
+from twisted.internet.task import LoopingCall
 
 from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
-from scrapy_dist.keys import keys_for
+from scrapy_dist.frontier import DONE, Frontier
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 
 if TYPE_CHECKING:
@@ -64,11 +70,12 @@ class RedisSpiderMixin(Spider):
         return spider
 
     def setup_redis(self, crawler: Crawler) -> None:
-        """Read the settings, build the seeds queue and connect the signals (no I/O)."""
+        """Read the settings, set up the seeds key and connect the signals (no I/O)."""
         settings = settings_for(crawler)
-        keys = keys_for(crawler)
+        self.frontier = Frontier.for_crawler(crawler)
+        keys = self.frontier.keys
         #: The crawl's Redis client (scrapy-redis's attribute name).
-        self.server = client_for(crawler)
+        self.server = self.frontier.client
         self.redis_key = keys.start_urls_key(self.redis_key) if self.redis_key else keys.start_urls
         self.redis_batch_size = int(
             self.redis_batch_size
@@ -80,14 +87,28 @@ class RedisSpiderMixin(Spider):
         self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
         if self.max_idle_time is None:
             self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
-        self.seeds = SeedQueue(self.server, self.redis_key, SeedQueue.kind_from_settings(settings))
-        self.dead_letters = DeadLetters(self.server, keys.dead)
+        self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
+        self.done_grace = settings.getfloat("CRAWL_DONE_GRACE")
+        self.persist = settings.getbool("SCHEDULER_PERSIST")
+        self.idle_poll = settings.getfloat("SCHEDULER_IDLE_POLL")
+        self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
+        if self.idle_poll <= 0:
+            raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
+        self.seeds = self.frontier.seeds = SeedQueue(
+            self.server, self.redis_key, SeedQueue.kind_from_settings(settings)
+        )
+        self.dead_letters = DeadLetters(self.server, keys.dead, self.frontier.worker_id)
         self._idle_since: float | None = None
         self._next_poll = 0.0
         self._poll_pause = SEED_POLL_MIN
+        self._next_wake = 0.0
+        self._wake_pause = self.idle_poll
+        self._idle_ticker = LoopingCall(self._idle_tick)
         crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
         crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
+        crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self._on_closed, signal=signals.spider_closed)
 
     async def start(self) -> AsyncIterator[Any]:
         """Yield the requests of the seeds waiting in Redis now; later ones are fetched
@@ -101,8 +122,11 @@ class RedisSpiderMixin(Spider):
         except ConfigurationError as e:
             logger.error("%(error)s", {"error": e}, extra={"spider": self})
             raise CloseSpider("seeds_key_wrong_type") from e
-        for request in self.next_requests():
+        requests, settled = self.take_seeds()
+        for request in requests:
             yield request
+        # the engine enqueued each request before asking for the next item
+        self.frontier.settle(settled)
 
     def make_request_from_data(self, data: bytes) -> Request | Iterable[Request] | None:
         """Turn one raw seed into a request (see :mod:`scrapy_dist.seeds` for the formats).
@@ -114,31 +138,49 @@ class RedisSpiderMixin(Spider):
         seed = parse_seed(data, self.redis_encoding or "utf-8")
         return request_from_seed(seed, self)
 
-    def next_requests(self) -> list[Request]:
-        """Pop one batch of seeds and return their requests; bad seeds go to the
-        dead-letter list."""
+    def take_seeds(self) -> tuple[list[Request], list[tuple[str, str]]]:
+        """Lease one batch of seeds and build their requests.
+
+        Returns:
+            The requests, and the settlements of the seed leases, to pass to
+            ``self.frontier.settle()`` once the requests are enqueued. Bad seeds are
+            already in the dead-letter list.
+        """
         assert self.redis_batch_size is not None
-        raw = self.seeds.pop(self.redis_batch_size)
+        leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
         requests: list[Request] = []
-        for data in raw:
+        settled: list[tuple[str, str]] = []
+        for lease in leases:
             try:
-                result = self.make_request_from_data(data)
+                result = self.make_request_from_data(lease.data)
                 if result is None:
                     self.crawler.stats.inc_value("seeds/skipped")
-                    continue
-                requests += [result] if isinstance(result, Request) else list(result)
+                else:
+                    requests += [result] if isinstance(result, Request) else list(result)
             except Exception as e:  # a bad seed must not take its batch down
-                self._reject_seed(data, e)
-        if raw:
-            self.crawler.stats.inc_value("seeds/fetched", len(raw))
+                if not self._reject_seed(lease.data, e):
+                    continue  # not recorded: its lease expires and it is read again
+            settled.append((lease.id, DONE))
+        if leases:
+            self.crawler.stats.inc_value("seeds/fetched", len(leases))
             logger.debug(
                 "Read %(n)d seed(s) from %(key)s",
-                {"n": len(raw), "key": self.redis_key},
+                {"n": len(leases), "key": self.redis_key},
                 extra={"spider": self},
             )
+        return requests, settled
+
+    def next_requests(self) -> list[Request]:
+        """Take one batch of seeds and return their requests (scrapy-redis's name).
+
+        The seeds are settled at once, so use this only where the requests are enqueued
+        right away; :meth:`schedule_next_requests` does both.
+        """
+        requests, settled = self.take_seeds()
+        self.frontier.settle(settled)
         return requests
 
-    def _reject_seed(self, data: bytes, error: Exception) -> None:
+    def _reject_seed(self, data: bytes, error: Exception) -> bool:
         if isinstance(error, InvalidSeed):
             reason = str(error)
         else:
@@ -150,28 +192,50 @@ class RedisSpiderMixin(Spider):
             extra={"spider": self},
         )
         self.crawler.stats.inc_value("seeds/invalid")
-        self.dead_letters.add(deadletter.SEED, reason, data, key=self.redis_key)
+        recorded = self.frontier.call(
+            lambda: self.dead_letters.add(deadletter.SEED, reason, data, key=self.redis_key)
+        )
+        return recorded is not None
 
     def schedule_next_requests(self) -> int:
-        """Fetch one batch of seeds and hand their requests to the engine.
+        """Take one batch of seeds and hand their requests to the engine.
 
         Returns:
-            The number of requests scheduled; 0 if there were no seeds or Redis failed
-            (logged; the caller polls again later).
+            The number of requests scheduled; 0 if there were no seeds or Redis is
+            unreachable (the caller polls again later).
         """
-        try:
-            requests = self.next_requests()
-        except redis.RedisError as e:
-            logger.warning(
-                "Could not read seeds from Redis: %(error)s", {"error": e}, extra={"spider": self}
-            )
-            return 0
+        requests, settled = self.take_seeds()
         for request in requests:
             self.crawler.engine.crawl(request)
+        self.frontier.settle(settled)
         return len(requests)
+
+    # -- signals --------------------------------------------------------------------
+
+    def _on_opened(self, spider: Spider) -> None:
+        if spider is self:
+            self._idle_ticker.start(self.idle_poll, now=False)
+
+    def _on_closed(self, spider: Spider) -> None:
+        if spider is self and self._idle_ticker.running:
+            self._idle_ticker.stop()
 
     def _on_activity(self, *_: Any, **__: Any) -> None:
         self._idle_since = None
+        self._wake_pause = self.idle_poll
+
+    def _idle_tick(self) -> None:
+        """While the engine is idle, wake it now and then so it looks in Redis for work
+        (other workers' requests, expired leases, seeds) and runs its idle handling."""
+        now = time.monotonic()
+        if now < self._next_wake:
+            return
+        engine = self.crawler.engine
+        if not engine.spider_is_idle():
+            return
+        self._next_wake = now + self._wake_pause
+        self._wake_pause = min(self._wake_pause * 2, self.idle_poll_max)
+        wake_engine(engine)
 
     def _on_scheduler_empty(self) -> None:
         now = time.monotonic()
@@ -185,10 +249,29 @@ class RedisSpiderMixin(Spider):
             self._poll_pause = min(self._poll_pause * 2, SEED_POLL_MAX)
 
     def _on_idle(self) -> None:
-        """``spider_idle``: fetch seeds; stay open unless idle past ``max_idle_time``."""
+        """``spider_idle``: fetch seeds; close when the crawl is finished (with
+        ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open."""
         if self.schedule_next_requests():
             self._idle_since = None
             raise DontCloseSpider
+        if not self.frontier.reachable:
+            raise DontCloseSpider  # never give up on a crawl because Redis is away
+        if self.close_when_done:
+            progress = self.frontier.progress(grace=self.done_grace, clear=not self.persist)
+            if progress is not None and progress.state == "finished":
+                totals = self.frontier.totals()
+                logger.info(
+                    "Crawl %(crawl)s is finished: %(done)d requests and seeds completed, "
+                    "%(retried)d retried, %(dead)d dead-lettered; closing",
+                    {
+                        "crawl": self.frontier.keys.crawl,
+                        "done": totals.get("done", 0),
+                        "retried": totals.get("retried", 0),
+                        "dead": totals.get("dead", 0),
+                    },
+                    extra={"spider": self},
+                )
+                raise CloseSpider("crawl_finished")
         now = time.monotonic()
         if self._idle_since is None:
             self._idle_since = now
@@ -202,6 +285,15 @@ class RedisSpiderMixin(Spider):
             )
             return
         raise DontCloseSpider
+
+
+def wake_engine(engine: Any) -> None:
+    """Ask the engine to look at its scheduler now rather than at its next 5-second
+    heartbeat (which calls the same method; Scrapy has no public API for it)."""
+    slot = getattr(engine, "_slot", None)
+    nextcall = getattr(slot, "nextcall", None)
+    if nextcall is not None:
+        nextcall.schedule()
 
 
 class RedisSpider(RedisSpiderMixin, Spider):

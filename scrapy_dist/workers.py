@@ -3,8 +3,9 @@
 Each worker writes a heartbeat (the Redis server's clock, so machines with skewed
 clocks agree) into ``<crawl>:workers``. A worker whose heartbeat is older than the
 timeout counts as gone and is pruned by the next join or leave. Joining may flush the
-crawl's frontier and leaving may delete it, each atomically with the count of the
-other live workers, so one worker never wipes state other workers still use.
+crawl's frontier, atomically with the count of the other live workers, so one worker
+never wipes state other workers still use; leaving never deletes anything (a finished
+crawl does, see :mod:`scrapy_dist.frontier`).
 """
 
 from __future__ import annotations
@@ -74,21 +75,15 @@ class WorkerRegistry:
         """Tell the others this worker is alive."""
         self._scripts.heartbeat(keys=[self.key], args=[self.worker_id])
 
-    def leave(self, *, clear: bool = False) -> tuple[int, bool]:
-        """Unregister this worker; with ``clear``, delete the frontier if it was the
-        last live worker.
+    def leave(self) -> int:
+        """Unregister this worker (shared state stays; see ``lua/leave.lua``).
 
         Returns:
-            ``(live workers remaining, whether the frontier was deleted)``.
+            The number of live workers remaining.
         """
-        remaining, cleared = cast(
-            "list[int]",
-            self._scripts.leave(
-                keys=[self.key, *self.frontier],
-                args=[self.worker_id, self.timeout, int(clear)],
-            ),
+        return int(
+            cast("int", self._scripts.leave(keys=[self.key], args=[self.worker_id, self.timeout]))
         )
-        return int(remaining), bool(cleared)
 
     def live(self) -> dict[str, float]:
         """Every registered worker and its last heartbeat (server time, seconds)."""

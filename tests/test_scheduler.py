@@ -40,7 +40,7 @@ def open_scheduler(
 
     yield make
     for scheduler in opened:
-        if scheduler._heartbeat.running:
+        if scheduler._ticker.running:
             scheduler.close("finished")
 
 
@@ -124,18 +124,20 @@ def test_undecodable_entry_goes_to_dead_letters(
     assert client.llen(scheduler.dead.key) == 1
 
 
-def test_persist_false_keeps_keys_until_the_last_worker_leaves(
+def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     open_scheduler: Callable[..., Scheduler], client: redis.Redis
 ) -> None:
     a, b = open_scheduler(), open_scheduler()
     a.enqueue_request(Request(URL + "1"))
     a.enqueue_request(Request(URL + "2"))
-    a.close("finished")  # b still runs: nothing may be deleted under it
+    a.close("finished")  # b still has work: nothing may be deleted under it
     assert client.exists(a.queue.key, a.df.backend.key) == 2
     assert [r.url for r in drain(b)] == [URL + "1", URL + "2"]
     b.enqueue_request(Request(URL + "3"))
-    b.close("finished")
-    assert client.exists(a.queue.key, a.df.backend.key, a.queue.seq_key) == 0
+    assert [r.url for r in drain(b)] == [URL + "3"]
+    b.close("finished")  # nothing queued, leased or waiting: the crawl is finished
+    keys = a.frontier.keys
+    assert client.exists(a.queue.key, a.df.backend.key, keys.seq, keys.leases) == 0
     assert client.exists(a.registry.key) == 0
 
 
@@ -144,18 +146,21 @@ def test_persist_true_keeps_everything(
 ) -> None:
     a = open_scheduler({"SCHEDULER_PERSIST": True})
     a.enqueue_request(Request(URL + "1"))
+    drain(a)
     a.close("finished")
-    assert client.exists(a.queue.key, a.df.backend.key) == 2
+    assert client.exists(a.df.backend.key) == 1
 
 
-def test_dead_worker_does_not_block_cleanup(
+def test_an_unfinished_crawl_is_never_deleted(
     open_scheduler: Callable[..., Scheduler], client: redis.Redis
 ) -> None:
+    """Even the last worker leaving (the other one's heartbeat is stale) keeps the work."""
     a = open_scheduler()
     a.enqueue_request(Request(URL + "1"))
     client.hset(a.registry.key, "ghost:1:dead", "1000.0")  # heartbeat from long ago
-    a.close("finished")
-    assert client.exists(a.queue.key) == 0
+    a.close("shutdown")
+    assert client.exists(a.queue.key, a.df.backend.key) == 2
+    assert client.hlen(a.registry.key) == 0  # the stale worker was pruned
 
 
 def test_flush_on_start(

@@ -1,0 +1,62 @@
+-- Report whether the crawl as a whole is finished, and mark it finished once it has
+-- been: nothing queued, no seeds, nothing leased, after at least one request or seed
+-- was settled, continuously for GRACE seconds. The first worker to see it finished
+-- deletes the frontier when the crawl does not persist; the stats hash stays, with the
+-- time of completion, so every worker sees the same answer.
+--
+-- KEYS[1] = request queue, KEYS[2] = seeds key, KEYS[3] = leases zset
+-- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at)
+-- KEYS[5..] = frontier keys deleted at completion when ARGV[4] == "1"
+-- ARGV[1] = queue type ("list" or "zset"), ARGV[2] = seeds type ("list", "set", "zset")
+-- ARGV[3] = GRACE seconds, ARGV[4] = "1" to delete the frontier at completion
+-- ARGV[5] = seconds the stats hash is kept after completion when deleting (0 = forever)
+-- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
+--          (nothing was ever settled), "idle" (empty, within the grace) or "finished"
+
+local queue, seeds, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+
+local function size(key, kind)
+  if kind == "zset" then
+    return redis.call("ZCARD", key)
+  elseif kind == "set" then
+    return redis.call("SCARD", key)
+  end
+  return redis.call("LLEN", key)
+end
+
+local queued, waiting, leased = size(queue, ARGV[1]), size(seeds, ARGV[2]), redis.call("ZCARD", leases)
+if queued + waiting + leased > 0 then
+  redis.call("HDEL", stats, "idle_since", "finished_at")
+  redis.call("PERSIST", stats)
+  return {"busy", queued, waiting, leased, ""}
+end
+local finished_at = redis.call("HGET", stats, "finished_at")
+if finished_at then
+  return {"finished", 0, 0, 0, finished_at}
+end
+local settled = tonumber(redis.call("HGET", stats, "done") or "0")
+  + tonumber(redis.call("HGET", stats, "dead") or "0")
+if settled == 0 then
+  return {"waiting", 0, 0, 0, ""}
+end
+local idle_since = tonumber(redis.call("HGET", stats, "idle_since") or "")
+if not idle_since then
+  redis.call("HSET", stats, "idle_since", tostring(now))
+  idle_since = now
+end
+if now - idle_since < tonumber(ARGV[3]) then
+  return {"idle", 0, 0, 0, ""}
+end
+finished_at = tostring(now)
+redis.call("HSET", stats, "finished_at", finished_at)
+if ARGV[4] == "1" then
+  for i = 5, #KEYS do
+    redis.call("DEL", KEYS[i])
+  end
+  if tonumber(ARGV[5]) > 0 then
+    redis.call("EXPIRE", stats, tonumber(ARGV[5]))
+  end
+end
+return {"finished", 0, 0, 0, finished_at}

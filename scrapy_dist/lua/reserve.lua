@@ -1,0 +1,123 @@
+-- Lease up to COUNT entries to a worker: first return expired leases to where they
+-- came from (or to the dead-letter list past the delivery limit), then move entries
+-- from the source (request queue or seeds key) into the leases, each with a deadline.
+--
+-- KEYS[1] = leases zset (lease id -> deadline, server time in seconds)
+-- KEYS[2] = leased hash (lease id -> "<origin>|<score>|<worker>|<entry>")
+-- KEYS[3] = deliveries hash (lease id -> times handed to a worker)
+-- KEYS[4] = dead-letter list
+-- KEYS[5] = request queue
+-- KEYS[6] = seeds key
+-- KEYS[7] = sequence counter (ids for seeds, which carry none)
+-- KEYS[8] = crawl stats hash (counters: dead)
+-- ARGV[1] = source to take from: "q" (request queue) or "s" (seeds)
+-- ARGV[2] = how to take: "rpop" | "lpop" | "zpopmin" | "spop" | "zpopmax"
+-- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
+-- ARGV[4] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
+-- ARGV[5] = COUNT, entries to lease (0 = only reclaim)
+-- ARGV[6] = lease duration in seconds
+-- ARGV[7] = worker id
+-- ARGV[8] = maximum deliveries of one entry
+-- ARGV[9] = maximum expired leases to reclaim in this call
+-- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw seed)
+
+local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue, seeds, seq, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local source, take, qback, sback = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local count, duration, worker = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local max_deliveries, reclaim_limit = tonumber(ARGV[8]), tonumber(ARGV[9])
+
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+
+local function parse(record)
+  local a = string.find(record, "|", 1, true)
+  local b = string.find(record, "|", a + 1, true)
+  local c = string.find(record, "|", b + 1, true)
+  return string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1),
+    string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
+end
+
+local function put_back(origin, score, entry)
+  local key, how = queue, qback
+  if origin == "s" then
+    key, how = seeds, sback
+  end
+  if how == "zadd" then
+    redis.call("ZADD", key, score, entry)
+  elseif how == "sadd" then
+    redis.call("SADD", key, entry)
+  elseif how == "rpush" then
+    redis.call("RPUSH", key, entry)
+  else
+    redis.call("LPUSH", key, entry)
+  end
+end
+
+-- 1. reclaim expired leases
+local expired = redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, reclaim_limit)
+for _, id in ipairs(expired) do
+  local record = redis.call("HGET", leased, id)
+  redis.call("ZREM", leases, id)
+  redis.call("HDEL", leased, id)
+  if record then
+    local origin, score, holder, entry = parse(record)
+    local times = tonumber(redis.call("HGET", deliveries, id) or "0")
+    if times >= max_deliveries then
+      local data = entry
+      if origin == "q" then
+        data = string.sub(entry, 17)
+      end
+      redis.call("RPUSH", dead, cjson.encode({
+        kind = origin == "q" and "request" or "seed",
+        reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
+          .. "); SCHEDULER_MAX_DELIVERIES reached",
+        data = data, time = now, worker = holder, deliveries = times,
+      }))
+      redis.call("HDEL", deliveries, id)
+      redis.call("HINCRBY", stats, "dead", 1)
+    else
+      put_back(origin, score, entry)
+    end
+  end
+end
+
+-- 2. lease new entries
+local taken
+if count <= 0 then
+  taken = {}
+elseif take == "zpopmin" or take == "zpopmax" then
+  local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
+    source == "q" and queue or seeds, count)
+  taken = {}
+  for i = 1, #popped, 2 do
+    taken[#taken + 1] = {popped[i], popped[i + 1]}
+  end
+else
+  local popped = redis.call(string.upper(take), source == "q" and queue or seeds, count)
+  taken = {}
+  if popped then
+    for _, entry in ipairs(popped) do
+      taken[#taken + 1] = {entry, "0"}
+    end
+  end
+end
+
+local result = {}
+for _, pair in ipairs(taken) do
+  local entry, score = pair[1], pair[2]
+  local id
+  if source == "q" then
+    id = string.sub(entry, 1, 16)
+  else
+    local digits = tostring(redis.call("INCR", seq))
+    id = "s" .. string.rep("0", 15 - #digits) .. digits
+  end
+  local times = redis.call("HINCRBY", deliveries, id, 1)
+  redis.call("ZADD", leases, now + duration, id)
+  redis.call("HSET", leased, id, source .. "|" .. score .. "|" .. worker .. "|" .. entry)
+  result[#result + 1] = id
+  result[#result + 1] = times
+  result[#result + 1] = entry
+end
+return result

@@ -1,0 +1,98 @@
+-- Settle leases this worker holds: acknowledge (done), return for another try after a
+-- failure (or dead-letter it past the delivery limit), or hand back untouched.
+-- Leases no longer held by this worker (expired and reclaimed) are left alone.
+--
+-- KEYS[1] = leases zset, KEYS[2] = leased hash, KEYS[3] = deliveries hash
+-- KEYS[4] = dead-letter list, KEYS[5] = request queue, KEYS[6] = seeds key
+-- KEYS[7] = crawl stats hash (counters: done, retried, dead)
+-- ARGV[1] = worker id
+-- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
+-- ARGV[3] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
+-- ARGV[4] = maximum deliveries of one entry
+-- ARGV[5..] = pairs: lease id, outcome; outcome "" = done, "~" = hand back (not
+--             counted as a delivery), anything else = the failure's reason
+-- Returns: {done, retried, dead, handed back, not ours}
+
+local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue, seeds, stats = KEYS[5], KEYS[6], KEYS[7]
+local worker, qback, sback = ARGV[1], ARGV[2], ARGV[3]
+local max_deliveries = tonumber(ARGV[4])
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+
+local function parse(record)
+  local a = string.find(record, "|", 1, true)
+  local b = string.find(record, "|", a + 1, true)
+  local c = string.find(record, "|", b + 1, true)
+  return string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1),
+    string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
+end
+
+local function put_back(origin, score, entry)
+  local key, how = queue, qback
+  if origin == "s" then
+    key, how = seeds, sback
+  end
+  if how == "zadd" then
+    redis.call("ZADD", key, score, entry)
+  elseif how == "sadd" then
+    redis.call("SADD", key, entry)
+  elseif how == "rpush" then
+    redis.call("RPUSH", key, entry)
+  else
+    redis.call("LPUSH", key, entry)
+  end
+end
+
+local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+for i = 5, #ARGV, 2 do
+  local id, outcome = ARGV[i], ARGV[i + 1]
+  local record = redis.call("HGET", leased, id)
+  local origin, score, holder, entry
+  if record then
+    origin, score, holder, entry = parse(record)
+  end
+  if not record or holder ~= worker then
+    lost = lost + 1
+  else
+    redis.call("ZREM", leases, id)
+    redis.call("HDEL", leased, id)
+    if outcome == "" then
+      redis.call("HDEL", deliveries, id)
+      done = done + 1
+    elseif outcome == "~" then
+      redis.call("HINCRBY", deliveries, id, -1)
+      put_back(origin, score, entry)
+      handed = handed + 1
+    else
+      local times = tonumber(redis.call("HGET", deliveries, id) or "0")
+      if times >= max_deliveries then
+        local data = entry
+        if origin == "q" then
+          data = string.sub(entry, 17)
+        end
+        redis.call("RPUSH", dead, cjson.encode({
+          kind = origin == "q" and "request" or "seed",
+          reason = outcome .. " (failed on " .. times .. " deliveries; "
+            .. "SCHEDULER_MAX_DELIVERIES reached)",
+          data = data, time = now, worker = worker, deliveries = times,
+        }))
+        redis.call("HDEL", deliveries, id)
+        buried = buried + 1
+      else
+        put_back(origin, score, entry)
+        retried = retried + 1
+      end
+    end
+  end
+end
+if done > 0 then
+  redis.call("HINCRBY", stats, "done", done)
+end
+if retried > 0 then
+  redis.call("HINCRBY", stats, "retried", retried)
+end
+if buried > 0 then
+  redis.call("HINCRBY", stats, "dead", buried)
+end
+return {done, retried, buried, handed, lost}

@@ -1,0 +1,215 @@
+"""Leases on a real Redis: reclaim, renewal, delivery limits, settlement, completion."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request
+from scrapy.utils.misc import build_from_crawler
+from twisted.python.failure import Failure
+
+from scrapy_dist.frontier import DONE, HAND_BACK, Frontier
+from scrapy_dist.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import redis
+    from scrapy.crawler import Crawler
+
+URL = "https://example.com/"
+FAST = {
+    "SCHEDULER_LEASE_TIMEOUT": 0.6,
+    "SCHEDULER_HEARTBEAT_INTERVAL": 0.15,
+    "SCHEDULER_WORKER_TIMEOUT": 1,
+    "SCHEDULER_MAX_DELIVERIES": 2,
+}
+
+
+class Worker:
+    """A scheduler whose engine holds exactly the requests the test says it holds."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
+        self.holding: set[Request] = set()
+        self.scheduler.in_flight = lambda: self.holding
+        self.scheduler.open(crawler.spider)
+
+    def take(self) -> Request | None:
+        request = self.scheduler.next_request()
+        if request is not None:
+            self.holding.add(request)
+        return request
+
+    def finish(self, request: Request) -> None:
+        self.holding.discard(request)
+        self.scheduler._settle()
+
+    @property
+    def frontier(self) -> Frontier:
+        return self.scheduler.frontier
+
+
+@pytest.fixture
+def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worker]]:
+    made: list[Worker] = []
+
+    def make(settings: dict[str, Any] | None = None) -> Worker:
+        made.append(Worker(make_crawler({**FAST, **(settings or {})})))
+        return made[-1]
+
+    yield make
+    for w in made:
+        if w.scheduler._ticker.running:
+            w.scheduler._ticker.stop()
+
+
+def dead_letters(client: redis.Redis, frontier: Frontier) -> list[dict[str, Any]]:
+    return [json.loads(d) for d in client.lrange(frontier.keys.dead, 0, -1)]
+
+
+def test_taking_a_request_leases_it(worker: Callable[..., Worker], client: redis.Redis) -> None:
+    w = worker()
+    w.scheduler.enqueue_request(Request(URL + "a"))
+    request = w.take()
+    assert request is not None
+    keys = w.frontier.keys
+    assert client.zcard(w.scheduler.queue.key) == 0
+    assert client.zcard(keys.leases) == 1  # held, with a deadline, until Scrapy is done
+    w.scheduler._settle()
+    assert client.zcard(keys.leases) == 1  # still in the engine
+    w.finish(request)
+    assert client.zcard(keys.leases) == 0
+    assert client.hlen(keys.leased) == 0
+    assert client.hget(keys.progress, "done") == b"1"
+
+
+def test_a_dead_workers_requests_come_back(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    killed, survivor = worker(), worker()
+    for c in "abc":
+        killed.scheduler.enqueue_request(Request(URL + c))
+    taken = [killed.take(), killed.take()]
+    assert all(taken)
+    killed.scheduler._ticker.stop()  # the worker dies: no renewal, no settlement
+    assert survivor.take() is not None  # "c", the one left in the queue
+    assert survivor.take() is None  # the dead worker's two are still leased
+    time.sleep(0.7)
+    back = [survivor.take(), survivor.take()]
+    assert sorted(r.url for r in back if r) == [URL + "a", URL + "b"]
+
+
+def test_renewal_keeps_a_slow_request(worker: Callable[..., Worker]) -> None:
+    slow, other = worker(), worker()
+    slow.scheduler.enqueue_request(Request(URL + "slow"))
+    assert slow.take() is not None
+    for _ in range(4):  # 1.2 s, twice the lease timeout, renewed on each tick
+        time.sleep(0.3)
+        slow.scheduler._tick()
+    assert other.take() is None
+
+
+def test_poison_page_goes_to_dead_letters_after_max_deliveries(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w = worker()
+    w.scheduler.enqueue_request(Request(URL + "poison"))
+    for _ in range(2):  # MAX_DELIVERIES = 2: taken twice by workers that die
+        assert w.take() is not None
+        w.holding.clear()
+        w.scheduler._out.clear()
+        time.sleep(0.7)
+    assert w.take() is None  # the reserve reclaimed it to the dead-letter list
+    [record] = dead_letters(client, w.frontier)
+    assert record["kind"] == "request"
+    assert "lease expired" in record["reason"]
+    assert record["deliveries"] == 2
+    assert json.loads(record["data"])["url"] == URL + "poison"
+
+
+def test_callback_errors_retry_then_dead_letter_with_the_reason(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    from scrapy.http import HtmlResponse
+
+    w = worker()
+    w.scheduler.enqueue_request(Request(URL + "raises"))
+    for attempt in range(2):
+        request = w.take()
+        assert request is not None, attempt
+        try:
+            raise ValueError("parse failed")
+        except ValueError:
+            failure = Failure()
+        w.scheduler.record_failure(failure, HtmlResponse(request.url, request=request), None)
+        w.finish(request)
+    assert w.take() is None
+    [record] = dead_letters(client, w.frontier)
+    assert record["reason"].startswith("ValueError: parse failed")
+    assert "SCHEDULER_MAX_DELIVERIES" in record["reason"]
+    assert w.scheduler.stats.get_value("scheduler/leases/retried") == 1
+    assert w.scheduler.stats.get_value("scheduler/leases/dead") == 1
+
+
+def test_close_hands_back_unstarted_requests_without_counting_a_delivery(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    a = worker({"SCHEDULER_PREFETCH": 5, "SCHEDULER_PERSIST": True})
+    for i in range(3):
+        a.scheduler.enqueue_request(Request(f"{URL}{i}"))
+    assert a.take() is not None
+    a.scheduler.close("shutdown")  # one is still in the engine: handed back too
+    keys = a.frontier.keys
+    assert client.zcard(keys.leases) == 0
+    assert client.zcard(a.scheduler.queue.key) == 3
+    assert {int(v) for v in client.hvals(keys.deliveries)} <= {0}
+
+
+def test_a_lease_taken_over_is_not_settled_by_its_old_holder(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    slow, fast = worker(), worker()
+    slow.scheduler.enqueue_request(Request(URL + "x"))
+    request = slow.take()
+    assert request is not None
+    time.sleep(0.7)
+    assert fast.take() is not None  # reclaimed and leased to fast
+    slow.finish(request)  # too late: the lease is fast's now
+    assert client.zcard(slow.frontier.keys.leases) == 1
+    assert slow.scheduler.stats.get_value("scheduler/leases/lease_lost") == 1
+
+
+def test_seeds_are_leased_until_settled(worker: Callable[..., Worker], client: redis.Redis) -> None:
+    w = worker()
+    f = w.frontier
+    client.rpush(f.seeds.key, b"https://e.com/1", b"https://e.com/2")
+    leases = f.reserve(10, seeds=True)
+    assert [lease.data for lease in leases] == [b"https://e.com/1", b"https://e.com/2"]
+    assert client.llen(f.seeds.key) == 0
+    assert client.zcard(f.keys.leases) == 2
+    f.settle([(leases[0].id, DONE), (leases[1].id, HAND_BACK)])
+    assert client.lrange(f.seeds.key, 0, -1) == [b"https://e.com/2"]
+
+
+def test_progress_to_finished(worker: Callable[..., Worker], client: redis.Redis) -> None:
+    w = worker()
+    f = w.frontier
+    assert f.progress(grace=0.3, clear=False).state == "waiting"  # never started
+    w.scheduler.enqueue_request(Request(URL))
+    assert f.progress(grace=0.3, clear=False).state == "busy"
+    request = w.take()
+    assert request is not None
+    progress = f.progress(grace=0.3, clear=False)
+    assert (progress.state, progress.leased) == ("busy", 1)
+    w.finish(request)
+    assert f.progress(grace=0.3, clear=True).state == "idle"
+    time.sleep(0.35)
+    assert f.progress(grace=0.3, clear=True).state == "finished"
+    assert client.exists(w.scheduler.df.backend.key) == 0  # cleared exactly once
+    assert f.totals() == {"done": 1}
+    w.scheduler.enqueue_request(Request(URL))  # new work: the crawl is busy again
+    assert f.progress(grace=0.3, clear=False).state == "busy"
