@@ -106,7 +106,8 @@ class Frontier:
         worker_id: this worker's id, recorded in its leases.
         lease_timeout: seconds a lease lasts without renewal.
         max_deliveries: deliveries of one entry before it is dead-lettered.
-        stats: the crawler's stats collector.
+        stats: returns the crawler's stats collector (which Scrapy creates after the
+            spider, so it is looked up when first needed).
     """
 
     def __init__(
@@ -119,7 +120,7 @@ class Frontier:
         worker_id: str,
         lease_timeout: float,
         max_deliveries: int,
-        stats: StatsCollector,
+        stats: Callable[[], StatsCollector],
     ) -> None:
         if lease_timeout <= 0:
             raise ConfigurationError(f"SCHEDULER_LEASE_TIMEOUT must be positive ({lease_timeout})")
@@ -137,7 +138,7 @@ class Frontier:
         self.worker_id = worker_id
         self.lease_timeout = lease_timeout
         self.max_deliveries = max_deliveries
-        self.stats = stats
+        self._get_stats = stats
         #: Keys deleted when a crawl that does not persist finishes.
         self.clear_keys: list[str] = list(keys.frontier())
         self._take, self._give_back = take
@@ -173,9 +174,14 @@ class Frontier:
             worker_id=new_worker_id(),
             lease_timeout=settings.getfloat("SCHEDULER_LEASE_TIMEOUT"),
             max_deliveries=settings.getint("SCHEDULER_MAX_DELIVERIES"),
-            stats=crawler.stats,
+            stats=lambda: crawler.stats,
         )
         return frontier
+
+    @property
+    def stats(self) -> StatsCollector:
+        """The crawler's stats collector."""
+        return self._get_stats()
 
     # -- connectivity ---------------------------------------------------------------
 

@@ -1,0 +1,227 @@
+"""Fault injection: worker processes crawl a local site while workers or Redis fail.
+
+Each test runs its own redis-server (some kill it), a local test site whose pages
+answer after a small delay (so a crawl lasts a few seconds and faults land mid-crawl),
+and ``scrapy crawl`` worker processes of ``tests/project``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+
+from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.site import TestSite
+from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from scrapy_dist.testing.workers import Worker
+
+pytestmark = pytest.mark.e2e
+
+PROJECT = Path(__file__).parent / "project"
+CONCURRENCY = 4
+PREFETCH = 1
+#: Settings every worker of these tests gets: fast leases, exit when the crawl is done.
+FAST = {
+    "CONCURRENT_REQUESTS": CONCURRENCY,
+    "SCHEDULER_PREFETCH": PREFETCH,
+    "SCHEDULER_LEASE_TIMEOUT": 3,
+    "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+    "SCHEDULER_WORKER_TIMEOUT": 2,
+    "SCHEDULER_MAX_DELIVERIES": 3,
+    "CLOSE_WHEN_CRAWL_DONE": True,
+    "CRAWL_DONE_GRACE": 1,
+    "SCHEDULER_PERSIST": False,
+}
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[TestSite]:
+    with TestSite(pages=400, delay=0.02) as s:
+        yield s
+
+
+@pytest.fixture
+def fresh_site(site: TestSite) -> TestSite:
+    site.reset_hits()
+    return site
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    with RedisServer(directory=tmp_path / "redis", appendonly=True) as s:
+        yield s
+
+
+class Crawl:
+    """Workers of one crawl, started with shared settings; all stopped at teardown."""
+
+    def __init__(self, server: RedisServer, site: TestSite, log_dir: Path) -> None:
+        self.server = server
+        self.site = site
+        self.log_dir = log_dir
+        self.workers: list[Worker] = []
+        self.client = redis.Redis.from_url(server.url)
+
+    def start(self, count: int, **settings: Any) -> list[Worker]:
+        spider_args = settings.pop("spider_args", None)
+        started = start_workers(
+            count,
+            project_dir=PROJECT,
+            spider="pages",
+            log_dir=self.log_dir,
+            settings={"REDIS_URL": self.server.url, **FAST, **settings},
+            spider_args=spider_args,
+            stats_setting=None,
+            first_index=len(self.workers),
+        )
+        self.workers += started
+        return started
+
+    def seed(self) -> None:
+        self.client.lpush("pages:start_urls", self.site.page_url(0))
+
+    def wait(self, timeout: float = 90) -> list[int]:
+        try:
+            return wait_workers(self.workers, timeout)
+        except TimeoutError:
+            pytest.fail("workers did not finish:\n" + self.logs())
+
+    def logs(self) -> str:
+        return "\n".join(f"--- worker {w.index}\n{w.log_tail(40)}" for w in self.workers)
+
+    def full_logs(self) -> str:
+        return "\n".join(w.log_file.read_text(errors="replace") for w in self.workers)
+
+    def hit_when(self, fetched: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(self.site.hits().values()) < fetched:
+            if time.monotonic() > deadline:
+                pytest.fail(f"fewer than {fetched} pages fetched in {timeout}s:\n" + self.logs())
+            time.sleep(0.05)
+
+    def assert_complete(self) -> dict[str, int]:
+        hits = self.site.hits()
+        missing = self.site.expected_paths() - set(hits)
+        assert not missing, f"{len(missing)} pages never fetched, e.g. {sorted(missing)[:5]}"
+        assert self.client.zcard("pages:leases") == 0, "requests left leased"
+        assert self.client.exists("pages:requests") == 0, "requests left queued"
+        return hits
+
+    def close(self) -> None:
+        stop_workers(self.workers)
+        self.client.close()
+
+
+@pytest.fixture
+def crawl(server: RedisServer, fresh_site: TestSite, tmp_path: Path) -> Iterator[Crawl]:
+    c = Crawl(server, fresh_site, tmp_path)
+    yield c
+    c.close()
+
+
+def duplicates(hits: dict[str, int]) -> int:
+    return sum(n - 1 for n in hits.values() if n > 1)
+
+
+def test_kill_9_workers_at_random_moments(crawl: Crawl) -> None:
+    rng = random.Random(os.getpid())
+    crawl.start(3)
+    crawl.seed()
+    kills = 0
+    for fetched in sorted(rng.sample(range(40, 300), 2)):
+        crawl.hit_when(fetched)
+        victim = rng.choice([w for w in crawl.workers if w.returncode is None])
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.process.wait()
+        kills += 1
+        crawl.start(1)  # a replacement joins the running crawl
+    codes = crawl.wait()
+    assert sorted(codes) == [-signal.SIGKILL] * kills + [0] * (len(codes) - kills), crawl.logs()
+    hits = crawl.assert_complete()
+    # only what the killed workers held can be fetched twice
+    assert duplicates(hits) <= kills * (CONCURRENCY + PREFETCH), hits
+
+
+def test_redis_killed_and_restarted_from_its_aof(crawl: Crawl, server: RedisServer) -> None:
+    crawl.start(2)
+    crawl.seed()
+    crawl.hit_when(100)
+    server.kill()
+    time.sleep(2)
+    server.restart()
+    assert crawl.wait() == [0, 0], crawl.logs()
+    hits = crawl.assert_complete()
+    assert duplicates(hits) <= 2 * (CONCURRENCY + PREFETCH)
+    assert "unreachable" in crawl.full_logs()
+
+
+def test_redis_unreachable_for_10_seconds(crawl: Crawl, server: RedisServer) -> None:
+    # a frozen server accepts connections and never answers, like a network partition
+    crawl.start(2, SCHEDULER_LEASE_TIMEOUT=60, REDIS_PARAMS=json.dumps({"socket_timeout": 1}))
+    crawl.seed()
+    crawl.hit_when(100)
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        time.sleep(10)
+        assert all(w.returncode is None for w in crawl.workers), crawl.logs()
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert crawl.wait() == [0, 0], crawl.logs()
+    crawl.assert_complete()
+
+
+def test_poison_page_ends_in_dead_letters(crawl: Crawl) -> None:
+    crawl.start(2, spider_args={"fail_on": "/page/7"})
+    crawl.seed()
+    assert crawl.wait() == [0, 0], crawl.logs()
+    hits = crawl.site.hits()
+    assert hits["/page/7"] == FAST["SCHEDULER_MAX_DELIVERIES"]
+    [record] = [json.loads(d) for d in crawl.client.lrange("pages:dead", 0, -1)]
+    assert record["kind"] == "request"
+    assert "ValueError: poison page /page/7" in record["reason"]
+    assert json.loads(record["data"])["url"].endswith("/page/7")
+    # the rest of the crawl completed: every page not reachable only through page 7
+    missing = crawl.site.expected_paths() - set(hits)
+    assert len(missing) < 5, missing
+
+
+def test_one_worker_stops_early_the_other_finishes(crawl: Crawl) -> None:
+    early, late = crawl.start(2)
+    crawl.seed()
+    crawl.hit_when(80)
+    os.kill(early.pid, signal.SIGINT)  # graceful: finish in-flight, hand back the rest
+    assert early.process.wait(30) == 0
+    assert crawl.client.exists("pages:dupefilter") == 1  # shared state intact
+    assert late.returncode is None
+    assert crawl.wait() == [0, 0], crawl.logs()
+    hits = crawl.assert_complete()
+    assert duplicates(hits) == 0
+    assert crawl.client.exists("pages:dupefilter", "pages:requests", "pages:seq") == 0
+
+
+def test_workers_exit_by_themselves_when_the_crawl_is_done(crawl: Crawl) -> None:
+    crawl.start(2)
+    crawl.seed()
+    assert crawl.wait() == [0, 0], crawl.logs()
+    exited = time.time()
+    last_hit = crawl.site.last_hit_time()
+    assert last_hit is not None
+    assert exited - last_hit < 8, "workers lingered after the last page"
+    hits = crawl.assert_complete()
+    assert duplicates(hits) == 0
+    logs = crawl.full_logs()
+    assert logs.count("is finished:") >= 1, logs
+    assert "crawl_finished" in logs
