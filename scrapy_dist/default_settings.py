@@ -52,6 +52,10 @@ REDIS_URL = None
 #: Template of the dupefilter key.
 SCHEDULER_DUPEFILTER_KEY = "%(spider)s:dupefilter"
 
+#: Seconds requests and acknowledgements may wait to be sent to Redis together (they
+#: also go with the next batch of requests taken); ``0`` sends each at once.
+SCHEDULER_FLUSH_INTERVAL = 0.1
+
 #: Delete this crawl's queue and dupefilter when a worker opens, if no other worker
 #: of the crawl is alive.
 SCHEDULER_FLUSH_ON_START = False
@@ -90,8 +94,9 @@ SCHEDULER_MAX_DELIVERIES = 3
 #: sees it finished deletes them; a crawl that is stopped unfinished is always kept).
 SCHEDULER_PERSIST = False
 
-#: Requests taken from Redis in one call and buffered by the worker.
-SCHEDULER_PREFETCH = 1
+#: Requests leased from Redis in one call and buffered by the worker; ``0`` means
+#: half of ``CONCURRENT_REQUESTS``.
+SCHEDULER_PREFETCH = 0
 
 #: Request queue class: ``scrapy_dist.queue.PriorityQueue``, ``FifoQueue`` or ``LifoQueue``.
 SCHEDULER_QUEUE_CLASS = "scrapy_dist.queue.PriorityQueue"

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from weakref import WeakKeyDictionary
 
@@ -29,7 +27,7 @@ from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import client_for, describe
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import keys_for
-from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue, RedisQueue
+from scrapy_dist.queue import ENTRY_ID_LEN, FifoQueue, LifoQueue, PriorityQueue, RedisQueue
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.workers import new_worker_id
@@ -37,7 +35,7 @@ from scrapy_dist.workers import new_worker_id
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from redis.client import Pipeline
+    from redis.commands.core import Script
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
@@ -55,6 +53,8 @@ HAND_BACK = "~"
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
 #: Expired leases reclaimed per reserve call, at most.
 RECLAIM_LIMIT = 100
+#: Requests waiting in the outbox that trigger a flush without waiting for the timer.
+FLUSH_MAX = 1000
 
 #: Errors that mean "Redis is not reachable right now": keep the work, retry later.
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
@@ -81,12 +81,14 @@ class Progress(NamedTuple):
     leased: int
 
 
-@dataclass
-class _Op:
-    """One outbox write: how to send it, and what to do with its reply."""
+class _Call(NamedTuple):
+    """One script call of a flush, and what to do with its reply (which may return
+    leases)."""
 
-    send: Callable[[Pipeline | None], Any]
-    on_reply: Callable[[Any], None]
+    script: Script
+    keys: list[str]
+    args: list[bytes | str | int | float]
+    on_reply: Callable[[Any], list[Lease] | None] | None
 
 
 #: How a request goes back to each queue, and how each seed mode is read and returned.
@@ -141,9 +143,16 @@ class Frontier:
         self._get_stats = stats
         #: Keys deleted when a crawl that does not persist finishes.
         self.clear_keys: list[str] = list(keys.frontier())
+        #: Send every write at once instead of with the next reserve or flush tick.
+        self.eager = False
         self._take, self._give_back = take
         self._scripts = scripts_for(client)
-        self._outbox: deque[_Op] = deque()
+        self._loaded = False
+        self._items: list[tuple[bytes, float, bytes]] = []
+        self._replies: list[Callable[[bool], None]] = []
+        self._pending_replies: list[Callable[[bool], None]] = []
+        self._dupefilter: FilterBackend | None = None
+        self._outcomes: list[tuple[str, str]] = []
         self._down_since: float | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
@@ -194,6 +203,7 @@ class Frontier:
         return self._down_since is None or time.monotonic() >= self._retry_at
 
     def _failed(self, error: Exception) -> None:
+        self._loaded = False  # a restarted server has lost its script cache
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
@@ -204,7 +214,7 @@ class Frontier:
                 {
                     "server": describe(self.client),
                     "error": error,
-                    "n": len(self._outbox),
+                    "n": self.pending_writes,
                     "max": BACKOFF_MAX,
                 },
             )
@@ -222,13 +232,14 @@ class Frontier:
             self._down_since = None
 
     def call(self, func: Callable[[], Any]) -> Any:
-        """Run one read or write now, noting Redis failures for the backoff.
+        """Send pending writes, then run one read or write now, noting Redis failures
+        for the backoff.
 
         Returns:
             What ``func`` returned, or ``None`` when Redis is unreachable (now or still
             within the backoff pause).
         """
-        if not self._can_try() or not self.flush():
+        if self.flush() is None:
             return None
         try:
             result = func()
@@ -236,101 +247,128 @@ class Frontier:
             self._failed(e)
             return None
         self._recovered()
+        self.stats.inc_value("scheduler/redis/round_trips")
         return result
 
     # -- writes (ordered outbox) ----------------------------------------------------
 
-    def flush(self) -> bool:
-        """Send every pending write, in order, in one round trip.
+    @property
+    def pending_writes(self) -> int:
+        """Requests to enqueue and leases to settle not yet sent to Redis."""
+        return len(self._items) + len(self._outcomes)
+
+    def enqueue(
+        self,
+        item: tuple[bytes, float, bytes],
+        dupefilter: FilterBackend | None,
+        on_reply: Callable[[bool], None],
+    ) -> None:
+        """Add one ``(payload, score, fingerprint)`` item to the outbox.
+
+        It is deduplicated and enqueued atomically when the outbox is flushed (with the
+        next reserve, on the flush timer, when many are pending, or at once when
+        ``eager``); ``on_reply`` then learns whether it was queued or filtered.
+        """
+        self._dupefilter = dupefilter
+        self._items.append(item)
+        self._replies.append(on_reply)
+        if self.eager or len(self._items) >= FLUSH_MAX:
+            self.flush()
+
+    def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
+        """Add lease settlements to the outbox: ``(lease id, outcome)`` with outcome
+        :data:`DONE`, :data:`HAND_BACK` or a failure reason. They are sent after every
+        request enqueued before them, in the same round trip."""
+        self._outcomes.extend(outcomes)
+        if self.eager and outcomes:
+            self.flush()
+
+    def flush(self, *, reserve: int = 0, seeds: bool = False) -> list[Lease] | None:
+        """Send pending enqueues, then pending settlements, then (if ``reserve``) lease
+        up to that many requests or seeds: one round trip for all of it.
 
         Returns:
-            ``True`` if nothing is left pending.
+            The new leases (empty if none were asked for or there are none), or
+            ``None`` if Redis is unreachable (the writes stay pending).
         """
-        if not self._outbox:
-            return True
+        calls: list[_Call] = []
+        if self._items:
+            keys, args = self.queue.enqueue_call(self._items, self._dupefilter)
+            calls.append(_Call(self._scripts.enqueue, keys, args, self._on_enqueued))
+        if self._outcomes:
+            calls.append(self._settle_call(self._outcomes))
+        if reserve > 0:
+            calls.append(self._reserve_call(reserve, seeds=seeds))
+        if not calls:
+            return []
         if not self._can_try():
-            return False
-        ops = list(self._outbox)
-        replies: list[Any]
+            return None
+        items, replies, outcomes = self._items, self._replies, self._outcomes
+        self._items, self._replies, self._outcomes = [], [], []
         try:
-            if len(ops) == 1:
-                try:
-                    replies = [ops[0].send(None)]
-                except UNREACHABLE:
-                    raise
-                except redis.RedisError as e:
-                    replies = [e]
-            else:
-                with self.client.pipeline(transaction=False) as pipe:
-                    for op in ops:
-                        op.send(pipe)
-                    replies = pipe.execute(raise_on_error=False)
+            answers = self._send(calls)
         except UNREACHABLE as e:
+            self._items, self._replies = items + self._items, replies + self._replies
+            self._outcomes = outcomes + self._outcomes
             self._failed(e)
-            return False
+            return None
         self._recovered()
-        for _ in ops:
-            self._outbox.popleft()
-        for op, reply in zip(ops, replies, strict=True):
-            if isinstance(reply, Exception):
-                self._rejected(reply)
-            else:
-                op.on_reply(reply)
-        return True
+        self.stats.inc_value("scheduler/redis/round_trips")
+        self._pending_replies = replies
+        leases: list[Lease] = []
+        for call, answer in zip(calls, answers, strict=True):
+            if isinstance(answer, Exception):
+                self._rejected(answer)
+            elif call.on_reply is not None:
+                result = call.on_reply(answer)
+                if result is not None:
+                    leases = result
+        return leases
+
+    def _send(self, calls: list[_Call]) -> list[Any]:
+        """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script
+        support would add a ``SCRIPT EXISTS`` round trip to every flush)."""
+        if not self._loaded:
+            with self.client.pipeline(transaction=False) as pipe:
+                for script in self._scripts.all():
+                    pipe.script_load(script.script)
+                pipe.execute()
+            self._loaded = True
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+            answers: list[Any] = pipe.execute(raise_on_error=False)
+        if any(isinstance(a, redis.exceptions.NoScriptError) for a in answers):
+            # someone ran SCRIPT FLUSH: load again and redo the calls that did not run
+            self._loaded = False
+            missing = [
+                i for i, a in enumerate(answers) if isinstance(a, redis.exceptions.NoScriptError)
+            ]
+            redone = self._send([calls[i] for i in missing])
+            for i, answer in zip(missing, redone, strict=True):
+                answers[i] = answer
+        return answers
+
+    def _on_enqueued(self, flags: Any) -> None:
+        for on_reply, flag in zip(self._pending_replies, flags, strict=True):
+            on_reply(bool(flag))
+        self._pending_replies = []
 
     def _rejected(self, error: Exception) -> None:
         """Redis answered a write with an error: it cannot succeed by retrying."""
         logger.error(
-            "Redis rejected a write to crawl %(crawl)s: %(error)s",
+            "Redis rejected a call for crawl %(crawl)s: %(error)s",
             {"crawl": self.keys.crawl, "error": error},
         )
         self.stats.inc_value("scheduler/redis/rejected")
 
-    def _write(self, op: _Op) -> bool:
-        self._outbox.append(op)
-        return self.flush()
-
-    def enqueue(
-        self,
-        items: Sequence[tuple[bytes, float, bytes]],
-        dupefilter: FilterBackend | None,
-        on_reply: Callable[[list[bool]], None],
-    ) -> bool:
-        """Enqueue ``(payload, score, fingerprint)`` items (deduplicated atomically).
-
-        ``on_reply`` receives one flag per item (queued or filtered) once Redis has them.
-
-        Returns:
-            ``True`` if they reached Redis now, ``False`` if they wait in the outbox.
-        """
-
-        def send(pipe: Pipeline | None) -> Any:
-            return self.queue.push(items, dupefilter, pipe=pipe)
-
-        def reply(flags: Any) -> None:
-            on_reply([bool(flag) for flag in flags] if flags else [])
-
-        return self._write(_Op(send, reply))
-
-    def settle(self, outcomes: Sequence[tuple[str, str]]) -> bool:
-        """Settle leases: ``(lease id, outcome)`` with outcome :data:`DONE`,
-        :data:`HAND_BACK` or a failure reason. Sent after every earlier write.
-
-        Returns:
-            ``True`` if sent now, ``False`` if it waits in the outbox.
-        """
-        if not outcomes:
-            return True
-        args: list[str | int] = [self.worker_id, self._give_back, _SEED_TAKE[self.seeds.kind][1],
-                                 self.max_deliveries]  # fmt: skip
+    def _settle_call(self, outcomes: Sequence[tuple[str, str]]) -> _Call:
+        args: list[bytes | str | int | float] = [
+            self.worker_id, self._give_back, _SEED_TAKE[self.seeds.kind][1], self.max_deliveries
+        ]
         for lease_id, outcome in outcomes:
             args += (lease_id, outcome)
-        keys = self._lease_keys()
-
-        def send(pipe: Pipeline | None) -> Any:
-            return self._scripts.settle(keys=keys, args=args, client=pipe)
-
-        return self._write(_Op(send, self._count_settled))
+        return _Call(self._scripts.settle, self._lease_keys(), args, self._count_settled)
 
     def _count_settled(self, reply: Any) -> None:
         done, retried, dead, handed, lost = (int(x) for x in reply)
@@ -353,29 +391,35 @@ class Frontier:
 
     # -- reads ----------------------------------------------------------------------
 
+    def _reserve_call(self, count: int, *, seeds: bool) -> _Call:
+        k = self.keys
+        take = _SEED_TAKE[self.seeds.kind][0] if seeds else self._take
+        args: list[bytes | str | int | float] = [
+            "s" if seeds else "q", take, self._give_back, _SEED_TAKE[self.seeds.kind][1],
+            count, self.lease_timeout, self.worker_id, self.max_deliveries, RECLAIM_LIMIT,
+        ]  # fmt: skip
+        keys = [k.leases, k.leased, k.deliveries, k.dead, self.queue.key, self.seeds.key, k.seq,
+                k.progress]  # fmt: skip
+
+        def leases(reply: Any) -> list[Lease]:
+            out = []
+            for i in range(0, len(reply), 3):
+                entry: bytes = reply[i + 2]
+                data = entry if seeds else entry[ENTRY_ID_LEN:]
+                out.append(Lease(reply[i].decode(), int(reply[i + 1]), data))
+            return out
+
+        return _Call(self._scripts.reserve, keys, args, leases)
+
     def reserve(self, count: int, *, seeds: bool = False) -> list[Lease]:
-        """Lease up to ``count`` requests (or seeds), reclaiming expired leases first.
+        """Send pending writes and lease up to ``count`` requests (or seeds), reclaiming
+        expired leases first; one round trip.
 
         Returns:
             The leases, in queue order; empty when there is nothing or Redis is
             unreachable.
         """
-        k = self.keys
-        take = _SEED_TAKE[self.seeds.kind][0] if seeds else self._take
-        args = ["s" if seeds else "q", take, self._give_back, _SEED_TAKE[self.seeds.kind][1],
-                count, self.lease_timeout, self.worker_id, self.max_deliveries,
-                RECLAIM_LIMIT]  # fmt: skip
-        keys = [k.leases, k.leased, k.deliveries, k.dead, self.queue.key, self.seeds.key, k.seq,
-                k.progress]  # fmt: skip
-        reply = self.call(lambda: self._scripts.reserve(keys=keys, args=args))
-        if not reply:
-            return []
-        leases = []
-        for i in range(0, len(reply), 3):
-            lease_id = reply[i].decode()
-            entry: bytes = reply[i + 2]
-            leases.append(Lease(lease_id, int(reply[i + 1]), entry if seeds else entry[16:]))
-        return leases
+        return self.flush(reserve=count, seeds=seeds) or []
 
     def renew(self, lease_ids: Sequence[str]) -> int:
         """Extend the deadlines of these leases in one call; returns how many were renewed."""
@@ -412,8 +456,3 @@ class Frontier:
             for name, value in (raw or {}).items()
             if name in (b"done", b"retried", b"dead")
         }
-
-    @property
-    def pending_writes(self) -> int:
-        """Writes waiting in the outbox for Redis to come back."""
-        return len(self._outbox)

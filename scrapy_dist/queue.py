@@ -71,23 +71,12 @@ class RedisQueue:
         """The zset score of ``request`` (ignored by list queues)."""
         return 0.0
 
-    def push(
+    def enqueue_call(
         self,
         items: Sequence[tuple[bytes, float, bytes]],
         dupefilter: FilterBackend | None = None,
-        pipe: Pipeline | None = None,
-    ) -> list[bool]:
-        """Enqueue ``(payload, score, fingerprint)`` items in one atomic call.
-
-        With a ``dupefilter``, an item whose fingerprint is not empty is queued only if
-        the fingerprint was new, and the fingerprint is recorded in the same step.
-
-        Returns:
-            One flag per item: ``True`` if queued, ``False`` if filtered as seen (empty
-            when ``pipe`` is given: the result comes with the pipeline's).
-        """
-        if not items:
-            return []
+    ) -> tuple[list[str], list[bytes | str | int | float]]:
+        """The ``KEYS`` and ``ARGV`` of ``lua/enqueue.lua`` for these items (see :meth:`push`)."""
         keys = [self.key, self.seq_key]
         args: list[bytes | str | int | float]
         if dupefilter is None:
@@ -101,10 +90,25 @@ class RedisQueue:
             token = dupefilter.token
             for payload, score, fingerprint in items:
                 args += (token(fingerprint) if fingerprint else b"", score, payload)
-        result = self._enqueue(keys=keys, args=args, client=pipe)
-        if pipe is not None:
+        return keys, args
+
+    def push(
+        self,
+        items: Sequence[tuple[bytes, float, bytes]],
+        dupefilter: FilterBackend | None = None,
+    ) -> list[bool]:
+        """Enqueue ``(payload, score, fingerprint)`` items in one atomic call.
+
+        With a ``dupefilter``, an item whose fingerprint is not empty is queued only if
+        the fingerprint was new, and the fingerprint is recorded in the same step.
+
+        Returns:
+            One flag per item: ``True`` if queued, ``False`` if filtered as seen.
+        """
+        if not items:
             return []
-        return [bool(flag) for flag in result]
+        keys, args = self.enqueue_call(items, dupefilter)
+        return [bool(flag) for flag in self._enqueue(keys=keys, args=args)]
 
     def pop(self, count: int = 1) -> list[bytes]:
         """Remove and return up to ``count`` payloads, in queue order."""

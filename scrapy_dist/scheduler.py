@@ -82,6 +82,8 @@ class Scheduler(BaseScheduler):
             last seen non-empty.
         prefetch: requests leased from Redis per call.
         heartbeat_interval: seconds between heartbeats and lease renewals.
+        flush_interval: seconds pending writes may wait before they are sent; ``0``
+            sends each at once.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class Scheduler(BaseScheduler):
         idle_before_close: float = 0.0,
         prefetch: int = 1,
         heartbeat_interval: float = 5.0,
+        flush_interval: float = 0.1,
     ) -> None:
         if prefetch < 1:
             raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
@@ -130,6 +133,13 @@ class Scheduler(BaseScheduler):
         self.idle_before_close = idle_before_close
         self.prefetch = prefetch
         self.heartbeat_interval = heartbeat_interval
+        if flush_interval < 0:
+            raise ConfigurationError(
+                f"SCHEDULER_FLUSH_INTERVAL cannot be negative ({flush_interval})"
+            )
+        self.flush_interval = flush_interval
+        frontier.eager = flush_interval == 0
+        self._next_beat = 0.0
         #: The dupefilter, when its test-and-set runs inside the enqueue script.
         self._shared_df = dupefilter if isinstance(dupefilter, RFPDupeFilter) else None
         self.spider: Spider | None = None
@@ -169,8 +179,10 @@ class Scheduler(BaseScheduler):
             persist=settings.getbool("SCHEDULER_PERSIST"),
             flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START"),
             idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE"),
-            prefetch=settings.getint("SCHEDULER_PREFETCH"),
+            prefetch=settings.getint("SCHEDULER_PREFETCH")
+            or max(1, settings.getint("CONCURRENT_REQUESTS") // 2),
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
+            flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         return scheduler
@@ -222,7 +234,8 @@ class Scheduler(BaseScheduler):
             },
             extra={"spider": spider},
         )
-        self._ticker.start(self.heartbeat_interval, now=False)
+        self._next_beat = time.monotonic() + self.heartbeat_interval
+        self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
         self.df.open()
 
     def close(self, reason: str) -> None:
@@ -243,7 +256,7 @@ class Scheduler(BaseScheduler):
                 {"n": len(handed)},
                 extra={"spider": self.spider},
             )
-        if not self.frontier.flush():
+        if self.frontier.flush() is None:
             logger.error(
                 "Redis is unreachable: %(n)d write(s) could not be sent before closing; "
                 "the leases they would have settled expire after SCHEDULER_LEASE_TIMEOUT "
@@ -281,11 +294,14 @@ class Scheduler(BaseScheduler):
     def enqueue_request(self, request: Request) -> bool:
         """Store ``request`` in the shared queue unless it is a duplicate.
 
-        Returns ``True`` if the request was queued (or, with Redis unreachable, kept in
-        memory to be sent when it returns), ``False`` if it was filtered as a duplicate or
-        cannot be stored (Scrapy then fires ``request_dropped``). A request that cannot
-        be serialized is logged, counted as ``scheduler/unserializable``, recorded in the
-        dead-letter list, and not marked as seen.
+        Requests are sent in batches (``SCHEDULER_FLUSH_INTERVAL``), together with the
+        settlement of the request that produced them. Returns ``False`` if the request
+        is a duplicate known before sending (this worker's seen-cache, a local
+        dupefilter, or, with ``SCHEDULER_FLUSH_INTERVAL = 0``, Redis's answer) or cannot be
+        stored (Scrapy then fires ``request_dropped``), else ``True``; duplicates Redis
+        finds in a batch are logged and counted as ``dupefilter/filtered``. A request that
+        cannot be serialized is logged, counted as ``scheduler/unserializable``,
+        recorded in the dead-letter list, and not marked as seen.
         """
         assert self._codec is not None, "scheduler not open"
         assert self.spider is not None
@@ -308,8 +324,7 @@ class Scheduler(BaseScheduler):
             return False
         outcome: list[bool] = []
 
-        def on_reply(flags: list[bool]) -> None:
-            queued = bool(flags and flags[0])
+        def on_reply(queued: bool) -> None:
             outcome.append(queued)
             if not queued:
                 assert self.spider is not None
@@ -321,10 +336,10 @@ class Scheduler(BaseScheduler):
             self.stats.inc_value("scheduler/enqueued")
 
         item = (payload, self.queue.score(request), fingerprint)
-        if self.frontier.enqueue([item], shared.backend if shared else None, on_reply):
-            return outcome == [True]
-        self.stats.inc_value("scheduler/enqueued/deferred")
-        return True
+        self.frontier.enqueue(item, shared.backend if shared else None, on_reply)
+        # batched (the default): Redis answers at the next flush, so duplicates it finds
+        # are logged and counted then, and Scrapy is told the request was stored
+        return outcome[0] if outcome else True
 
     def next_request(self) -> Request | None:
         """Return the next request for this worker, or ``None`` if there is none now."""
@@ -340,9 +355,9 @@ class Scheduler(BaseScheduler):
         return request
 
     def has_pending_requests(self) -> bool:
-        if self._buffer or self.frontier.pending_writes:
+        if self._buffer:
             return True
-        size = self.frontier.call(lambda: len(self.queue))
+        size = self.frontier.call(lambda: len(self.queue))  # sends pending writes first
         if size is None or size > 0:  # unreachable Redis: never let the crawl close
             self._last_work = time.monotonic()
             return True
@@ -396,12 +411,16 @@ class Scheduler(BaseScheduler):
         self._last_work = time.monotonic()
 
     def _tick(self) -> None:
-        """Every heartbeat interval: heartbeat, renew held leases, settle, flush."""
+        """Every flush interval: settle and send pending writes; every heartbeat
+        interval also heartbeat and renew the leases this worker holds."""
         self._settle()
         self.frontier.flush()
-        self.frontier.call(self.registry.heartbeat)
-        held = [lease.id for lease, _ in self._buffer] + list(self._out.values())
-        self.frontier.renew(held)
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_interval
+            self.frontier.call(self.registry.heartbeat)
+            held = [lease.id for lease, _ in self._buffer] + list(self._out.values())
+            self.frontier.renew(held)
 
     # -- failures -------------------------------------------------------------------
 

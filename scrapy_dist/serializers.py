@@ -16,6 +16,7 @@ import pickle
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from scrapy import Request as _Request
 from scrapy.utils.misc import load_object
 from scrapy.utils.request import request_from_dict
 
@@ -35,6 +36,8 @@ SET = "$s"
 #: Tag of a dict whose keys are not all plain strings (e.g. headers), as key/value pairs.
 PAIRS = "$d"
 _TAGS = frozenset((BYTES, TUPLE, SET, PAIRS))
+#: Marks a callback whose name must be found by Scrapy's slower lookup.
+_UNKNOWN = object()
 
 
 @runtime_checkable
@@ -201,10 +204,44 @@ class RequestCodec:
                 spider method, an object in ``meta`` the serializer cannot carry...).
         """
         try:
-            data = request.to_dict(spider=self.spider)
+            data = self._to_dict(request)
         except ValueError as e:
             raise SerializationError(str(e)) from e
         return self.serializer.dumps(data)
+
+    def _to_dict(self, request: Request) -> dict[str, Any]:
+        """``request.to_dict(spider=...)``, with the callback names found directly.
+
+        Scrapy finds a callback's name by listing every member of the spider, per
+        request; a bound method of the spider names itself. Anything else goes through
+        Scrapy's own lookup (and its error for a callback that is not a spider method).
+        """
+        callback = self._method_name(request.callback)
+        errback = self._method_name(request.errback)
+        if callback is _UNKNOWN or errback is _UNKNOWN:
+            return request.to_dict(spider=self.spider)
+        data: dict[str, Any] = {
+            "url": request.url,
+            "callback": callback,
+            "errback": errback,
+            "headers": dict(request.headers),
+        }
+        for attr in request.attributes:
+            data.setdefault(attr, getattr(request, attr))
+        cls = type(request)
+        if cls is not _Request:
+            data["_class"] = f"{cls.__module__}.{cls.__name__}"
+        return data
+
+    def _method_name(self, func: Any) -> Any:
+        if func is None or isinstance(func, str):
+            return func
+        name = getattr(func, "__name__", None)
+        if name and getattr(func, "__self__", None) is self.spider:
+            bound = getattr(self.spider, name, None)
+            if getattr(bound, "__func__", None) is getattr(func, "__func__", _UNKNOWN):
+                return name
+        return _UNKNOWN
 
     def decode(self, data: bytes) -> Request:
         """Rebuild a request from :meth:`encode`'s output.

@@ -32,7 +32,8 @@ def open_scheduler(
     opened: list[Scheduler] = []
 
     def make(settings: dict[str, Any] | None = None) -> Scheduler:
-        crawler = make_crawler(settings)
+        # send each write at once, so return values reflect Redis's answers
+        crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0, **(settings or {})})
         scheduler = build_from_crawler(Scheduler, crawler)
         scheduler.open(crawler.spider)
         opened.append(scheduler)
@@ -224,7 +225,8 @@ def test_unreachable_redis_at_open(make_crawler: Callable[..., Crawler]) -> None
     "settings",
     [
         {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.dupefilter.SetBackend"},
-        {"SCHEDULER_PREFETCH": 0},
+        {"SCHEDULER_PREFETCH": -1},
+        {"SCHEDULER_FLUSH_INTERVAL": -1},
         {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},
         {"SCHEDULER_WORKER_TIMEOUT": 1, "SCHEDULER_HEARTBEAT_INTERVAL": 5},
     ],
@@ -242,3 +244,32 @@ def test_queue_key_of_the_wrong_type(
     scheduler = build_from_crawler(Scheduler, crawler)
     with pytest.raises(ConfigurationError, match="holds a list"):
         scheduler.open(crawler.spider)
+
+
+def test_children_and_their_parents_ack_travel_in_one_round_trip(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    crawler = make_crawler({"SCHEDULER_PREFETCH": 4})  # the default, batched flushing
+    scheduler = build_from_crawler(Scheduler, crawler)
+    holding: set[Request] = set()
+    scheduler.in_flight = lambda: holding
+    scheduler.open(crawler.spider)
+    stats = scheduler.stats
+    assert scheduler.enqueue_request(Request(URL))
+    assert client.zcard(scheduler.queue.key) == 0  # waits for the next flush
+    parent = scheduler.next_request()  # sends it, and leases it back: one round trip
+    assert parent is not None
+    holding.add(parent)
+    before = stats.get_value("scheduler/redis/round_trips")
+    for i in range(10):
+        scheduler.enqueue_request(Request(f"{URL}child/{i}"))
+    assert scheduler.enqueue_request(Request(URL))  # a duplicate: Redis will say so
+    holding.discard(parent)  # the engine is done with the parent
+    child = scheduler.next_request()
+    assert child is not None
+    assert stats.get_value("scheduler/redis/round_trips") == before + 1
+    assert stats.get_value("dupefilter/filtered") == 1
+    assert stats.get_value("scheduler/leases/acked") == 1
+    assert client.zcard(scheduler.queue.key) == 10 - 4  # four leased to this worker
+    assert client.zcard(scheduler.frontier.keys.leases) == 4
+    scheduler.close("finished")
