@@ -305,21 +305,20 @@ class Scheduler(BaseScheduler):
         """
         assert self._codec is not None, "scheduler not open"
         assert self.spider is not None
+        shared = self._shared_df
+        fingerprint = b""
+        if shared is not None and not request.dont_filter:
+            fingerprint = shared.fingerprint(request)
+            if shared.seen_locally(fingerprint):  # known duplicate: not even serialized
+                self.df.log(request, self.spider)
+                return False
         try:
             payload = self._codec.encode(request)
         except SerializationError as e:
             self._unserializable(request, e)
             return False
-        shared = self._shared_df
-        fingerprint = b""
-        if request.dont_filter:
-            pass
-        elif shared is not None:
-            fingerprint = shared.fingerprint(request)
-            if shared.seen_locally(fingerprint):
-                self.df.log(request, self.spider)
-                return False
-        elif self.df.request_seen(request):
+        # a local dupefilter records what it is asked about: ask only once it can be stored
+        if shared is None and not request.dont_filter and self.df.request_seen(request):
             self.df.log(request, self.spider)
             return False
         outcome: list[bool] = []
