@@ -1,0 +1,1 @@
+"""A minimal Scrapy project that crawls with scrapy_dist: see ``example/demo.py``."""

@@ -1,0 +1,76 @@
+"""Test utilities shipped with the package, like ``scrapy.utils.test``.
+
+- :class:`RedisServer`: a throwaway ``redis-server`` on a free local port.
+- :class:`TestSite` and :func:`links`: a fast local website with a known link graph
+  that counts how often each page is fetched.
+- :func:`start_workers` and friends: ``scrapy crawl`` worker processes.
+
+The names are imported on first use, so ``python -m scrapy_dist.testing.site`` does not
+import its own module twice, and importing one utility does not import the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scrapy_dist.testing.redis_server import (
+        RedisServer,
+        RedisServerNotFound,
+        find_redis_server,
+        free_port,
+    )
+    from scrapy_dist.testing.site import TestSite, links
+    from scrapy_dist.testing.workers import (
+        Worker,
+        alive,
+        start_workers,
+        stop_workers,
+        wait_ready,
+        wait_workers,
+    )
+
+__all__ = [
+    "RedisServer",
+    "RedisServerNotFound",
+    "TestSite",
+    "Worker",
+    "alive",
+    "find_redis_server",
+    "free_port",
+    "links",
+    "start_workers",
+    "stop_workers",
+    "wait_ready",
+    "wait_workers",
+]
+
+_MODULES = {
+    "RedisServer": "redis_server",
+    "RedisServerNotFound": "redis_server",
+    "find_redis_server": "redis_server",
+    "free_port": "redis_server",
+    "TestSite": "site",
+    "links": "site",
+    "Worker": "workers",
+    "alive": "workers",
+    "start_workers": "workers",
+    "stop_workers": "workers",
+    "wait_ready": "workers",
+    "wait_workers": "workers",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import the utility ``name`` from its module on first access.
+
+    Raises:
+        AttributeError: ``name`` is not one of ``__all__``.
+    """
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,410 @@
+"""A throwaway ``redis-server`` process for tests, demos and benchmarks.
+
+:class:`RedisServer` runs a private server on a free port of 127.0.0.1 with its data in
+a temporary directory, and can stop, crash (:meth:`RedisServer.kill`) and restart it
+on the same port and directory, which is what fault-injection tests need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+__all__ = ["MIN_REDIS_VERSION", "RedisServer", "RedisServerNotFound", "find_redis_server"]
+
+#: Oldest server version the package supports (``LPOP key count``, ``ZRANGE ... REV``...).
+MIN_REDIS_VERSION = (6, 2)
+
+_HOST = "127.0.0.1"
+_FORBIDDEN_PORTS = frozenset({6379})
+_START_ATTEMPTS = 5
+_LOG_NAME = "redis.log"
+_LOG_TAIL_LINES = 20
+
+
+class RedisServerNotFound(RuntimeError):
+    """No ``redis-server`` binary could be found."""
+
+
+def find_redis_server() -> str:
+    """Locate the ``redis-server`` binary.
+
+    Returns:
+        ``$REDIS_SERVER`` if that environment variable is set, else the
+        ``redis-server`` found on ``PATH``.
+
+    Raises:
+        RedisServerNotFound: Neither is available.
+    """
+    configured = os.environ.get("REDIS_SERVER")
+    if configured:
+        return configured
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RedisServerNotFound(
+            "redis-server not found: run 'make install', or 'apt-get install redis-server', "
+            "or set REDIS_SERVER to the path of a redis-server binary (version >= 6.2)"
+        )
+    return found
+
+
+def free_port() -> int:
+    """Pick a TCP port of 127.0.0.1 that is free right now (never 6379).
+
+    Returns:
+        The port. Another process may take it before the caller binds it.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((_HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port not in _FORBIDDEN_PORTS:
+            return port
+
+
+def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """Send SIGTERM, wait up to ``timeout`` seconds, then SIGKILL and reap."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _parse_version(text: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+class RedisServer:
+    """A private ``redis-server`` subprocess bound to 127.0.0.1.
+
+    The server never uses port 6379, saves no RDB snapshot, and runs in its own
+    process group so that Ctrl-C in a terminal reaches only the Python parent, which
+    stops it. Use it as a context manager, or call :meth:`start` and :meth:`stop`.
+
+    Args:
+        binary: Path of ``redis-server``; default :func:`find_redis_server`.
+        directory: Working directory of the server (log, AOF). Default: a fresh
+            temporary directory, deleted by :meth:`stop`.
+        appendonly: Enable the append-only file with ``appendfsync always``, so data
+            written before :meth:`kill` survives :meth:`restart`.
+        port: Fixed port. Default: a free port, chosen by :meth:`start`.
+        extra_args: More ``redis-server`` command-line arguments, appended last.
+
+    Raises:
+        RedisServerNotFound: ``binary`` is None and no server binary is found.
+        ValueError: ``port`` is 6379 (reserved for a real server).
+    """
+
+    def __init__(
+        self,
+        *,
+        binary: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
+        appendonly: bool = False,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if port is not None and port in _FORBIDDEN_PORTS:
+            raise ValueError(f"refusing to run a throwaway redis-server on port {port}")
+        self.binary = binary if binary is not None else find_redis_server()
+        self.appendonly = appendonly
+        self.extra_args = tuple(extra_args)
+        self._fixed_port = port
+        self._port = port
+        self._directory = Path(directory) if directory is not None else None
+        self._own_directory = False
+        self._process: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize[[subprocess.Popen[bytes], float], RedisServer] | None
+        self._finalizer = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://{_HOST}:{self.port}/0"
+
+    @property
+    def port(self) -> int:
+        """The server's port.
+
+        Raises:
+            RuntimeError: No port was given and the server was never started.
+        """
+        if self._port is None:
+            raise RuntimeError("RedisServer has no port yet: call start() first")
+        return self._port
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running server, or None when it is not running."""
+        if self._process is None or self._process.poll() is not None:
+            return None
+        return self._process.pid
+
+    @property
+    def directory(self) -> Path:
+        """The server's working directory (log file, AOF).
+
+        Raises:
+            RuntimeError: No directory was given and the server was never started.
+        """
+        if self._directory is None:
+            raise RuntimeError("RedisServer has no directory yet: call start() first")
+        return self._directory
+
+    @property
+    def log_file(self) -> Path:
+        """Path of the server's log file."""
+        return self.directory / _LOG_NAME
+
+    def client(
+        self, *, decode_responses: bool = False, socket_timeout: float | None = 10.0
+    ) -> redis.Redis:
+        """A new redis-py client of this server, database 0.
+
+        Args:
+            decode_responses: Return ``str`` instead of ``bytes``.
+            socket_timeout: Seconds a command may take.
+
+        Returns:
+            The client; the caller closes it.
+        """
+        return redis.Redis(
+            host=_HOST,
+            port=self.port,
+            db=0,
+            decode_responses=decode_responses,
+            socket_timeout=socket_timeout,
+        )
+
+    def start(self, timeout: float = 10.0) -> Self:
+        """Start the server and wait until it answers PING.
+
+        Does nothing if it is already running. Without a fixed port, a port that was
+        taken in the meantime is replaced by another one, up to 5 attempts.
+
+        Args:
+            timeout: Seconds to wait for each attempt to answer.
+
+        Returns:
+            This object.
+
+        Raises:
+            RuntimeError: The server did not start (the message ends with the tail of
+                its log), or its version is older than 6.2.
+        """
+        if self.pid is not None:
+            return self
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="scrapy-dist-redis-"))
+            self._own_directory = True
+        self._directory.mkdir(parents=True, exist_ok=True)
+        for attempt in range(_START_ATTEMPTS):
+            port = self._port if self._port is not None else free_port()
+            if self._launch(port, timeout):
+                self._port = port
+                break
+            if self._fixed_port is not None or attempt == _START_ATTEMPTS - 1:
+                raise RuntimeError(
+                    f"redis-server could not listen on {_HOST}:{port}: port in use\n"
+                    f"{self._log_tail()}"
+                )
+            self._port = None
+        self._check_version()
+        return self
+
+    def _command(self, port: int) -> list[str]:
+        command = [
+            self.binary,
+            "--port", str(port),
+            "--bind", _HOST,
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+        ]  # fmt: skip
+        if self.appendonly:
+            command += ["--appendfsync", "always"]
+        command += ["--daemonize", "no", "--logfile", _LOG_NAME, "--protected-mode", "no"]
+        command += self.extra_args
+        return command
+
+    def _launch(self, port: int, timeout: float) -> bool:
+        """Run the server on ``port`` and wait for PING.
+
+        Returns:
+            True once it answers; False if it exited because the port was taken.
+
+        Raises:
+            RuntimeError: It exited for another reason, or did not answer in time.
+        """
+        log_size = self.log_file.stat().st_size if self.log_file.exists() else 0
+        process = subprocess.Popen(
+            self._command(port),
+            cwd=self.directory,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._process = process
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        # Never leave a server behind, even if the owner forgets stop().
+        self._finalizer = weakref.finalize(self, _terminate, process, 1.0)
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                self._process = None
+                new_log = self._read_log()[log_size:]
+                if "already in use" in new_log or "Address in use" in new_log:
+                    return False
+                raise RuntimeError(
+                    f"redis-server exited with status {process.returncode} "
+                    f"while starting on {_HOST}:{port}\n{self._log_tail()}"
+                )
+            if self._answers(port, process.pid):
+                return True
+            if time.monotonic() > deadline and process.poll() is None:
+                _terminate(process, 1.0)
+                self._process = None
+                raise RuntimeError(
+                    f"redis-server did not answer PING on {_HOST}:{port} within "
+                    f"{timeout:g} s\n{self._log_tail()}"
+                )
+            time.sleep(0.02)
+
+    @staticmethod
+    def _answers(port: int, pid: int) -> bool:
+        """Whether our own process (not another server on that port) answers PING."""
+        client = redis.Redis(
+            host=_HOST,
+            port=port,
+            socket_connect_timeout=0.5,
+            socket_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            info = client.info("server")
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            return False
+        finally:
+            client.close()
+        return int(info.get("process_id", -1)) == pid
+
+    def _check_version(self) -> None:
+        with self.client(socket_timeout=5) as client:
+            version = str(client.info("server")["redis_version"])
+        if _parse_version(version) < MIN_REDIS_VERSION:
+            self.stop()
+            wanted = ".".join(map(str, MIN_REDIS_VERSION))
+            raise RuntimeError(f"redis-server {version} is too old: version >= {wanted} needed")
+
+    def _read_log(self) -> str:
+        try:
+            return self.log_file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def _log_tail(self) -> str:
+        lines = self._read_log().splitlines()[-_LOG_TAIL_LINES:]
+        return "\n".join(lines) if lines else "(redis.log is empty)"
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s) and delete its temporary directory.
+
+        Idempotent. A directory given to the constructor is kept.
+        """
+        self._stop_process(graceful=True)
+        if self._own_directory and self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+            self._own_directory = False
+        self._port = self._fixed_port
+
+    def kill(self) -> None:
+        """Crash the server now with SIGKILL and wait for it to exit.
+
+        Port and directory are kept, so :meth:`restart` brings it back with its AOF.
+        """
+        self._stop_process(graceful=False)
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Start the server again on the same port and directory, stopping it first if running.
+
+        With ``appendonly=True`` the AOF is reloaded, so writes acknowledged before a
+        :meth:`kill` are back.
+
+        Args:
+            timeout: Seconds to wait for the server to answer.
+
+        Raises:
+            RuntimeError: The server cannot start again (port taken, bad AOF...).
+        """
+        port = self._port
+        self._stop_process(graceful=True)
+        if port is None:
+            self.start(timeout)
+            return
+        if not self._launch(port, timeout):
+            raise RuntimeError(
+                f"redis-server could not listen again on {_HOST}:{port}: port in use\n"
+                f"{self._log_tail()}"
+            )
+        self._check_version()
+
+    def _stop_process(self, *, graceful: bool) -> None:
+        process, self._process = self._process, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if process is None:
+            return
+        if graceful:
+            _terminate(process, 5.0)
+        elif process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+        else:
+            process.wait()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<RedisServer port={self._port} pid={self.pid}>"

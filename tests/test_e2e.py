@@ -1,0 +1,231 @@
+"""End-to-end crawls: ``scrapy crawl`` worker processes of the example project share one Redis.
+
+Each crawl runs real worker processes against a private redis-server and a local
+:class:`~scrapy_dist.testing.TestSite`, and is checked with the site's hit counters:
+every page must be fetched exactly once, however the work was split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from scrapy_dist.testing import (
+    RedisServer,
+    RedisServerNotFound,
+    TestSite,
+    find_redis_server,
+    start_workers,
+    stop_workers,
+    wait_ready,
+    wait_workers,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+
+    import redis
+
+    from scrapy_dist.testing import Worker
+
+try:
+    find_redis_server()
+except RedisServerNotFound:
+    HAVE_REDIS = False
+else:
+    HAVE_REDIS = True
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed"),
+]
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "example"
+PAGES = 1500
+SPIDER = "pages"
+SEEDS_KEY = "pages:start_urls"
+REQUESTS_KEY = "pages:requests"
+DUPEFILTER_KEY = "pages:dupefilter"
+#: Seconds the site waits per page in the two-worker crawl. A worker that opens with
+#: nothing to do looks for work (seeds, queued requests) again only on Scrapy's 5 s
+#: engine heartbeat, so the worker that did not get the seed joins up to 5 s after the
+#: crawl starts: the crawl must last longer than that. One worker alone (16 concurrent
+#: requests) needs 1500 * 0.15 / 16 = 14 s, so the second one always gets a share.
+SHARED_CRAWL_DELAY = 0.15
+CRAWL_TIMEOUT = 90.0
+
+
+@dataclass
+class Crawl:
+    """What one crawl left behind."""
+
+    workers: list[Worker]
+    hits: dict[str, int]
+    stats: list[dict[str, Any]]
+    keys: dict[str, str] = field(default_factory=dict)  # key -> Redis type, after the crawl
+
+    def fetched(self) -> set[str]:
+        """Paths fetched at least once."""
+        return set(self.hits)
+
+    def total(self, stat: str) -> int:
+        """Sum of one stat over the workers."""
+        return sum(int(stats.get(stat, 0)) for stats in self.stats)
+
+
+def _logs(workers: list[Worker]) -> str:
+    return "\n".join(f"worker {w.index}:\n{w.log_tail(15)}" for w in workers)
+
+
+@pytest.fixture(scope="module")
+def e2e_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def e2e_site() -> Iterator[TestSite]:
+    with TestSite(PAGES) as site:
+        yield site
+
+
+@pytest.fixture(scope="module")
+def e2e_client(e2e_redis: RedisServer) -> Iterator[redis.Redis]:
+    with e2e_redis.client(decode_responses=True) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def crawl(
+    e2e_redis: RedisServer,
+    e2e_site: TestSite,
+    e2e_client: redis.Redis,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., Crawl]]:
+    """Run one crawl on a clean Redis and a reset site; returns what it left behind.
+
+    Every worker started is stopped at teardown if it still runs.
+    """
+    started: list[Worker] = []
+
+    def run(
+        workers: int = 2,
+        *,
+        site: TestSite | None = None,
+        spider: str = SPIDER,
+        settings: Mapping[str, object] | None = None,
+        spider_args: Mapping[str, object] | None = None,
+        delay: float = 0.0,
+        seed: bool = True,
+    ) -> Crawl:
+        site = site or e2e_site
+        e2e_client.flushdb()
+        site.reset_hits()
+        site.delay = delay
+        log_dir = tmp_path_factory.mktemp(spider)
+        own_settings: dict[str, object] = {
+            "REDIS_URL": e2e_redis.url,
+            "MAX_IDLE_TIME_BEFORE_CLOSE": 2,
+        }
+        own_settings.update(settings or {})
+        running = start_workers(
+            workers,
+            project_dir=EXAMPLE_DIR,
+            spider=spider,
+            log_dir=log_dir,
+            settings=own_settings,
+            spider_args=spider_args,
+        )
+        started.extend(running)
+        try:
+            if seed:
+                # Seed while the workers start (see SHARED_CRAWL_DELAY): one of them takes
+                # it as it opens, instead of on its first idle heartbeat, 5 s later.
+                e2e_client.lpush(SEEDS_KEY, site.page_url(0))
+            wait_ready(running, timeout=CRAWL_TIMEOUT)
+            statuses = wait_workers(running, timeout=CRAWL_TIMEOUT)
+        except (RuntimeError, TimeoutError) as e:
+            pytest.fail(f"{e}\n{_logs(running)}")
+        finally:
+            stop_workers(running, timeout=5.0)
+        assert statuses == [0] * workers, _logs(running)
+        keys = {str(key): str(e2e_client.type(key)) for key in e2e_client.scan_iter("*")}
+        return Crawl(running, site.hits(), [w.stats() for w in running], keys)
+
+    try:
+        yield run
+    finally:
+        stop_workers(started, timeout=5.0)
+        e2e_site.delay = 0.0
+
+
+@pytest.fixture(scope="module")
+def shared_crawl(crawl: Callable[..., Crawl]) -> Crawl:
+    """Two scrapy_dist workers crawl the site from one seed (run once for the module)."""
+    return crawl(2, delay=SHARED_CRAWL_DELAY)
+
+
+def test_two_workers_fetch_every_page_exactly_once(shared_crawl: Crawl, e2e_site: TestSite) -> None:
+    expected = e2e_site.expected_paths()
+    assert len(expected) == PAGES
+    missing = expected - shared_crawl.fetched()
+    assert not missing, f"{len(missing)} pages never fetched, e.g. {sorted(missing)[:5]}"
+    repeated = {path: n for path, n in shared_crawl.hits.items() if n > 1}
+    assert not repeated, f"{len(repeated)} pages fetched more than once"
+    assert shared_crawl.fetched() == expected
+
+
+def test_two_workers_share_the_work(shared_crawl: Crawl) -> None:
+    responses = [int(stats.get("downloader/response_count", 0)) for stats in shared_crawl.stats]
+    assert all(count > 0 for count in responses), responses
+    assert sum(responses) == PAGES
+
+
+def test_two_workers_scrape_one_item_per_page(shared_crawl: Crawl) -> None:
+    assert shared_crawl.total("item_scraped_count") == PAGES
+    assert shared_crawl.total("dupefilter/filtered") > 0  # the graph has many duplicate links
+
+
+def test_two_workers_remove_the_crawl_state(shared_crawl: Crawl) -> None:
+    assert REQUESTS_KEY not in shared_crawl.keys
+    assert DUPEFILTER_KEY not in shared_crawl.keys
+    assert SEEDS_KEY not in shared_crawl.keys  # the seed was consumed
+
+
+def test_scrapy_default_scheduler_crawls_the_same_pages(
+    shared_crawl: Crawl, crawl: Callable[..., Crawl], e2e_site: TestSite
+) -> None:
+    local = crawl(
+        1, spider="pages_local", spider_args={"start_url": e2e_site.page_url(0)}, seed=False
+    )
+    assert local.stats[0]["scheduler/enqueued"] > 0
+    assert not local.keys, "Scrapy's own scheduler must not touch Redis"
+    assert local.fetched() == shared_crawl.fetched() == e2e_site.expected_paths()
+    assert set(local.hits.values()) == {1}
+    assert local.total("item_scraped_count") == shared_crawl.total("item_scraped_count")
+
+
+def test_persist_keeps_the_dupefilter_and_empties_the_queue(
+    crawl: Callable[..., Crawl], e2e_client: redis.Redis
+) -> None:
+    pages = 500  # a smaller site: this crawl checks what is left in Redis
+    with TestSite(pages) as small_site:
+        persisted = crawl(2, site=small_site, settings={"SCHEDULER_PERSIST": True})
+        assert persisted.fetched() == small_site.expected_paths()
+    assert set(persisted.hits.values()) == {1}
+    assert persisted.keys.get(REQUESTS_KEY) in (None, "zset", "list")
+    assert e2e_client.exists(REQUESTS_KEY) == 0 or _size(e2e_client, REQUESTS_KEY) == 0
+    assert persisted.keys.get(DUPEFILTER_KEY) == "set"
+    assert e2e_client.scard(DUPEFILTER_KEY) == pages
+
+
+def _size(client: redis.Redis, key: str) -> int:
+    kind = client.type(key)
+    if kind == "zset":
+        return int(client.zcard(key))
+    if kind == "list":
+        return int(client.llen(key))
+    return 0
