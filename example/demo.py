@@ -1,9 +1,10 @@
 """Distributed crawl demo: several ``scrapy crawl pages`` workers share one Redis frontier.
 
 Starts a throwaway redis-server and a local test site, starts the workers, pushes the
-site's first page as the seed, shows progress once a second, and when the workers
-have closed by themselves (idle for ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds) checks that
-every page was fetched exactly once. Everything it started is stopped on exit.
+site's first page as the seed once they are waiting, shows progress once a second, and
+when the workers have exited by themselves (``CLOSE_WHEN_CRAWL_DONE``: the crawl as a
+whole is finished) checks that every page was fetched exactly once. Everything it
+started is stopped on exit.
 
 Usage: ``python example/demo.py [--workers 2] [--pages 3000] [--timeout 300]``.
 Exit status: 0 if every page was fetched exactly once, no request is left in Redis and
@@ -128,14 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"workers  {args.workers} x scrapy crawl {SPIDER} (pids {_pids(workers)})")
         with server.client() as client:
-            # Seed while the workers start: the first one to open takes it at once. A
-            # worker that opens with nothing to do only looks again on Scrapy's 5 s
-            # engine heartbeat, and may then close if it has been idle for
-            # MAX_IDLE_TIME_BEFORE_CLOSE seconds and the crawl has not queued anything yet.
+            # Idle workers look for seeds every SCHEDULER_IDLE_POLL seconds (0.5 s at
+            # first), so the crawl starts within about a second of the push.
+            wait_ready(workers, timeout=max(1.0, deadline - time.monotonic()))
             client.lpush(SEEDS_KEY, site.page_url(0))
             seeded = time.time()
             print(f"seed     LPUSH {SEEDS_KEY} {site.page_url(0)}")
-            wait_ready(workers, timeout=max(1.0, deadline - time.monotonic()))
             timed_out = _watch(workers, site, client, seeded, deadline)
             if timed_out:
                 print(f"timeout  after {args.timeout:g} s: killing the workers")

@@ -17,8 +17,9 @@ SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the demo always overrides it with -s REDIS_URL=...
 SCHEDULER_PERSIST = False
-# Seconds a worker waits idle for more seeds before closing; 0 = forever.
-MAX_IDLE_TIME_BEFORE_CLOSE = 5
+# A batch crawl: every worker exits by itself a few seconds after the crawl as a whole
+# is finished (nothing queued, leased or waiting as a seed, on any worker).
+CLOSE_WHEN_CRAWL_DONE = True
 
 # A fast local site: no politeness delays.
 CONCURRENT_REQUESTS = 16
