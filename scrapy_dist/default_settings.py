@@ -68,11 +68,11 @@ SCHEDULER_HEARTBEAT_INTERVAL = 5.0
 SCHEDULER_IDLE_BEFORE_CLOSE = 0
 
 #: Seconds between an idle worker's looks for new work in Redis (seeds, requests
-#: queued by other workers, expired leases); doubled while idle up to
-#: ``SCHEDULER_IDLE_POLL_MAX``.
+#: queued by other workers, expired leases); doubled while idle up to one second.
 SCHEDULER_IDLE_POLL = 0.5
 
-#: Longest pause between an idle worker's looks for new work, in seconds.
+#: Longest pause between an idle worker's looks for new work once it has had none for
+#: a minute, in seconds.
 SCHEDULER_IDLE_POLL_MAX = 5.0
 
 #: Literal job id inserted into every crawl key: ``<spider>:<job>:requests``.

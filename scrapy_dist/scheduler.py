@@ -151,6 +151,9 @@ class Scheduler(BaseScheduler):
         #: Requests whose callback raised -> the reason.
         self._failures: dict[Request, str] = {}
         self._last_work = 0.0
+        #: When next_request first and last returned None, while it keeps doing so.
+        self._empty_since: float | None = None
+        self._last_empty = 0.0
         self._logunser = True
         self._ticker = LoopingCall(self._tick)
 
@@ -346,12 +349,31 @@ class Scheduler(BaseScheduler):
         if not self._buffer:
             self._refill()
         if not self._buffer:
+            if self._empty_since is None:
+                self._empty_since = time.monotonic()
+            self._last_empty = time.monotonic()
             return None
+        if self._empty_since is not None:
+            self._found_work()
         lease, request = self._buffer.popleft()
         self._out[request] = lease.id
         self.stats.inc_value("scheduler/dequeued/redis")
         self.stats.inc_value("scheduler/dequeued")
         return request
+
+    def _found_work(self) -> None:
+        """Record how long this worker may have waited while work was in Redis: the
+        work arrived at some point after the last time the scheduler found none."""
+        assert self._empty_since is not None
+        now = time.monotonic()
+        idle, waited = now - self._empty_since, now - self._last_empty
+        self._empty_since = None
+        self.stats.max_value("scheduler/idle/max_wait_with_work", round(waited, 3))
+        logger.debug(
+            "Found work after %(idle).2fs without; it waited at most %(waited).2fs",
+            {"idle": idle, "waited": waited},
+            extra={"spider": self.spider},
+        )
 
     def has_pending_requests(self) -> bool:
         if self._buffer:

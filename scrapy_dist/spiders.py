@@ -9,9 +9,10 @@ Seeds are fetched at start, whenever the worker has spare capacity and nothing q
 (Scrapy's ``scheduler_empty`` signal, rate-limited), and when it is idle
 (``spider_idle``, where the spider refuses to close with
 :class:`~scrapy.exceptions.DontCloseSpider`). While idle, the worker looks for new work in
-Redis every ``SCHEDULER_IDLE_POLL`` seconds, backing off to ``SCHEDULER_IDLE_POLL_MAX``,
-so requests queued by other workers or seeds pushed by a user start within about a
-second. A worker closes after ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness
+Redis every ``SCHEDULER_IDLE_POLL`` seconds, backing off to one second (and, after a
+minute without work, to ``SCHEDULER_IDLE_POLL_MAX``), so requests queued by other
+workers, expired leases and seeds pushed by a user start within about a second. A
+worker closes after ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness
 (measured from the last moment it had work; ``0`` waits forever), or, with
 ``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a whole is finished.
 
@@ -48,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 #: Shortest and longest pause between seed polls while seeds keep coming back empty.
 SEED_POLL_MIN, SEED_POLL_MAX = 0.05, 1.0
+#: Longest pause between an idle worker's looks for work during its first minute idle.
+IDLE_SHORT_MAX = 1.0
+#: Seconds without work after which the pause may grow to ``SCHEDULER_IDLE_POLL_MAX``.
+IDLE_LONG = 60.0
 
 
 class RedisSpiderMixin(Spider):
@@ -103,6 +108,8 @@ class RedisSpiderMixin(Spider):
         self._poll_pause = SEED_POLL_MIN
         self._next_wake = 0.0
         self._wake_pause = self.idle_poll
+        #: When the scheduler last had nothing for this worker (None: it had work since).
+        self._starved_since: float | None = None
         self._idle_ticker = LoopingCall(self._idle_tick)
         crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
@@ -222,23 +229,30 @@ class RedisSpiderMixin(Spider):
 
     def _on_activity(self, *_: Any, **__: Any) -> None:
         self._idle_since = None
+        self._starved_since = None
         self._wake_pause = self.idle_poll
 
     def _idle_tick(self) -> None:
-        """While the engine is idle, wake it now and then so it looks in Redis for work
-        (other workers' requests, expired leases, seeds) and runs its idle handling."""
+        """While the scheduler has nothing for this worker, wake the engine now and then
+        so it looks in Redis for work (other workers' requests, expired leases, seeds)
+        and, when idle, runs its idle handling. The pause doubles from
+        ``SCHEDULER_IDLE_POLL`` to one second, and after a minute without work up to
+        ``SCHEDULER_IDLE_POLL_MAX``."""
+        if self._starved_since is None:
+            return
         now = time.monotonic()
         if now < self._next_wake:
             return
-        engine = self.crawler.engine
-        if not engine.spider_is_idle():
-            return
+        cap = self.idle_poll_max if now - self._starved_since > IDLE_LONG else IDLE_SHORT_MAX
         self._next_wake = now + self._wake_pause
-        self._wake_pause = min(self._wake_pause * 2, self.idle_poll_max)
-        wake_engine(engine)
+        self._wake_pause = max(self.idle_poll, min(self._wake_pause * 2, cap))
+        self.crawler.stats.inc_value("scheduler/idle/wakeups")
+        wake_engine(self.crawler.engine)
 
     def _on_scheduler_empty(self) -> None:
         now = time.monotonic()
+        if self._starved_since is None:
+            self._starved_since = now
         if now < self._next_poll:
             return
         if self.schedule_next_requests():
