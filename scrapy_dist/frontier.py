@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from weakref import WeakKeyDictionary
 
 import redis
+from scrapy.utils.misc import load_object
 
 from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import client_for, describe
@@ -164,8 +165,6 @@ class Frontier:
             return _by_crawler[crawler]
         except KeyError:
             pass
-        from scrapy.utils.misc import load_object
-
         settings = settings_for(crawler)
         client = client_for(crawler)
         keys = keys_for(crawler)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.http import Response
+from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet.task import LoopingCall
 
 from scrapy_dist import deadletter
@@ -161,7 +162,9 @@ class Scheduler(BaseScheduler):
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
         frontier = Frontier.for_crawler(crawler)
-        dupefilter = _build_dupefilter(crawler, settings["DUPEFILTER_CLASS"])
+        dupefilter: BaseDupeFilter = build_from_crawler(
+            load_object(settings["DUPEFILTER_CLASS"]), crawler
+        )
         if isinstance(dupefilter, RFPDupeFilter):
             owned = dupefilter.backend.keys()
             frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
@@ -470,9 +473,3 @@ class Scheduler(BaseScheduler):
                 deadletter.REQUEST, f"unserializable: {error}", repr(request), url=request.url
             )
         )
-
-
-def _build_dupefilter(crawler: Crawler, path: str) -> BaseDupeFilter:
-    from scrapy.utils.misc import build_from_crawler, load_object
-
-    return build_from_crawler(load_object(path), crawler)  # type: ignore[no-any-return]
