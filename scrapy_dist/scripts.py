@@ -1,12 +1,16 @@
 """The Lua scripts in ``scrapy_dist/lua/``, registered once per client.
 
 Each ``.lua`` file opens with a header naming its ``KEYS`` and ``ARGV``. Every key a
-script touches is passed in ``KEYS``; no script derives key names.
+script touches is passed in ``KEYS``; no script derives key names. Redis scripts cannot
+import each other, so code two scripts share lives in a library file (``_name.lua``,
+functions only) that :func:`source` prepends to every script whose header has a line
+``-- uses: _name``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields
 from functools import cache
 from importlib.resources import files
 from typing import TYPE_CHECKING
@@ -19,10 +23,18 @@ if TYPE_CHECKING:
 _registered: WeakKeyDictionary[redis.Redis, Scripts] = WeakKeyDictionary()
 
 
+#: The header line naming the libraries a script uses.
+_USES = re.compile(r"^-- uses: (.+)$", re.MULTILINE)
+
+
 @cache
 def source(name: str) -> str:
-    """Return the text of ``lua/<name>.lua`` shipped with the package."""
-    return (files("scrapy_dist") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    """Return the text of ``lua/<name>.lua`` shipped with the package, preceded by the
+    libraries its ``-- uses:`` line names."""
+    text = (files("scrapy_dist") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    uses = _USES.search(text)
+    libraries = [lib.strip() for lib in uses.group(1).split(",")] if uses else []
+    return "\n".join([*(source(lib) for lib in libraries), text])
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,12 @@ class Scripts:
     settle: Script
     renew: Script
     progress: Script
+    dupefilter: Script
+    stats: Script
+
+    def all(self) -> list[Script]:
+        """Every script, e.g. to load them all after the server lost its script cache."""
+        return [getattr(self, f.name) for f in fields(self)]
 
 
 def scripts_for(client: redis.Redis) -> Scripts:
@@ -53,5 +71,7 @@ def scripts_for(client: redis.Redis) -> Scripts:
             settle=client.register_script(source("settle")),
             renew=client.register_script(source("renew")),
             progress=client.register_script(source("progress")),
+            dupefilter=client.register_script(source("dupefilter")),
+            stats=client.register_script(source("stats")),
         )
         return scripts

@@ -6,6 +6,7 @@
 -- ARGV[2] = lease duration in seconds from now
 -- ARGV[3..] = lease ids
 -- Returns: the number of leases renewed (a lease already reclaimed is not revived)
+-- uses: _leases
 
 local leases, leased, worker = KEYS[1], KEYS[2], ARGV[1]
 local t = redis.call("TIME")
@@ -14,10 +15,8 @@ local renewed = 0
 for i = 3, #ARGV do
   local record = redis.call("HGET", leased, ARGV[i])
   if record then
-    local a = string.find(record, "|", 1, true)
-    local b = string.find(record, "|", a + 1, true)
-    local c = string.find(record, "|", b + 1, true)
-    if string.sub(record, b + 1, c - 1) == worker then
+    local _, _, holder = parse_record(record)
+    if holder == worker then
       renewed = renewed + redis.call("ZADD", leases, "XX", "CH", deadline, ARGV[i])
     end
   end

@@ -20,6 +20,7 @@
 -- ARGV[8] = maximum deliveries of one entry
 -- ARGV[9] = maximum expired leases to reclaim in this call
 -- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw seed)
+-- uses: _leases
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, seq, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -30,30 +31,6 @@ local max_deliveries, reclaim_limit = tonumber(ARGV[8]), tonumber(ARGV[9])
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
-local function parse(record)
-  local a = string.find(record, "|", 1, true)
-  local b = string.find(record, "|", a + 1, true)
-  local c = string.find(record, "|", b + 1, true)
-  return string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1),
-    string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
-end
-
-local function put_back(origin, score, entry)
-  local key, how = queue, qback
-  if origin == "s" then
-    key, how = seeds, sback
-  end
-  if how == "zadd" then
-    redis.call("ZADD", key, score, entry)
-  elseif how == "sadd" then
-    redis.call("SADD", key, entry)
-  elseif how == "rpush" then
-    redis.call("RPUSH", key, entry)
-  else
-    redis.call("LPUSH", key, entry)
-  end
-end
-
 -- 1. reclaim expired leases
 local expired = redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, reclaim_limit)
 for _, id in ipairs(expired) do
@@ -61,23 +38,18 @@ for _, id in ipairs(expired) do
   redis.call("ZREM", leases, id)
   redis.call("HDEL", leased, id)
   if record then
-    local origin, score, holder, entry = parse(record)
+    local origin, score, holder, entry = parse_record(record)
     local times = tonumber(redis.call("HGET", deliveries, id) or "0")
     if times >= max_deliveries then
-      local data = entry
-      if origin == "q" then
-        data = string.sub(entry, 17)
-      end
-      redis.call("RPUSH", dead, cjson.encode({
-        kind = origin == "q" and "request" or "seed",
-        reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
-          .. "); SCHEDULER_MAX_DELIVERIES reached",
-        data = data, time = now, worker = holder, deliveries = times,
-      }))
+      local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
+        .. "); SCHEDULER_MAX_DELIVERIES reached"
+      redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
       redis.call("HDEL", deliveries, id)
       redis.call("HINCRBY", stats, "dead", 1)
+    elseif origin == "s" then
+      put_back(seeds, sback, score, entry)
     else
-      put_back(origin, score, entry)
+      put_back(queue, qback, score, entry)
     end
   end
 end

@@ -12,6 +12,7 @@
 -- ARGV[5..] = pairs: lease id, outcome; outcome "" = done, "~" = hand back (not
 --             counted as a delivery), anything else = the failure's reason
 -- Returns: {done, retried, dead, handed back, not ours}
+-- uses: _leases
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, stats = KEYS[5], KEYS[6], KEYS[7]
@@ -20,27 +21,11 @@ local max_deliveries = tonumber(ARGV[4])
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
-local function parse(record)
-  local a = string.find(record, "|", 1, true)
-  local b = string.find(record, "|", a + 1, true)
-  local c = string.find(record, "|", b + 1, true)
-  return string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1),
-    string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
-end
-
-local function put_back(origin, score, entry)
-  local key, how = queue, qback
+local function give_back(origin, score, entry)
   if origin == "s" then
-    key, how = seeds, sback
-  end
-  if how == "zadd" then
-    redis.call("ZADD", key, score, entry)
-  elseif how == "sadd" then
-    redis.call("SADD", key, entry)
-  elseif how == "rpush" then
-    redis.call("RPUSH", key, entry)
+    put_back(seeds, sback, score, entry)
   else
-    redis.call("LPUSH", key, entry)
+    put_back(queue, qback, score, entry)
   end
 end
 
@@ -50,7 +35,7 @@ for i = 5, #ARGV, 2 do
   local record = redis.call("HGET", leased, id)
   local origin, score, holder, entry
   if record then
-    origin, score, holder, entry = parse(record)
+    origin, score, holder, entry = parse_record(record)
   end
   if not record or holder ~= worker then
     lost = lost + 1
@@ -62,25 +47,18 @@ for i = 5, #ARGV, 2 do
       done = done + 1
     elseif outcome == "~" then
       redis.call("HINCRBY", deliveries, id, -1)
-      put_back(origin, score, entry)
+      give_back(origin, score, entry)
       handed = handed + 1
     else
       local times = tonumber(redis.call("HGET", deliveries, id) or "0")
       if times >= max_deliveries then
-        local data = entry
-        if origin == "q" then
-          data = string.sub(entry, 17)
-        end
-        redis.call("RPUSH", dead, cjson.encode({
-          kind = origin == "q" and "request" or "seed",
-          reason = outcome .. " (failed on " .. times .. " deliveries; "
-            .. "SCHEDULER_MAX_DELIVERIES reached)",
-          data = data, time = now, worker = worker, deliveries = times,
-        }))
+        local reason = outcome .. " (failed on " .. times .. " deliveries; "
+          .. "SCHEDULER_MAX_DELIVERIES reached)"
+        redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, worker, times))
         redis.call("HDEL", deliveries, id)
         buried = buried + 1
       else
-        put_back(origin, score, entry)
+        give_back(origin, score, entry)
         retried = retried + 1
       end
     end

@@ -1,0 +1,39 @@
+-- Library of the lease scripts (prepended by scrapy_dist/scripts.py to every script
+-- whose header says "-- uses: _leases"). No KEYS or ARGV of its own.
+--
+-- A leased record is "<origin>|<score>|<worker>|<entry>": origin "q" for an entry of
+-- the request queue ("<16-digit id><payload>"), "s" for a raw seed.
+
+-- Split a leased record into origin, score, worker, entry.
+local function parse_record(record)
+  local a = string.find(record, "|", 1, true)
+  local b = string.find(record, "|", a + 1, true)
+  local c = string.find(record, "|", b + 1, true)
+  return string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1),
+    string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
+end
+
+-- Put an entry back where it was taken from; how: "zadd", "sadd", "rpush" or "lpush".
+local function put_back(key, how, score, entry)
+  if how == "zadd" then
+    redis.call("ZADD", key, score, entry)
+  elseif how == "sadd" then
+    redis.call("SADD", key, entry)
+  elseif how == "rpush" then
+    redis.call("RPUSH", key, entry)
+  else
+    redis.call("LPUSH", key, entry)
+  end
+end
+
+-- The dead-letter record (JSON) of a leased entry that will not be tried again.
+local function dead_record(origin, entry, reason, now, worker, times)
+  local data = entry
+  if origin == "q" then
+    data = string.sub(entry, 17)
+  end
+  return cjson.encode({
+    kind = origin == "q" and "request" or "seed",
+    reason = reason, data = data, time = now, worker = worker, deliveries = times,
+  })
+end
