@@ -7,6 +7,27 @@ docstrings do not repeat them. Components read these through
 and :class:`scrapy_dist.addon.DistAddon` installs them at ``"addon"`` priority.
 """
 
+#: Size of a Bloom dupefilter as scrapy-redis-bloomfilter sets it: ``2**BLOOMFILTER_BIT``
+#: bits (30 = 128 MiB). When set, it replaces ``BLOOM_CAPACITY``/``BLOOM_ERROR_RATE``, and
+#: the capacity is the count at which ``BLOOMFILTER_HASH_NUMBER`` hashes are optimal.
+BLOOMFILTER_BIT = None
+
+#: Hash functions per fingerprint of a ``BLOOMFILTER_BIT`` filter.
+BLOOMFILTER_HASH_NUMBER = 6
+
+#: Fingerprints a Bloom dupefilter is sized for: up to this count its false-positive rate
+#: stays within ``BLOOM_ERROR_RATE`` (memory: 1.8 bytes per fingerprint at 0.1%).
+BLOOM_CAPACITY = 10_000_000
+
+#: False-positive rate a Bloom dupefilter is sized for, at ``BLOOM_CAPACITY``: the share
+#: of new pages skipped as if seen.
+BLOOM_ERROR_RATE = 0.001
+
+#: A Bloom dupefilter past its capacity: ``"grow"`` adds a filter of twice the capacity at
+#: half the error rate (as RedisBloom does), with a warning; ``"refuse"`` fails requests
+#: with new fingerprints (``DupefilterFull``) rather than let the error rate climb.
+BLOOM_ON_FULL = "grow"
+
 #: Close a worker once the crawl as a whole is finished (nothing queued, leased or
 #: waiting as a seed, for ``CRAWL_DONE_GRACE`` seconds), so a batch crawl ends by itself.
 CLOSE_WHEN_CRAWL_DONE = False
@@ -14,9 +35,44 @@ CLOSE_WHEN_CRAWL_DONE = False
 #: Seconds the whole crawl must stay empty before it counts as finished.
 CRAWL_DONE_GRACE = 2.0
 
+#: Where the dupefilter keeps fingerprints: ``"set"`` (exact, ~70 bytes each, as in
+#: scrapy-redis), ``"bloom"`` (RedisBloom if the server has it, else a bitmap Bloom filter
+#: in Lua), ``"bitmap"``, ``"redisbloom"``, or ``"auto"`` (RedisBloom if the server has
+#: it, else the set). With "bloom" or "auto" a crawl keeps the kind it started with.
+DUPEFILTER_BACKEND = "set"
+
+#: Keep a small in-memory Bloom filter per worker of the fingerprints it knows are in
+#: Redis, to skip the round trip for links repeated on every page. ``None``: on with a
+#: Bloom backend (it adds 1% to the error rate), off with the exact set.
+DUPEFILTER_LOCAL_CACHE = None
+
+#: Fingerprints the local cache holds before it starts over.
+DUPEFILTER_LOCAL_CACHE_SIZE = 100_000
+
+#: Seconds after which the dupefilter forgets everything, so a recurring crawl visits
+#: pages again: its keys get this expiry when they are created, never extended.
+#: ``None`` or ``0``: never.
+DUPEFILTER_TTL = None
+
 #: Seconds a RedisSpider worker waits with nothing to do (no seeds, no queued or
 #: in-flight requests) before it closes. ``0`` waits for seeds forever.
 MAX_IDLE_TIME_BEFORE_CLOSE = 0
+
+#: Serve Prometheus metrics of the crawl (queue depth, leased, dead, seeds, live workers,
+#: pages and items per second, dupefilter size and Bloom fill) from each worker, with
+#: the extension ``scrapy_dist.metrics.PrometheusMetrics`` in ``EXTENSIONS``.
+METRICS_ENABLED = False
+
+#: Address the metrics server listens on; ``"0.0.0.0"`` to let Prometheus reach it
+#: from other hosts (in a Kubernetes pod, say).
+METRICS_HOST = "127.0.0.1"
+
+#: Seconds between reads of the crawl's state from Redis for the metrics (one round
+#: trip each); a scrape serves the last read and never waits for Redis.
+METRICS_INTERVAL = 5.0
+
+#: TCP port of the metrics server (``GET /metrics``); ``0`` picks a free port (logged).
+METRICS_PORT = 9410
 
 #: Host of the Redis server, when ``REDIS_URL`` is not used. ``None`` means localhost.
 REDIS_HOST = None
@@ -26,6 +82,24 @@ REDIS_DB = None
 
 #: Text encoding of seeds read from Redis.
 REDIS_ENCODING = "utf-8"
+
+#: Items the item pipeline sends to Redis in one ``RPUSH``; a batch is sent when it is
+#: full or ``REDIS_ITEMS_FLUSH_INTERVAL`` seconds old, and at close.
+REDIS_ITEMS_BATCH_SIZE = 100
+
+#: Longest time, in seconds, an item waits in the item pipeline's buffer.
+REDIS_ITEMS_FLUSH_INTERVAL = 1.0
+
+#: Template of the items list ``scrapy_dist.pipelines.RedisPipeline`` appends to.
+REDIS_ITEMS_KEY = "%(spider)s:items"
+
+#: Keep at most this many items in the items list, dropping the oldest (``LTRIM``);
+#: ``0`` keeps every item.
+REDIS_ITEMS_MAXLEN = 0
+
+#: Import path of a function ``item -> str`` (or bytes) that serializes items for
+#: Redis; ``None`` uses Scrapy's ``ScrapyJSONEncoder`` (one JSON object per item).
+REDIS_ITEMS_SERIALIZER = None
 
 #: Extra keyword arguments for the redis-py client (timeouts, password, ``ssl_*``...).
 REDIS_PARAMS: dict[str, object] = {}
@@ -68,11 +142,11 @@ SCHEDULER_HEARTBEAT_INTERVAL = 5.0
 SCHEDULER_IDLE_BEFORE_CLOSE = 0
 
 #: Seconds between an idle worker's looks for new work in Redis (seeds, requests
-#: queued by other workers, expired leases); doubled while idle up to one second.
+#: queued by other workers, expired leases): two round trips each.
 SCHEDULER_IDLE_POLL = 0.5
 
-#: Longest pause between an idle worker's looks for new work once it has had none for
-#: a minute, in seconds.
+#: After five minutes without work the pause between looks doubles up to this many
+#: seconds.
 SCHEDULER_IDLE_POLL_MAX = 5.0
 
 #: Literal job id inserted into every crawl key: ``<spider>:<job>:requests``.
@@ -110,3 +184,7 @@ SCHEDULER_SERIALIZER = "json"
 
 #: Seconds without a heartbeat after which a worker counts as gone.
 SCHEDULER_WORKER_TIMEOUT = 30.0
+
+#: Seconds between the writes of a worker's stats to the crawl's shared stats hash by
+#: ``scrapy_dist.stats.RedisStatsCollector`` (one round trip each, and one at close).
+STATS_FLUSH_INTERVAL = 5.0

@@ -11,7 +11,11 @@ key                        type         holds
 ``<crawl>:start_urls``     list/set/    seeds pushed by users (raw URL or JSON object)
                            zset
 ``<crawl>:requests``       zset / list  the shared frontier: ``<id><payload>`` entries
-``<crawl>:dupefilter``     set          raw fingerprints of requests ever enqueued
+``<crawl>:dupefilter``     set / hash   the dupefilter: raw fingerprints of requests ever
+                           / BF         enqueued (``set`` backend), a Bloom chain's
+                                        parameters and counts (bitmap Bloom), or a
+                                        RedisBloom filter
+``<dupefilter>:<s>:<i>``   string       bitmap Bloom: bits of stage ``s``, segment ``i``
 ``<crawl>:seq``            string       counter giving each queued entry its id
 ``<crawl>:leases``         zset         lease id -> deadline: entries a worker holds
 ``<crawl>:leased``         hash         lease id -> ``origin|score|worker|entry``
@@ -20,12 +24,18 @@ key                        type         holds
                                         completion state (idle_since, finished_at)
 ``<crawl>:workers``        hash         worker id -> last heartbeat (server time, s)
 ``<crawl>:dead``           list         JSON records of seeds/requests that failed
+``<crawl>:items``          list         items as JSON lines (``RedisPipeline``;
+                                        ``REDIS_ITEMS_KEY`` may name another key)
+``<crawl>:stats``          hash         crawl-wide stats of every worker, typed
+                                        (``RedisStatsCollector``)
+``<crawl>:timeline``       zset         second -> ``"<s> <pages> <items>"`` samples of
+                                        the stats' totals, for crawl rates
 =========================  ===========  ==============================================
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -78,6 +88,15 @@ class RedisKeys:
     def dead(self) -> str:
         return f"{self.crawl}:dead"
 
+    def bloom_segment(self, stage: int, segment: int) -> str:
+        """Bits of a bitmap Bloom dupefilter: stage ``stage``, segment ``segment``.
+
+        ``<dupefilter>:<stage>:<segment>``, next to the dupefilter key (which then holds
+        the chain's parameters and counts), so a custom ``SCHEDULER_DUPEFILTER_KEY``
+        and a Cluster hash tag apply to the bits too.
+        """
+        return f"{self.dupefilter}:{stage}:{segment}"
+
     @property
     def leases(self) -> str:
         return f"{self.crawl}:leases"
@@ -93,6 +112,30 @@ class RedisKeys:
     @property
     def progress(self) -> str:
         return f"{self.crawl}:progress"
+
+    @property
+    def items(self) -> str:
+        """The items list under the default ``REDIS_ITEMS_KEY`` (see :meth:`custom`)."""
+        return f"{self.crawl}:items"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.crawl}:stats"
+
+    @property
+    def timeline(self) -> str:
+        return f"{self.crawl}:timeline"
+
+    def custom(self, template: str, setting: str) -> str:
+        """Expand a key template setting such as ``REDIS_ITEMS_KEY`` for this crawl."""
+        return expand(template, self.crawl, setting=setting)
+
+    def every(self) -> tuple[str, ...]:
+        """Every key this class names for the crawl: each field but ``crawl``, and each
+        property (the dupefilter backend's extra keys aside), e.g. to reset the crawl."""
+        names = [f.name for f in fields(self) if f.name != "crawl"]
+        names += [n for n, v in vars(type(self)).items() if isinstance(v, property)]
+        return tuple(dict.fromkeys(getattr(self, n) for n in names))
 
     def frontier(self) -> tuple[str, ...]:
         """Keys that make up the crawl's shared state, removed when it is flushed

@@ -1,0 +1,606 @@
+"""Read a crawl's state from Redis: what ``scrapy-dist status`` shows and the metrics export.
+
+:class:`CrawlLayout` names a crawl's keys and their Redis types from the same settings
+and the same code the workers use (:func:`~scrapy_dist.keys.keys_from_settings`, the
+spider's ``redis_key``, the queue class and the seed mode). :func:`read_status` reads
+everything in one pipelined round trip (plus the dupefilter's own state) and checks
+each key's type, so a key of the wrong type is reported by name instead of failing
+halfway. :func:`find_crawls` lists the crawls present in Redis with ``SCAN``.
+:func:`prometheus_text` renders a status in Prometheus' text exposition format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from scrapy.utils.misc import load_object
+
+from scrapy_dist.addon import settings_for
+from scrapy_dist.connection import describe
+from scrapy_dist.dupefilter import BitmapBloomBackend, backend_from_settings
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import RedisKeys, keys_for, keys_from_settings
+from scrapy_dist.queue import RedisQueue
+from scrapy_dist.seeds import SeedQueue
+from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
+
+    import redis
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+
+    from scrapy_dist.dupefilter import FilterState
+
+#: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.
+_PROBE = "\x00"
+
+
+@dataclass(frozen=True)
+class CrawlLayout:
+    """Where one crawl's data lives, and in which Redis types.
+
+    Attributes:
+        keys: the crawl's keys.
+        seeds: the seeds key (the spider's ``redis_key`` if it has one).
+        seeds_kind: ``"list"``, ``"set"`` or ``"zset"`` (the seed mode).
+        queue_kind: Redis type of the request queue (``"zset"`` or ``"list"``).
+        queue_cls: the request queue class.
+        items: the items list (``REDIS_ITEMS_KEY``).
+        worker_timeout: seconds without heartbeat after which a worker counts as gone.
+    """
+
+    keys: RedisKeys
+    seeds: str
+    seeds_kind: str
+    queue_kind: str
+    queue_cls: type[RedisQueue]
+    items: str
+    worker_timeout: float
+
+    @classmethod
+    def _make(cls, settings: BaseSettings, keys: RedisKeys, spidercls: type | None) -> CrawlLayout:
+        template = getattr(spidercls, "redis_key", None) if spidercls is not None else None
+        path = settings["SCHEDULER_QUEUE_CLASS"]
+        queue_cls = load_object(path) if isinstance(path, str) else path
+        if not (isinstance(queue_cls, type) and issubclass(queue_cls, RedisQueue)):
+            raise ConfigurationError(
+                f"SCHEDULER_QUEUE_CLASS {path!r} is not a scrapy_dist.queue.RedisQueue "
+                "subclass (FifoQueue, LifoQueue, PriorityQueue)"
+            )
+        return cls(
+            keys=keys,
+            seeds=keys.start_urls_key(template) if template else keys.start_urls,
+            seeds_kind=SeedQueue.kind_from_settings(settings),
+            queue_kind=queue_cls.kind,
+            queue_cls=queue_cls,
+            items=keys.custom(settings["REDIS_ITEMS_KEY"], "REDIS_ITEMS_KEY"),
+            worker_timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
+        )
+
+    @classmethod
+    def from_settings(
+        cls, settings: BaseSettings, spider: str, spidercls: type | None = None
+    ) -> CrawlLayout:
+        """The layout of spider ``spider``'s crawl (its job from the settings).
+
+        Args:
+            settings: settings with scrapy_dist's defaults.
+            spider: the spider name.
+            spidercls: the spider class, when known (for its ``redis_key``).
+
+        Raises:
+            ConfigurationError: invalid key templates or queue class, or both seed
+                modes set.
+        """
+        return cls._make(settings, keys_from_settings(settings, spider), spidercls)
+
+    @classmethod
+    def for_crawl(cls, settings: BaseSettings, crawl: str) -> CrawlLayout:
+        """The layout of a crawl known by its full name (``<spider>`` or ``<spider>:<job>``),
+        as :func:`find_crawls` returns it, with the default seeds key."""
+        keys = RedisKeys.build(
+            crawl,
+            requests=settings["SCHEDULER_QUEUE_KEY"],
+            dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
+            start_urls=settings["REDIS_START_URLS_KEY"],
+        )
+        return cls._make(settings, keys, None)
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler) -> CrawlLayout:
+        """The layout of a running crawler's crawl."""
+        return cls._make(settings_for(crawler), keys_for(crawler), crawler.spidercls)
+
+    def owned(self) -> list[str]:
+        """Every key of the crawl named by its layout (the dupefilter backend's extra
+        keys, such as Bloom segments, aside)."""
+        return list(dict.fromkeys([*self.keys.every(), self.seeds, self.items]))
+
+
+@dataclass(frozen=True)
+class CrawlStatus:
+    """A crawl's state at one moment (server time :attr:`time`).
+
+    Attributes:
+        crawl: the crawl name.
+        redis: the server, password masked.
+        time: the server's clock when read (seconds since the epoch).
+        exists: whether any key of the crawl exists.
+        seeds: seeds waiting in :attr:`seeds_key`.
+        queued: requests waiting in the shared queue.
+        leased: requests and seeds held by workers, not yet acknowledged.
+        dead: records in the dead-letter list.
+        progress: the crawl counters (``done``, ``retried``, ``dead``) and completion
+            times (``idle_since``, ``finished_at``), as numbers.
+        workers: worker id -> last heartbeat (server time).
+        worker_timeout: heartbeat age after which a worker counts as gone.
+        items_stored: items in the items list.
+        stats: the crawl's merged stats (empty without ``RedisStatsCollector``).
+        rates: pages and items per second over the last minute (``None`` without
+            ``RedisStatsCollector``).
+        dupefilter: the dupefilter's state (``None`` if it does not exist or was not read).
+    """
+
+    crawl: str
+    redis: str
+    time: float
+    exists: bool
+    seeds_key: str
+    seeds_kind: str
+    seeds: int
+    queue_key: str
+    queue_kind: str
+    queued: int
+    leased: int
+    dead_key: str
+    dead: int
+    progress: dict[str, float]
+    workers: dict[str, float]
+    worker_timeout: float
+    items_key: str
+    items_stored: int
+    stats: dict[str, Any] = field(default_factory=dict)
+    rates: Rates | None = None
+    dupefilter: FilterState | None = None
+
+    @property
+    def state(self) -> str:
+        """``"busy"`` (work waiting or leased), ``"finished"``, ``"idle"`` (empty, not yet
+        finished), ``"waiting"`` (nothing done yet) or ``"absent"`` (no keys)."""
+        if not self.exists:
+            return "absent"
+        if self.seeds + self.queued + self.leased > 0:
+            return "busy"
+        if self.progress.get("finished_at"):
+            return "finished"
+        if self.progress.get("done", 0) + self.progress.get("dead", 0) == 0:
+            return "waiting"
+        return "idle"
+
+    def live_workers(self) -> dict[str, float]:
+        """Live worker id -> seconds since its last heartbeat."""
+        ages = {w: max(0.0, self.time - beat) for w, beat in self.workers.items()}
+        return {w: age for w, age in sorted(ages.items()) if age <= self.worker_timeout}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Everything as JSON-able values (datetimes in ISO 8601), for ``--json``."""
+        spider, _, job = self.crawl.partition(":")
+        live = self.live_workers()
+        df = self.dupefilter
+        return {
+            "crawl": self.crawl,
+            "spider": spider,
+            "job": job or None,
+            "redis": self.redis,
+            "time": self.time,
+            "state": self.state,
+            "seeds": {"key": self.seeds_key, "type": self.seeds_kind, "waiting": self.seeds},
+            "queue": {"key": self.queue_key, "type": self.queue_kind, "queued": self.queued},
+            "leased": self.leased,
+            "dead": {"key": self.dead_key, "records": self.dead},
+            "progress": {
+                "done": int(self.progress.get("done", 0)),
+                "retried": int(self.progress.get("retried", 0)),
+                "dead": int(self.progress.get("dead", 0)),
+                "idle_since": self.progress.get("idle_since"),
+                "finished_at": self.progress.get("finished_at"),
+            },
+            "dupefilter": None if df is None else {
+                "key": df.key,
+                "backend": df.backend,
+                "size": df.count,
+                "capacity": df.capacity,
+                "fill": df.count / df.capacity if df.capacity else None,
+                "error_rate": df.error_rate,
+                "fpr_estimate": df.fpr_estimate,
+                "stages": df.stages,
+                "expires_in": df.expires_in,
+            },
+            "workers": {
+                "live": len(live),
+                "registered": len(self.workers),
+                "timeout": self.worker_timeout,
+                "list": [
+                    {"id": w, "heartbeat": beat, "age": round(max(0.0, self.time - beat), 3),
+                     "live": w in live}
+                    for w, beat in sorted(self.workers.items())
+                ],
+            },
+            "items": {
+                "key": self.items_key,
+                "stored": self.items_stored,
+                "scraped": self.stats.get(ITEMS_STAT),
+            },
+            "rates": None if self.rates is None else {
+                "window": self.rates.window,
+                "pages_per_second": self.rates.pages_per_second,
+                "items_per_second": self.rates.items_per_second,
+            },
+            "stats": self.stats,
+        }  # fmt: skip
+
+    def to_json(self) -> str:
+        """:meth:`as_dict` as one line of JSON."""
+        return json.dumps(self.as_dict(), default=json_default, sort_keys=False)
+
+
+def json_default(value: object) -> object:
+    """``json.dumps`` fallback: datetimes and dates as ISO 8601, anything else as text."""
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    return str(value)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _size_command(pipe: Any, key: str, kind: str) -> None:
+    if kind == "zset":
+        pipe.zcard(key)
+    elif kind == "set":
+        pipe.scard(key)
+    elif kind == "hash":
+        pipe.hlen(key)
+    else:
+        pipe.llen(key)
+
+
+def _numbers(raw: Mapping[bytes, bytes]) -> dict[str, float]:
+    result = {}
+    for name, value in raw.items():
+        try:
+            result[_text(name)] = float(value)
+        except ValueError:
+            continue
+    return result
+
+
+_HINTS = {
+    "seeds": {
+        "set": "set REDIS_START_URLS_AS_SET = True",
+        "zset": "set REDIS_START_URLS_AS_ZSET = True",
+        "list": "unset REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET",
+    },
+    "queue": {
+        "zset": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.PriorityQueue'",
+        "list": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue' (or LifoQueue)",
+    },
+}
+
+
+def check_type(key: str, actual: str, expected: str, role: str) -> None:
+    """Make sure ``key`` is absent or of the ``expected`` type.
+
+    Raises:
+        ConfigurationError: it holds another type; the message names the key, both
+            types and, for the seeds and the queue, the setting that fits what it holds.
+    """
+    if actual in ("none", expected):
+        return
+    hint = _HINTS.get(role, {}).get(actual)
+    advice = f"; if that is right, {hint}" if hint else ""
+    raise ConfigurationError(
+        f"Redis key {key!r} ({role}) holds a {actual}, but these settings expect a "
+        f"{expected}{advice}"
+    )
+
+
+def read_status(
+    client: redis.Redis,
+    layout: CrawlLayout,
+    settings: BaseSettings,
+    *,
+    dupefilter: bool = True,
+) -> CrawlStatus:
+    """Read one crawl's state: one pipelined round trip, plus the dupefilter's state.
+
+    Args:
+        client: a client of the crawl's Redis.
+        layout: the crawl's keys and types.
+        settings: settings with scrapy_dist's defaults (for the dupefilter backend).
+        dupefilter: also read the dupefilter's state (one or two more round trips).
+
+    Raises:
+        ConfigurationError: a key holds the wrong type for these settings.
+        redis.RedisError: Redis failed (``redis.ConnectionError`` when unreachable).
+    """
+    k = layout.keys
+    typed = [
+        (layout.seeds, layout.seeds_kind, "seeds"),
+        (k.requests, layout.queue_kind, "queue"),
+        (k.leases, "zset", "leases"),
+        (k.dead, "list", "dead letters"),
+        (k.workers, "hash", "workers"),
+        (k.progress, "hash", "progress"),
+        (layout.items, "list", "items"),
+        (k.stats, "hash", "stats"),
+        (k.timeline, "zset", "timeline"),
+    ]
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.type(k.dupefilter)
+        for key, _, _ in typed:
+            pipe.type(key)
+        _size_command(pipe, layout.seeds, layout.seeds_kind)
+        _size_command(pipe, k.requests, layout.queue_kind)
+        pipe.zcard(k.leases)
+        pipe.llen(k.dead)
+        pipe.hgetall(k.workers)
+        pipe.hgetall(k.progress)
+        pipe.llen(layout.items)
+        pipe.hgetall(k.stats)
+        pipe.zrange(k.timeline, 0, -1)
+        replies = pipe.execute(raise_on_error=False)
+    now_reply, df_type, *rest = replies
+    types = [_text(t) for t in rest[: len(typed)]]
+    for (key, expected, role), actual in zip(typed, types, strict=True):
+        check_type(key, actual, expected, role)
+    values = rest[len(typed) :]
+    for value in (now_reply, df_type, *values):
+        if isinstance(value, Exception):
+            raise value
+    seeds, queued, leased, dead, workers, progress, items, stats_raw, timeline = values
+    seconds, micros = cast("tuple[int, int]", now_reply)
+    now = seconds + micros / 1e6
+    stats = decode_stats(stats_raw)
+    crawl_rates = None
+    if stats or timeline:
+        pages = stats.get(PAGES_STAT, 0)
+        scraped = stats.get(ITEMS_STAT, 0)
+        crawl_rates = rates(
+            parse_samples(timeline),
+            float(pages) if isinstance(pages, (int, float)) else 0.0,
+            float(scraped) if isinstance(scraped, (int, float)) else 0.0,
+            now,
+        )
+    df_state = None
+    df_kind = _text(df_type)
+    if dupefilter and df_kind != "none":
+        df_state = dupefilter_state(client, settings, k)
+    return CrawlStatus(
+        crawl=k.crawl,
+        redis=describe(client),
+        time=now,
+        exists=df_kind != "none" or any(t != "none" for t in types),
+        seeds_key=layout.seeds,
+        seeds_kind=layout.seeds_kind,
+        seeds=int(seeds),
+        queue_key=k.requests,
+        queue_kind=layout.queue_kind,
+        queued=int(queued),
+        leased=int(leased),
+        dead_key=k.dead,
+        dead=int(dead),
+        progress=_numbers(progress),
+        workers=_numbers(workers),
+        worker_timeout=layout.worker_timeout,
+        items_key=layout.items,
+        items_stored=int(items),
+        stats=stats,
+        rates=crawl_rates,
+        dupefilter=df_state,
+    )
+
+
+def dupefilter_state(client: redis.Redis, settings: BaseSettings, keys: RedisKeys) -> FilterState:
+    """The state of the crawl's dupefilter, whatever backend wrote it.
+
+    A bitmap Bloom filter's fill and error rate depend on its size: the filter's own
+    parameters (from the signature it stores) are used when they can be reproduced,
+    else the configured ones.
+
+    Raises:
+        ConfigurationError: the dupefilter key holds a type no backend uses.
+    """
+    adopting = settings.copy()
+    adopting.frozen = False
+    adopting.set("DUPEFILTER_BACKEND", "auto", priority=100)
+    choice = backend_from_settings(adopting, client, keys)
+    chooser = getattr(choice, "choose", None)
+    backend = chooser() if chooser is not None else choice
+    if isinstance(backend, BitmapBloomBackend):
+        backend = _bitmap_as_created(client, adopting, keys, backend)
+    return cast("FilterState", backend.state())
+
+
+def _bitmap_as_created(
+    client: redis.Redis, settings: BaseSettings, keys: RedisKeys, configured: BitmapBloomBackend
+) -> BitmapBloomBackend:
+    """A bitmap backend with the parameters the filter in Redis was created with."""
+    raw = client.hget(keys.dupefilter, "sig")
+    signature = _text(raw) if raw is not None else ""
+    if not signature or signature == configured.signature:
+        return configured
+    fields = dict(part.split("=", 1) for part in signature.split() if "=" in part)
+    candidates: list[dict[str, Any]] = []
+    with contextlib.suppress(KeyError, ValueError):
+        candidates.append({"BLOOMFILTER_BIT": None, "BLOOM_CAPACITY": int(fields["capacity"]),
+                           "BLOOM_ERROR_RATE": float(fields["error_rate"])})  # fmt: skip
+    with contextlib.suppress(KeyError, ValueError):
+        bits = int(fields["bits"])
+        if bits > 0 and bits & (bits - 1) == 0:
+            candidates.append({"BLOOMFILTER_BIT": bits.bit_length() - 1,
+                               "BLOOMFILTER_HASH_NUMBER": int(fields["hashes"])})  # fmt: skip
+    for values in candidates:
+        adopted = settings.copy()
+        adopted.frozen = False
+        adopted.update(values, priority=100)
+        with contextlib.suppress(ConfigurationError):
+            backend = backend_from_settings(adopted, client, keys)
+            chooser = getattr(backend, "choose", None)
+            backend = chooser() if chooser is not None else backend
+            if isinstance(backend, BitmapBloomBackend) and backend.signature == signature:
+                return backend
+    return configured
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def crawl_patterns(settings: BaseSettings) -> list[tuple[str, str]]:
+    """``(prefix, suffix)`` of the keys that reveal a crawl: queue, seeds, workers,
+    progress, dead letters, stats and items, from the settings' key templates."""
+    probe = RedisKeys.build(
+        _PROBE,
+        requests=settings["SCHEDULER_QUEUE_KEY"],
+        dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
+        start_urls=settings["REDIS_START_URLS_KEY"],
+    )
+    names = [probe.requests, probe.start_urls, probe.workers, probe.progress, probe.dead,
+             probe.stats, probe.custom(settings["REDIS_ITEMS_KEY"], "REDIS_ITEMS_KEY")]  # fmt: skip
+    patterns = []
+    for name in names:
+        prefix, sep, suffix = name.partition(_PROBE)
+        if sep and (prefix or suffix) and (prefix, suffix) not in patterns:
+            patterns.append((prefix, suffix))
+    return patterns
+
+
+def find_crawls(client: redis.Redis, settings: BaseSettings, count: int = 1000) -> list[str]:
+    """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
+
+    A crawl is any name ``<crawl>`` for which one of the keys named by
+    :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``.
+    """
+    found: set[str] = set()
+    for prefix, suffix in crawl_patterns(settings):
+        pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
+        for raw in client.scan_iter(match=pattern, count=count):
+            key = _text(raw)
+            crawl = key[len(prefix) : len(key) - len(suffix)]
+            if crawl and key.startswith(prefix) and key.endswith(suffix):
+                found.add(crawl)
+    return sorted(found)
+
+
+def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[str]) -> list[str]:
+    """The keys of this crawl that exist: those its layout and its dupefilter backend
+    name, plus Bloom segments of any size found under the dupefilter key with ``SCAN``.
+    Another crawl's keys never match, even a job's whose name starts with this crawl's
+    (``books:20261122:requests`` is not a key of crawl ``books``)."""
+    named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
+    segment = layout.keys.bloom_segment(7770777, 8880888)
+    pattern = re.escape(segment).replace("7770777", r"\d+").replace("8880888", r"\d+")
+    segments = re.compile(f"^{pattern}$")
+    with client.pipeline(transaction=False) as pipe:
+        for key in named:
+            pipe.exists(key)
+        present = [key for key, n in zip(named, pipe.execute(), strict=True) if n]
+    glob = _glob_escape(layout.keys.dupefilter) + ":*"
+    for raw in client.scan_iter(match=glob, count=1000):
+        key = _text(raw)
+        if segments.match(key) and key not in present:
+            present.append(key)
+    return present
+
+
+# -- Prometheus ---------------------------------------------------------------------
+
+#: Content type of the text exposition format.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: The crawl-wide gauges: name -> help text.
+GAUGES = {
+    "scrapy_dist_up": "1 if the crawl's state was read from Redis at the last refresh, else 0.",
+    "scrapy_dist_queue_depth": "Requests waiting in the crawl's shared queue.",
+    "scrapy_dist_seeds": "Seeds waiting in the crawl's seeds key.",
+    "scrapy_dist_leased": "Requests and seeds held by workers and not yet acknowledged.",
+    "scrapy_dist_dead": "Records in the crawl's dead-letter list.",
+    "scrapy_dist_workers": "Live workers (heartbeat within SCHEDULER_WORKER_TIMEOUT).",
+    "scrapy_dist_pages_per_second": "Pages the whole crawl fetched per second, last minute.",
+    "scrapy_dist_items_per_second": "Items the whole crawl scraped per second, last minute.",
+    "scrapy_dist_items_stored": "Items in the crawl's items list.",
+    "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
+    "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
+    "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
+    "dupefilter.",
+}
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _sample(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def gauges(status: CrawlStatus | None) -> dict[str, float]:
+    """The gauge values of a status (``None``: Redis could not be read, only ``up``)."""
+    if status is None:
+        return {"scrapy_dist_up": 0}
+    values: dict[str, float] = {
+        "scrapy_dist_up": 1,
+        "scrapy_dist_queue_depth": status.queued,
+        "scrapy_dist_seeds": status.seeds,
+        "scrapy_dist_leased": status.leased,
+        "scrapy_dist_dead": status.dead,
+        "scrapy_dist_workers": len(status.live_workers()),
+        "scrapy_dist_items_stored": status.items_stored,
+        "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
+    }
+    if status.rates is not None:
+        values["scrapy_dist_pages_per_second"] = status.rates.pages_per_second
+        values["scrapy_dist_items_per_second"] = status.rates.items_per_second
+    df = status.dupefilter
+    if df is not None and df.capacity:
+        values["scrapy_dist_bloom_fill"] = df.count / df.capacity
+        values["scrapy_dist_bloom_false_positive_rate"] = df.fpr_estimate
+    return values
+
+
+def prometheus_text(
+    crawl: str,
+    values: Mapping[str, float],
+    counters: Mapping[str, tuple[str, float]] | None = None,
+) -> str:
+    """Render gauges (and counters: name -> (help, value)) for one crawl in Prometheus'
+    text exposition format, each with the label ``crawl``."""
+    label = f'{{crawl="{_label(crawl)}"}}'
+    lines: list[str] = []
+
+    def emit(name: str, kind: str, help_text: str, value: float) -> Iterator[str]:
+        yield f"# HELP {name} {help_text}"
+        yield f"# TYPE {name} {kind}"
+        yield f"{name}{label} {_sample(value)}"
+
+    for name, help_text in GAUGES.items():
+        if name in values:
+            lines += emit(name, "gauge", help_text, values[name])
+    for name, (help_text, value) in (counters or {}).items():
+        lines += emit(name, "counter", help_text, value)
+    return "\n".join(lines) + "\n"

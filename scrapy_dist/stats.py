@@ -1,0 +1,437 @@
+"""Crawl-wide stats shared by every worker, in one Redis hash per crawl.
+
+:class:`RedisStatsCollector` is a Scrapy stats collector (``STATS_CLASS =
+"scrapy_dist.stats.RedisStatsCollector"``). Each worker keeps its own stats in memory,
+as Scrapy's collector does, so ``get_value`` answers from memory and every worker still
+logs its own stats when it closes; in addition, every change is buffered and written to
+the crawl's hash ``<crawl>:stats`` every ``STATS_FLUSH_INTERVAL`` seconds and at close,
+in one round trip (``lua/stats.lua``), where all the workers' changes merge:
+
+* ``inc_value`` adds on the server (``HINCRBY`` for integers), so two workers
+  incrementing the same stat never lose an increment;
+* ``max_value`` / ``min_value`` compare and set on the server;
+* ``set_value`` sets (the last flush wins), except for the stats in
+  :attr:`RedisStatsCollector.merge_rules`: the crawl's ``start_time`` is the earliest
+  worker's, its ``finish_time`` the latest.
+
+Values keep their types: integers and floats are stored as numbers (readable with
+``redis-cli hgetall``, and still counters for ``HINCRBY``), datetimes, strings and other
+JSON values carry a tag (see :func:`encode_value`). :func:`decode_stats` turns the hash
+back into Python values; :meth:`RedisStatsCollector.crawl_stats` and the
+``scrapy-dist status`` command use it.
+
+Every flush that changes the page or item count also records the crawl's totals in
+``<crawl>:timeline`` (one sample per second, trimmed to the last minute), from which
+:func:`rates` computes pages and items per second over the last minute.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+import redis
+from scrapy.statscollectors import StatsCollector
+from scrapy.utils.serialize import ScrapyJSONEncoder
+
+from scrapy_dist.addon import settings_for
+from scrapy_dist.connection import client_for
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import keys_for
+from scrapy_dist.scripts import scripts_for
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from twisted.internet.task import LoopingCall
+
+logger = logging.getLogger(__name__)
+
+#: The stat that counts pages (Scrapy's core stats): the basis of pages per second.
+PAGES_STAT = "response_received_count"
+#: The stat that counts items: the basis of items per second.
+ITEMS_STAT = "item_scraped_count"
+#: Seconds over which crawl rates are measured.
+RATE_WINDOW = 60
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+#: Tag prefixes of stored values that are not numbers.
+DATETIME, STRING, JSON = "d:", "s:", "j:"
+
+
+def _micros(value: datetime) -> int:
+    """Microseconds since the epoch (a naive datetime counts as UTC), for ordering."""
+    epoch = _EPOCH if value.tzinfo is not None else _EPOCH_NAIVE
+    return (value - epoch) // _MICROSECOND
+
+
+def number_text(value: int | float) -> str:
+    """A number as stored: an int as digits, a float as text that never looks like an int."""
+    if isinstance(value, float):
+        return repr(value)  # always has ".", "e", "inf" or "nan"
+    return str(int(value))
+
+
+class _Encoder(ScrapyJSONEncoder):
+    """Scrapy's JSON encoder, with ``str()`` for what it cannot encode."""
+
+    def default(self, o: Any) -> Any:
+        try:
+            return super().default(o)
+        except TypeError:
+            return str(o)
+
+
+def encode_value(value: Any) -> str:
+    """Encode one stat value for the stats hash.
+
+    ``int`` -> ``"42"``; ``float`` -> ``"1.5"``, ``"1e+16"``, ``"inf"``; ``datetime`` ->
+    ``"d:<microseconds since the epoch> <ISO 8601>"`` (the number orders datetimes on the
+    server); ``str`` -> ``"s:<text>"``; anything else -> ``"j:<JSON>"`` (``bool``,
+    ``None``, lists, dicts; other objects as Scrapy's JSON encoder writes them).
+    """
+    if isinstance(value, bool) or value is None:
+        return JSON + json.dumps(value)
+    if isinstance(value, (int, float)):
+        return number_text(value)
+    if isinstance(value, datetime):
+        return f"{DATETIME}{_micros(value)} {value.isoformat()}"
+    if isinstance(value, str):
+        return STRING + value
+    try:
+        return JSON + json.dumps(value, cls=_Encoder)
+    except (ValueError, RecursionError):  # a circular structure
+        return JSON + json.dumps(str(value))
+
+
+def decode_value(raw: bytes | str) -> Any:
+    """Decode what :func:`encode_value` stored (untagged text that is not a number, as
+    written by other tools, comes back as a string)."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    tag = text[:2]
+    if tag == DATETIME:
+        try:
+            return datetime.fromisoformat(text.split(" ", 1)[1])
+        except (IndexError, ValueError):
+            return text
+    if tag == STRING:
+        return text[2:]
+    if tag == JSON:
+        try:
+            return json.loads(text[2:])
+        except ValueError:
+            return text
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def decode_stats(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, Any]:
+    """Decode a whole stats hash (``HGETALL``), sorted by stat name."""
+    decoded = {
+        (k.decode("utf-8", "replace") if isinstance(k, bytes) else k): decode_value(v)
+        for k, v in raw.items()
+    }
+    return dict(sorted(decoded.items()))
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Crawl-wide pages and items per second over the last :attr:`window` seconds."""
+
+    window: int
+    pages_per_second: float
+    items_per_second: float
+
+
+def parse_samples(members: Iterable[bytes | str]) -> list[tuple[int, float, float]]:
+    """Parse ``<crawl>:timeline`` members into ``(second, pages, items)``, oldest first."""
+    samples = []
+    for member in members:
+        text = member.decode() if isinstance(member, bytes) else member
+        try:
+            second, pages, items = text.split(" ")
+            samples.append((int(second), float(pages), float(items)))
+        except ValueError:
+            continue
+    return sorted(samples)
+
+
+def rates(
+    samples: Sequence[tuple[int, float, float]],
+    pages: float,
+    items: float,
+    now: float,
+    window: int = RATE_WINDOW,
+) -> Rates:
+    """Pages and items per second over the ``window`` seconds before ``now``.
+
+    The totals now, minus the totals of the newest sample taken at least ``window``
+    seconds ago (zero if the crawl's first sample is more recent), divided by
+    ``window``: what the crawl did in the last minute, whatever the number of workers.
+    Samples are taken when workers flush their stats, so the rate trails by up to
+    ``STATS_FLUSH_INTERVAL``.
+
+    Args:
+        samples: ``(second, pages, items)``, as :func:`parse_samples` returns them.
+        pages: The crawl's page count now (``response_received_count``).
+        items: The crawl's item count now (``item_scraped_count``).
+        now: The Redis server's time.
+        window: Seconds.
+    """
+    base_pages = base_items = 0.0
+    for second, sample_pages, sample_items in samples:
+        if second <= now - window:
+            base_pages, base_items = sample_pages, sample_items
+    return Rates(
+        window=window,
+        pages_per_second=max(0.0, pages - base_pages) / window,
+        items_per_second=max(0.0, items - base_items) / window,
+    )
+
+
+class SharedStats:
+    """The crawl's stats hash and timeline.
+
+    Args:
+        client: the crawl's Redis client.
+        key: the stats hash.
+        timeline: the timeline zset.
+        window: seconds of timeline kept for rates.
+    """
+
+    def __init__(
+        self, client: redis.Redis, key: str, timeline: str, *, window: int = RATE_WINDOW
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.timeline = timeline
+        self.window = window
+
+    def apply(self, ops: Sequence[tuple[str, str, str, str]]) -> int:
+        """Apply ``(kind, stat, value, start)`` operations atomically, in order (one round
+        trip; see ``lua/stats.lua`` for the kinds).
+
+        Returns:
+            How many increments found a value that is not a number (and replaced it).
+
+        Raises:
+            redis.RedisError: Redis failed; nothing or everything was applied (a reply
+                lost after the server ran the script is the exception).
+        """
+        if not ops:
+            return 0
+        args: list[str | int] = [PAGES_STAT, ITEMS_STAT, self.window]
+        for op in ops:
+            args += op
+        script = scripts_for(self.client).stats
+        return int(cast("int", script(keys=[self.key, self.timeline], args=args)))
+
+    def read(self) -> dict[str, Any]:
+        """The crawl's stats, decoded (one round trip)."""
+        return decode_stats(cast("dict[bytes, bytes]", self.client.hgetall(self.key)))
+
+
+@dataclass
+class _Op:
+    kind: str
+    value: Any
+    start: Any = 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _merge(ops: list[_Op], op: _Op) -> None:
+    """Add ``op`` to a stat's pending operations, folding it into the last when the
+    result on the server is the same."""
+    if op.kind == "set" or not ops:
+        ops[:] = [op]
+        return
+    last = ops[-1]
+    try:
+        if op.kind == "inc" and last.kind == "inc":
+            last.value += op.value
+            return
+        if op.kind == "inc" and last.kind == "set" and _is_number(last.value):
+            last.value += op.value
+            return
+        if op.kind == last.kind == "max":
+            last.value = max(last.value, op.value)
+            return
+        if op.kind == last.kind == "min":
+            last.value = min(last.value, op.value)
+            return
+    except TypeError:
+        pass
+    ops.append(op)
+
+
+def _wire(stat: str, op: _Op) -> tuple[str, str, str, str] | None:
+    if op.kind == "inc":
+        if not (_is_number(op.value) and _is_number(op.start)):
+            return None
+        return ("inc", stat, number_text(op.value), number_text(op.start))
+    return (op.kind, stat, encode_value(op.value), "")
+
+
+class RedisStatsCollector(StatsCollector):
+    """A stats collector whose changes also merge into the crawl's shared stats hash.
+
+    See the module docstring for how values merge. ``clear_stats`` clears only this
+    worker's stats; ``scrapy-dist reset`` deletes the shared hash.
+
+    Args:
+        crawler: the crawler (Scrapy builds stats collectors with ``cls(crawler)``).
+        shared: the crawl's stats hash; default: from the crawler's settings.
+        flush_interval: seconds between flushes; default ``STATS_FLUSH_INTERVAL``.
+
+    Raises:
+        ConfigurationError: ``STATS_FLUSH_INTERVAL`` is not positive.
+    """
+
+    #: Stats whose ``set_value`` merges across workers as ``"min"`` or ``"max"``.
+    merge_rules: ClassVar[dict[str, str]] = {"start_time": "min", "finish_time": "max"}
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        *,
+        shared: SharedStats | None = None,
+        flush_interval: float | None = None,
+    ) -> None:
+        super().__init__(crawler)
+        if shared is None or flush_interval is None:
+            settings = settings_for(crawler)
+            keys = keys_for(crawler)
+            shared = shared or SharedStats(client_for(crawler), keys.stats, keys.timeline)
+            if flush_interval is None:
+                flush_interval = settings.getfloat("STATS_FLUSH_INTERVAL")
+        if flush_interval <= 0:
+            raise ConfigurationError(
+                f"STATS_FLUSH_INTERVAL must be a positive number of seconds ({flush_interval})"
+            )
+        self.shared = shared
+        self.flush_interval = flush_interval
+        self._pending: dict[str, list[_Op]] = {}
+        self._lock = threading.Lock()
+        self._ticker: LoopingCall | None = None
+        self._failing = False
+
+    # -- Scrapy's interface: local value, plus the change for the crawl ------------
+
+    def set_value(self, key: str, value: Any, spider: Spider | None = None) -> None:
+        super().set_value(key, value)
+        self._record(key, _Op(self.merge_rules.get(key, "set"), value))
+
+    def set_stats(self, stats: dict[str, Any], spider: Spider | None = None) -> None:
+        super().set_stats(stats)
+        for key, value in stats.items():
+            self._record(key, _Op(self.merge_rules.get(key, "set"), value))
+
+    def inc_value(
+        self, key: str, count: int = 1, start: int = 0, spider: Spider | None = None
+    ) -> None:
+        super().inc_value(key, count, start)
+        self._record(key, _Op("inc", count, start))
+
+    def max_value(self, key: str, value: Any, spider: Spider | None = None) -> None:
+        super().max_value(key, value)
+        self._record(key, _Op("max", value))
+
+    def min_value(self, key: str, value: Any, spider: Spider | None = None) -> None:
+        super().min_value(key, value)
+        self._record(key, _Op("min", value))
+
+    def open_spider(self, spider: Spider | None = None) -> None:
+        """Start flushing every ``flush_interval`` seconds."""
+        from twisted.internet.task import LoopingCall
+
+        self._ticker = LoopingCall(self._tick)
+        self._ticker.start(self.flush_interval, now=False)
+
+    def _tick(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # keep flushing: the next flush may work
+            logger.exception("Unexpected error while writing stats to %(key)s",
+                             {"key": self.shared.key})  # fmt: skip
+
+    def close_spider(self, spider: Spider | None = None, reason: str | None = None) -> None:
+        """Stop the timer, flush what is left, then log this worker's stats as usual."""
+        if self._ticker is not None and self._ticker.running:
+            self._ticker.stop()
+        if not self.flush():
+            logger.error(
+                "Could not write the last stats of this worker to %(key)s: the crawl's "
+                "stats miss them",
+                {"key": self.shared.key},
+            )
+        super().close_spider(spider, reason)
+
+    # -- the shared hash -----------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Stats changed since the last successful flush."""
+        with self._lock:
+            return len(self._pending)
+
+    def _record(self, key: str, op: _Op) -> None:
+        with self._lock:
+            _merge(self._pending.setdefault(key, []), op)
+
+    def flush(self) -> bool:
+        """Write the buffered changes in one round trip; keep them if Redis fails.
+
+        Returns:
+            ``True`` if nothing is left to write.
+        """
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        ops = [wire for stat, stat_ops in pending.items() for op in stat_ops
+               if (wire := _wire(stat, op)) is not None]  # fmt: skip
+        try:
+            conflicts = self.shared.apply(ops)
+        except redis.RedisError as e:
+            with self._lock:
+                for stat, stat_ops in self._pending.items():
+                    for op in stat_ops:
+                        _merge(pending.setdefault(stat, []), op)
+                self._pending = pending
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "Could not write stats to %(key)s (%(error)s); keeping them to retry "
+                    "every %(interval)gs",
+                    {"key": self.shared.key, "error": e, "interval": self.flush_interval},
+                )
+            return False
+        if self._failing:
+            self._failing = False
+            logger.info("Stats are written to %(key)s again", {"key": self.shared.key})
+        if conflicts:
+            logger.warning(
+                "%(n)d stat increment(s) found a value that is not a number in %(key)s "
+                "and replaced it",
+                {"n": conflicts, "key": self.shared.key},
+            )
+        return True
+
+    def crawl_stats(self) -> dict[str, Any]:
+        """The crawl's merged stats as last flushed by every worker (one round trip)."""
+        return self.shared.read()

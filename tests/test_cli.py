@@ -1,0 +1,564 @@
+"""The ``scrapy-dist`` command, run as a real subprocess against the session's Redis.
+
+Quick checks call :func:`scrapy_dist.cli.main` in-process; the contracts (a 100,000-line
+push, status during a running crawl, requeue of dead letters, reset of one job, jobs,
+errors) run ``python -m scrapy_dist`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request
+from scrapy.settings import Settings
+
+from scrapy_dist.addon import with_defaults
+from scrapy_dist.cli import ProgressBar, main
+from scrapy_dist.dupefilter import backend_from_settings
+from scrapy_dist.keys import RedisKeys
+from scrapy_dist.monitor import json_default
+from scrapy_dist.serializers import JsonSerializer
+from scrapy_dist.stats import decode_stats
+from scrapy_dist.testing.redis_server import free_port
+from scrapy_dist.testing.site import TestSite, links
+from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import redis
+
+    from scrapy_dist.testing.workers import Worker
+
+PROJECT = Path(__file__).parent / "project"
+
+
+def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m scrapy_dist ARGS`` in ``cwd`` (stdin empty, not a terminal)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy_dist", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """Call ``main(args)`` in-process outside any project; returns (code, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+
+    def call(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
+# -- push -------------------------------------------------------------------------------
+
+#: Invalid seed lines, and a fragment of the reason each must be reported with.
+INVALID = [
+    ("ftp://example.com/file", "must start with http:// or https://"),
+    ('{"url": "https://example.com/a", "colour": "red"}', "unknown field(s) 'colour'"),
+    ('{"url": "https://example.com/a", "priority": "high"}', "'priority' must be an integer"),
+    ('{"url": "https://example.com/a"', "not valid JSON"),
+    ("[1, 2]", "must be an object"),
+    ('{"method": "POST"}', "no 'url'"),
+    ("https://exa mple.com/", "contains whitespace"),
+    ('{"url": "https://example.com/a", "body": "x", "json": {}}', "use only one of"),
+]
+
+
+def write_seeds(path: Path, lines: int) -> tuple[list[bytes], list[tuple[int, str]], int]:
+    """A seed file of ``lines`` lines: valid URLs and JSON seeds, 40 invalid lines and 5
+    blank ones. Returns the valid lines in order, ``(line number, reason)`` of the
+    invalid ones, and the number of blank lines."""
+    rng = random.Random(lines)
+    valid: list[bytes] = []
+    invalid: list[tuple[int, str]] = []
+    blank = 0
+    with path.open("w", encoding="utf-8") as stream:
+        for i in range(lines):
+            number = i + 1
+            if i % 2500 == 1234:
+                text, reason = INVALID[len(invalid) % len(INVALID)]
+                invalid.append((number, reason))
+            elif i % 20000 == 777:
+                text = "   "
+                blank += 1
+            elif rng.random() < 0.3:
+                seed = {"url": f"https://example.com/p/{i}", "priority": rng.randrange(9)}
+                text = json.dumps({**seed, "meta": {"n": i}, "formdata": {"q": "é"}})
+                valid.append(text.encode())
+            else:
+                text = f"https://example.com/{i}?q=%C3%A9"
+                valid.append(text.encode())
+            stream.write(text + "\n")
+    return valid, invalid, blank
+
+
+def test_push_100k_lines_pushes_only_valid_ones_and_reports_the_others(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "seeds.txt"
+    valid, invalid, blank = write_seeds(path, 100_000)
+    assert len(invalid) == 40
+    started = time.monotonic()
+    done = cli("push", name, "--file", str(path), "--redis-url", redis_url, "--json", cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr  # some lines were invalid
+    report = json.loads(done.stdout)
+    assert report == {
+        "key": f"{name}:start_urls", "type": "list", "pushed": len(valid), "new": len(valid),
+        "invalid": 40, "blank": blank, "dry_run": False,
+    }  # fmt: skip
+    errors = done.stderr.splitlines()
+    assert len(errors) == 21
+    for line, (number, reason) in zip(errors, invalid[:20], strict=False):
+        assert line.startswith(f"line {number}: "), line
+        assert reason in line, line
+    assert errors[-1] == "... and 20 more invalid line(s)"
+    # exactly the valid lines, in input order, first line first out
+    assert client.lrange(f"{name}:start_urls", 0, -1) == valid
+    assert elapsed < 30, f"push of 100,000 lines took {elapsed:.1f}s"
+
+
+def test_push_urls_in_set_and_zset_modes(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    urls = ["https://a.example/", "https://b.example/", "https://a.example/"]
+    code, out, _ = run(
+        "push", name, *urls, "--redis-url", redis_url, "-s", "REDIS_START_URLS_AS_SET=True"
+    )
+    assert code == 0
+    assert "pushed 3 seed(s)" in out
+    assert "2 new" in out
+    assert client.smembers(f"{name}:start_urls") == {b"https://a.example/", b"https://b.example/"}
+    code, out, _ = run(
+        "push", name, "https://c.example/", "--job", "z", "--score", "7", "--redis-url", redis_url,
+        "-s", "REDIS_START_URLS_AS_ZSET=1",
+    )  # fmt: skip
+    assert code == 0, out
+    assert client.zrange(f"{name}:z:start_urls", 0, -1, withscores=True) == [
+        (b"https://c.example/", 7.0)
+    ]
+
+
+def test_push_dry_run_and_stdin_errors(
+    run: Any, redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "s.txt"
+    path.write_text("https://a.example/\nmailto:x@y\n")
+    code, out, err = run("push", name, "-f", str(path), "--dry-run", "--redis-url", redis_url)
+    assert code == 1
+    assert "valid (dry run, nothing pushed) 1 seed(s)" in out
+    assert "line 2: URL 'mailto:x@y' must start with http:// or https://" in err
+    assert not client.exists(f"{name}:start_urls")
+    code, _, err = run("push", name, "-f", str(tmp_path / "missing.txt"), "--redis-url", redis_url)
+    assert code == 2
+    assert "cannot read" in err
+
+
+def test_push_in_a_project_checks_callbacks_and_spiders(
+    redis_url: str, client: redis.Redis, name: str
+) -> None:
+    seeds = ['{"url": "https://a.example/", "callback": "parse"}',
+             '{"url": "https://b.example/", "callback": "parse_missing"}']  # fmt: skip
+    done = cli("push", "pages", *seeds, "--job", name, "--redis-url", redis_url, cwd=PROJECT)
+    assert done.returncode == 1
+    assert "argument 2: callback 'parse_missing' is not a method of spider 'pages'" in done.stderr
+    assert client.lrange(f"pages:{name}:start_urls", 0, -1) == [seeds[0].encode()]
+    client.delete(f"pages:{name}:start_urls")
+    unknown = cli("push", "nosuch", "https://a.example/", "--redis-url", redis_url, cwd=PROJECT)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == (
+        "scrapy-dist: error: unknown spider 'nosuch' in this Scrapy project (its spiders: pages)"
+    )
+
+
+def test_progress_bar() -> None:
+    stream = io.StringIO()
+    bar = ProgressBar(stream, total=1000)
+    bar.update(10, 250)
+    bar.update(20, 500)  # within 0.1 s of the last draw: skipped
+    bar.finish(40, 1000)
+    assert stream.getvalue() == (
+        f"\r[{'#' * 7:<30}]  25.0%  10 lines\r[{'#' * 30}] 100.0%  40 lines\n"
+    )
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def test_unreachable_redis_is_one_clear_line(tmp_path: Path) -> None:
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    done = cli("status", "books", "--redis-url", url, cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        f"scrapy-dist: error: cannot reach Redis at {url.replace('hunter2', '***')}"
+    )
+    assert "hunter2" not in done.stderr
+
+
+def test_wrong_key_type_is_named(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path, run: Any
+) -> None:
+    client.hset(f"{name}:start_urls", "a", "b")
+    done = cli("push", name, "https://a.example/", "--redis-url", redis_url, cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"seeds key '{name}:start_urls' holds a hash, but this crawl reads a list" in done.stderr
+    assert "Traceback" not in done.stderr
+    client.delete(f"{name}:start_urls")
+    client.rpush(f"{name}:requests", "x")
+    code, _, err = run("status", name, "--redis-url", redis_url)
+    assert code == 2
+    assert (
+        f"Redis key '{name}:requests' (queue) holds a list, but these settings expect a zset" in err
+    )
+    assert "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue'" in err
+
+
+def test_status_reads_a_bloom_filter_with_its_own_size(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    created = with_defaults(Settings({"DUPEFILTER_BACKEND": "bitmap", "BLOOM_CAPACITY": 1000,
+                                      "BLOOM_ERROR_RATE": 0.01}))  # fmt: skip
+    backend = backend_from_settings(created, client, RedisKeys.build(name)).open()
+    backend.add_many([b"%020d" % i for i in range(700)])
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)  # default settings
+    assert code == 0
+    dupefilter = json.loads(out)["dupefilter"]
+    assert dupefilter["backend"] == "bitmap"
+    assert dupefilter["capacity"] == 1000
+    assert dupefilter["fill"] == pytest.approx(0.7, abs=0.01)
+    assert 0 < dupefilter["fpr_estimate"] < 0.01
+    code, out, _ = run("reset", name, "--yes", "--redis-url", redis_url)
+    assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"  # the hash and its bits
+
+
+# -- reset and jobs ---------------------------------------------------------------------
+
+
+def fill_crawl(client: redis.Redis, keys: RedisKeys) -> list[str]:
+    """Create every key a crawl may have (types do not matter to reset)."""
+    names = [
+        *keys.every(),
+        keys.bloom_segment(0, 0),
+        keys.bloom_segment(1, 0),
+        keys.bloom_segment(7, 3),
+    ]
+    for key in names:
+        client.rpush(key, "x")
+    return names
+
+
+def test_reset_removes_exactly_one_jobs_keys_and_jobs_lists_crawls(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path, run: Any
+) -> None:
+    plain = fill_crawl(client, RedisKeys.build(name))
+    job1 = fill_crawl(client, RedisKeys.build(name, job="20261122"))
+    job2 = fill_crawl(client, RedisKeys.build(name, job="20261123"))
+    strangers = [f"{name}:notes", f"{name}:20261122:notes", f"{name}:dupefilter:x"]
+    for key in strangers:
+        client.set(key, "keep")
+
+    listed = cli("jobs", "--json", "--redis-url", redis_url, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    crawls = {row["crawl"]: row for row in json.loads(listed.stdout) if row["spider"] == name}
+    assert set(crawls) == {name, f"{name}:20261122", f"{name}:20261123"}
+    assert crawls[f"{name}:20261122"]["job"] == "20261122"
+
+    done = cli("reset", name, "--job", "20261122", "--yes", "--redis-url", redis_url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"deleted {len(job1)} key(s) of crawl '{name}:20261122'"
+    remaining = {k.decode() for k in client.scan_iter(match=f"{name}*")}
+    assert remaining == {*plain, *job2, *strangers}
+
+    # the plain crawl's keys are a prefix of every job's: only its own go
+    code, out, _ = run("reset", name, "--yes", "--redis-url", redis_url)
+    assert code == 0
+    assert out.strip() == f"deleted {len(plain)} key(s) of crawl '{name}'"
+    remaining = {k.decode() for k in client.scan_iter(match=f"{name}*")}
+    assert remaining == {*job2, *strangers}
+
+
+def test_reset_refuses_live_workers_and_needs_confirmation(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    keys = RedisKeys.build(name)
+    client.rpush(keys.dead, "x")
+    seconds, _ = client.time()
+    client.hset(keys.workers, "host:1:abc", seconds)
+    code, _, err = run("reset", name, "--yes", "--redis-url", redis_url)
+    assert code == 1
+    assert "1 live worker(s) (host:1:abc)" in err
+    assert client.exists(keys.dead)
+    code, _, err = run("reset", name, "--force", "--redis-url", redis_url)  # stdin: no terminal
+    assert code == 2
+    assert "Refusing without --yes" in err
+    assert client.exists(keys.dead)
+    code, out, _ = run("reset", name, "--force", "--yes", "--redis-url", redis_url)
+    assert code == 0
+    assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"
+
+
+# -- dead letters (in-process) -------------------------------------------------------
+
+
+def request_payload(url: str, priority: int) -> str:
+    return JsonSerializer().dumps(Request(url, priority=priority).to_dict()).decode()
+
+
+def test_dead_list_requeue_and_purge(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    keys = RedisKeys.build(name)
+    records = [
+        ("request", "ValueError: boom", request_payload("https://a.example/", 5)),
+        ("seed", "lease expired", "https://b.example/"),
+        ("seed", "bad seed", "ftp://c.example/"),
+        ("request", "unserializable", "<Request GET https://d.example/>"),
+        ("request", "ValueError: boom", request_payload("https://e.example/", -2)),
+    ]
+    client.rpush(keys.dead, *[
+        json.dumps({"kind": kind, "reason": reason, "data": data, "time": float(i + 1)})
+        for i, (kind, reason, data) in enumerate(records)
+    ])  # fmt: skip
+
+    code, out, _ = run("dead", "list", name, "--json", "--redis-url", redis_url)
+    assert code == 0
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert [r["index"] for r in listed] == [0, 1, 2, 3, 4]
+    assert listed[1]["data"] == "https://b.example/"
+    code, out, _ = run(
+        "dead", "list", name, "--kind", "seed", "--limit", "1", "--redis-url", redis_url
+    )
+    assert "https://b.example/" in out
+    assert "c.example" not in out
+
+    code, out, err = run(
+        "dead", "requeue", name, "--index", "0", "1", "2", "--redis-url", redis_url
+    )
+    assert code == 1  # the invalid seed stays
+    assert "#2: not requeued: seed is still invalid" in err
+    assert "requeued 1 request(s)" in out
+    assert "1 seed(s)" in out
+    queued = client.zrange(keys.requests, 0, -1, withscores=True)
+    assert len(queued) == 1
+    entry, score = queued[0]
+    assert score == -5.0  # the request's priority, as the priority queue scores it
+    assert json.loads(entry[16:])["url"] == "https://a.example/"
+    assert client.lrange(keys.start_urls, 0, -1) == [b"https://b.example/"]
+    assert [json.loads(r)["time"] for r in client.lrange(keys.dead, 0, -1)] == [3.0, 4.0, 5.0]
+
+    code, out, err = run(
+        "dead", "requeue", name, "--all", "--kind", "request", "--redis-url", redis_url
+    )
+    assert code == 1  # the unserializable record cannot become a request
+    assert "#1: not requeued: not a serialized request" in err
+    assert client.zcard(keys.requests) == 2
+    assert [json.loads(r)["time"] for r in client.lrange(keys.dead, 0, -1)] == [3.0, 4.0]
+
+    code, _, err = run("dead", "requeue", name, "--index", "9", "--redis-url", redis_url)
+    assert code == 2
+    assert "no record #9" in err
+    code, out, _ = run("dead", "purge", name, "--yes", "--redis-url", redis_url)
+    assert code == 0
+    assert out.strip() == f"purged 2 record(s) from '{name}:dead'"
+    assert not client.exists(keys.dead)
+
+
+# -- a running crawl --------------------------------------------------------------------
+
+#: Settings of the crawl below: fast leases and heartbeats, one delivery per request (so
+#: the poison page is dead-lettered at once), items and stats in Redis.
+CRAWL_SETTINGS = {
+    "CONCURRENT_REQUESTS": 2,
+    "SCHEDULER_LEASE_TIMEOUT": 3,
+    "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+    "SCHEDULER_WORKER_TIMEOUT": 10,
+    "SCHEDULER_MAX_DELIVERIES": 1,
+    "SCHEDULER_PERSIST": True,
+    "CLOSE_WHEN_CRAWL_DONE": True,
+    "CRAWL_DONE_GRACE": 0.5,
+    "ITEM_PIPELINES": json.dumps({"scrapy_dist.pipelines.RedisPipeline": 300}),
+    "STATS_CLASS": "scrapy_dist.stats.RedisStatsCollector",
+    "STATS_FLUSH_INTERVAL": 0.5,
+    "REDIS_ITEMS_FLUSH_INTERVAL": 0.2,
+}
+PAGES = 100
+POISON = 5
+
+
+def reachable_without(pages: int, blocked: int) -> set[str]:
+    """Pages fetched when page ``blocked`` is fetched but its links are never followed."""
+    seen, todo = {0}, [0]
+    while todo:
+        page = todo.pop()
+        if page == blocked:
+            continue
+        for j in links(page, pages):
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return {f"/page/{i}" for i in seen}
+
+
+@pytest.fixture
+def site() -> Iterator[TestSite]:
+    with TestSite(PAGES, delay=0.08) as s:
+        yield s
+
+
+@pytest.fixture
+def job_keys(client: redis.Redis, name: str) -> Iterator[RedisKeys]:
+    """The keys of a ``pages`` crawl isolated by a job named after the test."""
+    yield RedisKeys.build("pages", job=name)
+    for key in client.scan_iter(match=f"pages:{name}:*"):
+        client.delete(key)
+
+
+@pytest.mark.e2e
+def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
+    redis_url: str, client: redis.Redis, name: str, job_keys: RedisKeys, site: TestSite,
+    tmp_path: Path, run: Any,
+) -> None:  # fmt: skip
+    settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name, **CRAWL_SETTINGS}
+    workers: list[Worker] = []
+
+    def start(count: int, **spider_args: str) -> list[Worker]:
+        started = start_workers(count, project_dir=PROJECT, spider="pages", log_dir=tmp_path,
+                                settings=settings, spider_args=spider_args, stats_setting=None,
+                                first_index=len(workers))  # fmt: skip
+        workers.extend(started)
+        return started
+
+    def logs() -> str:
+        return "\n".join(w.log_tail(20) for w in workers)
+
+    try:
+        first = start(2, fail_on=f"/page/{POISON}")
+        pushed = cli(
+            "push", "pages", site.page_url(0), "--job", name, "--redis-url", redis_url, cwd=PROJECT
+        )
+        assert pushed.returncode == 0, pushed.stderr
+        deadline = time.monotonic() + 60
+        while sum(site.hits().values()) < 25:
+            assert time.monotonic() < deadline, logs()
+            time.sleep(0.05)
+
+        # freeze the workers: Redis holds still while status and the test read it
+        for w in first:
+            os.kill(w.pid, signal.SIGSTOP)
+        try:
+            done = cli(
+                "status", "pages", "--job", name, "--json", "--redis-url", redis_url, cwd=PROJECT
+            )
+            k = job_keys
+            raw_workers = client.hgetall(k.workers)
+            truth = {
+                "seeds": client.llen(k.start_urls), "queued": client.zcard(k.requests),
+                "leased": client.zcard(k.leases), "dead": client.llen(k.dead),
+                "done": int(client.hget(k.progress, "done") or 0),
+                "dupefilter": client.scard(k.dupefilter), "items": client.llen(k.items),
+                "stats": json.loads(json.dumps(decode_stats(client.hgetall(k.stats)),
+                                               default=json_default)),
+            }  # fmt: skip
+        finally:
+            for w in first:
+                os.kill(w.pid, signal.SIGCONT)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        assert status["crawl"] == f"pages:{name}"
+        assert status["state"] == "busy"
+        assert status["seeds"]["waiting"] == truth["seeds"]
+        assert status["queue"]["queued"] == truth["queued"]
+        assert status["leased"] == truth["leased"]
+        assert status["queue"]["queued"] + status["leased"] > 0
+        assert status["dead"]["records"] == truth["dead"]
+        assert status["progress"]["done"] == truth["done"] > 0
+        assert status["dupefilter"]["size"] == truth["dupefilter"] > 0
+        assert status["dupefilter"]["backend"] == "set"
+        assert status["items"]["stored"] == truth["items"]
+        assert status["stats"] == truth["stats"]
+        assert status["items"]["scraped"] == truth["stats"].get("item_scraped_count")
+        beats = {w.decode(): float(b) for w, b in raw_workers.items()}
+        assert {w["id"]: w["heartbeat"] for w in status["workers"]["list"]} == beats
+        assert status["workers"]["live"] == 2 == len(beats)
+        assert status["rates"]["pages_per_second"] > 0
+
+        assert wait_workers(first, 60) == [0, 0], logs()
+        hits = site.hits()
+        assert set(hits) == reachable_without(PAGES, POISON)
+        assert set(hits.values()) == {1}
+        # two workers' stats add up exactly; every item is stored once
+        stats = decode_stats(client.hgetall(job_keys.stats))
+        assert stats["response_received_count"] == sum(hits.values())
+        items = [json.loads(i)["url"] for i in client.lrange(job_keys.items, 0, -1)]
+        assert len(items) == len(set(items)) == stats["item_scraped_count"] == len(hits) - 1
+
+        code, out, _ = run(
+            "dead", "list", "pages", "--job", name, "--json", "--redis-url", redis_url
+        )
+        [record] = [json.loads(line) for line in out.splitlines()]
+        assert record["kind"] == "request"
+        assert record["index"] == 0
+        assert f"ValueError: poison page /page/{POISON}" in record["reason"]
+
+        requeued = cli(
+            "dead",
+            "requeue",
+            "pages",
+            "--job",
+            name,
+            "--all",
+            "--redis-url",
+            redis_url,
+            cwd=PROJECT,
+        )
+        assert requeued.returncode == 0, requeued.stderr
+        assert "requeued 1 request(s)" in requeued.stdout
+        assert client.llen(job_keys.dead) == 0
+
+        # a worker without the poison completes the requeued page and what it links to
+        assert wait_workers(start(1), 60) == [0], logs()
+        hits = site.hits()
+        assert set(hits) == site.expected_paths()
+        assert hits[f"/page/{POISON}"] == 2
+        assert {n for path, n in hits.items() if path != f"/page/{POISON}"} == {1}
+        assert client.llen(job_keys.dead) == 0
+        stats = decode_stats(client.hgetall(job_keys.stats))
+        assert stats["response_received_count"] == sum(hits.values())
+
+        out_file = tmp_path / "items.jl"
+        code, _, err = run(
+            "export", "pages", "--job", name, "-o", str(out_file), "--redis-url", redis_url
+        )
+        assert code == 0, err
+        exported = [json.loads(line)["url"] for line in out_file.read_text().splitlines()]
+        assert sorted(exported) == sorted(site.page_url(int(p.rsplit("/", 1)[1])) for p in hits)
+        assert len(exported) == len(set(exported))
+    finally:
+        stop_workers(workers, timeout=5)
