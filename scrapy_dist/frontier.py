@@ -155,6 +155,9 @@ class Frontier:
         self._dupefilter: FilterBackend | None = None
         self._outcomes: list[tuple[str, str]] = []
         self._down_since: float | None = None
+        #: When a reserve of requests last found the queue empty (and nothing was
+        #: pending); monotonic seconds.
+        self.found_empty_at = 0.0
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
 
@@ -418,7 +421,10 @@ class Frontier:
             The leases, in queue order; empty when there is nothing or Redis is
             unreachable.
         """
-        return self.flush(reserve=count, seeds=seeds) or []
+        leases = self.flush(reserve=count, seeds=seeds)
+        if leases == [] and not seeds:
+            self.found_empty_at = time.monotonic()
+        return leases or []
 
     def renew(self, lease_ids: Sequence[str]) -> int:
         """Extend the deadlines of these leases in one call; returns how many were renewed."""

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: Longest failure reason kept with a request (dead-letter records stay readable).
 REASON_MAX = 500
+#: Seconds for which a reserve that found the queue empty answers "nothing pending".
+EMPTY_FRESH = 0.25
 
 
 def engine_in_flight(crawler: Crawler) -> Collection[Request]:
@@ -381,7 +383,13 @@ class Scheduler(BaseScheduler):
     def has_pending_requests(self) -> bool:
         if self._buffer:
             return True
-        size = self.frontier.call(lambda: len(self.queue))  # sends pending writes first
+        if (
+            not self.frontier.pending_writes
+            and time.monotonic() - self.frontier.found_empty_at < EMPTY_FRESH
+        ):
+            size = 0  # a reserve found the queue empty a moment ago: no need to ask
+        else:
+            size = self.frontier.call(lambda: len(self.queue))  # sends pending writes first
         if size is None or size > 0:  # unreachable Redis: never let the crawl close
             self._last_work = time.monotonic()
             return True

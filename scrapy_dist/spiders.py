@@ -9,9 +9,9 @@ Seeds are fetched at start, whenever the worker has spare capacity and nothing q
 (Scrapy's ``scheduler_empty`` signal, rate-limited), and when it is idle
 (``spider_idle``, where the spider refuses to close with
 :class:`~scrapy.exceptions.DontCloseSpider`). While idle, the worker looks for new work in
-Redis every ``SCHEDULER_IDLE_POLL`` seconds, backing off to one second (and, after a
-minute without work, to ``SCHEDULER_IDLE_POLL_MAX``), so requests queued by other
-workers, expired leases and seeds pushed by a user start within about a second. A
+Redis every ``SCHEDULER_IDLE_POLL`` seconds (after five minutes without work, backing off
+to ``SCHEDULER_IDLE_POLL_MAX``), so requests queued by other workers, expired leases and
+seeds pushed by a user start within about a second. A
 worker closes after ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness
 (measured from the last moment it had work; ``0`` waits forever), or, with
 ``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a whole is finished.
@@ -48,11 +48,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Shortest and longest pause between seed polls while seeds keep coming back empty.
-SEED_POLL_MIN, SEED_POLL_MAX = 0.05, 1.0
-#: Longest pause between an idle worker's looks for work during its first minute idle.
-IDLE_SHORT_MAX = 1.0
+SEED_POLL_MIN, SEED_POLL_MAX = 0.05, 0.25
+#: Seconds between checks whether an idle worker is due to look for work (no I/O).
+TICK = 0.1
 #: Seconds without work after which the pause may grow to ``SCHEDULER_IDLE_POLL_MAX``.
-IDLE_LONG = 60.0
+IDLE_LONG = 300.0
 
 
 class RedisSpiderMixin(Spider):
@@ -221,7 +221,7 @@ class RedisSpiderMixin(Spider):
 
     def _on_opened(self, spider: Spider) -> None:
         if spider is self:
-            self._idle_ticker.start(self.idle_poll, now=False)
+            self._idle_ticker.start(TICK, now=False)
 
     def _on_closed(self, spider: Spider) -> None:
         if spider is self and self._idle_ticker.running:
@@ -235,37 +235,48 @@ class RedisSpiderMixin(Spider):
     def _idle_tick(self) -> None:
         """While the scheduler has nothing for this worker, wake the engine now and then
         so it looks in Redis for work (other workers' requests, expired leases, seeds)
-        and, when idle, runs its idle handling. The pause doubles from
-        ``SCHEDULER_IDLE_POLL`` to one second, and after a minute without work up to
+        and, when idle, runs its idle handling: every ``SCHEDULER_IDLE_POLL`` seconds, and
+        after five minutes without work with a pause doubling up to
         ``SCHEDULER_IDLE_POLL_MAX``."""
         if self._starved_since is None:
             return
         now = time.monotonic()
         if now < self._next_wake:
             return
-        cap = self.idle_poll_max if now - self._starved_since > IDLE_LONG else IDLE_SHORT_MAX
         self._next_wake = now + self._wake_pause
-        self._wake_pause = max(self.idle_poll, min(self._wake_pause * 2, cap))
+        if now - self._starved_since > IDLE_LONG:
+            self._wake_pause = min(self._wake_pause * 2, self.idle_poll_max)
         self.crawler.stats.inc_value("scheduler/idle/wakeups")
         wake_engine(self.crawler.engine)
 
     def _on_scheduler_empty(self) -> None:
-        now = time.monotonic()
         if self._starved_since is None:
-            self._starved_since = now
+            self._starved_since = time.monotonic()
+        self._poll_seeds()
+
+    def _poll_seeds(self) -> int:
+        """Fetch a batch of seeds, unless the last look found none a moment ago (the
+        pause doubles from ``SEED_POLL_MIN`` to ``SEED_POLL_MAX`` while none come).
+
+        Returns:
+            The number of requests scheduled.
+        """
+        now = time.monotonic()
         if now < self._next_poll:
-            return
-        if self.schedule_next_requests():
+            return 0
+        scheduled = self.schedule_next_requests()
+        if scheduled:
             self._poll_pause = SEED_POLL_MIN
             self._next_poll = now
         else:
             self._next_poll = now + self._poll_pause
             self._poll_pause = min(self._poll_pause * 2, SEED_POLL_MAX)
+        return scheduled
 
     def _on_idle(self) -> None:
         """``spider_idle``: fetch seeds; close when the crawl is finished (with
         ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open."""
-        if self.schedule_next_requests():
+        if self._poll_seeds():
             self._idle_since = None
             raise DontCloseSpider
         if not self.frontier.reachable:
