@@ -146,6 +146,10 @@ class Frontier:
         self.clear_keys: list[str] = list(keys.frontier())
         #: Send every write at once instead of with the next reserve or flush tick.
         self.eager = False
+        #: Returns the ids of the leases this worker knows it holds (set by the scheduler).
+        self.held: Callable[[], list[str]] = list
+        #: A reply was lost: Redis may have leased entries this worker never received.
+        self._reply_lost = False
         self._take, self._give_back = take
         self._scripts = scripts_for(client)
         self._loaded = False
@@ -233,6 +237,27 @@ class Frontier:
             )
             self._down_since = None
 
+    def _release_unknown(self) -> None:
+        """Hand back leases Redis granted in a call whose reply never arrived (run before
+        the next call, when every reply received so far has been handed over)."""
+        self._reply_lost = False
+        k = self.keys
+        keys = [k.leases, k.leased, k.deliveries, self.queue.key, self.seeds.key]
+        args = [self.worker_id, self._give_back, _SEED_TAKE[self.seeds.kind][1], *self.held()]
+        try:
+            released = int(self._scripts.release(keys=keys, args=args))
+        except UNREACHABLE as e:
+            self._reply_lost = True
+            self._failed(e)
+            return
+        if released:
+            logger.info(
+                "Handed back %(n)d request(s) or seed(s) leased by a call whose reply was "
+                "lost with the connection",
+                {"n": released},
+            )
+            self.stats.inc_value("scheduler/leases/released_unknown", released)
+
     def call(self, func: Callable[[], Any]) -> Any:
         """Send pending writes, then run one read or write now, noting Redis failures
         for the backoff.
@@ -301,6 +326,8 @@ class Frontier:
             calls.append(self._settle_call(self._outcomes))
         if reserve > 0:
             calls.append(self._reserve_call(reserve, seeds=seeds))
+        if self._reply_lost and self._can_try():
+            self._release_unknown()
         if not calls:
             return []
         if not self._can_try():
@@ -312,6 +339,7 @@ class Frontier:
         except UNREACHABLE as e:
             self._items, self._replies = items + self._items, replies + self._replies
             self._outcomes = outcomes + self._outcomes
+            self._reply_lost = self._reply_lost or reserve > 0
             self._failed(e)
             return None
         self._recovered()

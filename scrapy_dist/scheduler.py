@@ -159,6 +159,7 @@ class Scheduler(BaseScheduler):
         self._last_empty = 0.0
         self._logunser = True
         self._ticker = LoopingCall(self._tick)
+        frontier.held = self._held
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -442,6 +443,10 @@ class Scheduler(BaseScheduler):
             self.frontier.settle(bad)
         self._last_work = time.monotonic()
 
+    def _held(self) -> list[str]:
+        """The ids of the leases this worker holds: buffered or in the engine."""
+        return [lease.id for lease, _ in self._buffer] + list(self._out.values())
+
     def _tick(self) -> None:
         """Every flush interval: settle and send pending writes; every heartbeat
         interval also heartbeat and renew the leases this worker holds."""
@@ -451,8 +456,7 @@ class Scheduler(BaseScheduler):
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat_interval
             self.frontier.call(self.registry.heartbeat)
-            held = [lease.id for lease, _ in self._buffer] + list(self._out.values())
-            self.frontier.renew(held)
+            self.frontier.renew(self._held())
 
     # -- failures -------------------------------------------------------------------
 

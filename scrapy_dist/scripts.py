@@ -49,6 +49,7 @@ class Scripts:
     settle: Script
     renew: Script
     progress: Script
+    release: Script
     dupefilter: Script
     stats: Script
 
@@ -71,6 +72,7 @@ def scripts_for(client: redis.Redis) -> Scripts:
             settle=client.register_script(source("settle")),
             renew=client.register_script(source("renew")),
             progress=client.register_script(source("progress")),
+            release=client.register_script(source("release")),
             dupefilter=client.register_script(source("dupefilter")),
             stats=client.register_script(source("stats")),
         )

@@ -215,3 +215,25 @@ def test_progress_to_finished(worker: Callable[..., Worker], client: redis.Redis
     assert f.totals() == {"done": 1}
     w.scheduler.enqueue_request(Request(URL))  # new work: the crawl is busy again
     assert f.progress(grace=0.3, clear=False).state == "busy"
+
+
+def test_leases_granted_in_a_lost_reply_are_handed_back(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w = worker()
+    for c in "abc":
+        w.scheduler.enqueue_request(Request(URL + c))
+    kept = w.take()  # one lease the worker knows about
+    assert kept is not None
+    f = w.frontier
+    # Redis runs a reserve whose reply never reaches the worker (it timed out)
+    lost = f._reserve_call(2, seeds=False)
+    client.evalsha(lost.script.sha, len(lost.keys), *lost.keys, *lost.args)
+    assert client.zcard(f.keys.leases) == 3
+    f._reply_lost = True
+    f.flush(reserve=0)  # the next call first hands back what the worker does not know
+    f.settle([])
+    assert client.zcard(f.keys.leases) == 1
+    assert client.zcard(w.scheduler.queue.key) == 2
+    assert w.scheduler.stats.get_value("scheduler/leases/released_unknown") == 2
+    assert {int(v) for v in client.hvals(f.keys.deliveries)} == {0, 1}

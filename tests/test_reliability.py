@@ -171,12 +171,15 @@ def test_redis_killed_and_restarted_from_its_aof(crawl: Crawl, server: RedisServ
     crawl.start(2)
     crawl.seed()
     crawl.hit_when(100)
+    leased = crawl.client.zcard("pages:leases")
     server.kill()
     time.sleep(2)
     server.restart()
     assert crawl.wait() == [0, 0], crawl.logs()
     hits = crawl.assert_complete()
-    assert duplicates(hits) <= 2 * (CONCURRENCY + PREFETCH)
+    # leases outlive their 3 s timeout during the outage: what was held (plus one
+    # reserve per worker under way at the kill) may be fetched again, nothing more
+    assert duplicates(hits) <= leased + 2 * PREFETCH, (duplicates(hits), leased)
     assert "unreachable" in crawl.full_logs()
 
 
