@@ -1,0 +1,125 @@
+"""Per-worker benchmark figures: pages, CPU time and Redis round trips.
+
+Round trips are counted at the client: every ``send_packed_command`` of a redis-py
+connection (sync or asyncio) is one request/response exchange; a pipeline or a script
+call sends once. The counting wrapper is installed when this module is imported, which
+Scrapy does while building the crawler, before any Redis component talks to Redis.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio.connection
+import redis.connection
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Request, Response
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: Round trips to Redis made by this process so far.
+ROUND_TRIPS = [0]
+
+
+def _count_sync(method: Any) -> Any:
+    @functools.wraps(method)
+    def send_packed_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ROUND_TRIPS[0] += 1
+        return method(self, *args, **kwargs)
+
+    send_packed_command.counting = True  # type: ignore[attr-defined]
+    return send_packed_command
+
+
+def _count_async(method: Any) -> Any:
+    @functools.wraps(method)
+    async def send_packed_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ROUND_TRIPS[0] += 1
+        return await method(self, *args, **kwargs)
+
+    send_packed_command.counting = True  # type: ignore[attr-defined]
+    return send_packed_command
+
+
+def _install() -> None:
+    for cls, wrap in (
+        (redis.connection.AbstractConnection, _count_sync),
+        (redis.asyncio.connection.AbstractConnection, _count_async),
+    ):
+        method = cls.send_packed_command
+        if not getattr(method, "counting", False):
+            cls.send_packed_command = wrap(method)  # type: ignore[method-assign]
+
+
+_install()
+
+
+class BenchStats:
+    """Writes this worker's figures as JSON to the ``BENCH_STATS_FILE`` setting at close.
+
+    Every figure is taken at three moments: spider opened, last response received, and
+    spider closed (``open``, ``last``, ``close``): ``cpu`` (``time.process_time()``,
+    user + system seconds of this process), ``round_trips`` and ``time`` (wall clock).
+    """
+
+    def __init__(self, crawler: Crawler, path: Path) -> None:
+        self.crawler = crawler
+        self.path = path
+        self.pages = 0
+        self.marks: dict[str, dict[str, float]] = {}
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        path = crawler.settings.get("BENCH_STATS_FILE")
+        if not path:
+            raise NotConfigured("BENCH_STATS_FILE is not set")
+        extension = cls(crawler, Path(path))
+        crawler.signals.connect(extension.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(extension.response_received, signal=signals.response_received)
+        crawler.signals.connect(extension.spider_closed, signal=signals.spider_closed)
+        return extension
+
+    def _mark(self, name: str) -> None:
+        self.marks[name] = {
+            "cpu": time.process_time(),
+            "round_trips": ROUND_TRIPS[0],
+            "time": time.time(),
+        }
+
+    def spider_opened(self, spider: Spider) -> None:
+        self._mark("open")
+
+    def response_received(self, response: Response, request: Request, spider: Spider) -> None:
+        self.pages += 1
+        self._mark("last")
+
+    def spider_closed(self, spider: Spider, reason: str) -> None:
+        self._mark("close")
+        assert self.crawler.stats is not None
+        stats = self.crawler.stats.get_stats()
+        wanted = ("downloader/", "scheduler/", "dupefilter/", "item_scraped_count", "seeds/")
+        record = {
+            "pages": self.pages,
+            "reason": reason,
+            "marks": self.marks,
+            "stats": {
+                key: value
+                for key, value in stats.items()
+                if key.startswith(wanted) and isinstance(value, (int, float))
+            },
+        }
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(json.dumps(record, indent=2, sort_keys=True))
+        temporary.replace(self.path)
+        logger.info("Wrote the benchmark stats to %s", self.path)
