@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install redis-server test pytest lint typecheck demo bench clean
+.PHONY: install redis-server test pytest lint typecheck demo bench bench-deps clean
 
 ## install: virtualenv with the package, test and dev tools; a redis-server binary
 install: $(VENV)/.installed redis-server
@@ -33,9 +33,15 @@ typecheck: install
 demo: install
 	$(BIN)/python example/demo.py $(DEMO_ARGS)
 
-## bench: the benchmarks in benchmarks/ (results in benchmarks/results/)
-bench: install
+## bench: the benchmarks in benchmarks/ (results in benchmarks/results/; about an hour)
+bench: install bench-deps
+	$(BIN)/python benchmarks/bench_crawl.py --all
 	$(BIN)/python benchmarks/bench_dupefilters.py
+
+## bench-deps: nginx and wrk for the benchmark site (optional), scrapy-redis to compare
+bench-deps: install
+	-@scripts/ensure-bench-deps
+	$(BIN)/python -m pip install -q -e '.[bench]'
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
