@@ -12,9 +12,11 @@ from scrapy_dist.exceptions import (
     ScrapyDistError,
     SerializationError,
 )
+from scrapy_dist.pipelines import RedisPipeline
 from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider, RedisSpiderMixin
+from scrapy_dist.stats import RedisStatsCollector
 
 __version__ = "0.1.0"
 
@@ -27,8 +29,10 @@ __all__ = [
     "PriorityQueue",
     "RFPDupeFilter",
     "RedisCrawlSpider",
+    "RedisPipeline",
     "RedisSpider",
     "RedisSpiderMixin",
+    "RedisStatsCollector",
     "RedisUnavailable",
     "Scheduler",
     "ScrapyDistError",

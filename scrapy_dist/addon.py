@@ -25,10 +25,16 @@ class DistAddon:
     """Scrapy add-on: use the Redis scheduler and dupefilter with scrapy_dist's defaults."""
 
     def update_settings(self, settings: BaseSettings) -> None:
-        """Install the components and defaults; project settings still override them."""
+        """Install the components and defaults; project settings still override them.
+
+        The metrics extension is enabled too; it stays off until ``METRICS_ENABLED``.
+        """
+        from scrapy_dist.metrics import PrometheusMetrics
+
         settings.set("SCHEDULER", "scrapy_dist.scheduler.Scheduler", "addon")
         settings.set("DUPEFILTER_CLASS", "scrapy_dist.dupefilter.RFPDupeFilter", "addon")
         settings.setmodule(default_settings, "addon")
+        settings.set_in_component_priority_dict("EXTENSIONS", PrometheusMetrics, 500)
 
 
 def with_defaults(settings: BaseSettings) -> BaseSettings:

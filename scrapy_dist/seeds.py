@@ -65,7 +65,7 @@ def _check_url(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidSeed("'url' must be a non-empty string")
     url: str = value.strip()
-    if any(c.isspace() for c in url):
+    if url.split() != [url]:  # any whitespace inside
         raise InvalidSeed(f"URL {url!r:.200} contains whitespace")
     parts = urlsplit(url)
     if parts.scheme.lower() not in SCHEMES:
