@@ -5,12 +5,13 @@
 -- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id
 -- KEYS[3..] = the dupefilter backend's keys (none when ARGV[2] == "none")
 -- ARGV[1] = queue kind: "list" (LPUSH) or "zset" (ZADD with the given score)
--- ARGV[2] = filter kind: "none" or "set"
+-- ARGV[2] = filter kind: "none", "set", "bloom" (bitmap) or "bf" (RedisBloom)
 -- ARGV[3] = F, the number of filter arguments that follow
--- ARGV[4 .. 3+F] = filter arguments (backend-specific; none for "set")
+-- ARGV[4 .. 3+F] = filter arguments (backend-specific, see lua/_filters.lua;
+--                  ARGV[4], when given, is the expiry in milliseconds)
 -- ARGV[4+F ..] = one triple per request: token ("" = dont_filter), score, payload;
 --                the token is what the backend tests and sets (the raw fingerprint
---                for "set")
+--                for "set" and "bf", its 16-byte MurmurHash3 for "bloom")
 --
 -- Entries are "<16-digit id><payload>": ids keep identical payloads distinct, and in
 -- the zset they order equal scores first-in first-out.
@@ -19,6 +20,7 @@
 -- tokens last. A failure can at worst queue a request whose token is not recorded
 -- (crawled twice), never record a token whose request is not queued.
 -- Returns: one integer per request, 1 if queued, 0 if its token was seen.
+-- uses: _filters
 
 local queue, seq = KEYS[1], KEYS[2]
 local queue_kind, filter_kind = ARGV[1], ARGV[2]
@@ -29,14 +31,15 @@ local n = (#ARGV - first + 1) / 3
 -- Per filter kind: test(token) returns true if the token is new (read-only);
 -- record(token) marks it seen.
 local filters = {}
-filters["set"] = {
-  test = function(token)
-    return redis.call("SISMEMBER", KEYS[3], token) == 0
-  end,
-  record = function(token)
-    redis.call("SADD", KEYS[3], token)
-  end,
-}
+if filter_kind ~= "none" then
+  -- the kinds live in lua/_filters.lua; one that must refuse the call says so here,
+  -- before anything is written
+  local refusal
+  filters[filter_kind], refusal = filter_for(filter_kind, nfilter, n, 3, true)
+  if refusal then
+    return redis.error_reply(refusal)
+  end
+end
 
 local filter = filters[filter_kind]
 if filter_kind ~= "none" and filter == nil then

@@ -1,0 +1,319 @@
+-- Library of the dupefilter backends (prepended by scrapy_dist/scripts.py to every
+-- script whose header says "-- uses: _filters": lua/enqueue.lua, lua/dupefilter.lua).
+-- No KEYS or ARGV of its own: filter_for reads the backend's keys from
+-- KEYS[first_key ..] and its arguments from ARGV[4 .. 3 + nfilter].
+--
+-- filter_for(kind, nfilter, n, first_key, writes) returns the filter of one kind, a
+-- table {test = function(token), record = function(token)}: test returns true if the
+-- token is new and only reads; record marks it seen. `n` is the number of tokens the
+-- call may record, `writes` false for a call that only tests. It returns nil and a
+-- message when the call must be refused (the script answers that error before
+-- anything is pushed or recorded), and nil alone for an unknown kind.
+--
+-- Every kind's first filter argument, ARGV[4], is an expiry in milliseconds ("0" =
+-- none): a filter key that a record leaves without an expiry gets one. An expiry is
+-- never extended, so the filter forgets everything at most that long after it started.
+--
+-- "set": exact, the raw fingerprints in a set at KEYS[first_key].
+--
+-- "bf": a RedisBloom filter (Redis 8, Redis Stack, valkey-bloom) at KEYS[first_key];
+-- the token is the raw fingerprint. Filter arguments: expiry, capacity, error rate,
+-- "grow" (EXPANSION 2) or "refuse" (NONSCALING; a call that could take the count past
+-- the capacity is refused with DUPEFILTER_FULL). Records use BF.INSERT with the
+-- configured capacity and error rate, so a filter that expired or was deleted comes
+-- back as configured, never with the module's defaults (as BF.ADD would create it).
+--
+-- "bloom": a scalable chain of bitmap Bloom filters over GETBIT/SETBIT (any server).
+-- KEYS[first_key] = the chain's hash: sig (the parameters its bits were written
+-- with), stages (how many are open), n<s> (records in stage s), t<s> (server time
+-- stage s opened); KEYS[first_key + 1 ..] = the bit keys ("segments", at most 2^32
+-- bits each) of stages 0 .. P-1, stage by stage.
+-- Filter arguments: expiry, sig, "grow" or "refuse", then the numbers as one JSON
+-- array (one argument is cheaper to send and to read than a dozen; every value is an
+-- integer below 2^53, exact in a double): guard (seconds a stage must be open before
+-- the next may open), most stages, bits per segment, P, then bits, hashes and capacity
+-- of each of the P stages.
+-- A token is MurmurHash3_x64_128 of the fingerprint: 16 bytes, h1 then h2, each
+-- little-endian. Stage s (m bits, k hashes) holds it in the bits
+-- g_i = (h1 + i*h2 + (i^3 - i)/6) mod m, i = 0 .. k-1 (scrapy_dist.bloom); bit g is
+-- bit g - j*S of segment j = floor(g / S), S the bits per segment.
+-- A token is seen if some open stage has all its bits; a new token is recorded in the
+-- last stage. When that stage holds its capacity, "grow" opens the next one (if its
+-- keys were passed and the last opened at least guard seconds ago; until then the
+-- last stage takes a few more), and "refuse", like a full chain, refuses a call that
+-- could take the count past the capacity with DUPEFILTER_FULL. A call that passed
+-- fewer stages than are open is refused with DUPEFILTER_STALE (the worker re-reads
+-- and retries), one whose parameters differ from sig with DUPEFILTER_MISMATCH.
+-- Opening a stage creates its segments at their full size (setting their last bit to
+-- 0), as BF.RESERVE does: a string grown bit by bit would be over-allocated by up to
+-- 1 MB each time. Segments expire with the hash, whose expiry they copy when created
+-- (or when the hash first gets one).
+--
+-- The functions take their state as a table rather than closing over many locals:
+-- a script defines them anew on every call, and closures over many upvalues are what
+-- costs.
+
+local fmod, floor = math.fmod, math.floor
+
+-- The chain hash's field names of stage s (count, opening time): constants, because
+-- turning a number into a string is one of the dearer things a script does.
+local COUNT_FIELD = {[0] = "n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}
+local OPENED_FIELD = {[0] = "t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"}
+
+local function count_field(s)
+  return COUNT_FIELD[s] or "n" .. s
+end
+
+local function opened_field(s)
+  return OPENED_FIELD[s] or "t" .. s
+end
+
+-- Give `key` the filter's expiry (state.ttl ms) if it has none; return whether it did.
+local function filter_expire(state, key)
+  if state.ttl > 0 and not state.checked[key] then
+    state.checked[key] = true
+    if redis.call("PTTL", key) == -1 then
+      redis.call("PEXPIRE", key, state.ttl)
+      return true
+    end
+  end
+  return false
+end
+
+local function set_filter(state, key)
+  return {
+    test = function(token)
+      return redis.call("SISMEMBER", key, token) == 0
+    end,
+    record = function(token)
+      redis.call("SADD", key, token)
+      filter_expire(state, key)
+    end,
+  }
+end
+
+local function bf_filter(state, key, n, writes)
+  local capacity = tonumber(ARGV[5])
+  local insert = {"BF.INSERT", key, "CAPACITY", ARGV[5], "ERROR", ARGV[6]}
+  if ARGV[7] == "refuse" then
+    insert[7] = "NONSCALING"
+    if writes then
+      local count = redis.call("BF.CARD", key)
+      if count + n > capacity then
+        return nil, "DUPEFILTER_FULL " .. key .. " holds " .. count .. " of its "
+          .. capacity .. " fingerprints (BLOOM_ON_FULL = refuse)"
+      end
+    end
+  else
+    insert[7], insert[8] = "EXPANSION", "2"
+  end
+  insert[#insert + 1] = "ITEMS"
+  local item = #insert + 1
+  return {
+    test = function(token)
+      return redis.call("BF.EXISTS", key, token) == 0
+    end,
+    record = function(token)
+      insert[item] = token
+      redis.call(unpack(insert))
+      filter_expire(state, key)
+    end,
+  }
+end
+
+-- h1 and h2 of a token, each reduced mod m. Lua numbers are doubles, so the 64-bit
+-- halves are folded in a few bytes at a time, every intermediate value under 2^53.
+local function bloom_reduce(token, m)
+  local a1, a2, a3, a4, a5, a6, a7, a8, b1, b2, b3, b4, b5, b6, b7, b8 =
+    string.byte(token, 1, 16)
+  if m <= 536870912 then -- 2^29: 24-bit steps stay exact
+    return fmod(fmod(fmod(a8 * 65536 + a7 * 256 + a6, m) * 16777216
+        + a5 * 65536 + a4 * 256 + a3, m) * 65536 + a2 * 256 + a1, m),
+      fmod(fmod(fmod(b8 * 65536 + b7 * 256 + b6, m) * 16777216
+        + b5 * 65536 + b4 * 256 + b3, m) * 65536 + b2 * 256 + b1, m)
+  end
+  local a, b = 0, 0
+  for _, byte in ipairs({a8, a7, a6, a5, a4, a3, a2, a1}) do
+    a = fmod(a * 256 + byte, m)
+  end
+  for _, byte in ipairs({b8, b7, b6, b5, b4, b3, b2, b1}) do
+    b = fmod(b * 256 + byte, m)
+  end
+  return a, b
+end
+
+-- Whether `stage` has every bit of the token (GETBIT until one is 0).
+local function bloom_has(chain, stage, token)
+  local m, first, size = stage.m, stage.first, chain.segment_bits
+  local a, b = bloom_reduce(token, m)
+  local key = KEYS[first]
+  for i = 0, stage.k - 1 do
+    local g = fmod(a + i * b + (i * i * i - i) / 6, m)
+    if stage.segments > 1 then
+      local segment = floor(g / size)
+      key, g = KEYS[first + segment], g - segment * size
+    end
+    if redis.call("GETBIT", key, g) == 0 then
+      return false
+    end
+  end
+  return true
+end
+
+-- Set every bit of the token in `stage`.
+local function bloom_put(chain, stage, token)
+  local m, first, size = stage.m, stage.first, chain.segment_bits
+  local a, b = bloom_reduce(token, m)
+  local key = KEYS[first]
+  for i = 0, stage.k - 1 do
+    local g = fmod(a + i * b + (i * i * i - i) / 6, m)
+    if stage.segments > 1 then
+      local segment = floor(g / size)
+      key, g = KEYS[first + segment], g - segment * size
+    end
+    redis.call("SETBIT", key, g, 1)
+  end
+end
+
+local function bloom_clock(chain)
+  if not chain.now then
+    chain.now = tonumber(redis.call("TIME")[1])
+  end
+  return chain.now
+end
+
+-- Call each(key, bits) for every segment of stage s.
+local function bloom_segments(chain, s, each)
+  local stage = chain[s]
+  for j = 0, stage.segments - 1 do
+    local size = chain.segment_bits
+    if j == stage.segments - 1 then
+      size = stage.m - j * chain.segment_bits
+    end
+    each(KEYS[stage.first + j], size)
+  end
+end
+
+-- Create the segments of stage s at full size, expiring with the chain's hash.
+local function bloom_open_stage(chain, s)
+  local pttl = redis.call("PTTL", chain.meta)
+  bloom_segments(chain, s, function(key, size)
+    if redis.call("EXISTS", key) == 0 then
+      redis.call("SETBIT", key, size - 1, 0)
+    end
+    if pttl > 0 then
+      redis.call("PEXPIRE", key, pttl)
+    end
+  end)
+end
+
+local function bloom_test(chain, token)
+  for s = 0, chain.live - 1 do
+    if bloom_has(chain, chain[s], token) then
+      return false
+    end
+  end
+  return true
+end
+
+local function bloom_record(chain, token)
+  local last = chain.live - 1
+  if chain.count >= chain[last].capacity and chain.grow and chain.live < chain.passed
+      and chain.live < chain.most and bloom_clock(chain) - chain.opened >= chain.guard then
+    last = chain.live
+    chain.live, chain.count, chain.opened = last + 1, 0, chain.now
+    redis.call("HSET", chain.meta, "stages", chain.live, count_field(last), 0,
+      opened_field(last), chain.now)
+    bloom_open_stage(chain, last)
+  end
+  bloom_put(chain, chain[last], token)
+  chain.count = chain.count + 1
+  redis.call("HINCRBY", chain.meta, count_field(last), 1)
+end
+
+local function bloom_filter(state, first_key, n, writes)
+  local meta, sig = KEYS[first_key], ARGV[5]
+  local layout = cjson.decode(ARGV[7])
+  local chain = {
+    meta = meta, grow = ARGV[6] == "grow", guard = layout[1], most = layout[2],
+    segment_bits = layout[3], passed = layout[4], live = 0, count = 0, opened = 0,
+  }
+  local key = first_key + 1
+  for s = 0, chain.passed - 1 do
+    local m = layout[5 + 3 * s]
+    local segments = math.ceil(m / chain.segment_bits)
+    chain[s] = {
+      m = m, k = layout[6 + 3 * s], capacity = layout[7 + 3 * s], first = key,
+      segments = segments,
+    }
+    key = key + segments
+  end
+  if key - 1 ~= #KEYS then
+    return nil, "DUPEFILTER_LAYOUT " .. meta .. ": " .. #KEYS .. " keys passed for "
+      .. (key - 1) .. " expected"
+  end
+
+  -- The chain's state: open stages, and the count and opening time of the last one.
+  local fields = {"sig", "stages"}
+  for s = 0, chain.passed - 1 do
+    fields[3 + 2 * s], fields[4 + 2 * s] = count_field(s), opened_field(s)
+  end
+  local stored = redis.call("HMGET", meta, unpack(fields))
+  if stored[1] then
+    if stored[1] ~= sig then
+      return nil, "DUPEFILTER_MISMATCH " .. meta .. " was written with " .. stored[1]
+        .. ", this worker uses " .. sig
+    end
+    chain.live = tonumber(stored[2])
+  end
+  if chain.live > chain.passed then
+    return nil, "DUPEFILTER_STALE " .. meta .. " has " .. chain.live
+      .. " stages, the call passed the keys of " .. chain.passed
+  end
+
+  if writes then
+    if chain.live == 0 then
+      redis.call("HSET", meta, "sig", sig, "stages", 1, "n0", 0, "t0", bloom_clock(chain))
+      chain.live, chain.opened = 1, chain.now
+      filter_expire(state, meta)
+      bloom_open_stage(chain, 0)
+    else
+      local live = chain.live
+      chain.count, chain.opened = tonumber(stored[1 + 2 * live]), tonumber(stored[2 + 2 * live])
+      if filter_expire(state, meta) then
+        for s = 0, live - 1 do
+          bloom_segments(chain, s, function(segment)
+            redis.call("PEXPIRE", segment, state.ttl)
+          end)
+        end
+      end
+    end
+    local capacity = chain[chain.live - 1].capacity
+    if (not chain.grow or chain.live >= chain.most) and chain.count + n > capacity then
+      return nil, "DUPEFILTER_FULL " .. meta .. " holds " .. chain.count .. " of the "
+        .. capacity .. " fingerprints of its last stage ("
+        .. (chain.grow and "no stage left to grow into" or "BLOOM_ON_FULL = refuse") .. ")"
+    end
+  end
+
+  return {
+    test = function(token)
+      return bloom_test(chain, token)
+    end,
+    record = function(token)
+      bloom_record(chain, token)
+    end,
+  }
+end
+
+local function filter_for(kind, nfilter, n, first_key, writes)
+  local state = {ttl = nfilter > 0 and tonumber(ARGV[4]) or 0, checked = {}}
+  if kind == "set" then
+    return set_filter(state, KEYS[first_key])
+  elseif kind == "bf" then
+    return bf_filter(state, KEYS[first_key], n, writes)
+  elseif kind == "bloom" then
+    return bloom_filter(state, first_key, n, writes)
+  end
+  return nil
+end

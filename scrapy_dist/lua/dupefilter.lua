@@ -1,0 +1,53 @@
+-- Test-and-set (or only test) fingerprint tokens in a dupefilter backend, without
+-- queueing anything. Used by a backend's own add/contains (RFPDupeFilter.request_seen
+-- under Scrapy's scheduler) and by its open step (an "add" with no tokens, which
+-- creates and checks the filter). The filters are lua/enqueue.lua's (lua/_filters.lua).
+--
+-- KEYS[1..] = the backend's keys (backend.script_keys())
+-- ARGV[1] = op: "add" (record the new tokens) or "check" (read only)
+-- ARGV[2] = filter kind: "set", "bloom" (bitmap) or "bf" (RedisBloom)
+-- ARGV[3] = F, the number of filter arguments that follow
+-- ARGV[4 .. 3+F] = filter arguments (backend.script_args())
+-- ARGV[4+F ..] = one token per fingerprint (backend.token())
+-- Returns: one integer per token: for "add", 1 if it was new (it is now recorded) and
+-- 0 if it was seen, a token repeated in the call being new at most once; for
+-- "check", 1 if it is present and 0 if not.
+-- uses: _filters
+
+local op, filter_kind = ARGV[1], ARGV[2]
+local nfilter = tonumber(ARGV[3])
+local first = 4 + nfilter
+local n = #ARGV - first + 1
+
+if op ~= "add" and op ~= "check" then
+  return redis.error_reply("unknown op " .. op)
+end
+local filter, refusal = filter_for(filter_kind, nfilter, n, 1, op == "add")
+if refusal then
+  return redis.error_reply(refusal)
+end
+if filter == nil then
+  return redis.error_reply("unknown filter kind " .. filter_kind)
+end
+
+-- 1. decide (reads only)
+local result, tokens, pending = {}, {}, {}
+for i = 1, n do
+  local token = ARGV[first + i - 1]
+  if op == "check" then
+    result[i] = filter.test(token) and 0 or 1
+  else
+    local new = not pending[token] and filter.test(token)
+    if new then
+      pending[token] = true
+      tokens[#tokens + 1] = token
+    end
+    result[i] = new and 1 or 0
+  end
+end
+
+-- 2. record the new tokens
+for _, token in ipairs(tokens) do
+  filter.record(token)
+end
+return result
