@@ -41,9 +41,10 @@ CRAWL_DONE_GRACE = 2.0
 #: it, else the set). With "bloom" or "auto" a crawl keeps the kind it started with.
 DUPEFILTER_BACKEND = "set"
 
-#: Keep a small in-memory Bloom filter per worker of the fingerprints it knows are in
-#: Redis, to skip the round trip for links repeated on every page. ``None``: on with a
-#: Bloom backend (it adds 1% to the error rate), off with the exact set.
+#: Keep a per-worker cache of fingerprints known to be in Redis, to skip serializing and
+#: sending the links repeated on every page. ``None``: on; exact (a set of digests)
+#: with the set backend, a Bloom filter with 1% of ``BLOOM_ERROR_RATE`` with Bloom
+#: backends. ``False``: off.
 DUPEFILTER_LOCAL_CACHE = None
 
 #: Fingerprints the local cache holds before it starts over.

@@ -1077,6 +1077,32 @@ def backend_from_settings(
     )
 
 
+class LocalSet:
+    """An exact per-worker seen-cache: the raw fingerprints themselves (about 100 bytes
+    each), emptied when it holds ``capacity``. Used with the exact set backend, where a
+    Bloom cache would add false positives the set does not have."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._seen: set[bytes] = set()
+
+    def __contains__(self, fingerprint: bytes) -> bool:
+        return fingerprint in self._seen
+
+    def add(self, fingerprint: bytes) -> None:
+        """Remember ``fingerprint``."""
+        self._seen.add(fingerprint)
+
+    @property
+    def count(self) -> int:
+        """Fingerprints held."""
+        return len(self._seen)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self._seen.clear()
+
+
 class RFPDupeFilter(BaseDupeFilter):
     """Scrapy dupefilter whose fingerprints live in Redis, shared by every worker.
 
@@ -1086,13 +1112,15 @@ class RFPDupeFilter(BaseDupeFilter):
         fingerprinter: the crawler's request fingerprinter.
         debug: log every filtered request, not only the first (``DUPEFILTER_DEBUG``).
         stats: the crawler's stats collector.
-        local: an in-memory filter of fingerprints this worker already knows are
-            recorded in Redis, to skip their round trip; ``None`` to always ask Redis.
-            Its false positives are requests never crawled, so size it well below the
+        local: an in-memory cache of fingerprints this worker already knows are
+            recorded in Redis, to skip their serialization and round trip; ``None`` to
+            always ask Redis. A :class:`LocalSet` (exact) for the set backend; a
+            :class:`~scrapy_dist.bloom.LocalBloom` for Bloom backends, whose false
+            positives are requests never crawled, so it is sized well below the
             crawl's error budget. It is cleared when it reaches its capacity, and
             whenever the filter in Redis may have expired.
-        local_exact_off: drop ``local`` at :meth:`open` if the backend turns out to be
-            the exact set (the default of ``DUPEFILTER_LOCAL_CACHE``).
+        local_exact_off: replace a Bloom ``local`` by an exact one at :meth:`open` if
+            the backend turns out to be the exact set (``"auto"`` without RedisBloom).
         ttl: ``DUPEFILTER_TTL``, which the local cache must follow.
         stats_interval: seconds between refreshes of the filter's stats.
     """
@@ -1104,7 +1132,7 @@ class RFPDupeFilter(BaseDupeFilter):
         *,
         debug: bool = False,
         stats: StatsCollector | None = None,
-        local: LocalBloom | None = None,
+        local: LocalBloom | LocalSet | None = None,
         local_exact_off: bool = False,
         ttl: float | None = None,
         stats_interval: float = STATS_INTERVAL,
@@ -1135,9 +1163,11 @@ class RFPDupeFilter(BaseDupeFilter):
         mode = str(settings.get("DUPEFILTER_BACKEND")).lower()
         wanted = settings.get("DUPEFILTER_LOCAL_CACHE")
         size = settings.getint("DUPEFILTER_LOCAL_CACHE_SIZE")
-        local = None
-        enabled = mode != "set" if wanted is None else settings.getbool("DUPEFILTER_LOCAL_CACHE")
-        if enabled and size > 0:
+        local: LocalBloom | LocalSet | None = None
+        enabled = wanted is None or settings.getbool("DUPEFILTER_LOCAL_CACHE")
+        if enabled and size > 0 and mode == "set":
+            local = LocalSet(size)
+        elif enabled and size > 0:
             rate = bloom_params_from_settings(settings).error_rate * LOCAL_ERROR_SHARE
             try:
                 local = LocalBloom(BloomParams.from_capacity(size, rate))
@@ -1161,8 +1191,8 @@ class RFPDupeFilter(BaseDupeFilter):
                 Bloom filter with other parameters, or RedisBloom is missing.
         """
         self.backend = self.backend.open()
-        if self._local_exact_off and self.backend.kind == "set":
-            self.local = None
+        if self._local_exact_off and self.backend.kind == "set" and self.local is not None:
+            self.local = LocalSet(self._local_capacity())  # "auto" chose the exact set
         self._opened = True
         self._refresh(time.monotonic())
 
@@ -1200,9 +1230,22 @@ class RFPDupeFilter(BaseDupeFilter):
         """Note that ``fingerprint`` is now recorded in Redis (it was queued or filtered)."""
         local = self.local
         if local is not None and time.monotonic() < self._local_until:
-            if local.count >= local.params.capacity:
+            if local.count >= self._local_capacity():
                 local.clear()
             local.add(fingerprint)
+
+    def forget_local(self) -> None:
+        """Empty the local cache. The scheduler calls this whenever the worker holds no
+        request: a finished crawl deletes its dupefilter only when no worker holds
+        anything, so no worker can then trust fingerprints it cached before."""
+        if self.local is not None and self.local.count:
+            self.local.clear()
+
+    def _local_capacity(self) -> int:
+        local = self.local
+        if isinstance(local, LocalSet):
+            return local.capacity
+        return local.params.capacity if local is not None else 0
 
     def request_seen(self, request: Request) -> bool:
         """Record the request's fingerprint; return ``True`` if it was already there.

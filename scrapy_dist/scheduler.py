@@ -334,12 +334,12 @@ class Scheduler(BaseScheduler):
 
         def on_reply(queued: bool) -> None:
             outcome.append(queued)
+            if fingerprint and shared is not None:
+                shared.remember(fingerprint)  # recorded in Redis either way
             if not queued:
                 assert self.spider is not None
                 self.df.log(request, self.spider)
                 return
-            if fingerprint and shared is not None:
-                shared.remember(fingerprint)
             self.stats.inc_value("scheduler/enqueued/redis")
             self.stats.inc_value("scheduler/enqueued")
 
@@ -421,6 +421,9 @@ class Scheduler(BaseScheduler):
             outcomes.append((self._out.pop(request), reason))
             if reason:
                 self.stats.inc_value("scheduler/failed_callbacks")
+        if not self._out and not self._buffer and self._shared_df is not None:
+            # holding nothing: the crawl may finish and its dupefilter be deleted
+            self._shared_df.forget_local()
         self.frontier.settle(outcomes)
 
     def _refill(self) -> None:

@@ -36,6 +36,7 @@ from scrapy_dist.dupefilter import (
     BitmapBloomBackend,
     DupefilterBackend,
     DupefilterFull,
+    LocalSet,
     RedisBloomBackend,
     RFPDupeFilter,
     SetBackend,
@@ -666,7 +667,7 @@ def test_request_seen(mode: str, open_dupefilter: Callable[..., RFPDupeFilter]) 
     stats = dupefilter.stats.get_stats() if dupefilter.stats else {}
     if mode == "set":
         assert stats["dupefilter/set/count"] == 0  # read at open, before any request
-        assert dupefilter.local is None
+        assert isinstance(dupefilter.local, LocalSet)  # exact, like the set itself
     else:
         assert stats["dupefilter/bloom/backend"] == "bitmap"
         assert stats["dupefilter/bloom/capacity"] == 10_000
@@ -754,8 +755,11 @@ def test_local_cache_is_cleared_when_the_filter_may_expire(client: redis.Redis, 
 
 
 def test_local_cache_defaults(open_dupefilter: Callable[..., RFPDupeFilter]) -> None:
-    assert open_dupefilter({"DUPEFILTER_BACKEND": "auto"}).local is None  # became the set
-    assert open_dupefilter({"DUPEFILTER_LOCAL_CACHE": True}).local is not None
+    # "auto" without RedisBloom became the exact set: its cache is exact too
+    assert isinstance(open_dupefilter({"DUPEFILTER_BACKEND": "auto"}).local, LocalSet)
+    assert isinstance(open_dupefilter({}).local, LocalSet)
+    assert open_dupefilter({"DUPEFILTER_LOCAL_CACHE": False}).local is None
+    assert open_dupefilter({"DUPEFILTER_BACKEND": "bitmap"}).local is not None
     off = {"DUPEFILTER_BACKEND": "bitmap", "DUPEFILTER_LOCAL_CACHE": False}
     assert open_dupefilter(off).local is None
 

@@ -263,7 +263,7 @@ def test_children_and_their_parents_ack_travel_in_one_round_trip(
     before = stats.get_value("scheduler/redis/round_trips")
     for i in range(10):
         scheduler.enqueue_request(Request(f"{URL}child/{i}"))
-    assert scheduler.enqueue_request(Request(URL))  # a duplicate: Redis will say so
+    assert scheduler.enqueue_request(Request(f"{URL}child/0"))  # Redis will filter it
     holding.discard(parent)  # the engine is done with the parent
     child = scheduler.next_request()
     assert child is not None
@@ -272,4 +272,26 @@ def test_children_and_their_parents_ack_travel_in_one_round_trip(
     assert stats.get_value("scheduler/leases/acked") == 1
     assert client.zcard(scheduler.queue.key) == 10 - 4  # four leased to this worker
     assert client.zcard(scheduler.frontier.keys.leases) == 4
+    scheduler.close("finished")
+
+
+def test_a_worker_holding_nothing_forgets_its_seen_cache(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """A finished crawl may delete its dupefilter: a worker that stays must not keep
+    filtering a new run's pages from its own cache."""
+    crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0})
+    scheduler = build_from_crawler(Scheduler, crawler)
+    holding: set[Request] = set()
+    scheduler.in_flight = lambda: holding
+    scheduler.open(crawler.spider)
+    assert scheduler.enqueue_request(Request(URL))
+    request = scheduler.next_request()
+    assert request is not None
+    holding.add(request)
+    assert not scheduler.enqueue_request(Request(URL))  # known locally, no round trip
+    holding.clear()
+    assert scheduler.next_request() is None  # holds nothing now
+    assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
+    assert scheduler.enqueue_request(Request(URL))  # a new run crawls it again
     scheduler.close("finished")
