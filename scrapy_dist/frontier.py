@@ -26,6 +26,7 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import client_for, describe
+from scrapy_dist.dupefilter import filter_error
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import keys_for
 from scrapy_dist.queue import ENTRY_ID_LEN, FifoQueue, LifoQueue, PriorityQueue, RedisQueue
@@ -157,7 +158,10 @@ class Frontier:
         self._replies: list[Callable[[bool], None]] = []
         self._pending_replies: list[Callable[[bool], None]] = []
         self._dupefilter: FilterBackend | None = None
+        #: Settlements queued after requests not yet confirmed enqueued.
         self._outcomes: list[tuple[str, str]] = []
+        #: Settlements whose earlier requests Redis has confirmed: sent with the next flush.
+        self._ready: list[tuple[str, str]] = []
         self._down_since: float | None = None
         #: When a reserve of requests last found the queue empty (and nothing was
         #: pending); monotonic seconds.
@@ -282,7 +286,7 @@ class Frontier:
     @property
     def pending_writes(self) -> int:
         """Requests to enqueue and leases to settle not yet sent to Redis."""
-        return len(self._items) + len(self._outcomes)
+        return len(self._items) + len(self._outcomes) + len(self._ready)
 
     def enqueue(
         self,
@@ -304,26 +308,37 @@ class Frontier:
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
         """Add lease settlements to the outbox: ``(lease id, outcome)`` with outcome
-        :data:`DONE`, :data:`HAND_BACK` or a failure reason. They are sent after every
-        request enqueued before them, in the same round trip."""
-        self._outcomes.extend(outcomes)
+        :data:`DONE`, :data:`HAND_BACK` or a failure reason.
+
+        A settlement is sent only once Redis has confirmed the enqueue of every request
+        added before it (a pipeline runs its calls whatever the previous one answered,
+        so an acknowledgement sent with a refused enqueue would outlive the children it
+        vouches for): with the same flush when nothing is pending before it, else with
+        the next one."""
+        if self._items:
+            self._outcomes.extend(outcomes)
+        else:
+            self._ready.extend(outcomes)
         if self.eager and outcomes:
             self.flush()
 
     def flush(self, *, reserve: int = 0, seeds: bool = False) -> list[Lease] | None:
-        """Send pending enqueues, then pending settlements, then (if ``reserve``) lease
-        up to that many requests or seeds: one round trip for all of it.
+        """Send pending enqueues, then settlements whose requests are confirmed, then
+        (if ``reserve``) lease up to that many requests or seeds: one round trip.
 
         Returns:
             The new leases (empty if none were asked for or there are none), or
             ``None`` if Redis is unreachable (the writes stay pending).
         """
+        if not self._items and self._outcomes:
+            self._ready.extend(self._outcomes)  # nothing unconfirmed before them any more
+            self._outcomes = []
         calls: list[_Call] = []
         if self._items:
             keys, args = self.queue.enqueue_call(self._items, self._dupefilter)
             calls.append(_Call(self._scripts.enqueue, keys, args, self._on_enqueued))
-        if self._outcomes:
-            calls.append(self._settle_call(self._outcomes))
+        if self._ready:
+            calls.append(self._settle_call(self._ready))
         if reserve > 0:
             calls.append(self._reserve_call(reserve, seeds=seeds))
         if self._reply_lost and self._can_try():
@@ -332,28 +347,69 @@ class Frontier:
             return []
         if not self._can_try():
             return None
-        items, replies, outcomes = self._items, self._replies, self._outcomes
-        self._items, self._replies, self._outcomes = [], [], []
+        items, replies, ready = self._items, self._replies, self._ready
+        self._items, self._replies, self._ready = [], [], []
         try:
             answers = self._send(calls)
         except UNREACHABLE as e:
             self._items, self._replies = items + self._items, replies + self._replies
-            self._outcomes = outcomes + self._outcomes
+            self._ready = ready + self._ready
             self._reply_lost = self._reply_lost or reserve > 0
             self._failed(e)
             return None
         self._recovered()
         self.stats.inc_value("scheduler/redis/round_trips")
         self._pending_replies = replies
+        leases = self._answered(calls, answers, items, replies)
+        if not self._items:
+            # every request added before these settlements is now confirmed
+            self._ready.extend(self._outcomes)
+            self._outcomes = []
+        return leases
+
+    def _answered(
+        self,
+        calls: list[_Call],
+        answers: list[Any],
+        items: list[tuple[bytes, float, bytes]],
+        replies: list[Callable[[bool], None]],
+    ) -> list[Lease]:
+        """Hand each reply to its call; return the leases a reserve brought."""
         leases: list[Lease] = []
         for call, answer in zip(calls, answers, strict=True):
             if isinstance(answer, Exception):
-                self._rejected(answer)
+                if call.script is self._scripts.enqueue:
+                    self._refused(answer, items, replies)
+                else:
+                    self._rejected(answer)
             elif call.on_reply is not None:
                 result = call.on_reply(answer)
                 if result is not None:
                     leases = result
         return leases
+
+    def _refused(
+        self,
+        error: Exception,
+        items: list[tuple[bytes, float, bytes]],
+        replies: list[Callable[[bool], None]],
+    ) -> None:
+        """An enqueue answered with an error, so nothing of it was written. A Bloom
+        filter's stale view is retried with the next flush (which refreshes it); other
+        refusals (a full filter with ``BLOOM_ON_FULL = "refuse"``, a mismatch, a key of
+        the wrong type) drop the batch with an error log and a count."""
+        translated = (
+            filter_error(error) if isinstance(error, redis.exceptions.ResponseError) else None
+        )
+        if translated is not None and type(translated).__name__ == "_StaleView":
+            self._items, self._replies = items + self._items, replies + self._replies
+            self.stats.inc_value("scheduler/redis/stale_filter_retries")
+            return
+        logger.error(
+            "Redis refused to enqueue %(n)d request(s) of crawl %(crawl)s: %(error)s",
+            {"n": len(items), "crawl": self.keys.crawl, "error": translated or error},
+        )
+        self.stats.inc_value("scheduler/redis/refused_requests", len(items))
 
     def _send(self, calls: list[_Call]) -> list[Any]:
         """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script

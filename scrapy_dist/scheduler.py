@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 REASON_MAX = 500
 #: Seconds for which a reserve that found the queue empty answers "nothing pending".
 EMPTY_FRESH = 0.25
+#: Flushes tried at close (requests, then the acknowledgements they confirm, retries).
+CLOSE_FLUSHES = 5
 
 
 def engine_in_flight(crawler: Crawler) -> Collection[Request]:
@@ -265,7 +267,11 @@ class Scheduler(BaseScheduler):
                 {"n": len(handed)},
                 extra={"spider": self.spider},
             )
-        if self.frontier.flush() is None:
+        # requests first, then the acknowledgements Redis has confirmed them for
+        for _ in range(CLOSE_FLUSHES):
+            if not self.frontier.pending_writes or self.frontier.flush() is None:
+                break
+        if self.frontier.pending_writes:
             logger.error(
                 "Redis is unreachable: %(n)d write(s) could not be sent before closing; "
                 "the leases they would have settled expire after SCHEDULER_LEASE_TIMEOUT "

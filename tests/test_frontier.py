@@ -237,3 +237,20 @@ def test_leases_granted_in_a_lost_reply_are_handed_back(
     assert client.zcard(w.scheduler.queue.key) == 2
     assert w.scheduler.stats.get_value("scheduler/leases/released_unknown") == 2
     assert {int(v) for v in client.hvals(f.keys.deliveries)} == {0, 1}
+
+
+def test_an_ack_never_outlives_a_refused_enqueue_of_its_children(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w = worker({"SCHEDULER_FLUSH_INTERVAL": 0.1})  # batched
+    w.frontier.eager = False
+    w.scheduler.enqueue_request(Request(URL + "parent"))
+    parent = w.take()
+    assert parent is not None
+    w.scheduler.enqueue_request(Request(URL + "child"))
+    w.finish(parent)  # its ack waits behind the child
+    client.delete(w.scheduler.queue.key)
+    client.set(w.scheduler.queue.key, b"not a queue")  # the enqueue will be refused
+    w.frontier.flush()
+    assert w.scheduler.stats.get_value("scheduler/redis/refused_requests") == 1
+    assert client.zcard(w.frontier.keys.leases) == 1  # the ack was not sent with it

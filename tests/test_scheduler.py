@@ -246,7 +246,7 @@ def test_queue_key_of_the_wrong_type(
         scheduler.open(crawler.spider)
 
 
-def test_children_and_their_parents_ack_travel_in_one_round_trip(
+def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
     crawler = make_crawler({"SCHEDULER_PREFETCH": 4})  # the default, batched flushing
@@ -265,10 +265,13 @@ def test_children_and_their_parents_ack_travel_in_one_round_trip(
         scheduler.enqueue_request(Request(f"{URL}child/{i}"))
     assert scheduler.enqueue_request(Request(f"{URL}child/0"))  # Redis will filter it
     holding.discard(parent)  # the engine is done with the parent
-    child = scheduler.next_request()
+    child = scheduler.next_request()  # the children and the next leases: one round trip
     assert child is not None
     assert stats.get_value("scheduler/redis/round_trips") == before + 1
     assert stats.get_value("dupefilter/filtered") == 1
+    # the parent's ack goes only once Redis has confirmed its children: next flush
+    assert stats.get_value("scheduler/leases/acked") is None
+    assert scheduler.frontier.flush() == []
     assert stats.get_value("scheduler/leases/acked") == 1
     assert client.zcard(scheduler.queue.key) == 10 - 4  # four leased to this worker
     assert client.zcard(scheduler.frontier.keys.leases) == 4
