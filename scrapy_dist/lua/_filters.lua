@@ -142,18 +142,27 @@ local function bloom_reduce(token, m)
   return a, b
 end
 
--- Whether `stage` has every bit of the token (GETBIT until one is 0).
-local function bloom_has(chain, stage, token)
+-- The (key, bit) pairs of the token in `stage`.
+local function bloom_bits(chain, stage, token)
   local m, first, size = stage.m, stage.first, chain.segment_bits
   local a, b = bloom_reduce(token, m)
-  local key = KEYS[first]
+  local bits = {}
   for i = 0, stage.k - 1 do
     local g = fmod(a + i * b + (i * i * i - i) / 6, m)
+    local key = KEYS[first]
     if stage.segments > 1 then
       local segment = floor(g / size)
       key, g = KEYS[first + segment], g - segment * size
     end
-    if redis.call("GETBIT", key, g) == 0 then
+    bits[#bits + 1] = {key, g}
+  end
+  return bits
+end
+
+-- Whether `stage` has every bit of the token (GETBIT until one is 0).
+local function bloom_has(chain, stage, token)
+  for _, bit in ipairs(bloom_bits(chain, stage, token)) do
+    if redis.call("GETBIT", bit[1], bit[2]) == 0 then
       return false
     end
   end
@@ -162,16 +171,8 @@ end
 
 -- Set every bit of the token in `stage`.
 local function bloom_put(chain, stage, token)
-  local m, first, size = stage.m, stage.first, chain.segment_bits
-  local a, b = bloom_reduce(token, m)
-  local key = KEYS[first]
-  for i = 0, stage.k - 1 do
-    local g = fmod(a + i * b + (i * i * i - i) / 6, m)
-    if stage.segments > 1 then
-      local segment = floor(g / size)
-      key, g = KEYS[first + segment], g - segment * size
-    end
-    redis.call("SETBIT", key, g, 1)
+  for _, bit in ipairs(bloom_bits(chain, stage, token)) do
+    redis.call("SETBIT", bit[1], bit[2], 1)
   end
 end
 
