@@ -26,6 +26,16 @@ local function put_back(key, how, score, entry)
   end
 end
 
+-- Put an entry back where its origin says it came from: the seeds key ("s") or the
+-- request queue ("q"), each with its own way of taking it back.
+local function return_entry(origin, score, entry, queue, qback, seeds, sback)
+  if origin == "s" then
+    put_back(seeds, sback, score, entry)
+  else
+    put_back(queue, qback, score, entry)
+  end
+end
+
 -- The dead-letter record (JSON) of a leased entry that will not be tried again.
 local function dead_record(origin, entry, reason, now, worker, times)
   local data = entry

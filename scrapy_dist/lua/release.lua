@@ -28,11 +28,7 @@ for i = 1, #entries, 2 do
     redis.call("ZREM", leases, id)
     redis.call("HDEL", leased, id)
     redis.call("HINCRBY", deliveries, id, -1)
-    if origin == "s" then
-      put_back(seeds, sback, score, entry)
-    else
-      put_back(queue, qback, score, entry)
-    end
+    return_entry(origin, score, entry, queue, qback, seeds, sback)
     released = released + 1
   end
 end

@@ -46,10 +46,8 @@ for _, id in ipairs(expired) do
       redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
       redis.call("HDEL", deliveries, id)
       redis.call("HINCRBY", stats, "dead", 1)
-    elseif origin == "s" then
-      put_back(seeds, sback, score, entry)
     else
-      put_back(queue, qback, score, entry)
+      return_entry(origin, score, entry, queue, qback, seeds, sback)
     end
   end
 end

@@ -21,14 +21,6 @@ local max_deliveries = tonumber(ARGV[4])
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
-local function give_back(origin, score, entry)
-  if origin == "s" then
-    put_back(seeds, sback, score, entry)
-  else
-    put_back(queue, qback, score, entry)
-  end
-end
-
 local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
 for i = 5, #ARGV, 2 do
   local id, outcome = ARGV[i], ARGV[i + 1]
@@ -47,7 +39,7 @@ for i = 5, #ARGV, 2 do
       done = done + 1
     elseif outcome == "~" then
       redis.call("HINCRBY", deliveries, id, -1)
-      give_back(origin, score, entry)
+      return_entry(origin, score, entry, queue, qback, seeds, sback)
       handed = handed + 1
     else
       local times = tonumber(redis.call("HGET", deliveries, id) or "0")
@@ -58,7 +50,7 @@ for i = 5, #ARGV, 2 do
         redis.call("HDEL", deliveries, id)
         buried = buried + 1
       else
-        give_back(origin, score, entry)
+        return_entry(origin, score, entry, queue, qback, seeds, sback)
         retried = retried + 1
       end
     end
