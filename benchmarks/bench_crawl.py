@@ -45,6 +45,7 @@ from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.site import bfs
 from scrapy_dist.testing.workers import (
     Worker,
+    final_stats,
     start_workers,
     stop_workers,
     wait_ready,
@@ -149,16 +150,6 @@ def command_calls(client: redis.Redis) -> dict[str, int]:
         for name, value in info.items()
         if isinstance(value, dict)
     }
-
-
-def worker_stats(workers: Sequence[Worker]) -> list[dict[str, Any] | None]:
-    result: list[dict[str, Any] | None] = []
-    for worker in workers:
-        try:
-            result.append(worker.stats())
-        except (OSError, ValueError):
-            result.append(None)
-    return result
 
 
 def per_page_from_workers(
@@ -317,7 +308,7 @@ class Bench:
             setattr(run, name, value)
         if run.capped:
             run.missing = None  # a stopped crawl is incomplete by design
-        run.worker_stats = worker_stats(workers)
+        run.worker_stats = final_stats(workers)
         run.round_trips_per_page, run.cpu_ms_per_page = per_page_from_workers(
             run.worker_stats, run.distinct
         )
@@ -526,7 +517,7 @@ def idle_worker(bench: Bench, seconds: float) -> dict[str, Any]:
                     first = min(hit.time for hit in hits) - pushed
                 time.sleep(0.01)
         stop_workers(workers, timeout=20)
-        stats = worker_stats(workers)[0]
+        stats = final_stats(workers)[0]
     finally:
         stop_workers(workers, timeout=10)
         server.stop()

@@ -19,12 +19,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from scrapy_dist.testing import (
     RedisServer,
     TestSite,
     alive,
+    final_stats,
     start_workers,
     stop_workers,
     wait_ready,
@@ -59,17 +60,6 @@ def queued_requests(client: redis.Redis, key: str = REQUESTS_KEY) -> int:
     if kind == "set":
         return int(client.scard(key))
     return 0
-
-
-def worker_stats(workers: Sequence[Worker]) -> list[dict[str, Any] | None]:
-    """Each worker's final stats, or None for a worker that wrote none."""
-    result: list[dict[str, Any] | None] = []
-    for worker in workers:
-        try:
-            result.append(worker.stats())
-        except (OSError, ValueError):
-            result.append(None)
-    return result
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -205,7 +195,7 @@ def _summary(
     repeated = sorted((path for path in crawled if hits[path] > 1), key=_page_order)
     missing = sorted(expected - crawled, key=_page_order)
     unexpected = sorted(set(hits) - expected, key=_page_order)
-    stats = worker_stats(workers)
+    stats = final_stats(workers)
     filtered = sum(int(s.get("dupefilter/filtered", 0)) for s in stats if s)
     items = sum(int(s.get("item_scraped_count", 0)) for s in stats if s)
     per_worker = ", ".join(

@@ -71,6 +71,12 @@ BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto")
 #: Values of ``BLOOM_ON_FULL``.
 ON_FULL = ("grow", "refuse")
 
+
+def _check_on_full(on_full: str) -> None:
+    """Raise :class:`ConfigurationError` unless ``on_full`` is one of :data:`ON_FULL`."""
+    if on_full not in ON_FULL:
+        raise ConfigurationError(f"BLOOM_ON_FULL must be 'grow' or 'refuse', not {on_full!r}")
+
 #: Most stages a bitmap Bloom chain grows to: 255 times its first capacity in all
 #: (fewer when a stage would exceed :data:`scrapy_dist.bloom.MAX_BITS`).
 MAX_STAGES = 8
@@ -554,8 +560,7 @@ class BitmapBloomBackend(_ScriptedBackend):
         view_interval: float = VIEW_INTERVAL,
         growth_guard: float = GROWTH_GUARD,
     ) -> None:
-        if on_full not in ON_FULL:
-            raise ConfigurationError(f"BLOOM_ON_FULL must be 'grow' or 'refuse', not {on_full!r}")
+        _check_on_full(on_full)
         self.client = client
         self.key = keys.dupefilter
         self.params = params
@@ -751,8 +756,7 @@ class RedisBloomBackend(_ScriptedBackend):
         ttl: float | None = None,
         on_full: str = "grow",
     ) -> None:
-        if on_full not in ON_FULL:
-            raise ConfigurationError(f"BLOOM_ON_FULL must be 'grow' or 'refuse', not {on_full!r}")
+        _check_on_full(on_full)
         self.client = client
         self.key = key
         self.params = params

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from scrapy_dist.testing.workers import (
         Worker,
         alive,
+        final_stats,
         start_workers,
         stop_workers,
         wait_ready,
@@ -37,6 +38,7 @@ __all__ = [
     "TestSite",
     "Worker",
     "alive",
+    "final_stats",
     "find_redis_server",
     "free_port",
     "links",
@@ -55,6 +57,7 @@ _MODULES = {
     "links": "site",
     "Worker": "workers",
     "alive": "workers",
+    "final_stats": "workers",
     "start_workers": "workers",
     "stop_workers": "workers",
     "wait_ready": "workers",

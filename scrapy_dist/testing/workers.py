@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Worker",
     "alive",
+    "final_stats",
     "start_workers",
     "stop_workers",
     "wait_ready",
@@ -194,6 +195,18 @@ def start_workers(
         stop_workers(workers, timeout=2.0)
         raise
     return workers
+
+
+def final_stats(workers: Iterable[Worker]) -> list[dict[str, Any] | None]:
+    """Each worker's final stats (:meth:`Worker.stats`), or None for a worker that
+    wrote none (or an unreadable file)."""
+    result: list[dict[str, Any] | None] = []
+    for worker in workers:
+        try:
+            result.append(worker.stats())
+        except (OSError, ValueError):
+            result.append(None)
+    return result
 
 
 def alive(workers: Iterable[Worker]) -> list[Worker]:
