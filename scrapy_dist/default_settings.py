@@ -84,6 +84,10 @@ REDIS_DB = None
 #: Text encoding of seeds read from Redis.
 REDIS_ENCODING = "utf-8"
 
+#: What a worker does at open when Redis's ``maxmemory-policy`` may evict frontier keys
+#: (``allkeys-*``): ``"refuse"`` to start, ``"warn"`` and run, or ``"off"`` (no check).
+REDIS_EVICTION_POLICY_CHECK = "refuse"
+
 #: Items the item pipeline sends to Redis in one ``RPUSH``; a batch is sent when it is
 #: full or ``REDIS_ITEMS_FLUSH_INTERVAL`` seconds old, and at close.
 REDIS_ITEMS_BATCH_SIZE = 100
@@ -126,6 +130,10 @@ REDIS_URL = None
 
 #: Template of the dupefilter key.
 SCHEDULER_DUPEFILTER_KEY = "%(spider)s:dupefilter"
+
+#: Exit status of a ``scrapy crawl`` worker that stopped because its crawl's frontier
+#: vanished (close reason ``frontier_lost``); ``0`` leaves Scrapy's own status.
+SCHEDULER_FAULT_EXIT_CODE = 3
 
 #: Seconds requests and acknowledgements may wait to be sent to Redis together (they
 #: also go with the next batch of requests taken); ``0`` sends each at once.
@@ -185,6 +193,10 @@ SCHEDULER_SERIALIZER = "json"
 
 #: Seconds without a heartbeat after which a worker counts as gone.
 SCHEDULER_WORKER_TIMEOUT = 30.0
+
+#: Seconds a request queue key of the wrong Redis type (an operator's mistake) is
+#: waited for; requests still refused after that go to the dead-letter list.
+SCHEDULER_WRONGTYPE_TIMEOUT = 300.0
 
 #: Seconds between the writes of a worker's stats to the crawl's shared stats hash by
 #: ``scrapy_dist.stats.RedisStatsCollector`` (one round trip each, and one at close).

@@ -12,11 +12,19 @@ leases it holds, and settles each one when Scrapy is done with it (``lua/settle.
 acknowledged, returned for another try with the failure's reason, or handed back
 untouched at shutdown. Leases whose worker died expire and return to the queue with
 their delivery count; past ``SCHEDULER_MAX_DELIVERIES`` they go to the dead-letter list.
+
+Faults (see the README, "When Redis fails"): a server that refuses writes for now (OOM,
+NOREPLICAS, READONLY, LOADING, BUSY, MASTERDOWN, TRYAGAIN, a key of the wrong type) is
+an outage like an unreachable one: the work stays in the outbox. Every frontier script
+carries the crawl's epoch (``<crawl>:epoch``, ``lua/_fence.lua``): a crawl that finished,
+was flushed or evicted refuses the write, and the frontier reports the crawl
+:attr:`Frontier.lost` instead of re-creating its state.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from weakref import WeakKeyDictionary
@@ -24,8 +32,10 @@ from weakref import WeakKeyDictionary
 import redis
 from scrapy.utils.misc import load_object
 
+from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import client_for, describe
+from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import filter_error
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import keys_for
@@ -60,6 +70,46 @@ FLUSH_MAX = 1000
 
 #: Errors that mean "Redis is not reachable right now": keep the work, retry later.
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+#: Error codes with which a reachable Redis refuses a call for now (out of memory, too
+#: few replicas, a replica or a loading server, a busy script, a cluster in transition,
+#: a key of the wrong type): keep the work, retry later.
+REFUSALS = frozenset(
+    {"OOM", "NOREPLICAS", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN",
+     "CLUSTERDOWN", "WRONGTYPE"}
+)  # fmt: skip
+#: States of a crawl whose epoch is gone: it finished (its keys deleted), it vanished
+#: (flushed, evicted, rolled back by a failover), or another crawl replaced it.
+FINISHED, VANISHED, REPLACED = "finished", "vanished", "replaced"
+#: Eviction policies that may delete frontier keys (they hold no TTL).
+EVICTING = ("allkeys-",)
+
+
+def refusal(error: BaseException) -> str | None:
+    """The code of a refusal Redis may lift by itself (:data:`REFUSALS`), else ``None``."""
+    if isinstance(error, redis.exceptions.ReadOnlyError):
+        return "READONLY"
+    if isinstance(error, redis.exceptions.BusyLoadingError):
+        return "LOADING"
+    if type(error).__name__ == "OutOfMemoryError":  # redis-py >= 5.0.1
+        return "OOM"
+    if isinstance(error, redis.exceptions.ResponseError):
+        code = str(error).split(" ", 1)[0]
+        if code in REFUSALS:
+            return code
+        if "used memory > 'maxmemory'" in str(error):
+            return "OOM"
+    return None
+
+
+def fenced(error: BaseException) -> str | None:
+    """The epoch Redis found (``"none"`` if gone) when a script refused a write for
+    another epoch (``lua/_fence.lua``), else ``None``."""
+    if isinstance(error, redis.exceptions.ResponseError):
+        words = str(error).split()
+        if len(words) >= 2 and words[0] == "EPOCH":
+            return words[1]
+    return None
+
 
 _by_crawler: WeakKeyDictionary[Crawler, Frontier] = WeakKeyDictionary()
 
@@ -112,6 +162,10 @@ class Frontier:
         max_deliveries: deliveries of one entry before it is dead-lettered.
         stats: returns the crawler's stats collector (which Scrapy creates after the
             spider, so it is looked up when first needed).
+        eviction_check: what to do at open when Redis may evict frontier keys:
+            ``"refuse"`` to start, ``"warn"``, or ``"off"``.
+        wrongtype_timeout: seconds a queue key of the wrong type is waited for before
+            the requests to enqueue into it are dead-lettered.
     """
 
     def __init__(
@@ -125,7 +179,14 @@ class Frontier:
         lease_timeout: float,
         max_deliveries: int,
         stats: Callable[[], StatsCollector],
+        eviction_check: str = "refuse",
+        wrongtype_timeout: float = 300.0,
     ) -> None:
+        if eviction_check not in ("refuse", "warn", "off"):
+            raise ConfigurationError(
+                f"REDIS_EVICTION_POLICY_CHECK must be 'refuse', 'warn' or 'off', "
+                f"not {eviction_check!r}"
+            )
         if lease_timeout <= 0:
             raise ConfigurationError(f"SCHEDULER_LEASE_TIMEOUT must be positive ({lease_timeout})")
         if max_deliveries < 1:
@@ -168,6 +229,22 @@ class Frontier:
         self.found_empty_at = 0.0
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
+        self.eviction_check = eviction_check
+        self.wrongtype_timeout = wrongtype_timeout
+        self.dead = DeadLetters(client, keys.dead, worker_id)
+        #: The crawl's epoch this worker joined ("" before :meth:`open`).
+        self.epoch = ""
+        #: Why this worker's crawl is gone (:data:`FINISHED`, :data:`VANISHED`,
+        #: :data:`REPLACED`), or ``None`` while it is there.
+        self.lost: str | None = None
+        #: Called with :attr:`lost` when the crawl is found gone (the scheduler drops
+        #: what it holds).
+        self.on_lost: list[Callable[[str], None]] = []
+        #: The error code of the refusal under way ("" when Redis was unreachable).
+        self._refusing = ""
+        self._wrongtype_since: float | None = None
+        #: This worker saw its crawl finished, holding nothing (lua/progress.lua).
+        self._finished_seen = False
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> Frontier:
@@ -194,6 +271,8 @@ class Frontier:
             lease_timeout=settings.getfloat("SCHEDULER_LEASE_TIMEOUT"),
             max_deliveries=settings.getint("SCHEDULER_MAX_DELIVERIES"),
             stats=lambda: crawler.stats,
+            eviction_check=str(settings.get("REDIS_EVICTION_POLICY_CHECK")),
+            wrongtype_timeout=settings.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
         )
         return frontier
 
@@ -213,44 +292,78 @@ class Frontier:
         return self._down_since is None or time.monotonic() >= self._retry_at
 
     def _failed(self, error: Exception) -> None:
+        """Note an outage (unreachable, or refusing with :data:`REFUSALS`): one log line
+        when it starts, then a growing pause before the next try."""
         self._loaded = False  # a restarted server has lost its script cache
         now = time.monotonic()
+        code = refusal(error) or ""
         if self._down_since is None:
             self._down_since = now
             self._backoff = BACKOFF_MIN
-            logger.warning(
-                "Redis at %(server)s is unreachable (%(error)s): keeping %(n)d pending "
-                "write(s) in memory and retrying with backoff up to %(max)ds",
-                {
-                    "server": describe(self.client),
-                    "error": error,
-                    "n": self.pending_writes,
-                    "max": BACKOFF_MAX,
-                },
-            )
+            self._refusing = code
+            args = {
+                "server": describe(self.client),
+                "code": code,
+                "error": error,
+                "n": self.pending_writes,
+                "max": BACKOFF_MAX,
+            }
+            if code:
+                logger.warning(
+                    "Redis at %(server)s refuses writes (%(code)s: %(error)s): keeping "
+                    "%(n)d pending write(s) in memory and retrying with backoff up to "
+                    "%(max)ds",
+                    args,
+                )
+            else:
+                logger.warning(
+                    "Redis at %(server)s is unreachable (%(error)s): keeping %(n)d pending "
+                    "write(s) in memory and retrying with backoff up to %(max)ds",
+                    args,
+                )
         else:
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)
         self._retry_at = now + self._backoff
-        self.stats.inc_value("scheduler/redis/unreachable")
+        if code:
+            self.stats.inc_value(f"scheduler/redis/refused/{code}")
+        else:
+            self.stats.inc_value("scheduler/redis/unreachable")
 
     def _recovered(self) -> None:
         if self._down_since is not None:
             logger.warning(
-                "Redis at %(server)s is reachable again after %(s).1fs",
-                {"server": describe(self.client), "s": time.monotonic() - self._down_since},
+                "Redis at %(server)s %(what)s again after %(s).1fs",
+                {
+                    "server": describe(self.client),
+                    "what": "accepts writes" if self._refusing else "is reachable",
+                    "s": time.monotonic() - self._down_since,
+                },
             )
             self._down_since = None
+            self._refusing = ""
 
     def _release_unknown(self) -> None:
         """Hand back leases Redis granted in a call whose reply never arrived (run before
-        the next call, when every reply received so far has been handed over)."""
+        the next call, when every reply received so far has been handed over). Leases
+        this worker holds anywhere (buffer, engine, outbox) are not handed back."""
         self._reply_lost = False
         k = self.keys
-        keys = [k.leases, k.leased, k.deliveries, self.queue.key, self.seeds.key]
-        args = [self.worker_id, self._give_back, _SEED_TAKE[self.seeds.kind][1], *self.held()]
+        keys = [k.leases, k.leased, k.deliveries, self.queue.key, self.seeds.key, k.epoch,
+                self.index]  # fmt: skip
+        known = [*self.held(), *(i for i, _ in self._outcomes), *(i for i, _ in self._ready)]
+        args = [self.worker_id, self._give_back, _SEED_TAKE[self.seeds.kind][1], self.epoch,
+                *known]  # fmt: skip
         try:
             released = int(self._scripts.release(keys=keys, args=args))
         except UNREACHABLE as e:
+            self._reply_lost = True
+            self._failed(e)
+            return
+        except redis.exceptions.ResponseError as e:
+            if self._gone(e):
+                return
+            if refusal(e) is None:
+                raise
             self._reply_lost = True
             self._failed(e)
             return
@@ -264,11 +377,14 @@ class Frontier:
 
     def call(self, func: Callable[[], Any]) -> Any:
         """Send pending writes, then run one read or write now, noting Redis failures
-        for the backoff.
+        (unreachable, or refusing for now) for the backoff.
 
         Returns:
-            What ``func`` returned, or ``None`` when Redis is unreachable (now or still
-            within the backoff pause).
+            What ``func`` returned, or ``None`` when Redis is unreachable or refuses
+            (now or still within the backoff pause), or the crawl is :attr:`lost`.
+
+        Raises:
+            redis.RedisError: an error that is neither an outage nor a refusal.
         """
         if self.flush() is None:
             return None
@@ -277,9 +393,129 @@ class Frontier:
         except UNREACHABLE as e:
             self._failed(e)
             return None
+        except redis.exceptions.ResponseError as e:
+            if self._gone(e):
+                return None
+            if refusal(e) is None:
+                raise
+            self._failed(e)
+            return None
         self._recovered()
         self.stats.inc_value("scheduler/redis/round_trips")
         return result
+
+    # -- the crawl's epoch ------------------------------------------------------------
+
+    @property
+    def index(self) -> str:
+        """This worker's lease index key."""
+        return self.keys.held(self.worker_id)
+
+    def open(self) -> None:
+        """Check that Redis will not evict the frontier, and join the crawl's epoch
+        (creating it for the crawl's first worker).
+
+        Raises:
+            ConfigurationError: the eviction policy may delete frontier keys and
+                ``REDIS_EVICTION_POLICY_CHECK`` is ``"refuse"``.
+        """
+        self.check_eviction_policy()
+        self.join_epoch()
+
+    def check_eviction_policy(self) -> None:
+        """Refuse (or warn about) a ``maxmemory-policy`` that may delete frontier keys.
+
+        Raises:
+            ConfigurationError: see :meth:`open`.
+        """
+        if self.eviction_check == "off":
+            return
+        try:
+            reply = cast("dict[str, str]", self.client.config_get("maxmemory-policy"))
+        except redis.exceptions.ResponseError as e:  # CONFIG renamed or not allowed
+            logger.warning(
+                "Cannot read Redis's maxmemory-policy (%(error)s): make sure it is "
+                "noeviction or a volatile-* policy, or frontier keys may be evicted",
+                {"error": e},
+            )
+            return
+        policy = next(iter(reply.values()), "")
+        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+        if not policy.startswith(EVICTING):
+            return
+        message = (
+            f"Redis at {describe(self.client)} has maxmemory-policy {policy}: at maxmemory "
+            f"it evicts frontier keys (queue, leases, dupefilter) and requests are lost. "
+            f"Set it to noeviction (a full server then refuses writes and the crawl waits), "
+            f"or set REDIS_EVICTION_POLICY_CHECK = 'warn' to run anyway"
+        )
+        if self.eviction_check == "refuse":
+            raise ConfigurationError(message)
+        logger.warning("%(message)s", {"message": message})
+
+    def join_epoch(self) -> str:
+        """Join the crawl's epoch, creating it if the crawl has none; clear :attr:`lost`."""
+        self.client.set(self.keys.epoch, secrets.token_hex(8), nx=True)
+        raw = self.client.get(self.keys.epoch)
+        self.epoch = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        self.lost = None
+        return self.epoch
+
+    def _gone(self, error: BaseException) -> bool:
+        """If ``error`` is a script's refusal of another epoch, drop this worker's writes
+        (they belong to a crawl that is gone), record why and tell the listeners.
+
+        Returns:
+            Whether it was such a refusal.
+        """
+        found = fenced(error)
+        if found is None:
+            return False
+        if self.lost is not None:
+            return True
+        if found == "none":
+            try:
+                finished = self.client.hexists(self.keys.progress, "finished_at")
+            except redis.RedisError:
+                finished = False
+            state = FINISHED if finished else VANISHED
+        else:
+            state = REPLACED
+        dropped = len(self._items) + len(self._outcomes) + len(self._ready)
+        self._items, self._replies, self._pending_replies = [], [], []
+        self._outcomes, self._ready = [], []
+        self._reply_lost = False
+        self.lost = state
+        args = {"crawl": self.keys.crawl, "key": self.keys.epoch, "epoch": self.epoch,
+                "found": found, "n": dropped}  # fmt: skip
+        if state == FINISHED:
+            logger.log(
+                logging.WARNING if dropped else logging.INFO,
+                "Crawl %(crawl)s finished without this worker (its epoch %(epoch)s is gone "
+                "with its keys, e.g. while this worker was paused): dropped %(n)d pending "
+                "write(s) for it",
+                args,
+            )
+        elif state == VANISHED:
+            logger.error(
+                "The frontier of crawl %(crawl)s vanished: its epoch key %(key)s is gone "
+                "although the crawl never finished (FLUSHDB, eviction, or a failover that "
+                "lost writes); its queue, leases and dupefilter are gone with it. Dropped "
+                "%(n)d pending write(s); this worker stops rather than re-create the crawl "
+                "silently",
+                args,
+            )
+        else:
+            logger.error(
+                "Crawl %(crawl)s is not the crawl this worker joined: its epoch changed "
+                "from %(epoch)s to %(found)s (the crawl finished or was flushed, and "
+                "another started). Dropped %(n)d pending write(s) for the old one",
+                args,
+            )
+        self.stats.inc_value(f"scheduler/crawl_lost/{state}")
+        for listener in self.on_lost:
+            listener(state)
+        return True
 
     # -- writes (ordered outbox) ----------------------------------------------------
 
@@ -287,6 +523,11 @@ class Frontier:
     def pending_writes(self) -> int:
         """Requests to enqueue and leases to settle not yet sent to Redis."""
         return len(self._items) + len(self._outcomes) + len(self._ready)
+
+    @property
+    def pending_settlements(self) -> int:
+        """Leases settled by this worker but not yet sent to Redis (still held)."""
+        return len(self._outcomes) + len(self._ready)
 
     def enqueue(
         self,
@@ -300,6 +541,9 @@ class Frontier:
         next reserve, on the flush timer, when many are pending, or at once when
         ``eager``); ``on_reply`` then learns whether it was queued or filtered.
         """
+        if self.lost is not None:
+            self.stats.inc_value("scheduler/crawl_lost/dropped_writes")
+            return
         self._dupefilter = dupefilter
         self._items.append(item)
         self._replies.append(on_reply)
@@ -315,6 +559,10 @@ class Frontier:
         so an acknowledgement sent with a refused enqueue would outlive the children it
         vouches for): with the same flush when nothing is pending before it, else with
         the next one."""
+        if self.lost is not None:
+            if outcomes:
+                self.stats.inc_value("scheduler/crawl_lost/dropped_writes", len(outcomes))
+            return
         if self._items:
             self._outcomes.extend(outcomes)
         else:
@@ -328,21 +576,23 @@ class Frontier:
 
         Returns:
             The new leases (empty if none were asked for or there are none), or
-            ``None`` if Redis is unreachable (the writes stay pending).
+            ``None`` if Redis is unreachable or refuses (the writes stay pending), or
+            the crawl is :attr:`lost`.
         """
+        if self.lost is not None:
+            return None
+        if self._finished_seen and (self._items or self._ready or self._outcomes or reserve):
+            # this worker saw its crawl finish (and its keys go); new work starts a new one
+            self._finished_seen = False
+            self.join_epoch()
         if not self._items and self._outcomes:
             self._ready.extend(self._outcomes)  # nothing unconfirmed before them any more
             self._outcomes = []
-        calls: list[_Call] = []
-        if self._items:
-            keys, args = self.queue.enqueue_call(self._items, self._dupefilter)
-            calls.append(_Call(self._scripts.enqueue, keys, args, self._on_enqueued))
-        if self._ready:
-            calls.append(self._settle_call(self._ready))
-        if reserve > 0:
-            calls.append(self._reserve_call(reserve, seeds=seeds))
         if self._reply_lost and self._can_try():
             self._release_unknown()
+            if self.lost is not None:
+                return None
+        calls = self._calls(reserve, seeds=seeds)
         if not calls:
             return []
         if not self._can_try():
@@ -351,21 +601,38 @@ class Frontier:
         self._items, self._replies, self._ready = [], [], []
         try:
             answers = self._send(calls)
-        except UNREACHABLE as e:
+        except (*UNREACHABLE, redis.exceptions.ResponseError) as e:
+            if not isinstance(e, UNREACHABLE) and refusal(e) is None:
+                raise
             self._items, self._replies = items + self._items, replies + self._replies
             self._ready = ready + self._ready
-            self._reply_lost = self._reply_lost or reserve > 0
+            self._reply_lost = self._reply_lost or (reserve > 0 and isinstance(e, UNREACHABLE))
             self._failed(e)
             return None
-        self._recovered()
         self.stats.inc_value("scheduler/redis/round_trips")
         self._pending_replies = replies
-        leases = self._answered(calls, answers, items, replies)
+        leases = self._answered(calls, answers, items, replies, ready)
+        if self.lost is not None:
+            return None
         if not self._items:
             # every request added before these settlements is now confirmed
             self._ready.extend(self._outcomes)
             self._outcomes = []
         return leases
+
+    def _calls(self, reserve: int, *, seeds: bool) -> list[_Call]:
+        """The calls of one flush: enqueue, settle, reserve (each if needed)."""
+        calls: list[_Call] = []
+        if self._items:
+            keys, args = self.queue.enqueue_call(
+                self._items, self._dupefilter, fence=(self.keys.epoch, self.epoch)
+            )
+            calls.append(_Call(self._scripts.enqueue, keys, args, self._on_enqueued))
+        if self._ready:
+            calls.append(self._settle_call(self._ready))
+        if reserve > 0:
+            calls.append(self._reserve_call(reserve, seeds=seeds))
+        return calls
 
     def _answered(
         self,
@@ -373,43 +640,136 @@ class Frontier:
         answers: list[Any],
         items: list[tuple[bytes, float, bytes]],
         replies: list[Callable[[bool], None]],
-    ) -> list[Lease]:
-        """Hand each reply to its call; return the leases a reserve brought."""
-        leases: list[Lease] = []
+        ready: list[tuple[str, str]],
+    ) -> list[Lease] | None:
+        """Hand each reply to its call; note a refusal as an outage (its work goes back
+        to the outbox).
+
+        Returns:
+            The leases a reserve brought, or ``None`` if the reserve was refused.
+        """
+        leases: list[Lease] | None = []
+        problem: Exception | None = None
         for call, answer in zip(calls, answers, strict=True):
             if isinstance(answer, Exception):
-                if call.script is self._scripts.enqueue:
-                    self._refused(answer, items, replies)
-                else:
-                    self._rejected(answer)
+                if self._gone(answer):
+                    return None
+                if self._failed_call(call, answer, items, replies, ready):
+                    problem = answer
+                if call.script is self._scripts.reserve:
+                    leases = None
             elif call.on_reply is not None:
                 result = call.on_reply(answer)
                 if result is not None:
                     leases = result
+        if problem is not None:
+            self._failed(problem)
+        else:
+            self._recovered()
         return leases
+
+    def _failed_call(
+        self,
+        call: _Call,
+        error: Exception,
+        items: list[tuple[bytes, float, bytes]],
+        replies: list[Callable[[bool], None]],
+        ready: list[tuple[str, str]],
+    ) -> bool:
+        """Handle one call's error answer: an enqueue's refusal (:meth:`_refused`), a
+        settlement refused for now (back to the outbox), or an error retrying cannot fix.
+
+        Returns:
+            Whether this is an outage (the caller backs off).
+        """
+        code = refusal(error)
+        if call.script is self._scripts.enqueue:
+            return self._refused(error, code, items, replies)
+        if code and call.script is self._scripts.settle:
+            self._ready = ready + self._ready
+        if code:
+            return True
+        self._rejected(error)
+        return False
 
     def _refused(
         self,
         error: Exception,
+        code: str | None,
         items: list[tuple[bytes, float, bytes]],
         replies: list[Callable[[bool], None]],
-    ) -> None:
-        """An enqueue answered with an error, so nothing of it was written. A Bloom
-        filter's stale view is retried with the next flush (which refreshes it); other
-        refusals (a full filter with ``BLOOM_ON_FULL = "refuse"``, a mismatch, a key of
-        the wrong type) drop the batch with an error log and a count."""
+    ) -> bool:
+        """An enqueue answered with an error, so nothing of it was written.
+
+        A refusal for now (:data:`REFUSALS`; a key of the wrong type for less than
+        ``wrongtype_timeout``) keeps the batch in the outbox, and the settlements
+        queued behind it wait with it. A Bloom filter's stale view is retried with the
+        next flush (which refreshes it). A permanent refusal (a full filter with
+        ``BLOOM_ON_FULL = "refuse"``, a filter mismatch, a key of the wrong type for
+        too long, an unknown error) dead-letters the batch with the reason, and the
+        settlements queued behind it report their requests as failed.
+
+        Returns:
+            Whether this is an outage (the caller backs off).
+        """
         translated = (
             filter_error(error) if isinstance(error, redis.exceptions.ResponseError) else None
         )
         if translated is not None and type(translated).__name__ == "_StaleView":
             self._items, self._replies = items + self._items, replies + self._replies
             self.stats.inc_value("scheduler/redis/stale_filter_retries")
-            return
+            return False
+        now = time.monotonic()
+        if code == "WRONGTYPE":
+            if self._wrongtype_since is None:
+                self._wrongtype_since = now
+        else:
+            self._wrongtype_since = None
+        transient = code is not None and (
+            code != "WRONGTYPE"
+            or self._wrongtype_since is None
+            or now - self._wrongtype_since < self.wrongtype_timeout
+        )
+        if transient or not self._bury(items, str(translated or error)):
+            self._items, self._replies = items + self._items, replies + self._replies
+            return True
+        self._wrongtype_since = None
+        return False
+
+    def _bury(self, items: list[tuple[bytes, float, bytes]], reason: str) -> bool:
+        """Dead-letter refused requests; the settlements waiting for them become failures.
+
+        Returns:
+            Whether the dead-letter records were written.
+        """
+        why = f"Redis refused to enqueue it: {reason}"
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for payload, _, _ in items:
+                    self.dead.add(deadletter.REQUEST, why, payload, pipe=pipe)
+                pipe.execute()
+        except redis.RedisError as e:
+            logger.error(
+                "Could not dead-letter %(n)d refused request(s) (%(error)s): keeping them",
+                {"n": len(items), "error": e},
+            )
+            return False
         logger.error(
-            "Redis refused to enqueue %(n)d request(s) of crawl %(crawl)s: %(error)s",
-            {"n": len(items), "crawl": self.keys.crawl, "error": translated or error},
+            "Redis refused to enqueue %(n)d request(s) of crawl %(crawl)s for good: "
+            "%(error)s; they are in %(dead)s, and the %(m)d request(s) settled after them "
+            "are settled as failed",
+            {
+                "n": len(items),
+                "crawl": self.keys.crawl,
+                "error": reason,
+                "dead": self.dead.key,
+                "m": len(self._outcomes),
+            },
         )
         self.stats.inc_value("scheduler/redis/refused_requests", len(items))
+        failure = f"its requests were refused by Redis: {reason}"[:500]
+        self._outcomes = [(i, failure if o == DONE else o) for i, o in self._outcomes]
+        return True
 
     def _send(self, calls: list[_Call]) -> list[Any]:
         """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script
@@ -450,8 +810,9 @@ class Frontier:
 
     def _settle_call(self, outcomes: Sequence[tuple[str, str]]) -> _Call:
         args: list[bytes | str | int | float] = [
-            self.worker_id, self._give_back, _SEED_TAKE[self.seeds.kind][1], self.max_deliveries
-        ]
+            self.worker_id, self._give_back, _SEED_TAKE[self.seeds.kind][1], self.max_deliveries,
+            self.epoch,
+        ]  # fmt: skip
         for lease_id, outcome in outcomes:
             args += (lease_id, outcome)
         return _Call(self._scripts.settle, self._lease_keys(), args, self._count_settled)
@@ -473,7 +834,7 @@ class Frontier:
     def _lease_keys(self) -> list[str]:
         k = self.keys
         return [k.leases, k.leased, k.deliveries, k.dead, self.queue.key, self.seeds.key,
-                k.progress]  # fmt: skip
+                k.progress, k.epoch, self.index]  # fmt: skip
 
     # -- reads ----------------------------------------------------------------------
 
@@ -483,9 +844,10 @@ class Frontier:
         args: list[bytes | str | int | float] = [
             "s" if seeds else "q", take, self._give_back, _SEED_TAKE[self.seeds.kind][1],
             count, self.lease_timeout, self.worker_id, self.max_deliveries, RECLAIM_LIMIT,
+            self.epoch,
         ]  # fmt: skip
         keys = [k.leases, k.leased, k.deliveries, k.dead, self.queue.key, self.seeds.key, k.seq,
-                k.progress]  # fmt: skip
+                k.progress, k.epoch, self.index]  # fmt: skip
 
         def leases(reply: Any) -> list[Lease]:
             out = []
@@ -510,13 +872,24 @@ class Frontier:
             self.found_empty_at = time.monotonic()
         return leases or []
 
-    def renew(self, lease_ids: Sequence[str]) -> int:
-        """Extend the deadlines of these leases in one call; returns how many were renewed."""
+    def renew(self, lease_ids: Sequence[str]) -> list[str] | None:
+        """Extend the deadlines of these leases in one call.
+
+        Returns:
+            The ids of the leases this worker no longer holds (they expired and were
+            taken back), or ``None`` if Redis is unreachable or refuses.
+        """
         if not lease_ids:
-            return 0
-        keys = [self.keys.leases, self.keys.leased]
-        args: list[str | float] = [self.worker_id, self.lease_timeout, *lease_ids]
-        return int(self.call(lambda: self._scripts.renew(keys=keys, args=args)) or 0)
+            return []
+        keys = [self.keys.leases, self.keys.leased, self.keys.epoch, self.index]
+        args: list[str | float] = [self.worker_id, self.lease_timeout, self.epoch, *lease_ids]
+        reply = self.call(lambda: self._scripts.renew(keys=keys, args=args))
+        if reply is None:
+            return None
+        lost = [i.decode() if isinstance(i, bytes) else str(i) for i in reply]
+        if lost:
+            self.stats.inc_value("scheduler/leases/lost_on_renew", len(lost))
+        return lost
 
     def progress(self, *, grace: float, clear: bool, keep_for: float = 86400) -> Progress | None:
         """Where the crawl as a whole stands; marks it finished after ``grace`` seconds of
@@ -526,14 +899,21 @@ class Frontier:
             The progress, or ``None`` if Redis is unreachable.
         """
         k = self.keys
-        keys = [self.queue.key, self.seeds.key, k.leases, k.progress, *self.clear_keys]
+        keys = [self.queue.key, self.seeds.key, k.leases, k.progress, k.epoch, *self.clear_keys]
         args: list[str | int | float] = [
-            self.queue.kind, self.seeds.kind, grace, int(clear), int(keep_for)
+            self.queue.kind,
+            self.seeds.kind,
+            grace,
+            int(clear),
+            int(keep_for),
+            self.epoch,
         ]
         reply = self.call(lambda: self._scripts.progress(keys=keys, args=args))
         if reply is None:
             return None
         state, queued, seeds, leased, _ = reply
+        if state == b"finished":
+            self._finished_seen = True
         return Progress(state.decode(), int(queued), int(seeds), int(leased))
 
     def totals(self) -> dict[str, int]:

@@ -20,6 +20,11 @@ key                        type         holds
 ``<crawl>:leases``         zset         lease id -> deadline: entries a worker holds
 ``<crawl>:leased``         hash         lease id -> ``origin|score|worker|entry``
 ``<crawl>:deliveries``     hash         lease id -> times handed to a worker
+``<crawl>:held:<worker>``  set          lease ids granted to one worker (its index, so
+                                        release and renewal touch only its leases)
+``<crawl>:epoch``          string       random id written by the crawl's first worker;
+                                        every frontier write checks it (a crawl that
+                                        finished, was flushed or evicted has none)
 ``<crawl>:progress``       hash         crawl counters (done, retried, dead) and the
                                         completion state (idle_since, finished_at)
 ``<crawl>:workers``        hash         worker id -> last heartbeat (server time, s)
@@ -109,6 +114,14 @@ class RedisKeys:
     def deliveries(self) -> str:
         return f"{self.crawl}:deliveries"
 
+    def held(self, worker: str) -> str:
+        """The lease ids granted to worker ``worker`` (its lease index)."""
+        return f"{self.crawl}:held:{worker}"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.crawl}:epoch"
+
     @property
     def progress(self) -> str:
         return f"{self.crawl}:progress"
@@ -140,7 +153,7 @@ class RedisKeys:
     def frontier(self) -> tuple[str, ...]:
         """Keys that make up the crawl's shared state, removed when it is flushed
         (the dupefilter backend adds its own keys to these)."""
-        return (self.requests, self.seq, self.leases, self.leased, self.deliveries)
+        return (self.requests, self.seq, self.leases, self.leased, self.deliveries, self.epoch)
 
     def start_urls_key(self, template: str) -> str:
         """Expand a spider's own ``redis_key`` template for this crawl."""

@@ -75,9 +75,19 @@ class RedisQueue:
         self,
         items: Sequence[tuple[bytes, float, bytes]],
         dupefilter: FilterBackend | None = None,
+        fence: tuple[str, str] | None = None,
     ) -> tuple[list[str], list[bytes | str | int | float]]:
-        """The ``KEYS`` and ``ARGV`` of ``lua/enqueue.lua`` for these items (see :meth:`push`)."""
-        keys = [self.key, self.seq_key]
+        """The ``KEYS`` and ``ARGV`` of ``lua/enqueue.lua`` for these items (see :meth:`push`).
+
+        Args:
+            items: ``(payload, score, fingerprint)`` items.
+            dupefilter: the dupefilter backend that tests and records fingerprints.
+            fence: ``(epoch key, epoch)``: the call is refused unless the crawl's epoch
+                is this one (a worker's writes); ``None`` for an unfenced caller.
+        """
+        # an unfenced call passes the sequence key where the epoch key goes (not read)
+        epoch_key, epoch = fence or (self.seq_key, "")
+        keys = [self.key, self.seq_key, epoch_key]
         args: list[bytes | str | int | float]
         if dupefilter is None:
             args = [self.kind, "none", 0]
@@ -90,6 +100,7 @@ class RedisQueue:
             token = dupefilter.token
             for payload, score, fingerprint in items:
                 args += (token(fingerprint) if fingerprint else b"", score, payload)
+        args.append(epoch)
         return keys, args
 
     def push(

@@ -7,18 +7,30 @@ recorded for a request that is not queued. Taking a request leases it
 i.e. once it has left the engine: its callback output fully processed and every request
 it produced enqueued, or it failed for good. A request whose callback raised is returned
 for another try with the error as its reason, up to ``SCHEDULER_MAX_DELIVERIES``.
+
+Faults: the scheduler's timer and every call it makes survive any Redis error (logged
+and counted). A worker holds at most ``CONCURRENT_REQUESTS + 2 * SCHEDULER_PREFETCH``
+leases (buffered, in the engine, or settled but not yet sent), which bounds what a dead
+or paused worker makes others crawl again. When its leases were taken back (the worker
+was paused past ``SCHEDULER_LEASE_TIMEOUT``) it drops the buffered ones; when its crawl
+is gone (:attr:`Frontier.lost`) it drops everything it holds and rejoins (the crawl
+finished) or stops with the reason ``frontier_lost``.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import redis
 from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.http import Response
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet.task import LoopingCall
 
@@ -28,7 +40,7 @@ from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
-from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.frontier import DONE, FINISHED, HAND_BACK, Frontier, Lease
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
 from scrapy_dist.workers import WorkerRegistry
 
@@ -50,6 +62,30 @@ REASON_MAX = 500
 EMPTY_FRESH = 0.25
 #: Flushes tried at close (requests, then the acknowledgements they confirm, retries).
 CLOSE_FLUSHES = 5
+#: Close reason of a worker whose crawl's frontier vanished (see :attr:`Frontier.lost`).
+FRONTIER_LOST = "frontier_lost"
+
+
+def close_spider(crawler: Crawler, reason: str) -> None:
+    """Ask the crawler's engine to close its spider with ``reason``."""
+    engine = crawler.engine
+    closer = getattr(engine, "close_spider_async", None)  # Scrapy >= 2.14
+    if closer is not None:
+        deferred_from_coro(closer(reason=reason))
+    else:
+        assert crawler.spider is not None
+        engine.close_spider(crawler.spider, reason)
+
+
+def exit_with(status: int) -> None:
+    """Make this process exit with ``status`` once it ends (``scrapy crawl`` exits 0
+    whatever the close reason): logging is flushed first."""
+
+    def _exit() -> None:
+        logging.shutdown()
+        os._exit(status)
+
+    atexit.register(_exit)
 
 
 def engine_in_flight(crawler: Crawler) -> Collection[Request]:
@@ -89,6 +125,12 @@ class Scheduler(BaseScheduler):
         heartbeat_interval: seconds between heartbeats and lease renewals.
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
+        max_held: leases this worker may hold at once (buffered, in the engine, or
+            settled and not yet sent); default ``2 * prefetch`` more than it buffers.
+        close_spider: closes the spider with a reason (when the crawl is gone).
+        close_when_done: exit, rather than rejoin, when the crawl finished without
+            this worker (``CLOSE_WHEN_CRAWL_DONE``).
+        fault_exit_code: exit status of a worker closed with ``frontier_lost``.
     """
 
     def __init__(
@@ -107,6 +149,10 @@ class Scheduler(BaseScheduler):
         prefetch: int = 1,
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
+        max_held: int | None = None,
+        close_spider: Callable[[str], None] | None = None,
+        close_when_done: bool = False,
+        fault_exit_code: int = 0,
     ) -> None:
         if prefetch < 1:
             raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
@@ -160,8 +206,20 @@ class Scheduler(BaseScheduler):
         self._empty_since: float | None = None
         self._last_empty = 0.0
         self._logunser = True
+        self.max_held = max_held if max_held is not None else 3 * prefetch
+        self.close_spider = close_spider
+        self.close_when_done = close_when_done
+        self.fault_exit_code = fault_exit_code
+        #: When this worker last renewed its leases (monotonic seconds).
+        self._renewed_at = time.monotonic()
+        #: The timer's last run, to notice a pause of the whole process.
+        self._ticked_at = time.monotonic()
+        #: The error the timer last logged (each kind is logged once in a row).
+        self._tick_error = ""
+        self._closing = False
         self._ticker = LoopingCall(self._tick)
         frontier.held = self._held
+        frontier.on_lost.append(self._crawl_lost)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -173,6 +231,9 @@ class Scheduler(BaseScheduler):
         if isinstance(dupefilter, RFPDupeFilter):
             owned = dupefilter.backend.keys()
             frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
+        prefetch = settings.getint("SCHEDULER_PREFETCH") or max(
+            1, settings.getint("CONCURRENT_REQUESTS") // 2
+        )
         scheduler = cls(
             frontier=frontier,
             dupefilter=dupefilter,
@@ -190,10 +251,13 @@ class Scheduler(BaseScheduler):
             persist=settings.getbool("SCHEDULER_PERSIST"),
             flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START"),
             idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE"),
-            prefetch=settings.getint("SCHEDULER_PREFETCH")
-            or max(1, settings.getint("CONCURRENT_REQUESTS") // 2),
+            prefetch=prefetch,
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
+            close_spider=lambda reason: close_spider(crawler, reason),
+            close_when_done=settings.getbool("CLOSE_WHEN_CRAWL_DONE"),
+            fault_exit_code=settings.getint("SCHEDULER_FAULT_EXIT_CODE"),
+            max_held=settings.getint("CONCURRENT_REQUESTS") + 2 * prefetch,
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         return scheduler
@@ -205,12 +269,14 @@ class Scheduler(BaseScheduler):
 
         Raises:
             RedisUnavailable: Redis cannot be reached.
-            ConfigurationError: the queue key holds a type this queue cannot use.
+            ConfigurationError: the queue key holds a type this queue cannot use, or
+                Redis may evict frontier keys (``REDIS_EVICTION_POLICY_CHECK``).
         """
         self.spider = spider
         self._codec = RequestCodec(self.serializer, spider)
         check(self.queue.client)
         self.queue.check_type()
+        self.frontier.check_eviction_policy()
         if self._shared_df is None:
             logger.warning(
                 "DUPEFILTER_CLASS %(cls)s is not Redis-backed: each worker filters only "
@@ -233,6 +299,7 @@ class Scheduler(BaseScheduler):
                 {"n": others},
                 extra={"spider": spider},
             )
+        self.frontier.join_epoch()
         logger.info(
             "Worker %(worker)s joined crawl %(crawl)s at %(server)s (%(size)d queued "
             "requests; %(others)d other worker(s))",
@@ -246,6 +313,7 @@ class Scheduler(BaseScheduler):
             extra={"spider": spider},
         )
         self._next_beat = time.monotonic() + self.heartbeat_interval
+        self._renewed_at = self._ticked_at = time.monotonic()
         self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
         self.df.open()
 
@@ -255,6 +323,18 @@ class Scheduler(BaseScheduler):
         shared keys (a worker that merely stops never does)."""
         if self._ticker.running:
             self._ticker.stop()
+        if reason == FRONTIER_LOST and self.fault_exit_code:
+            exit_with(self.fault_exit_code)
+        if self.frontier.lost is not None:
+            # nothing it holds belongs to a crawl that is there: leave, send nothing
+            self._buffer.clear()
+            self._out.clear()
+            try:
+                self.registry.leave()
+            except redis.RedisError as e:
+                logger.warning("Could not leave the worker registry: %(error)s", {"error": e})
+            self.df.close(reason)
+            return
         self._settle()
         handed = [(lease.id, HAND_BACK) for lease, _ in self._buffer]
         handed += [(lease_id, HAND_BACK) for lease_id in self._out.values()]
@@ -320,6 +400,10 @@ class Scheduler(BaseScheduler):
         """
         assert self._codec is not None, "scheduler not open"
         assert self.spider is not None
+        if self.frontier.lost is not None:
+            # produced by a request of a crawl that is gone: it must not start another
+            self.stats.inc_value("scheduler/crawl_lost/dropped_requests")
+            return False
         shared = self._shared_df
         fingerprint = b""
         if shared is not None and not request.dont_filter:
@@ -358,6 +442,10 @@ class Scheduler(BaseScheduler):
     def next_request(self) -> Request | None:
         """Return the next request for this worker, or ``None`` if there is none now."""
         self._settle()
+        if self.frontier.lost is not None:
+            return None
+        if self._buffer and time.monotonic() - self._renewed_at > 2 * self.heartbeat_interval:
+            self._renew()  # paused? make sure the buffered leases are still ours
         if not self._buffer:
             self._refill()
         if not self._buffer:
@@ -388,8 +476,20 @@ class Scheduler(BaseScheduler):
         )
 
     def has_pending_requests(self) -> bool:
-        if self._buffer:
-            return True
+        if self._buffer or self.frontier.lost is not None:
+            return True  # a lost crawl: the timer rejoins or closes with the reason
+        try:
+            return self._pending()
+        except redis.RedisError as e:
+            logger.warning(
+                "Redis error while checking for pending requests: %(error)s",
+                {"error": e},
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("scheduler/redis/errors")
+            return True  # never let a Redis error close the spider
+
+    def _pending(self) -> bool:
         if (
             not self.frontier.pending_writes
             and time.monotonic() - self.frontier.found_empty_at < EMPTY_FRESH
@@ -437,7 +537,14 @@ class Scheduler(BaseScheduler):
         dead-letter list, and leasing continues until one can or the queue is empty."""
         assert self._codec is not None
         while not self._buffer:
-            leases = self.frontier.reserve(self.prefetch)
+            room = self._room()
+            if room <= 0 and self.frontier.pending_settlements:
+                self.frontier.flush()  # send the acknowledgements that fill the room
+                room = self._room()
+            if room <= 0:
+                self.stats.inc_value("scheduler/held/full")
+                return
+            leases = self.frontier.reserve(min(self.prefetch, room))
             if not leases:
                 return
             bad = []
@@ -452,20 +559,124 @@ class Scheduler(BaseScheduler):
             self.frontier.settle(bad)
         self._last_work = time.monotonic()
 
+    def _room(self) -> int:
+        """Leases this worker may still take (see ``max_held``)."""
+        held = len(self._buffer) + len(self._out) + self.frontier.pending_settlements
+        return self.max_held - held
+
     def _held(self) -> list[str]:
         """The ids of the leases this worker holds: buffered or in the engine."""
         return [lease.id for lease, _ in self._buffer] + list(self._out.values())
 
+    def _renew(self) -> None:
+        """Renew the leases this worker holds; drop those taken back meanwhile."""
+        lost = self.frontier.renew(self._held())
+        if lost is None:
+            return
+        self._renewed_at = time.monotonic()
+        if not lost:
+            return
+        gone = set(lost)
+        buffered = len(self._buffer)
+        self._buffer = deque(item for item in self._buffer if item[0].id not in gone)
+        dropped = buffered - len(self._buffer)
+        started = [request for request, lease_id in self._out.items() if lease_id in gone]
+        for request in started:
+            del self._out[request]
+            self._failures.pop(request, None)
+        logger.warning(
+            "%(n)d lease(s) of this worker expired and were taken back (was it paused, "
+            "e.g. a stopped process, a long GC or a network partition, for longer than "
+            "SCHEDULER_LEASE_TIMEOUT?): dropped %(dropped)d buffered request(s); %(started)d "
+            "already started may be crawled twice",
+            {"n": len(lost), "dropped": dropped, "started": len(started)},
+            extra={"spider": self.spider},
+        )
+        self.stats.inc_value("scheduler/leases/dropped_taken_back", dropped)
+
     def _tick(self) -> None:
         """Every flush interval: settle and send pending writes; every heartbeat
-        interval also heartbeat and renew the leases this worker holds."""
-        self._settle()
-        self.frontier.flush()
+        interval also heartbeat and renew the leases this worker holds. No error ends
+        the timer: each is logged (once in a row) and counted."""
+        try:
+            self._tick_once()
+        except Exception as e:  # the timer must survive anything, Redis errors first
+            self.stats.inc_value("scheduler/timer/errors")
+            kind = f"{type(e).__name__}: {e}"
+            if kind != self._tick_error:
+                self._tick_error = kind
+                logger.error(
+                    "Scheduler timer: %(error)s (heartbeats, renewals and flushes go on)",
+                    {"error": kind},
+                    exc_info=not isinstance(e, redis.RedisError),
+                    extra={"spider": self.spider},
+                )
+        else:
+            self._tick_error = ""
+
+    def _tick_once(self) -> None:
         now = time.monotonic()
+        gap, self._ticked_at = now - self._ticked_at, now
+        if gap > self.frontier.lease_timeout and self.frontier.lost is None:
+            logger.warning(
+                "This worker did not run for %(gap).1fs (longer than SCHEDULER_LEASE_TIMEOUT "
+                "%(lease)gs): checking which leases it still holds",
+                {"gap": gap, "lease": self.frontier.lease_timeout},
+                extra={"spider": self.spider},
+            )
+            self._renew()
+        self._settle()
+        if self.frontier.lost is not None:
+            self._after_lost()
+            return
+        self.frontier.flush()
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat_interval
             self.frontier.call(self.registry.heartbeat)
-            self.frontier.renew(self._held())
+            self._renew()
+
+    # -- a crawl that is gone --------------------------------------------------------
+
+    def _crawl_lost(self, state: str) -> None:
+        """The crawl is gone (:attr:`Frontier.lost`): drop what this worker holds of it
+        (buffer, seen-cache); what the engine still runs finishes, and the requests it
+        produces are dropped."""
+        buffered, started = len(self._buffer), len(self._out)
+        self._buffer.clear()
+        if self._shared_df is not None:
+            self._shared_df.forget_local()
+        if buffered or started:
+            logger.warning(
+                "Crawl %(crawl)s is %(state)s: dropped the %(buffered)d buffered request(s) "
+                "this worker still held; %(started)d already started finish, and what they "
+                "produce is dropped",
+                {
+                    "crawl": self.frontier.keys.crawl,
+                    "state": state,
+                    "buffered": buffered,
+                    "started": started,
+                },
+                extra={"spider": self.spider},
+            )
+        self._closing = False
+
+    def _after_lost(self) -> None:
+        """Once the engine finished what it held of a lost crawl: rejoin the crawl if
+        it finished (or exit, with ``CLOSE_WHEN_CRAWL_DONE``), else close the spider
+        with the reason ``frontier_lost``."""
+        if self._out or self._closing or self.close_spider is None:
+            return
+        if self.frontier.lost == FINISHED and not self.close_when_done:
+            epoch = self.frontier.join_epoch()
+            logger.info(
+                "Rejoined crawl %(crawl)s (epoch %(epoch)s)",
+                {"crawl": self.frontier.keys.crawl, "epoch": epoch},
+                extra={"spider": self.spider},
+            )
+            return
+        self._closing = True
+        reason = "crawl_finished" if self.frontier.lost == FINISHED else FRONTIER_LOST
+        self.close_spider(reason)
 
     # -- failures -------------------------------------------------------------------
 

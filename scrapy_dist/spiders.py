@@ -27,6 +27,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
@@ -275,7 +276,24 @@ class RedisSpiderMixin(Spider):
 
     def _on_idle(self) -> None:
         """``spider_idle``: fetch seeds; close when the crawl is finished (with
-        ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open."""
+        ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open.
+        A Redis error never closes the spider: it is logged, counted, and the spider
+        stays open; so does a crawl found gone (the scheduler rejoins or closes it
+        with its reason)."""
+        if self.frontier.lost is not None:
+            raise DontCloseSpider
+        try:
+            self._idle()
+        except redis.RedisError as e:
+            logger.warning(
+                "Redis error while idle, staying open: %(error)s",
+                {"error": e},
+                extra={"spider": self},
+            )
+            self.crawler.stats.inc_value("scheduler/idle/redis_errors")
+            raise DontCloseSpider from e
+
+    def _idle(self) -> None:
         if self._poll_seeds():
             self._idle_since = None
             raise DontCloseSpider

@@ -252,5 +252,35 @@ def test_an_ack_never_outlives_a_refused_enqueue_of_its_children(
     client.delete(w.scheduler.queue.key)
     client.set(w.scheduler.queue.key, b"not a queue")  # the enqueue will be refused
     w.frontier.flush()
-    assert w.scheduler.stats.get_value("scheduler/redis/refused_requests") == 1
+    assert w.scheduler.stats.get_value("scheduler/redis/refused/WRONGTYPE") == 1
     assert client.zcard(w.frontier.keys.leases) == 1  # the ack was not sent with it
+    assert w.frontier.pending_writes == 2  # a refusal is an outage: both wait
+    client.delete(w.scheduler.queue.key)  # the operator fixes the key
+    w.frontier._retry_at = 0.0  # (skip the backoff pause)
+    w.frontier.flush()  # the child is confirmed, and its parent's ack goes next
+    w.frontier.flush()
+    assert w.frontier.pending_writes == 0
+    assert client.zcard(w.frontier.keys.leases) == 0
+    assert w.take() is not None  # the child
+
+
+def test_a_permanent_refusal_dead_letters_the_children_and_fails_the_parent(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w = worker({"SCHEDULER_FLUSH_INTERVAL": 0.1, "SCHEDULER_WRONGTYPE_TIMEOUT": 0})
+    w.frontier.eager = False
+    w.scheduler.enqueue_request(Request(URL + "parent"))
+    parent = w.take()
+    assert parent is not None
+    w.scheduler.enqueue_request(Request(URL + "child"))
+    w.finish(parent)
+    client.delete(w.scheduler.queue.key)
+    client.set(w.scheduler.queue.key, b"not a queue")
+    w.frontier.flush()  # refused for good: the child is dead-lettered
+    client.delete(w.scheduler.queue.key)
+    w.frontier.flush()  # the parent is settled as failed (returned for another try)
+    [record] = dead_letters(client, w.frontier)
+    assert "Redis refused to enqueue it: WRONGTYPE" in record["reason"]
+    assert json.loads(record["data"])["url"] == URL + "child"
+    assert w.frontier.totals() == {"retried": 1}
+    assert w.frontier.pending_writes == 0

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] = request queue (list or zset)
 -- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id
--- KEYS[3..] = the dupefilter backend's keys (none when ARGV[2] == "none")
+-- KEYS[3] = crawl epoch (see lua/_fence.lua)
+-- KEYS[4..] = the dupefilter backend's keys (none when ARGV[2] == "none")
 -- ARGV[1] = queue kind: "list" (LPUSH) or "zset" (ZADD with the given score)
 -- ARGV[2] = filter kind: "none", "set", "bloom" (bitmap) or "bf" (RedisBloom)
 -- ARGV[3] = F, the number of filter arguments that follow
@@ -12,6 +13,7 @@
 -- ARGV[4+F ..] = one triple per request: token ("" = dont_filter), score, payload;
 --                the token is what the backend tests and sets (the raw fingerprint
 --                for "set" and "bf", its 16-byte MurmurHash3 for "bloom")
+-- ARGV[#ARGV] = the crawl epoch the caller joined ("" = unfenced), after the triples
 --
 -- Entries are "<16-digit id><payload>": ids keep identical payloads distinct, and in
 -- the zset they order equal scores first-in first-out.
@@ -19,14 +21,19 @@
 -- safe order: it only reads while deciding, pushes the new entries, and records their
 -- tokens last. A failure can at worst queue a request whose token is not recorded
 -- (crawled twice), never record a token whose request is not queued.
--- Returns: one integer per request, 1 if queued, 0 if its token was seen.
--- uses: _filters
+-- Returns: one integer per request, 1 if queued, 0 if its token was seen; an error
+-- "EPOCH ..." if the crawl's epoch is not ARGV[#ARGV] (nothing written).
+-- uses: _filters, _fence
 
 local queue, seq = KEYS[1], KEYS[2]
 local queue_kind, filter_kind = ARGV[1], ARGV[2]
 local nfilter = tonumber(ARGV[3])
 local first = 4 + nfilter
-local n = (#ARGV - first + 1) / 3
+local n = (#ARGV - first) / 3
+local refused = fence(KEYS[3], ARGV[#ARGV])
+if refused then
+  return redis.error_reply(refused)
+end
 
 -- Per filter kind: test(token) returns true if the token is new (read-only);
 -- record(token) marks it seen.
@@ -35,7 +42,7 @@ if filter_kind ~= "none" then
   -- the kinds live in lua/_filters.lua; one that must refuse the call says so here,
   -- before anything is written
   local refusal
-  filters[filter_kind], refusal = filter_for(filter_kind, nfilter, n, 3, true)
+  filters[filter_kind], refusal = filter_for(filter_kind, nfilter, n, 4, true)
   if refusal then
     return redis.error_reply(refusal)
   end

@@ -26,7 +26,7 @@ end
 local flushed = 0
 if flush and others == 0 then
   for i = 2, #KEYS do
-    redis.call("DEL", KEYS[i])
+    redis.call("UNLINK", KEYS[i])
   end
   flushed = 1
 end

@@ -6,14 +6,28 @@
 --
 -- KEYS[1] = request queue, KEYS[2] = seeds key, KEYS[3] = leases zset
 -- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at)
--- KEYS[5..] = frontier keys deleted at completion when ARGV[4] == "1"
+-- KEYS[5] = crawl epoch (deleted with the frontier, so a late write is refused)
+-- KEYS[6..] = frontier keys deleted (UNLINK) at completion when ARGV[4] == "1"
 -- ARGV[1] = queue type ("list" or "zset"), ARGV[2] = seeds type ("list", "set", "zset")
 -- ARGV[3] = GRACE seconds, ARGV[4] = "1" to delete the frontier at completion
 -- ARGV[5] = seconds the stats hash is kept after completion when deleting (0 = forever)
+-- ARGV[6] = the crawl epoch this worker joined ("" = unfenced)
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
---          (nothing was ever settled), "idle" (empty, within the grace) or "finished"
+--          (nothing was ever settled), "idle" (empty, within the grace) or "finished";
+--          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
+--          finished and its epoch was deleted with its keys: "finished")
+-- uses: _fence
 
 local queue, seeds, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local refused = fence(KEYS[5], ARGV[6])
+if refused then
+  local finished_at = redis.call("HGET", stats, "finished_at")
+  if finished_at and redis.call("EXISTS", KEYS[5]) == 0 then
+    -- finished, and its keys deleted: every worker of it may read that answer
+    return {"finished", 0, 0, 0, finished_at}
+  end
+  return redis.error_reply(refused)
+end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
@@ -52,8 +66,9 @@ end
 finished_at = tostring(now)
 redis.call("HSET", stats, "finished_at", finished_at)
 if ARGV[4] == "1" then
+  -- UNLINK: a large dupefilter is freed in the background, not on the server's thread
   for i = 5, #KEYS do
-    redis.call("DEL", KEYS[i])
+    redis.call("UNLINK", KEYS[i])
   end
   if tonumber(ARGV[5]) > 0 then
     redis.call("EXPIRE", stats, tonumber(ARGV[5]))

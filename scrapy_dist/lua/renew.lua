@@ -2,23 +2,39 @@
 --
 -- KEYS[1] = leases zset (lease id -> deadline, server time in seconds)
 -- KEYS[2] = leased hash (lease id -> "<origin>|<score>|<worker>|<entry>")
+-- KEYS[3] = crawl epoch, KEYS[4] = this worker's lease index (set)
 -- ARGV[1] = worker id
 -- ARGV[2] = lease duration in seconds from now
--- ARGV[3..] = lease ids
--- Returns: the number of leases renewed (a lease already reclaimed is not revived)
--- uses: _leases
+-- ARGV[3] = the crawl epoch this worker joined ("" = unfenced)
+-- ARGV[4..] = lease ids
+-- Returns: the ids of the leases this worker no longer holds (expired and taken back,
+--          a lease already reclaimed is not revived); an error "EPOCH ..." if the
+--          crawl's epoch is not ARGV[3]
+-- uses: _leases, _fence
 
-local leases, leased, worker = KEYS[1], KEYS[2], ARGV[1]
+local leases, leased, index, worker = KEYS[1], KEYS[2], KEYS[4], ARGV[1]
+local refused = fence(KEYS[3], ARGV[3])
+if refused then
+  return redis.error_reply(refused)
+end
 local t = redis.call("TIME")
-local deadline = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2])
-local renewed = 0
-for i = 3, #ARGV do
-  local record = redis.call("HGET", leased, ARGV[i])
+local duration = tonumber(ARGV[2])
+local deadline = tonumber(t[1]) + tonumber(t[2]) / 1e6 + duration
+local lost = {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local record = redis.call("HGET", leased, id)
+  local holder
   if record then
-    local _, _, holder = parse_record(record)
-    if holder == worker then
-      renewed = renewed + redis.call("ZADD", leases, "XX", "CH", deadline, ARGV[i])
-    end
+    local _
+    _, _, holder = parse_record(record)
+  end
+  if holder == worker then
+    redis.call("ZADD", leases, "XX", deadline, id)
+  else
+    lost[#lost + 1] = id
+    redis.call("SREM", index, id)
   end
 end
-return renewed
+redis.call("EXPIRE", index, math.ceil(duration * 2 + 60))
+return lost

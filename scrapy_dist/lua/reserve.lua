@@ -10,6 +10,8 @@
 -- KEYS[6] = seeds key
 -- KEYS[7] = sequence counter (ids for seeds, which carry none)
 -- KEYS[8] = crawl stats hash (counters: dead)
+-- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
+-- KEYS[10] = this worker's lease index (set of the lease ids it was granted)
 -- ARGV[1] = source to take from: "q" (request queue) or "s" (seeds)
 -- ARGV[2] = how to take: "rpop" | "lpop" | "zpopmin" | "spop" | "zpopmax"
 -- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
@@ -19,14 +21,21 @@
 -- ARGV[7] = worker id
 -- ARGV[8] = maximum deliveries of one entry
 -- ARGV[9] = maximum expired leases to reclaim in this call
--- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw seed)
--- uses: _leases
+-- ARGV[10] = the crawl epoch this worker joined ("" = unfenced)
+-- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw
+-- seed); an error "EPOCH ..." if the crawl's epoch is not ARGV[10]
+-- uses: _leases, _fence
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, seq, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local source, take, qback, sback = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local count, duration, worker = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local max_deliveries, reclaim_limit = tonumber(ARGV[8]), tonumber(ARGV[9])
+local index = KEYS[10]
+local refused = fence(KEYS[9], ARGV[10])
+if refused then
+  return redis.error_reply(refused)
+end
 
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -86,8 +95,13 @@ for _, pair in ipairs(taken) do
   local times = redis.call("HINCRBY", deliveries, id, 1)
   redis.call("ZADD", leases, now + duration, id)
   redis.call("HSET", leased, id, source .. "|" .. score .. "|" .. worker .. "|" .. entry)
+  redis.call("SADD", index, id)
   result[#result + 1] = id
   result[#result + 1] = times
   result[#result + 1] = entry
+end
+if #result > 0 then
+  -- a dead worker's index goes by itself (its leases expire and are reclaimed)
+  redis.call("EXPIRE", index, math.ceil(duration * 2 + 60))
 end
 return result

@@ -5,27 +5,35 @@
 -- KEYS[1] = leases zset, KEYS[2] = leased hash, KEYS[3] = deliveries hash
 -- KEYS[4] = dead-letter list, KEYS[5] = request queue, KEYS[6] = seeds key
 -- KEYS[7] = crawl stats hash (counters: done, retried, dead)
+-- KEYS[8] = crawl epoch, KEYS[9] = this worker's lease index (set)
 -- ARGV[1] = worker id
 -- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
 -- ARGV[3] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[4] = maximum deliveries of one entry
--- ARGV[5..] = pairs: lease id, outcome; outcome "" = done, "~" = hand back (not
+-- ARGV[5] = the crawl epoch this worker joined ("" = unfenced)
+-- ARGV[6..] = pairs: lease id, outcome; outcome "" = done, "~" = hand back (not
 --             counted as a delivery), anything else = the failure's reason
--- Returns: {done, retried, dead, handed back, not ours}
--- uses: _leases
+-- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." if the
+--          crawl's epoch is not ARGV[5]
+-- uses: _leases, _fence
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, stats = KEYS[5], KEYS[6], KEYS[7]
 local worker, qback, sback = ARGV[1], ARGV[2], ARGV[3]
-local max_deliveries = tonumber(ARGV[4])
+local max_deliveries, index = tonumber(ARGV[4]), KEYS[9]
+local refused = fence(KEYS[8], ARGV[5])
+if refused then
+  return redis.error_reply(refused)
+end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
 local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local id, outcome = ARGV[i], ARGV[i + 1]
   local record = redis.call("HGET", leased, id)
   local origin, score, holder, entry
+  redis.call("SREM", index, id)
   if record then
     origin, score, holder, entry = parse_record(record)
   end
