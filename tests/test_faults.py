@@ -1,0 +1,391 @@
+"""Faults operators meet: Redis refusing writes, a frontier that vanishes, a worker
+paused past its lease, a reply lost across a restart, a large crawl's cleanup.
+
+Crawls run ``scrapy crawl`` worker processes of ``tests/project`` against their own
+redis-server (which the test drives with CONFIG SET, FLUSHDB, RENAME...) and a local
+site. Each asserts that no page is lost, that workers neither exit early nor hang, that
+duplicates stay within the README's bound (``CONCURRENT_REQUESTS + 2 *
+SCHEDULER_PREFETCH`` per worker that failed), and that one log line names the fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+from scrapy import Request
+from scrapy.utils.misc import build_from_crawler
+
+from scrapy_dist.frontier import DONE
+from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.site import TestSite
+from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.testing.workers import Worker
+
+PROJECT = Path(__file__).parent / "project"
+CONCURRENCY = 4
+PREFETCH = 1
+#: The README's bound on pages crawled twice per worker that died or was paused.
+BOUND = CONCURRENCY + 2 * PREFETCH
+FAST = {
+    "CONCURRENT_REQUESTS": CONCURRENCY,
+    "SCHEDULER_PREFETCH": PREFETCH,
+    "SCHEDULER_LEASE_TIMEOUT": 5,
+    "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+    "SCHEDULER_WORKER_TIMEOUT": 2,
+    "SCHEDULER_MAX_DELIVERIES": 3,
+    "CLOSE_WHEN_CRAWL_DONE": True,
+    "CRAWL_DONE_GRACE": 1,
+    "SCHEDULER_PERSIST": False,
+}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    with RedisServer(directory=tmp_path / "redis", appendonly=True) as s:
+        yield s
+
+
+class Crawl:
+    """Workers of one crawl of ``site``; all stopped at teardown."""
+
+    def __init__(self, server: RedisServer, site: TestSite, log_dir: Path) -> None:
+        self.server = server
+        self.site = site
+        self.log_dir = log_dir
+        self.workers: list[Worker] = []
+        self.client = server.client()
+
+    def start(self, count: int, **settings: Any) -> list[Worker]:
+        started = start_workers(
+            count,
+            project_dir=PROJECT,
+            spider="pages",
+            log_dir=self.log_dir,
+            settings={"REDIS_URL": self.server.url, **FAST, **settings},
+            stats_setting=None,
+            first_index=len(self.workers),
+        )
+        self.workers += started
+        return started
+
+    def seed(self) -> None:
+        self.client.lpush("pages:start_urls", self.site.page_url(0))
+
+    def wait(self, timeout: float = 90) -> list[int]:
+        try:
+            return wait_workers(self.workers, timeout)
+        except TimeoutError:
+            pytest.fail("workers did not finish:\n" + self.logs())
+
+    def logs(self) -> str:
+        return "\n".join(f"--- worker {w.index}\n{w.log_tail(40)}" for w in self.workers)
+
+    def full_logs(self) -> str:
+        return "\n".join(w.log_file.read_text(errors="replace") for w in self.workers)
+
+    def hit_when(self, fetched: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(self.site.hits().values()) < fetched:
+            if time.monotonic() > deadline:
+                pytest.fail(f"fewer than {fetched} pages fetched in {timeout}s:\n" + self.logs())
+            time.sleep(0.02)
+
+    def missing(self) -> set[str]:
+        return self.site.expected_paths() - set(self.site.hits())
+
+    def close(self) -> None:
+        stop_workers(self.workers)
+        self.client.close()
+
+
+@contextlib.contextmanager
+def make_crawl(
+    server: RedisServer, tmp_path: Path, pages: int, delay: float
+) -> Iterator[Crawl]:
+    with TestSite(pages=pages, delay=delay) as site:
+        crawl = Crawl(server, site, tmp_path)
+        try:
+            yield crawl
+        finally:
+            crawl.close()
+
+
+@pytest.fixture
+def crawl(server: RedisServer, tmp_path: Path) -> Iterator[Crawl]:
+    with make_crawl(server, tmp_path, pages=1000, delay=0.01) as c:
+        yield c
+
+
+def duplicates(hits: dict[str, int]) -> int:
+    return sum(n - 1 for n in hits.values() if n > 1)
+
+
+def assert_all_once(crawl: Crawl, allowed: int = 0) -> None:
+    missing = crawl.missing()
+    assert not missing, f"{len(missing)} pages lost, e.g. {sorted(missing)[:5]}\n{crawl.logs()}"
+    assert duplicates(crawl.site.hits()) <= allowed, (duplicates(crawl.site.hits()), allowed)
+
+
+# -- 1. refusals are outages --------------------------------------------------------
+
+
+def _refuse_oom(client: redis.Redis) -> Callable[[], None]:
+    client.config_set("maxmemory", 1)  # noeviction (the default): every write refused
+    return lambda: client.config_set("maxmemory", 0)
+
+
+def _refuse_noreplicas(client: redis.Redis) -> Callable[[], None]:
+    client.config_set("min-replicas-to-write", 1)  # no replica: writes get NOREPLICAS
+    return lambda: client.config_set("min-replicas-to-write", 0)
+
+
+def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], None]:
+    # an operator's mistake: the queue key briefly holds a string
+    pipe = client.pipeline(transaction=True)
+    pipe.rename("pages:requests", "pages:requests:saved")
+    pipe.set("pages:requests", "oops")
+    pipe.execute()
+
+    def restore() -> None:
+        pipe = client.pipeline(transaction=True)
+        pipe.delete("pages:requests")
+        pipe.rename("pages:requests:saved", "pages:requests")
+        pipe.execute()
+
+    return restore
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("fault", "logged"),
+    [
+        (_refuse_oom, "refuses writes (OOM"),
+        (_refuse_noreplicas, "refuses writes (NOREPLICAS"),
+        (_queue_of_wrong_type, "refuses writes (WRONGTYPE"),
+    ],
+    ids=["oom", "noreplicas", "wrongtype"],
+)
+def test_a_refusing_redis_is_an_outage_not_a_verdict(
+    crawl: Crawl, fault: Callable[[redis.Redis], Callable[[], None]], logged: str
+) -> None:
+    crawl.start(2, SCHEDULER_LEASE_TIMEOUT=30)  # renewals are refused too
+    crawl.seed()
+    crawl.hit_when(150)
+    restore = fault(crawl.client)
+    try:
+        time.sleep(5)
+        assert all(w.returncode is None for w in crawl.workers), crawl.logs()
+        # the timers survived: both workers still send heartbeats
+        beats = {k: float(v) for k, v in crawl.client.hgetall("pages:workers").items()}
+        assert len(beats) == 2
+    finally:
+        restore()
+    assert crawl.wait() == [0, 0], crawl.logs()
+    # the outage outlives no lease: nothing is crawled twice
+    assert_all_once(crawl)
+    logs = crawl.full_logs()
+    assert logged in logs, crawl.logs()
+    assert "accepts writes again" in logs
+    assert "crawl_finished" in logs
+
+
+# -- 2. a frontier that can vanish is watched ---------------------------------------
+
+
+@pytest.mark.e2e
+def test_an_evicting_redis_is_refused_at_start(tmp_path: Path) -> None:
+    with (
+        RedisServer(directory=tmp_path / "redis", extra_args=["--maxmemory-policy", "allkeys-lru"])
+        as server,
+        TestSite(pages=20) as site,
+    ):
+        crawl = Crawl(server, site, tmp_path)
+        try:
+            crawl.start(1)
+            crawl.seed()
+            [code] = crawl.wait(60)
+            assert code != 0
+            assert "maxmemory-policy allkeys-lru" in crawl.full_logs()
+            assert not site.hits()
+            # an operator who knows better says so
+            crawl.start(1, REDIS_EVICTION_POLICY_CHECK="warn")
+            crawl.seed()
+            assert crawl.wait(60)[1] == 0, crawl.logs()
+            assert not crawl.missing()
+        finally:
+            crawl.close()
+
+
+@pytest.mark.e2e
+def test_a_flushed_frontier_stops_the_workers_rather_than_finish(crawl: Crawl) -> None:
+    crawl.start(2)
+    crawl.seed()
+    crawl.hit_when(150)
+    crawl.client.flushdb()
+    codes = crawl.wait()
+    assert codes == [3, 3], crawl.logs()
+    logs = crawl.full_logs()
+    assert "The frontier of crawl pages vanished" in logs
+    assert "frontier_lost" in logs
+    assert "crawl_finished" not in logs
+    # what the flush lost is recovered by crawling again: nothing is lost for good
+    crawl.site.reset_hits()
+    crawl.start(2)
+    crawl.seed()
+    assert crawl.wait()[2:] == [0, 0], crawl.logs()
+    assert_all_once(crawl)
+
+
+# -- 3 and 6. fenced writes; the duplicate bound --------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_worker_paused_past_the_end_of_the_crawl_writes_nothing_into_it(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    with make_crawl(server, tmp_path, pages=500, delay=0.005) as crawl:
+        paused, other = crawl.start(2)
+        crawl.seed()
+        crawl.hit_when(60)
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            # the other worker takes the paused one's leases back and finishes alone
+            assert other.process.wait(60) == 0, crawl.logs()
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        assert paused.process.wait(30) == 0, crawl.logs()
+        assert_all_once(crawl, allowed=BOUND)
+        # nothing was written into the finished crawl, which stays deleted
+        assert crawl.client.exists("pages:requests", "pages:dupefilter", "pages:epoch") == 0
+        assert "finished without this worker" in crawl.full_logs() or (
+            "is finished" in paused.log_file.read_text()
+        )
+
+
+@pytest.mark.e2e
+def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    with make_crawl(server, tmp_path, pages=1500, delay=0.03) as crawl:
+        paused, _ = crawl.start(2)
+        crawl.seed()
+        crawl.hit_when(150)
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            time.sleep(8)  # past the 5 s lease: its requests are crawled by the other
+            assert crawl.missing(), "the crawl ended while the worker was paused"
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        assert crawl.wait() == [0, 0], crawl.logs()
+        assert_all_once(crawl, allowed=BOUND)
+        assert "were taken back" in paused.log_file.read_text(), crawl.logs()
+
+
+# -- 4 and 5. hand-back, the per-worker lease index, UNLINK ---------------------------
+
+UNIT = {
+    "SCHEDULER_LEASE_TIMEOUT": 60,
+    "SCHEDULER_HEARTBEAT_INTERVAL": 5,
+    "SCHEDULER_WORKER_TIMEOUT": 30,
+    "SCHEDULER_FLUSH_INTERVAL": 0.1,
+    "SCHEDULER_PREFETCH": 1,
+}
+
+
+def _scheduler(make_crawler: Callable[..., Crawler], **settings: Any) -> Scheduler:
+    crawler = make_crawler({**UNIT, **settings})
+    scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
+    held: set[Request] = set()
+    scheduler.in_flight = lambda: held
+    scheduler.open(crawler.spider)
+    scheduler._ticker.stop()
+    return scheduler
+
+
+def test_a_lost_reply_hands_back_only_leases_the_worker_does_not_hold(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    scheduler = _scheduler(make_crawler)
+    frontier = scheduler.frontier
+    frontier.eager = False
+    for i in range(3):
+        scheduler.enqueue_request(Request(f"https://example.com/{i}"))
+    frontier.flush()
+    done, unknown = frontier.reserve(2)
+    frontier.settle([(done.id, DONE)])  # crawled: its ack waits in the outbox
+    frontier._reply_lost = True  # the reply bringing ``unknown`` was lost
+    frontier.held = list  # nothing in the buffer or the engine
+    frontier.flush()
+    # the waiting ack was sent, not handed back: that page is not crawled twice
+    assert frontier.totals() == {"done": 1}
+    assert client.zcard(frontier.keys.leases) == 0
+    assert len(scheduler.queue) == 2  # the third request, and ``unknown`` handed back
+    assert frontier.stats.get_value("scheduler/leases/released_unknown") == 1
+
+
+def test_release_reads_only_this_workers_leases(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    busy = _scheduler(make_crawler, SCHEDULER_PREFETCH=5000, CONCURRENT_REQUESTS=10000)
+    queue = busy.queue
+    queue.push([(b'{"url": "https://example.com/%d"}' % i, 0.0, b"") for i in range(20000)])
+    for _ in range(4):
+        assert len(busy.frontier.reserve(5000)) == 5000
+    idle = _scheduler(make_crawler)
+    idle.frontier._reply_lost = True
+    client.config_set("slowlog-log-slower-than", 10000)  # 10 ms
+    client.slowlog_reset()
+    try:
+        idle.frontier.flush(reserve=1)
+        slow = [e for e in client.slowlog_get(10) if b"EVALSHA" in e["command"]]
+    finally:
+        client.config_set("slowlog-log-slower-than", 10000)
+    assert not slow, slow
+    assert client.zcard(busy.frontier.keys.leases) == 20000  # none of the busy one's
+
+
+def test_a_finished_crawl_unlinks_its_keys(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    scheduler = _scheduler(make_crawler)
+    scheduler.enqueue_request(Request("https://example.com/"))
+    scheduler.frontier.flush()
+    request = scheduler.next_request()
+    assert request is not None
+    scheduler._settle()
+    scheduler.frontier.flush()
+    before = client.info("commandstats")
+    assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
+    after = client.info("commandstats")
+    assert after.get("cmdstat_unlink", {}).get("calls", 0) > before.get(
+        "cmdstat_unlink", {}
+    ).get("calls", 0)
+    assert after.get("cmdstat_del", {}).get("calls", 0) == before.get("cmdstat_del", {}).get(
+        "calls", 0
+    )
+    assert client.exists(scheduler.df.backend.key) == 0
+
+
+def test_the_timer_survives_any_redis_error(make_crawler: Callable[..., Crawler]) -> None:
+    scheduler = _scheduler(make_crawler)
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise redis.ResponseError("ERR something unexpected")
+
+    scheduler.frontier.flush = broken  # type: ignore[method-assign]
+    scheduler._tick()  # logged and counted, not raised (a LoopingCall would stop)
+    assert scheduler.stats.get_value("scheduler/timer/errors") == 1
