@@ -280,8 +280,11 @@ def test_a_worker_paused_past_the_end_of_the_crawl_writes_nothing_into_it(
 def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
     server: RedisServer, tmp_path: Path
 ) -> None:
-    with make_crawl(server, tmp_path, pages=1500, delay=0.03) as crawl:
-        paused, _ = crawl.start(2)
+    # a slow item pipeline keeps responses waiting in Scrapy's scraper: they are held
+    # too, and count in the bound
+    slow = {"ITEM_PIPELINES": '{"testproject.pipelines.SlowPipeline": 100}'}
+    with make_crawl(server, tmp_path, pages=800, delay=0.02) as crawl:
+        paused, _ = crawl.start(2, **slow)
         crawl.seed()
         crawl.hit_when(150)
         os.kill(paused.pid, signal.SIGSTOP)
