@@ -503,7 +503,8 @@ class Scheduler(BaseScheduler):
         return time.monotonic() - self._last_work < self.idle_before_close
 
     def __len__(self) -> int:
-        return len(self._buffer) + len(self.queue)
+        size = self.frontier.call(lambda: len(self.queue))
+        return len(self._buffer) + (size or 0)
 
     # -- leases ---------------------------------------------------------------------
 

@@ -113,9 +113,7 @@ class Crawl:
 
 
 @contextlib.contextmanager
-def make_crawl(
-    server: RedisServer, tmp_path: Path, pages: int, delay: float
-) -> Iterator[Crawl]:
+def make_crawl(server: RedisServer, tmp_path: Path, pages: int, delay: float) -> Iterator[Crawl]:
     with TestSite(pages=pages, delay=delay) as site:
         crawl = Crawl(server, site, tmp_path)
         try:
@@ -209,8 +207,9 @@ def test_a_refusing_redis_is_an_outage_not_a_verdict(
 @pytest.mark.e2e
 def test_an_evicting_redis_is_refused_at_start(tmp_path: Path) -> None:
     with (
-        RedisServer(directory=tmp_path / "redis", extra_args=["--maxmemory-policy", "allkeys-lru"])
-        as server,
+        RedisServer(
+            directory=tmp_path / "redis", extra_args=["--maxmemory-policy", "allkeys-lru"]
+        ) as server,
         TestSite(pages=20) as site,
     ):
         crawl = Crawl(server, site, tmp_path)
@@ -300,6 +299,20 @@ def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
 
 # -- 4 and 5. hand-back, the per-worker lease index, UNLINK ---------------------------
 
+
+@pytest.mark.e2e
+def test_a_clean_redis_restart_crawls_nothing_twice(crawl: Crawl, server: RedisServer) -> None:
+    # leases outlive the restart (AOF, 60 s): acks waiting in the outbox stay this
+    # worker's, and only leases granted by a call whose reply was lost are handed back
+    crawl.start(2, SCHEDULER_LEASE_TIMEOUT=60, SCHEDULER_FLUSH_INTERVAL=0.5)
+    crawl.seed()
+    for fetched in (150, 400):
+        crawl.hit_when(fetched)
+        server.restart()
+    assert crawl.wait() == [0, 0], crawl.logs()
+    assert_all_once(crawl)
+    assert "unreachable" in crawl.full_logs()
+
 UNIT = {
     "SCHEDULER_LEASE_TIMEOUT": 60,
     "SCHEDULER_HEARTBEAT_INTERVAL": 5,
@@ -328,15 +341,15 @@ def test_a_lost_reply_hands_back_only_leases_the_worker_does_not_hold(
     for i in range(3):
         scheduler.enqueue_request(Request(f"https://example.com/{i}"))
     frontier.flush()
-    done, unknown = frontier.reserve(2)
+    done, _ = frontier.reserve(2)  # the second one: its reply is lost below
     frontier.settle([(done.id, DONE)])  # crawled: its ack waits in the outbox
-    frontier._reply_lost = True  # the reply bringing ``unknown`` was lost
+    frontier._reply_lost = True  # the reply bringing the second one was lost
     frontier.held = list  # nothing in the buffer or the engine
     frontier.flush()
     # the waiting ack was sent, not handed back: that page is not crawled twice
     assert frontier.totals() == {"done": 1}
     assert client.zcard(frontier.keys.leases) == 0
-    assert len(scheduler.queue) == 2  # the third request, and ``unknown`` handed back
+    assert len(scheduler.queue) == 2  # the third request, and the second one handed back
     assert frontier.stats.get_value("scheduler/leases/released_unknown") == 1
 
 
@@ -374,9 +387,9 @@ def test_a_finished_crawl_unlinks_its_keys(
     before = client.info("commandstats")
     assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
     after = client.info("commandstats")
-    assert after.get("cmdstat_unlink", {}).get("calls", 0) > before.get(
-        "cmdstat_unlink", {}
-    ).get("calls", 0)
+    assert after.get("cmdstat_unlink", {}).get("calls", 0) > before.get("cmdstat_unlink", {}).get(
+        "calls", 0
+    )
     assert after.get("cmdstat_del", {}).get("calls", 0) == before.get("cmdstat_del", {}).get(
         "calls", 0
     )
