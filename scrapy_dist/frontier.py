@@ -411,22 +411,14 @@ class Frontier:
         """This worker's lease index key."""
         return self.keys.held(self.worker_id)
 
-    def open(self) -> None:
-        """Check that Redis will not evict the frontier, and join the crawl's epoch
-        (creating it for the crawl's first worker).
+    def check_eviction_policy(self, expiring: Sequence[str] = ()) -> None:
+        """Refuse (or warn about) a ``maxmemory-policy`` that may delete frontier keys:
+        ``allkeys-*``, or ``volatile-*`` when some of them expire (``expiring``, e.g.
+        a dupefilter with ``DUPEFILTER_TTL``).
 
         Raises:
-            ConfigurationError: the eviction policy may delete frontier keys and
+            ConfigurationError: the policy may delete frontier keys and
                 ``REDIS_EVICTION_POLICY_CHECK`` is ``"refuse"``.
-        """
-        self.check_eviction_policy()
-        self.join_epoch()
-
-    def check_eviction_policy(self) -> None:
-        """Refuse (or warn about) a ``maxmemory-policy`` that may delete frontier keys.
-
-        Raises:
-            ConfigurationError: see :meth:`open`.
         """
         if self.eviction_check == "off":
             return
@@ -441,13 +433,17 @@ class Frontier:
             return
         policy = next(iter(reply.values()), "")
         policy = policy.decode() if isinstance(policy, bytes) else str(policy)
-        if not policy.startswith(EVICTING):
+        if policy.startswith(EVICTING):
+            what = "frontier keys (queue, leases, dupefilter)"
+        elif policy.startswith("volatile-") and expiring:
+            what = f"the keys with an expiry ({', '.join(expiring)})"
+        else:
             return
         message = (
             f"Redis at {describe(self.client)} has maxmemory-policy {policy}: at maxmemory "
-            f"it evicts frontier keys (queue, leases, dupefilter) and requests are lost. "
-            f"Set it to noeviction (a full server then refuses writes and the crawl waits), "
-            f"or set REDIS_EVICTION_POLICY_CHECK = 'warn' to run anyway"
+            f"it evicts {what} and requests are lost or crawled again. Set it to "
+            f"noeviction (a full server then refuses writes and the crawl waits), or set "
+            f"REDIS_EVICTION_POLICY_CHECK = 'warn' to run anyway"
         )
         if self.eviction_check == "refuse":
             raise ConfigurationError(message)

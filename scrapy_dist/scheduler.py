@@ -276,7 +276,9 @@ class Scheduler(BaseScheduler):
         self._codec = RequestCodec(self.serializer, spider)
         check(self.queue.client)
         self.queue.check_type()
-        self.frontier.check_eviction_policy()
+        ttl = getattr(getattr(self._shared_df, "backend", None), "ttl", None)
+        expiring = self._shared_df.backend.keys() if ttl and self._shared_df else []
+        self.frontier.check_eviction_policy(expiring)
         if self._shared_df is None:
             logger.warning(
                 "DUPEFILTER_CLASS %(cls)s is not Redis-backed: each worker filters only "

@@ -22,6 +22,7 @@ import redis
 from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
+from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier import DONE
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing.redis_server import RedisServer
@@ -405,3 +406,16 @@ def test_the_timer_survives_any_redis_error(make_crawler: Callable[..., Crawler]
     scheduler.frontier.flush = broken  # type: ignore[method-assign]
     scheduler._tick()  # logged and counted, not raised (a LoopingCall would stop)
     assert scheduler.stats.get_value("scheduler/timer/errors") == 1
+
+
+def test_a_volatile_policy_is_refused_only_when_frontier_keys_expire(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    client.config_set("maxmemory-policy", "volatile-lru")
+    try:
+        _scheduler(make_crawler)  # no frontier key has an expiry: nothing to evict
+        with pytest.raises(ConfigurationError, match="volatile-lru"):
+            _scheduler(make_crawler, DUPEFILTER_TTL=3600)
+        _scheduler(make_crawler, DUPEFILTER_TTL=3600, REDIS_EVICTION_POLICY_CHECK="warn")
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
