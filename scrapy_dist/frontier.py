@@ -93,10 +93,12 @@ def refusal(error: BaseException) -> str | None:
     if type(error).__name__ == "OutOfMemoryError":  # redis-py >= 5.0.1
         return "OOM"
     if isinstance(error, redis.exceptions.ResponseError):
-        code = str(error).split(" ", 1)[0]
+        # a pipeline's error reads "Command # 1 (...) of pipeline caused error: BUSY ..."
+        message = str(error).rsplit("caused error: ", 1)[-1]
+        code = message.split(" ", 1)[0]
         if code in REFUSALS:
             return code
-        if "used memory > 'maxmemory'" in str(error):
+        if "used memory > 'maxmemory'" in message:
             return "OOM"
     return None
 
@@ -296,7 +298,7 @@ class Frontier:
         when it starts, then a growing pause before the next try."""
         self._loaded = False  # a restarted server has lost its script cache
         now = time.monotonic()
-        code = refusal(error) or ""
+        code = refusal(error) or ("" if isinstance(error, UNREACHABLE) else "ERR")
         if self._down_since is None:
             self._down_since = now
             self._backoff = BACKOFF_MIN
@@ -597,9 +599,7 @@ class Frontier:
         self._items, self._replies, self._ready = [], [], []
         try:
             answers = self._send(calls)
-        except (*UNREACHABLE, redis.exceptions.ResponseError) as e:
-            if not isinstance(e, UNREACHABLE) and refusal(e) is None:
-                raise
+        except redis.RedisError as e:  # whatever it is, the work stays in the outbox
             self._items, self._replies = items + self._items, replies + self._replies
             self._ready = ready + self._ready
             self._reply_lost = self._reply_lost or (reserve > 0 and isinstance(e, UNREACHABLE))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,6 +153,30 @@ def _refuse_noreplicas(client: redis.Redis) -> Callable[[], None]:
     return lambda: client.config_set("min-replicas-to-write", 0)
 
 
+def _replica(client: redis.Redis) -> Callable[[], None]:
+    client.replicaof("127.0.0.1", "1")  # a demoted master: writes get READONLY
+    return lambda: client.replicaof("NO", "ONE")
+
+
+def _busy_script(client: redis.Redis) -> Callable[[], None]:
+    # another client's script runs too long: every other call gets BUSY
+    client.config_set("busy-reply-threshold", 100)
+    hog = redis.Redis(connection_pool=client.connection_pool)
+
+    def run() -> None:
+        with contextlib.suppress(redis.RedisError):
+            hog.eval("while true do end", 0)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def restore() -> None:
+        client.script_kill()
+        thread.join()
+
+    return restore
+
+
 def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], None]:
     # an operator's mistake: the queue key briefly holds a string
     pipe = client.pipeline(transaction=True)
@@ -174,9 +199,11 @@ def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], None]:
     [
         (_refuse_oom, "refuses writes (OOM"),
         (_refuse_noreplicas, "refuses writes (NOREPLICAS"),
+        (_replica, "refuses writes (READONLY"),
+        (_busy_script, "refuses writes (BUSY"),
         (_queue_of_wrong_type, "refuses writes (WRONGTYPE"),
     ],
-    ids=["oom", "noreplicas", "wrongtype"],
+    ids=["oom", "noreplicas", "readonly", "busy", "wrongtype"],
 )
 def test_a_refusing_redis_is_an_outage_not_a_verdict(
     crawl: Crawl, fault: Callable[[redis.Redis], Callable[[], None]], logged: str
@@ -188,11 +215,18 @@ def test_a_refusing_redis_is_an_outage_not_a_verdict(
     try:
         time.sleep(5)
         assert all(w.returncode is None for w in crawl.workers), crawl.logs()
-        # the timers survived: both workers still send heartbeats
-        beats = {k: float(v) for k, v in crawl.client.hgetall("pages:workers").items()}
-        assert len(beats) == 2
     finally:
         restore()
+    # the timers survived the errors: both workers send heartbeats again (after their
+    # backoff pause, at most 4 s after an outage of 5 s)
+    deadline = time.monotonic() + 10
+    while True:
+        now = float(crawl.client.time()[0])
+        beats = [float(v) for v in crawl.client.hgetall("pages:workers").values()]
+        if len(beats) == 2 and min(beats) > now - 1:
+            break
+        assert time.monotonic() < deadline, f"stale heartbeats {beats} at {now}\n{crawl.logs()}"
+        time.sleep(0.2)
     assert crawl.wait() == [0, 0], crawl.logs()
     # the outage outlives no lease: nothing is crawled twice
     assert_all_once(crawl)
@@ -313,6 +347,7 @@ def test_a_clean_redis_restart_crawls_nothing_twice(crawl: Crawl, server: RedisS
     assert crawl.wait() == [0, 0], crawl.logs()
     assert_all_once(crawl)
     assert "unreachable" in crawl.full_logs()
+
 
 UNIT = {
     "SCHEDULER_LEASE_TIMEOUT": 60,
