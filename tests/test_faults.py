@@ -454,3 +454,26 @@ def test_a_volatile_policy_is_refused_only_when_frontier_keys_expire(
         _scheduler(make_crawler, DUPEFILTER_TTL=3600, REDIS_EVICTION_POLICY_CHECK="warn")
     finally:
         client.config_set("maxmemory-policy", "noeviction")
+
+
+def test_a_full_bloom_filter_dead_letters_the_children_and_fails_the_parent(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    scheduler = _scheduler(
+        make_crawler, DUPEFILTER_BACKEND="bitmap", BLOOM_CAPACITY=100, BLOOM_ON_FULL="refuse"
+    )
+    frontier = scheduler.frontier
+    scheduler.enqueue_request(Request("https://example.com/parent"))
+    frontier.flush()
+    parent = scheduler.next_request()
+    assert parent is not None
+    for i in range(150):  # more new fingerprints than the filter may take
+        scheduler.enqueue_request(Request(f"https://example.com/child/{i}"))
+    scheduler._settle()  # the parent is done: its ack waits behind its children
+    frontier.flush()  # refused for good: the children are dead-lettered
+    frontier.flush()  # and the parent settled as failed (returned for another try)
+    records = client.lrange(frontier.keys.dead, 0, -1)
+    assert len(records) == 150
+    assert b"DUPEFILTER_FULL" in records[0] or b"refuse" in records[0]
+    assert frontier.totals() == {"retried": 1}
+    assert frontier.stats.get_value("scheduler/redis/refused_requests") == 150
