@@ -13,7 +13,7 @@ acknowledged, returned for another try with the failure's reason, or handed back
 untouched at shutdown. Leases whose worker died expire and return to the queue with
 their delivery count; past ``SCHEDULER_MAX_DELIVERIES`` they go to the dead-letter list.
 
-Faults (see the README, "When Redis fails"): a server that refuses writes for now (OOM,
+Faults (see the README, "Delivery guarantee"): a server that refuses writes for now (OOM,
 NOREPLICAS, READONLY, LOADING, BUSY, MASTERDOWN, TRYAGAIN, a key of the wrong type) is
 an outage like an unreachable one: the work stays in the outbox. Every frontier script
 carries the crawl's epoch (``<crawl>:epoch``, ``lua/_fence.lua``): a crawl that finished,
