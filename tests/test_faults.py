@@ -126,7 +126,7 @@ def make_crawl(server: RedisServer, tmp_path: Path, pages: int, delay: float) ->
 
 @pytest.fixture
 def crawl(server: RedisServer, tmp_path: Path) -> Iterator[Crawl]:
-    with make_crawl(server, tmp_path, pages=1000, delay=0.01) as c:
+    with make_crawl(server, tmp_path, pages=600, delay=0.01) as c:
         yield c
 
 
