@@ -270,7 +270,8 @@ def test_a_seed_keeps_its_id_across_deliveries_until_the_limit(
     time.sleep(0.7)
     assert f.reserve(1, seeds=True) == []  # delivered twice: dead-lettered, not read again
     [record] = dead_letters(client, f)
-    assert (record["kind"], record["data"], record["deliveries"]) == ("seed", "https://e.com/slow", 2)
+    assert (record["kind"], record["deliveries"]) == ("seed", 2)
+    assert record["data"] == "https://e.com/slow"
     assert client.hlen(f.keys.deliveries) == 0
 
 
