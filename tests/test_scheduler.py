@@ -126,6 +126,9 @@ def test_undecodable_entry_goes_to_dead_letters(
     assert [r.url for r in drain(scheduler)] == [URL + "ok"]
     assert scheduler.stats.get_value("scheduler/undecodable") == 1
     assert client.llen(scheduler.dead.key) == 1
+    # dead-lettered in the step that settles its lease: counted as dead, not done
+    assert client.zcard(scheduler.frontier.keys.leases) == 0
+    assert scheduler.frontier.totals().get("dead") == 1
 
 
 def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
