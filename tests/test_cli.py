@@ -31,7 +31,7 @@ from scrapy_dist.serializers import JsonSerializer
 from scrapy_dist.stats import decode_stats
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.site import TestSite, links
-from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
+from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -463,6 +463,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
 
     try:
         first = start(2, fail_on=f"/page/{POISON}")
+        wait_ready(first, 60, marker="joined crawl")  # both in the registry before it starts
         pushed = cli(
             "push", "pages", site.page_url(0), "--job", name, "--redis-url", redis_url, cwd=PROJECT
         )
