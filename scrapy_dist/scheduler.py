@@ -304,9 +304,11 @@ class Scheduler(BaseScheduler):
         """If the seeds key is empty, name keys with a similar name that hold seeds (one
         ``SCAN`` of at most :data:`~scrapy_dist.seeds.HINT_SCAN_COUNT` keys, at open only)."""
         seeds = self.frontier.seeds
-        if len(seeds):
+        try:
+            similar = [] if len(seeds) else similar_seed_keys(self.queue.client, seeds.key)
+        except redis.RedisError as e:  # e.g. an ACL user without SCAN: only a hint lost
+            logger.debug("No seeds key hint: %(error)s", {"error": e})
             return
-        similar = similar_seed_keys(self.queue.client, seeds.key)
         if similar:
             logger.warning(
                 "Seeds key %(key)s is empty, but %(similar)s exist(s): were seeds pushed to "
