@@ -240,6 +240,20 @@ def test_wrong_key_type_is_named(
     assert "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue'" in err
 
 
+def test_status_judges_a_new_run_on_its_own_work(
+    redis_url: str, client: redis.Redis, name: str, run: Any
+) -> None:
+    """A worker that joins a finished crawl starts a new run (``run_base`` = settlements
+    so far): until the run settles something, the crawl is waiting, not idle."""
+    client.hset(f"{name}:progress", mapping={"done": 5, "dead": 1, "run_base": 6})
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
+    assert code == 0
+    assert json.loads(out)["state"] == "waiting"
+    client.hincrby(f"{name}:progress", "done", 1)
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
+    assert json.loads(out)["state"] == "idle"
+
+
 def test_status_reads_a_bloom_filter_with_its_own_size(
     run: Any, redis_url: str, client: redis.Redis, name: str
 ) -> None:
