@@ -33,7 +33,7 @@ from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
 from scrapy_dist.seeds import similar_seed_keys
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
 from scrapy_dist.startup import fail_start, start_failure
-from scrapy_dist.workers import WorkerRegistry
+from scrapy_dist.workers import WorkerRegistry, crawl_started
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -195,6 +195,7 @@ class Scheduler(BaseScheduler):
                 timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
                 frontier=frontier.clear_keys,
                 progress=frontier.keys.progress,
+                started=crawl_started(),
             ),
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,
