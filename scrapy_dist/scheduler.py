@@ -29,20 +29,22 @@ from typing import TYPE_CHECKING, Any
 import redis
 from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import CloseSpider
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
-from twisted.internet.task import LoopingCall
 
 from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.exceptions import ConfigurationError, SerializationError
-from scrapy_dist.frontier import DONE, FINISHED, HAND_BACK, Frontier, Lease
+from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
+from scrapy_dist.frontier import DEAD_NOW, DONE, FINISHED, HAND_BACK, Frontier, Lease
+from scrapy_dist.seeds import similar_seed_keys
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
-from scrapy_dist.workers import WorkerRegistry
+from scrapy_dist.startup import fail_start, start_failure
+from scrapy_dist.workers import WorkerRegistry, crawl_started
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
+    from twisted.internet.task import LoopingCall
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
@@ -125,9 +128,10 @@ class Scheduler(BaseScheduler):
         heartbeat_interval: seconds between heartbeats and lease renewals.
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
+        crawler: the crawler, to report a failed start to (see
+            :mod:`scrapy_dist.startup`); without one, :meth:`open` raises instead.
         max_held: leases this worker may hold at once (buffered, in the engine, or
             settled and not yet sent); default ``2 * prefetch`` more than it buffers.
-        close_spider: closes the spider with a reason (when the crawl is gone).
         close_when_done: exit, rather than rejoin, when the crawl finished without
             this worker (``CLOSE_WHEN_CRAWL_DONE``).
         fault_exit_code: exit status of a worker closed with ``frontier_lost``.
@@ -149,8 +153,8 @@ class Scheduler(BaseScheduler):
         prefetch: int = 1,
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
+        crawler: Crawler | None = None,
         max_held: int | None = None,
-        close_spider: Callable[[str], None] | None = None,
         close_when_done: bool = False,
         fault_exit_code: int = 0,
     ) -> None:
@@ -206,8 +210,12 @@ class Scheduler(BaseScheduler):
         self._empty_since: float | None = None
         self._last_empty = 0.0
         self._logunser = True
+        self.crawler = crawler
+        #: Runs the ticks; created at open (creating it imports the reactor).
+        self._ticker: LoopingCall | None = None
+        #: Whether open joined the crawl (a failed start did not).
+        self._joined = False
         self.max_held = max_held if max_held is not None else 3 * prefetch
-        self.close_spider = close_spider
         self.close_when_done = close_when_done
         self.fault_exit_code = fault_exit_code
         #: When this worker last renewed its leases (monotonic seconds).
@@ -217,7 +225,6 @@ class Scheduler(BaseScheduler):
         #: The error the timer last logged (each kind is logged once in a row).
         self._tick_error = ""
         self._closing = False
-        self._ticker = LoopingCall(self._tick)
         frontier.held = self._held
         frontier.on_lost.append(self._crawl_lost)
 
@@ -244,6 +251,8 @@ class Scheduler(BaseScheduler):
                 frontier.worker_id,
                 timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
                 frontier=frontier.clear_keys,
+                progress=frontier.keys.progress,
+                started=crawl_started(),
             ),
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,
@@ -254,31 +263,64 @@ class Scheduler(BaseScheduler):
             prefetch=prefetch,
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
-            close_spider=lambda reason: close_spider(crawler, reason),
+            crawler=crawler,
             close_when_done=settings.getbool("CLOSE_WHEN_CRAWL_DONE"),
             fault_exit_code=settings.getint("SCHEDULER_FAULT_EXIT_CODE"),
             max_held=settings.getint("CONCURRENT_REQUESTS") + 2 * prefetch,
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
+        crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
         return scheduler
 
     # -- Scrapy's scheduler interface ----------------------------------------------
 
     def open(self, spider: Spider) -> None:
-        """Check Redis, join the crawl's worker registry and start heartbeats.
+        """Check Redis and the crawl's keys, join the crawl's worker registry and start
+        heartbeats.
+
+        A start-up failure (Redis unreachable or refusing the credentials, a key of the
+        wrong type) is reported through :func:`scrapy_dist.startup.fail_start`: one
+        ERROR line, then the spider closes at once and ``scrapy crawl`` exits 1.
 
         Raises:
-            RedisUnavailable: Redis cannot be reached.
-            ConfigurationError: the queue key holds a type this queue cannot use, or
-                Redis may evict frontier keys (``REDIS_EVICTION_POLICY_CHECK``).
+            RedisUnavailable: Redis cannot be reached (only without a crawler).
+            ConfigurationError: a key holds a type this crawl cannot use, or Redis may
+                evict frontier keys (``REDIS_EVICTION_POLICY_CHECK``) (only without a
+                crawler).
         """
         self.spider = spider
         self._codec = RequestCodec(self.serializer, spider)
+        if start_failure(self.crawler) is not None:
+            return  # the spider's set-up failed and said why
+        try:
+            self._join(spider)
+        except (ScrapyDistError, redis.RedisError) as e:
+            if self.crawler is None:
+                raise
+            reason = "configuration_error" if isinstance(e, ConfigurationError) else (
+                "redis_unavailable"
+            )
+            message = str(e) if isinstance(e, ScrapyDistError) else (
+                f"Redis at {describe(self.queue.client)} refused to open crawl "
+                f"{self.frontier.keys.crawl}: {e}"
+            )
+            fail_start(self.crawler, reason, f"Cannot start: {message}", spider)
+            return
+        from twisted.internet.task import LoopingCall
+
+        self._next_beat = time.monotonic() + self.heartbeat_interval
+        self._renewed_at = self._ticked_at = time.monotonic()
+        self._ticker = LoopingCall(self._tick)
+        self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
+
+    def _join(self, spider: Spider) -> None:
         check(self.queue.client)
         self.queue.check_type()
+        self.frontier.seeds.check_type()
         ttl = getattr(getattr(self._shared_df, "backend", None), "ttl", None)
         expiring = self._shared_df.backend.keys() if ttl and self._shared_df else []
         self.frontier.check_eviction_policy(expiring)
+        self.df.open()
         if self._shared_df is None:
             logger.warning(
                 "DUPEFILTER_CLASS %(cls)s is not Redis-backed: each worker filters only "
@@ -288,6 +330,7 @@ class Scheduler(BaseScheduler):
                 extra={"spider": spider},
             )
         others, flushed = self.registry.join(flush=self.flush_on_start)
+        self._joined = True
         if flushed:
             logger.info(
                 "Flushed crawl %(crawl)s (SCHEDULER_FLUSH_ON_START)",
@@ -302,31 +345,65 @@ class Scheduler(BaseScheduler):
                 extra={"spider": spider},
             )
         self.frontier.join_epoch()
+        keys = self.frontier.keys
         logger.info(
             "Worker %(worker)s joined crawl %(crawl)s at %(server)s (%(size)d queued "
-            "requests; %(others)d other worker(s))",
+            "requests; %(others)d other worker(s)); seeds key %(seeds)s (%(kind)s), "
+            "queue %(queue)s, dupefilter %(df)s, dead letters %(dead)s",
             {
                 "worker": self.registry.worker_id,
-                "crawl": self.frontier.keys.crawl,
+                "crawl": keys.crawl,
                 "server": describe(self.queue.client),
                 "size": len(self.queue),
                 "others": others,
+                "seeds": self.frontier.seeds.key,
+                "kind": self.frontier.seeds.kind,
+                "queue": self.queue.key,
+                "df": keys.dupefilter,
+                "dead": keys.dead,
             },
             extra={"spider": spider},
         )
-        self._next_beat = time.monotonic() + self.heartbeat_interval
-        self._renewed_at = self._ticked_at = time.monotonic()
-        self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
-        self.df.open()
+        self._hint_misspelled_seeds(spider)
+
+    def _hint_misspelled_seeds(self, spider: Spider) -> None:
+        """If the seeds key is empty, name keys with a similar name that hold seeds (one
+        ``SCAN`` of at most :data:`~scrapy_dist.seeds.HINT_SCAN_COUNT` keys, at open only)."""
+        seeds = self.frontier.seeds
+        try:
+            similar = [] if len(seeds) else similar_seed_keys(self.queue.client, seeds.key)
+        except redis.RedisError as e:  # e.g. an ACL user without SCAN: only a hint lost
+            logger.debug("No seeds key hint: %(error)s", {"error": e})
+            return
+        if similar:
+            logger.warning(
+                "Seeds key %(key)s is empty, but %(similar)s exist(s): were seeds pushed to "
+                "the wrong key? (the seeds key is REDIS_START_URLS_KEY or the spider's "
+                "redis_key)",
+                {"key": seeds.key, "similar": ", ".join(similar)},
+                extra={"spider": spider},
+            )
+
+    def close_if_failed(self) -> None:
+        """``spider_idle``: close a spider whose start failed, with the failure's reason.
+
+        Raises:
+            CloseSpider: the start failed.
+        """
+        failure = start_failure(self.crawler)
+        if failure is not None:
+            raise CloseSpider(failure.reason)
 
     def close(self, reason: str) -> None:
         """Settle what the engine finished, hand back what it never started, leave the
         registry; if the crawl as a whole is finished and does not persist, delete its
         shared keys (a worker that merely stops never does)."""
-        if self._ticker.running:
+        if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
         if reason == FRONTIER_LOST and self.fault_exit_code:
             exit_with(self.fault_exit_code)
+        if not self._joined:
+            return  # a failed start: nothing was taken, nothing to leave
         if self.frontier.lost is not None:
             # nothing it holds belongs to a crawl that is there: leave, send nothing
             self._buffer.clear()
@@ -402,6 +479,8 @@ class Scheduler(BaseScheduler):
         """
         assert self._codec is not None, "scheduler not open"
         assert self.spider is not None
+        if not self._joined:
+            return False  # a failed start: nothing goes to Redis
         if self.frontier.lost is not None:
             # produced by a request of a crawl that is gone: it must not start another
             self.stats.inc_value("scheduler/crawl_lost/dropped_requests")
@@ -443,6 +522,8 @@ class Scheduler(BaseScheduler):
 
     def next_request(self) -> Request | None:
         """Return the next request for this worker, or ``None`` if there is none now."""
+        if not self._joined:
+            return None
         self._settle()
         if self.frontier.lost is not None:
             return None
@@ -478,6 +559,8 @@ class Scheduler(BaseScheduler):
         )
 
     def has_pending_requests(self) -> bool:
+        if not self._joined:
+            return False
         if self._buffer or self.frontier.lost is not None:
             return True  # a lost crawl: the timer rejoins or closes with the reason
         try:
@@ -555,8 +638,7 @@ class Scheduler(BaseScheduler):
                 try:
                     request = self._codec.decode(lease.data)
                 except SerializationError as e:
-                    self._undecodable(lease, e)
-                    bad.append((lease.id, DONE))
+                    bad.append((lease.id, self._undecodable(lease, e)))
                 else:
                     self._buffer.append((lease, request))
             self.frontier.settle(bad)
@@ -667,7 +749,7 @@ class Scheduler(BaseScheduler):
         """Once the engine finished what it held of a lost crawl: rejoin the crawl if
         it finished (or exit, with ``CLOSE_WHEN_CRAWL_DONE``), else close the spider
         with the reason ``frontier_lost``."""
-        if self._out or self._closing or self.close_spider is None:
+        if self._out or self._closing or self.crawler is None:
             return
         if self.frontier.lost == FINISHED and not self.close_when_done:
             epoch = self.frontier.join_epoch()
@@ -679,18 +761,25 @@ class Scheduler(BaseScheduler):
             return
         self._closing = True
         reason = "crawl_finished" if self.frontier.lost == FINISHED else FRONTIER_LOST
-        self.close_spider(reason)
+        close_spider(self.crawler, reason)
 
     # -- failures -------------------------------------------------------------------
 
-    def _undecodable(self, lease: Lease, error: SerializationError) -> None:
+    def _undecodable(self, lease: Lease, error: SerializationError) -> str:
+        """Log and count a queued request that cannot be rebuilt.
+
+        Returns:
+            The settlement of its lease: dead-letter it with its record, in the same
+            server-side step that settles the lease (so it is recorded exactly once).
+        """
         logger.error(
             "Dropped a queued request that cannot be rebuilt (%(error)s); it is in %(dead)s",
             {"error": error, "dead": self.dead.key},
             extra={"spider": self.spider},
         )
-        self.dead.add(deadletter.REQUEST, str(error), lease.data)
         self.stats.inc_value("scheduler/undecodable")
+        record = self.dead.record(deadletter.REQUEST, str(error), lease.data)
+        return DEAD_NOW + record.decode("utf-8")
 
     def _unserializable(self, request: Request, error: SerializationError) -> None:
         if self._logunser:

@@ -23,9 +23,9 @@ import redis
 from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
-from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier import DONE
 from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.site import TestSite
 from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
@@ -364,7 +364,8 @@ def _scheduler(make_crawler: Callable[..., Crawler], **settings: Any) -> Schedul
     held: set[Request] = set()
     scheduler.in_flight = lambda: held
     scheduler.open(crawler.spider)
-    scheduler._ticker.stop()
+    if scheduler._ticker is not None:
+        scheduler._ticker.stop()
     return scheduler
 
 
@@ -448,10 +449,14 @@ def test_a_volatile_policy_is_refused_only_when_frontier_keys_expire(
 ) -> None:
     client.config_set("maxmemory-policy", "volatile-lru")
     try:
-        _scheduler(make_crawler)  # no frontier key has an expiry: nothing to evict
-        with pytest.raises(ConfigurationError, match="volatile-lru"):
-            _scheduler(make_crawler, DUPEFILTER_TTL=3600)
-        _scheduler(make_crawler, DUPEFILTER_TTL=3600, REDIS_EVICTION_POLICY_CHECK="warn")
+        # no frontier key has an expiry: nothing to evict
+        assert start_failure(_scheduler(make_crawler).crawler) is None
+        failure = start_failure(_scheduler(make_crawler, DUPEFILTER_TTL=3600).crawler)
+        assert failure is not None
+        assert failure.reason == "configuration_error"
+        assert "maxmemory-policy volatile-lru" in failure.message
+        warned = _scheduler(make_crawler, DUPEFILTER_TTL=3600, REDIS_EVICTION_POLICY_CHECK="warn")
+        assert start_failure(warned.crawler) is None
     finally:
         client.config_set("maxmemory-policy", "noeviction")
 
