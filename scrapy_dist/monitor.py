@@ -174,7 +174,7 @@ class CrawlStatus:
     @property
     def state(self) -> str:
         """``"busy"`` (work waiting or leased), ``"finished"``, ``"idle"`` (empty but not
-        marked finished), ``"waiting"`` (nothing done yet) or ``"absent"`` (no keys).
+        marked finished), ``"waiting"`` (nothing done yet in this run) or ``"absent"``.
 
         Workers mark a crawl finished: one with ``CLOSE_WHEN_CRAWL_DONE`` once it has been
         empty for ``CRAWL_DONE_GRACE`` seconds, any worker when it closes and finds it
@@ -186,7 +186,8 @@ class CrawlStatus:
             return "busy"
         if self.progress.get("finished_at"):
             return "finished"
-        if self.progress.get("done", 0) + self.progress.get("dead", 0) == 0:
+        p = self.progress
+        if p.get("done", 0) + p.get("dead", 0) - p.get("run_base", 0) <= 0:
             return "waiting"
         return "idle"
 

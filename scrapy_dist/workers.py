@@ -37,6 +37,7 @@ class WorkerRegistry:
         worker_id: this worker's id.
         timeout: seconds without heartbeat after which a worker counts as gone.
         frontier: keys a flush deletes (queue, dupefilter, sequence...).
+        progress: the crawl's progress hash (a new run clears its completion marks).
     """
 
     def __init__(
@@ -47,25 +48,28 @@ class WorkerRegistry:
         *,
         timeout: float,
         frontier: Sequence[str],
+        progress: str,
     ) -> None:
         self.client = client
         self.key = key
         self.worker_id = worker_id
         self.timeout = timeout
         self.frontier = list(frontier)
+        self.progress = progress
         self._scripts = scripts_for(client)
 
     def join(self, *, flush: bool = False) -> tuple[int, bool]:
         """Register this worker; with ``flush``, delete the frontier if no other
-        worker is alive.
+        worker is alive. The first live worker of a crawl (or the first after it
+        finished) starts a new run, judged complete on its own work (``lua/join.lua``).
 
         Returns:
             ``(other live workers, whether the frontier was flushed)``.
         """
-        others, flushed = cast(
+        others, flushed, _ = cast(
             "list[int]",
             self._scripts.join(
-                keys=[self.key, *self.frontier],
+                keys=[self.key, self.progress, *self.frontier],
                 args=[self.worker_id, self.timeout, int(flush)],
             ),
         )

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy import Request
+from scrapy.exceptions import CloseSpider
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.keys import keys_for
 from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.redis_server import free_port
 
 if TYPE_CHECKING:
@@ -213,12 +216,49 @@ def test_non_redis_dupefilter_warns(
     assert not scheduler.enqueue_request(Request(URL))  # still filters locally
 
 
-def test_unreachable_redis_at_open(make_crawler: Callable[..., Crawler]) -> None:
+def test_unreachable_redis_at_open(
+    make_crawler: Callable[..., Crawler], caplog: pytest.LogCaptureFixture
+) -> None:
     crawler = make_crawler({"REDIS_URL": f"redis://:pw@127.0.0.1:{free_port()}/0"})
     scheduler = build_from_crawler(Scheduler, crawler)
-    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as info:
+    with caplog.at_level(logging.WARNING):
+        scheduler.open(crawler.spider)  # a failed start, reported, not raised
+        assert not scheduler.has_pending_requests()
+        with pytest.raises(CloseSpider) as info:
+            scheduler.close_if_failed()
+        scheduler.close("redis_unavailable")  # touches Redis no more
+    assert info.value.reason == "redis_unavailable"
+    [record] = caplog.records  # one line, nothing else
+    assert record.levelno == logging.ERROR
+    assert re.search(r"127\.0\.0\.1.*REDIS_URL", record.getMessage())
+    assert "pw" not in record.getMessage()
+    # without a crawler to report to, the scheduler raises
+    scheduler = Scheduler(frontier=scheduler.frontier, dupefilter=scheduler.df,
+                          serializer=scheduler.serializer, registry=scheduler.registry,
+                          dead=scheduler.dead, stats=scheduler.stats, in_flight=tuple)  # fmt: skip
+    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as raised:
         scheduler.open(crawler.spider)
-    assert "pw" not in str(info.value)
+    assert "pw" not in str(raised.value)
+
+
+def test_wrong_password_at_open(
+    make_crawler: Callable[..., Crawler], client: redis.Redis, name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    port = client.connection_pool.connection_kwargs["port"]
+    client.acl_setuser(name, enabled=True, passwords=["+right"], commands=["+@all"], keys=["*"])
+    try:
+        crawler = make_crawler({"REDIS_URL": f"redis://{name}:secret@127.0.0.1:{port}/0"})
+        scheduler = build_from_crawler(Scheduler, crawler)
+        with caplog.at_level(logging.WARNING):
+            scheduler.open(crawler.spider)
+    finally:
+        client.acl_deluser(name)
+    [record] = caplog.records
+    assert "refused the credentials" in record.getMessage()
+    assert "REDIS_URL" in record.getMessage()
+    assert "secret" not in record.getMessage()
+    assert start_failure(crawler).reason == "redis_unavailable"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -242,8 +282,12 @@ def test_queue_key_of_the_wrong_type(
     crawler = make_crawler()
     client.rpush(keys_for(crawler).requests, b"left by a FIFO crawl")
     scheduler = build_from_crawler(Scheduler, crawler)
-    with pytest.raises(ConfigurationError, match="holds a list"):
-        scheduler.open(crawler.spider)
+    scheduler.open(crawler.spider)
+    failure = start_failure(crawler)
+    assert failure is not None
+    assert failure.reason == "configuration_error"
+    assert "holds a list" in failure.message
+    assert client.hlen(keys_for(crawler).workers) == 0  # never joined
 
 
 def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(

@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from scrapy import Request
 from scrapy.exceptions import CloseSpider, DontCloseSpider
+from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
+from scrapy_dist.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -128,13 +131,20 @@ def test_start_refuses_a_seeds_key_of_the_wrong_type(
 ) -> None:
     s = spider()
     client.sadd(s.redis_key, "https://e.com/")
+    build_from_crawler(Scheduler, s.crawler).open(s)  # checks the seeds key too
+    failure = start_failure(s.crawler)
+    assert failure is not None
+    assert "holds a set" in failure.message
+    assert "REDIS_START_URLS_AS_SET" in failure.message
 
     async def collect() -> list[Any]:
         return [r async for r in s.start()]
 
+    assert asyncio.run(collect()) == []  # nothing read from the key
     with pytest.raises(CloseSpider) as info:
-        asyncio.run(collect())
-    assert info.value.reason == "seeds_key_wrong_type"
+        s._on_idle()
+    assert info.value.reason == "configuration_error"
+    assert client.scard(s.redis_key) == 1
 
 
 def test_idle_close_after_max_idle_time(spider: Callable[..., Spider]) -> None:
