@@ -29,7 +29,7 @@ from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
-from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
 from scrapy_dist.seeds import similar_seed_keys
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
 from scrapy_dist.startup import fail_start, start_failure
@@ -530,8 +530,7 @@ class Scheduler(BaseScheduler):
                 try:
                     request = self._codec.decode(lease.data)
                 except SerializationError as e:
-                    self._undecodable(lease, e)
-                    bad.append((lease.id, DONE))
+                    bad.append((lease.id, self._undecodable(lease, e)))
                 else:
                     self._buffer.append((lease, request))
             self.frontier.settle(bad)
@@ -554,14 +553,21 @@ class Scheduler(BaseScheduler):
 
     # -- failures -------------------------------------------------------------------
 
-    def _undecodable(self, lease: Lease, error: SerializationError) -> None:
+    def _undecodable(self, lease: Lease, error: SerializationError) -> str:
+        """Log and count a queued request that cannot be rebuilt.
+
+        Returns:
+            The settlement of its lease: dead-letter it with its record, in the same
+            server-side step that settles the lease (so it is recorded exactly once).
+        """
         logger.error(
             "Dropped a queued request that cannot be rebuilt (%(error)s); it is in %(dead)s",
             {"error": error, "dead": self.dead.key},
             extra={"spider": self.spider},
         )
-        self.dead.add(deadletter.REQUEST, str(error), lease.data)
         self.stats.inc_value("scheduler/undecodable")
+        record = self.dead.record(deadletter.REQUEST, str(error), lease.data)
+        return DEAD_NOW + record.decode("utf-8")
 
     def _unserializable(self, request: Request, error: SerializationError) -> None:
         if self._logunser:

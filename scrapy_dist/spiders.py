@@ -132,12 +132,13 @@ class RedisSpiderMixin(Spider):
     def open_redis(self) -> None:
         """Set up from the crawler's final settings (idempotent; no I/O): the frontier
         and its keys (named after this spider instance and its ``redis_key``), batch
-        size, idle handling. Runs at ``spider_opened``, or when first needed.
+        size, idle handling. Runs at ``spider_opened``, or when first needed; not
+        after a failed start.
 
         Raises:
             RuntimeError: the settings are not final yet.
         """
-        if self._redis_open:
+        if self._redis_open or self._failed:
             return
         crawler = self.crawler
         settings = settings_for(crawler)

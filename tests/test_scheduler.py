@@ -126,6 +126,9 @@ def test_undecodable_entry_goes_to_dead_letters(
     assert [r.url for r in drain(scheduler)] == [URL + "ok"]
     assert scheduler.stats.get_value("scheduler/undecodable") == 1
     assert client.llen(scheduler.dead.key) == 1
+    # dead-lettered in the step that settles its lease: counted as dead, not done
+    assert client.zcard(scheduler.frontier.keys.leases) == 0
+    assert scheduler.frontier.totals().get("dead") == 1
 
 
 def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
@@ -342,3 +345,32 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
     assert scheduler.enqueue_request(Request(URL))  # a new run crawls it again
     scheduler.close("finished")
+
+
+def test_open_names_the_keys_and_hints_at_a_misspelled_seeds_key(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    client.rpush(f"{name}s:start_urls", "https://e.com/")  # the spider is "<name>"
+    client.rpush(f"{name}:job7:start_urls", "https://e.com/")  # a job suffix apart
+    client.rpush(f"{name}zzzzzzzzzzzz:start_urls", "https://e.com/")  # another crawl
+    with caplog.at_level(logging.INFO):
+        open_scheduler()
+    joined = next(r.getMessage() for r in caplog.records if "joined crawl" in r.getMessage())
+    assert f"seeds key {name}:start_urls (list)" in joined
+    assert f"queue {name}:requests" in joined
+    [hint] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"{name}s:start_urls" in hint
+    assert f"{name}:job7:start_urls" in hint
+    assert "zzzz" not in hint
+
+
+def test_no_hint_when_the_seeds_key_has_seeds(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    client.rpush(f"{name}:start_urls", "https://e.com/")
+    client.rpush(f"{name}s:start_urls", "https://e.com/")
+    with caplog.at_level(logging.WARNING):
+        open_scheduler()
+    assert not caplog.records

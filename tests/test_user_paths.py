@@ -184,14 +184,18 @@ def test_a_bad_spider_argument_is_one_error_and_exit_1(
     assert "Traceback" not in text
 
 
-@pytest.mark.parametrize("problem", ["unreachable", "wrong key type"])
+@pytest.mark.parametrize("problem", ["unreachable", "unreachable, all in Redis", "wrong key type"])
 def test_a_start_up_failure_is_one_error_line_and_exit_1(
     project: Path, name: str, client: redis.Redis, workers: list[Worker], problem: str
 ) -> None:
     settings: dict[str, Any] = {}
-    if problem == "unreachable":
+    if problem.startswith("unreachable"):
         settings["REDIS_URL"] = "redis://:secret@127.0.0.1:1/0"
-    else:
+    if problem == "unreachable, all in Redis":
+        settings["STATS_CLASS"] = "scrapy_dist.stats.RedisStatsCollector"
+        settings["ITEM_PIPELINES"] = json.dumps({"scrapy_dist.pipelines.RedisPipeline": 300})
+        settings["SCHEDULER_JOB_TIMESTAMP"] = "%Y%m%d"
+    elif problem == "wrong key type":
         client.sadd(f"{name}:start_urls", "https://example.com/")
     [worker] = run(workers, project, name, count=1, settings=settings)
     assert wait_workers([worker], RUN_TIMEOUT) == [1], logs(workers)
@@ -200,7 +204,7 @@ def test_a_start_up_failure_is_one_error_line_and_exit_1(
     assert len(errors) == 1, text
     assert "Traceback" not in text
     assert "secret" not in text
-    if problem == "unreachable":
+    if problem.startswith("unreachable"):
         assert "REDIS_URL" in errors[0]
         assert "redis://:***@127.0.0.1:1/0" in errors[0]
     else:
