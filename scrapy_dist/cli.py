@@ -1243,15 +1243,18 @@ def _data_parsers(commands: _Commands, common: argparse.ArgumentParser) -> None:
 
 
 def _version() -> str:
-    """``scrapy-dist X (Scrapy Y, redis-py Z, Python V)``."""
+    """``scrapy-dist X (Scrapy Y, redis-py Z, Python V)``, without importing Scrapy."""
     import platform
-
-    import scrapy
+    from importlib.metadata import PackageNotFoundError, version
 
     from scrapy_dist import __version__
 
+    try:
+        scrapy_version = version("scrapy")
+    except PackageNotFoundError:  # pragma: no cover - Scrapy is a requirement
+        scrapy_version = "?"
     return (
-        f"scrapy-dist {__version__} (Scrapy {scrapy.__version__}, redis-py "
+        f"scrapy-dist {__version__} (Scrapy {scrapy_version}, redis-py "
         f"{redis.__version__}, Python {platform.python_version()})"
     )
 
