@@ -33,7 +33,7 @@ from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
 from scrapy_dist.seeds import similar_seed_keys
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
 from scrapy_dist.startup import fail_start, start_failure
-from scrapy_dist.workers import WorkerRegistry
+from scrapy_dist.workers import WorkerRegistry, crawl_started
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -209,6 +209,7 @@ class Scheduler(BaseScheduler):
                 timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
                 frontier=frontier.clear_keys,
                 progress=frontier.keys.progress,
+                started=crawl_started(),
             ),
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,
@@ -318,9 +319,11 @@ class Scheduler(BaseScheduler):
         """If the seeds key is empty, name keys with a similar name that hold seeds (one
         ``SCAN`` of at most :data:`~scrapy_dist.seeds.HINT_SCAN_COUNT` keys, at open only)."""
         seeds = self.frontier.seeds
-        if len(seeds):
+        try:
+            similar = [] if len(seeds) else similar_seed_keys(self.queue.client, seeds.key)
+        except redis.RedisError as e:  # e.g. an ACL user without SCAN: only a hint lost
+            logger.debug("No seeds key hint: %(error)s", {"error": e})
             return
-        similar = similar_seed_keys(self.queue.client, seeds.key)
         if similar:
             logger.warning(
                 "Seeds key %(key)s is empty, but %(similar)s exist(s): were seeds pushed to "

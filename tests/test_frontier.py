@@ -304,10 +304,11 @@ def test_a_rejected_seed_is_settled_with_its_dead_letter_exactly_once(
 
 
 def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
-    worker: Callable[..., Worker], client: redis.Redis
+    worker: Callable[..., Worker], make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
     first = worker()
     f = first.frontier
+    started_before = time.monotonic()
     first.scheduler.enqueue_request(Request(URL))
     request = first.take()
     assert request is not None
@@ -317,12 +318,26 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     assert f.progress(grace=0.3, clear=False).state == "finished"
     first.scheduler.close("finished")
 
-    second = worker()  # joins a finished crawl: a new run, judged on its own work
+    # a worker launched before the crawl finished, joining late, belongs to that run
+    crawler = make_crawler(FAST)
+    late = build_from_crawler(Scheduler, crawler)
+    late.registry.started = started_before
+    late.open(crawler.spider)
+    assert late.frontier.progress(grace=0, clear=False).state == "finished"
+    late.close("finished")
+
+    # a worker started after it finished starts a new run, judged on its own work
+    crawler = make_crawler(FAST)
+    second = build_from_crawler(Scheduler, crawler)
+    second.registry.started = time.monotonic()
+    second.in_flight = tuple
+    second.open(crawler.spider)
     g = second.frontier
     assert g.progress(grace=0, clear=False).state == "waiting"
     assert g.totals() == {"done": 1}  # the persisted counters stay
-    second.scheduler.enqueue_request(Request(URL + "2"))
-    request = second.take()
-    assert request is not None
-    second.finish(request)
+    second.enqueue_request(Request(URL + "2"))
+    assert second.next_request() is not None
+    second._settle()
+    second.frontier.flush()
     assert g.progress(grace=0, clear=False).state == "finished"
+    second.close("finished")
