@@ -29,7 +29,7 @@ from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
 from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
-from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
+from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.workers import WorkerRegistry
 
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ class Scheduler(BaseScheduler):
         heartbeat_interval: seconds between heartbeats and lease renewals.
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
+        policy: what a queue entry may decode into (request classes, URL schemes).
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class Scheduler(BaseScheduler):
         prefetch: int = 1,
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
+        policy: RequestPolicy | None = None,
     ) -> None:
         if prefetch < 1:
             raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
@@ -129,6 +131,7 @@ class Scheduler(BaseScheduler):
         self.queue = frontier.queue
         self.df = dupefilter
         self.serializer = serializer
+        self.policy = policy or RequestPolicy()
         self.registry = registry
         self.dead = dead
         self.stats = stats
@@ -194,6 +197,7 @@ class Scheduler(BaseScheduler):
             or max(1, settings.getint("CONCURRENT_REQUESTS") // 2),
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
+            policy=RequestPolicy.from_settings(settings),
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         return scheduler
@@ -208,7 +212,7 @@ class Scheduler(BaseScheduler):
             ConfigurationError: the queue key holds a type this queue cannot use.
         """
         self.spider = spider
-        self._codec = RequestCodec(self.serializer, spider)
+        self._codec = RequestCodec(self.serializer, spider, self.policy)
         check(self.queue.client)
         self.queue.check_type()
         if self._shared_df is None:
@@ -475,7 +479,7 @@ class Scheduler(BaseScheduler):
             {"error": error, "dead": self.dead.key},
             extra={"spider": self.spider},
         )
-        self.dead.add(deadletter.REQUEST, str(error), lease.data)
+        self.dead.add(deadletter.REQUEST, str(error), lease.data, deliveries=lease.deliveries)
         self.stats.inc_value("scheduler/undecodable")
 
     def _unserializable(self, request: Request, error: SerializationError) -> None:

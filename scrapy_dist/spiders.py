@@ -90,6 +90,7 @@ class RedisSpiderMixin(Spider):
         if self.redis_batch_size < 1:
             raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
         self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
+        self.seed_allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
         if self.max_idle_time is None:
             self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
         self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
@@ -142,7 +143,9 @@ class RedisSpiderMixin(Spider):
         (or any exception) to send the seed to the dead-letter list, return ``None`` to
         skip it.
         """
-        seed = parse_seed(data, self.redis_encoding or "utf-8")
+        seed = parse_seed(
+            data, self.redis_encoding or "utf-8", allowed_meta=self.seed_allowed_meta
+        )
         return request_from_seed(seed, self)
 
     def take_seeds(self) -> tuple[list[Request], list[tuple[str, str]]]:

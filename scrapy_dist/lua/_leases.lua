@@ -36,14 +36,75 @@ local function return_entry(origin, score, entry, queue, qback, seeds, sback)
   end
 end
 
--- The dead-letter record (JSON) of a leased entry that will not be tried again.
+-- True if s is well-formed UTF-8 as Python's strict decoder sees it (no overlong
+-- forms, no surrogates, nothing above U+10FFFF).
+local function is_utf8(s)
+  if not string.find(s, "[\128-\255]") then
+    return true
+  end
+  local i, n = 1, #s
+  while i <= n do
+    local c = string.byte(s, i)
+    if c < 128 then
+      i = i + 1
+    else
+      local len, lo, hi
+      if c >= 194 and c <= 223 then len, lo, hi = 2, 128, 191
+      elseif c == 224 then len, lo, hi = 3, 160, 191
+      elseif (c >= 225 and c <= 236) or c == 238 or c == 239 then len, lo, hi = 3, 128, 191
+      elseif c == 237 then len, lo, hi = 3, 128, 159
+      elseif c == 240 then len, lo, hi = 4, 144, 191
+      elseif c >= 241 and c <= 243 then len, lo, hi = 4, 128, 191
+      elseif c == 244 then len, lo, hi = 4, 128, 143
+      else return false end
+      if i + len - 1 > n then
+        return false
+      end
+      local c2 = string.byte(s, i + 1)
+      if c2 < lo or c2 > hi then
+        return false
+      end
+      for j = i + 2, i + len - 1 do
+        local cj = string.byte(s, j)
+        if cj < 128 or cj > 191 then
+          return false
+        end
+      end
+      i = i + len
+    end
+  end
+  return true
+end
+
+-- Bytes as their latin-1 text, in UTF-8 (what Python's bytes.decode("latin-1") gives).
+local function latin1(s)
+  return (string.gsub(s, "[\128-\255]", function(ch)
+    local b = string.byte(ch)
+    return string.char(192 + math.floor(b / 64), 128 + b % 64)
+  end))
+end
+
+-- A dead-letter record (JSON), in the one format scrapy_dist/deadletter.py defines:
+-- data is the raw text when it is UTF-8, else {"$b": <its latin-1 text>}.
+local function dead_json(kind, data, reason, now, worker, times)
+  local text = data
+  if not is_utf8(data) then
+    text = {["$b"] = latin1(data)}
+  end
+  if not is_utf8(reason) then
+    reason = latin1(reason)
+  end
+  return cjson.encode({
+    kind = kind, reason = reason, data = text, time = now, worker = worker,
+    deliveries = times,
+  })
+end
+
+-- The dead-letter record of a leased entry that will not be tried again.
 local function dead_record(origin, entry, reason, now, worker, times)
   local data = entry
   if origin == "q" then
     data = string.sub(entry, 17)
   end
-  return cjson.encode({
-    kind = origin == "q" and "request" or "seed",
-    reason = reason, data = data, time = now, worker = worker, deliveries = times,
-  })
+  return dead_json(origin == "q" and "request" or "seed", data, reason, now, worker, times)
 end

@@ -79,15 +79,27 @@ for _, pair in ipairs(taken) do
   local id
   if source == "q" then
     id = string.sub(entry, 1, 16)
+    -- [input] an entry that enqueue.lua did not write (no 16-digit id) cannot be
+    -- leased: dead-letter it whole, alone, readable (see scrapy_dist/deadletter.py)
+    if not string.match(id, "^" .. string.rep("%d", 16) .. "$") then
+      redis.call("RPUSH", dead, dead_json("request", entry,
+        "malformed queue entry: it does not start with a 16-digit entry id (was it "
+        .. "pushed by hand? requeue it with 'scrapy-dist dead requeue')", now, worker, 0))
+      redis.call("HINCRBY", stats, "dead", 1)
+      id = nil
+    end
+    -- [/input]
   else
     local digits = tostring(redis.call("INCR", seq))
     id = "s" .. string.rep("0", 15 - #digits) .. digits
   end
-  local times = redis.call("HINCRBY", deliveries, id, 1)
-  redis.call("ZADD", leases, now + duration, id)
-  redis.call("HSET", leased, id, source .. "|" .. score .. "|" .. worker .. "|" .. entry)
-  result[#result + 1] = id
-  result[#result + 1] = times
-  result[#result + 1] = entry
+  if id then
+    local times = redis.call("HINCRBY", deliveries, id, 1)
+    redis.call("ZADD", leases, now + duration, id)
+    redis.call("HSET", leased, id, source .. "|" .. score .. "|" .. worker .. "|" .. entry)
+    result[#result + 1] = id
+    result[#result + 1] = times
+    result[#result + 1] = entry
+  end
 end
 return result
