@@ -22,7 +22,7 @@ from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet.task import LoopingCall
 
-from scrapy_dist import deadletter
+from scrapy_dist import _engine, deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
@@ -53,20 +53,20 @@ CLOSE_FLUSHES = 5
 
 
 def engine_in_flight(crawler: Crawler) -> Collection[Request]:
-    """The requests the crawler's engine is still working on.
+    """The requests the crawler's engine is still working on (see
+    :func:`scrapy_dist._engine.in_flight`, the one place that reads the engine)."""
+    return _engine.in_flight(crawler)
 
-    A request stays in the engine's slot from the moment it is taken from the scheduler
-    until its download, callback or errback, and the processing of everything they
-    returned (new requests enqueued, items handed to the pipelines) are complete. Scrapy
-    has no public API or signal for that moment, so this reads the slot (present in
-    every Scrapy since 1.0; ``tests/test_scheduler.py`` pins it).
+
+def check_engine(crawler: Crawler) -> None:
+    """Refuse to run on a Scrapy whose engine lacks what :mod:`scrapy_dist._engine` reads.
+
+    Raises:
+        ConfigurationError: the engine is open and lacks it (the message names the version).
     """
-    try:
-        engine = crawler.engine
-    except RuntimeError:  # Scrapy >= 2.14 before the crawl starts
-        return ()
-    slot = getattr(engine, "_slot", None)
-    return slot.inprogress if slot is not None else ()
+    engine = _engine.engine_of(crawler)
+    if engine is not None:
+        _engine.check(engine)
 
 
 class Scheduler(BaseScheduler):
@@ -90,6 +90,8 @@ class Scheduler(BaseScheduler):
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
         policy: what a queue entry may decode into (request classes, URL schemes).
+        check_engine: run at open; raises if the running Scrapy's engine lacks the
+            private state ``in_flight`` reads.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class Scheduler(BaseScheduler):
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
         policy: RequestPolicy | None = None,
+        check_engine: Callable[[], None] | None = None,
     ) -> None:
         if prefetch < 1:
             raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
@@ -132,6 +135,7 @@ class Scheduler(BaseScheduler):
         self.df = dupefilter
         self.serializer = serializer
         self.policy = policy or RequestPolicy()
+        self.check_engine = check_engine
         self.registry = registry
         self.dead = dead
         self.stats = stats
@@ -198,6 +202,7 @@ class Scheduler(BaseScheduler):
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
             policy=RequestPolicy.from_settings(settings),
+            check_engine=lambda: check_engine(crawler),
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         return scheduler
@@ -209,8 +214,11 @@ class Scheduler(BaseScheduler):
 
         Raises:
             RedisUnavailable: Redis cannot be reached.
-            ConfigurationError: the queue key holds a type this queue cannot use.
+            ConfigurationError: the queue key holds a type this queue cannot use, or
+                the running Scrapy's engine lacks the state ``scrapy_dist._engine`` reads.
         """
+        if self.check_engine is not None:
+            self.check_engine()
         self.spider = spider
         self._codec = RequestCodec(self.serializer, spider, self.policy)
         check(self.queue.client)

@@ -263,7 +263,7 @@ def _spider_method(spider: object, name: str | None, field_name: str) -> Callabl
         return None
     reason = callbacks.refusal(spider, name, public_only=True)
     if reason is not None:
-        raise InvalidSeed(f"{field_name}: {reason}")
+        raise InvalidSeed(f"{field_name} {reason}")
     return getattr(spider, name)  # type: ignore[no-any-return]
 
 

@@ -349,7 +349,7 @@ class RequestCodec:
             if value:
                 reason = callbacks.refusal(self.spider, value, public_only=False)
                 if reason is not None:
-                    raise SerializationError(f"{name}: {reason}")
+                    raise SerializationError(f"{name} {reason}")
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
         """``request.to_dict(spider=...)``, with the callback names found directly.

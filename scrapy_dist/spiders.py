@@ -32,7 +32,7 @@ from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
 from twisted.internet.task import LoopingCall
 
-from scrapy_dist import deadletter
+from scrapy_dist import _engine, deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
@@ -317,11 +317,8 @@ class RedisSpiderMixin(Spider):
 
 def wake_engine(engine: Any) -> None:
     """Ask the engine to look at its scheduler now rather than at its next 5-second
-    heartbeat (which calls the same method; Scrapy has no public API for it)."""
-    slot = getattr(engine, "_slot", None)
-    nextcall = getattr(slot, "nextcall", None)
-    if nextcall is not None:
-        nextcall.schedule()
+    heartbeat (see :func:`scrapy_dist._engine.wake`)."""
+    _engine.wake(engine)
 
 
 class RedisSpider(RedisSpiderMixin, Spider):
