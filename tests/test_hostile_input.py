@@ -114,14 +114,6 @@ def test_seed_callbacks_name_only_public_methods_of_the_users_spider(name: str) 
             request_from_seed(parse_seed(raw), UserSpider())
 
 
-def test_seed_callbacks_allow_parse_and_the_users_public_methods() -> None:
-    spider = UserSpider()
-    for name in ("parse", "parse_item"):
-        seed = parse_seed(json.dumps({"url": "https://a.example/", "callback": name}))
-        request = request_from_seed(seed, spider)
-        assert request.callback == getattr(spider, name)
-
-
 def test_queue_entry_callbacks_allow_private_user_methods_and_rule_callbacks() -> None:
     assert callbacks.refusal(UserSpider, "_parse_detail", public_only=False) is None
     assert callbacks.refusal(UserSpider, "__init__", public_only=False) is not None
@@ -133,6 +125,10 @@ def test_queue_entry_callbacks_allow_private_user_methods_and_rule_callbacks() -
     assert callbacks.refusal(Rules, "_callback", public_only=False) is None
     assert callbacks.refusal(Rules, "_errback", public_only=False) is None
     assert callbacks.refusal(Rules, "_callback", public_only=True) is not None
+    spider = UserSpider()
+    for name in ("parse", "parse_item"):  # what a seed may name
+        seed = parse_seed(json.dumps({"url": "https://a.example/", "callback": name}))
+        assert request_from_seed(seed, spider).callback == getattr(spider, name)
 
 
 # -- seeds ----------------------------------------------------------------------------
@@ -149,10 +145,9 @@ def test_seed_meta_cannot_change_where_a_worker_connects(meta: dict[str, Any]) -
     with pytest.raises(InvalidSeed, match="SEED_ALLOWED_META"):
         parse_seed(raw)
     assert parse_seed(raw, allowed_meta=list(meta)).meta == meta
-
-
-def test_seed_meta_keeps_harmless_keys() -> None:
-    assert parse_seed('{"url": "https://a.example/", "meta": {"page": 3}}').meta == {"page": 3}
+    harmless = {"page": 3, "cookiejar": 1, **meta}
+    assert parse_seed(json.dumps({"url": "https://a.example/", "meta": harmless}),
+                      allowed_meta=list(meta)).meta == harmless  # fmt: skip
 
 
 @pytest.mark.parametrize("priority", [10**400, PRIORITY_MAX + 1, -(PRIORITY_MAX + 1)])
