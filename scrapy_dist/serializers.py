@@ -395,7 +395,12 @@ class RequestCodec:
             SerializationError: ``data`` is corrupt, or names a class, URL scheme,
                 callback or priority that is not allowed; the message says which.
         """
-        obj = self.serializer.loads(data)
+        try:
+            obj = self.serializer.loads(data)
+        except SerializationError:
+            raise
+        except Exception as e:  # a custom serializer's own error: this entry alone fails
+            raise SerializationError(f"not a serialized request: {e!r:.200}") from e
         if not isinstance(obj, dict):
             raise SerializationError(f"not a serialized request: {type(obj).__name__}")
         self._check(obj)
@@ -406,9 +411,9 @@ class RequestCodec:
                 if obj.get(name):
                     kwargs[name] = callbacks.resolve(self.spider, obj[name], public_only=False)
             request = cls(**kwargs)
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
-            raise SerializationError(f"cannot rebuild request: {e}") from e
         except RecursionError as e:
             raise SerializationError("cannot rebuild request: nested too deeply") from e
+        except Exception as e:  # whatever the request class raises: this entry alone fails
+            raise SerializationError(f"cannot rebuild request: {e}") from e
         self.policy.check_url(request.url)
         return request
