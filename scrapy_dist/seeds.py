@@ -36,6 +36,7 @@ from scrapy.http import FormRequest, JsonRequest
 
 from scrapy_dist import callbacks
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
+from scrapy_dist.serializers import PRIORITY_MAX
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
@@ -57,8 +58,6 @@ CONNECTION_META = frozenset((
     "download_maxsize", "download_warnsize", "download_fail_on_dataloss",
     "dont_obey_robotstxt",
 ))  # fmt: skip
-#: Largest priority magnitude: a queue score is a double, exact up to 2**53.
-PRIORITY_MAX = 2**53
 
 
 @dataclass(frozen=True)

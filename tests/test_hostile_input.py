@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -58,6 +59,8 @@ except RedisServerNotFound:
 else:
     HAVE_REDIS = True
 
+pytestmark_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = ROOT / "example"
 TEST_PROJECT = ROOT / "tests" / "project"
@@ -77,6 +80,17 @@ Path(os.environ["HOSTILE_MARKER"]).write_text("imported")
 class Evil(Request):
     pass
 '''
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m scrapy_dist ARGS`` in ``cwd``, as a user would."""
+    hidden = ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
+    env = {k: v for k, v in os.environ.items() if k not in hidden}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy_dist", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 class UserSpider(RedisSpider):
@@ -167,7 +181,56 @@ def test_deeply_nested_seed_is_a_clean_rejection(raw: str) -> None:
         parse_seed(raw)
 
 
+@pytestmark_redis
+def test_push_rejects_bad_lines_and_pushes_the_valid_ones(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """``scrapy-dist push`` in a project, as a user runs it: every bad line (deep
+    nesting included) is reported and the valid lines are pushed."""
+    lines = [
+        b"https://a.example/1",
+        b"[" * 10_000 + b"]" * 10_000,
+        b'{"url": "https://a.example/2", "meta": ' + b"{\"a\": " * 5_000 + b"1" + b"}" * 5_001,
+        b'{"url": "https://a.example/3", "priority": 1' + b"0" * 400 + b"}",
+        b'{"url": "https://a.example/4", "callback": "__init__"}',
+        b'{"url": "https://a.example/5", "meta": {"proxy": "http://attacker.example:8080"}}',
+        b'{"url": "https://a.example/6", "callback": "parse", "priority": 3}',
+    ]
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_bytes(b"\n".join(lines) + b"\n")
+    done = _cli("push", "pages", "--file", str(seeds), "--job", name, "--redis-url", redis_url,
+               cwd=TEST_PROJECT)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    for number in (2, 3, 4, 5, 6):
+        assert f":{number}:" in done.stderr or f"line {number}" in done.stderr, done.stderr
+    assert "SEED_ALLOWED_META" in done.stderr
+    pushed = client.lrange(f"pages:{name}:start_urls", 0, -1)
+    assert pushed == [lines[0], lines[6]]
+
+
 # -- queue entries --------------------------------------------------------------------
+
+
+@pytestmark_redis
+def test_a_malformed_entry_does_not_take_its_batch_down(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """A non-UTF-8 entry without an entry id, leased with good requests: it alone is
+    dead-lettered (raw bytes kept), the good ones are leased and delivered."""
+    from scrapy_dist.frontier import Frontier
+
+    frontier = Frontier.for_crawler(make_crawler())
+    keys = frontier.keys
+    good = [b"%016d" % i + b'{"url": "https://a.example/%d"}' % i for i in (1, 2, 3)]
+    bad = b"\xff\xfe\x00 pushed by hand"
+    client.zadd(keys.requests, {good[0]: 0, bad: 0, good[1]: 1, good[2]: 1})
+    leases = frontier.reserve(10)
+    assert sorted(lease.data for lease in leases) == sorted(entry[16:] for entry in good)
+    records = [deadletter.parse(raw) for raw in client.lrange(keys.dead, 0, -1)]
+    assert [deadletter.data_of(r) for r in records] == [bad]
+    assert "malformed queue entry" in records[0]["reason"]
+    assert client.zcard(keys.requests) == 0
 
 
 def _codec(policy: RequestPolicy | None = None) -> RequestCodec:
@@ -305,8 +368,6 @@ def test_engine_check_passes_on_the_running_scrapy() -> None:
 
 
 # -- dead letters: one format, written by Python and Lua alike -----------------------
-
-pytestmark_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
 
 #: A seed in latin-1 (``REDIS_ENCODING = "latin-1"``): not UTF-8.
 NON_UTF8_SEED = "https://a.example/caf\u00e9?q=\u00ff".encode("latin-1")
