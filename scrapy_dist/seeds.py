@@ -140,7 +140,9 @@ def _priority(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSeed("'priority' must be an integer")
     if not -PRIORITY_MAX <= value <= PRIORITY_MAX:
-        raise InvalidSeed(f"'priority' must be between -2**53 and 2**53 ({str(value)[:20]}...)")
+        raise InvalidSeed(
+            f"'priority' must be between -2**53 and 2**53 (a {value.bit_length()}-bit integer)"
+        )
     return value
 
 

@@ -270,7 +270,11 @@ class RequestPolicy:
         )
 
     def check_url(self, url: Any) -> None:
-        """Raises: SerializationError: not a string or a scheme not allowed."""
+        """Refuse a URL whose scheme is not allowed.
+
+        Raises:
+            SerializationError: not a string, or a scheme not allowed.
+        """
         if not isinstance(url, str):
             raise SerializationError(f"'url' must be a string, not {type(url).__name__}")
         scheme = urlsplit(url).scheme.lower()
@@ -281,7 +285,11 @@ class RequestPolicy:
             )
 
     def request_class(self, name: Any) -> type[Request]:
-        """Raises: SerializationError: ``name`` is not an allowed request class."""
+        """The request class a ``_class`` name stands for (looked up, never imported).
+
+        Raises:
+            SerializationError: ``name`` is not an allowed request class.
+        """
         if name is None:
             return Request
         cls = self.classes.get(name) if isinstance(name, str) else None
@@ -294,12 +302,17 @@ class RequestPolicy:
 
 
 def check_priority(value: Any) -> None:
-    """Raises: SerializationError: not an integer a queue score stores exactly."""
+    """Refuse a priority a queue score cannot store exactly.
+
+    Raises:
+        SerializationError: not an integer, or beyond 2**53 either way.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise SerializationError(f"'priority' must be an integer, not {type(value).__name__}")
     if not -PRIORITY_MAX <= value <= PRIORITY_MAX:
         raise SerializationError(
-            f"'priority' {str(value)[:20]}... is outside -2**53..2**53, what a queue stores exactly"
+            f"'priority' (a {value.bit_length()}-bit integer) is outside -2**53..2**53, "
+            "what a queue score stores exactly"
         )
 
 

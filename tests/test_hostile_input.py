@@ -637,3 +637,12 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
     assert client.lrange(keys.start_urls, 0, -1) == [NON_UTF8_SEED, NON_UTF8_SEED]
     payloads = [entry[16:] for entry in client.zrange(keys.requests, 0, -1)]
     assert payloads == [NON_UTF8_PAYLOAD, NON_UTF8_PAYLOAD]
+
+
+def test_a_pickled_entry_with_a_huge_priority_is_a_serialization_error() -> None:
+    from scrapy_dist.serializers import PickleSerializer
+
+    codec = RequestCodec(PickleSerializer(), UserSpider())
+    entry = pickle.dumps({"url": "https://a.example/", "priority": 10**5000}, protocol=4)
+    with pytest.raises(SerializationError, match="priority"):
+        codec.decode(entry)
