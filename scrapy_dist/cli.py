@@ -646,13 +646,14 @@ class Requeuer:
     ) -> None:
         from scrapy_dist.scripts import scripts_for
         from scrapy_dist.seeds import SeedQueue
-        from scrapy_dist.serializers import load_serializer
+        from scrapy_dist.serializers import RequestPolicy, load_serializer
 
         self.client = client
         self.key = layout.keys.dead
         self.queue = layout.queue_cls(client, layout.keys.requests, layout.keys.seq)
         self.seeds = SeedQueue(client, layout.seeds, layout.seeds_kind)
         self.serializer = load_serializer(settings.get("SCHEDULER_SERIALIZER"))
+        self.policy = RequestPolicy.from_settings(settings)
         self.encoding = str(settings.get("REDIS_ENCODING"))
         self.allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
         self.spidercls = spidercls
@@ -698,11 +699,33 @@ class Requeuer:
             except (ValueError, TypeError, KeyError, OverflowError) as e:
                 plan.skipped.append((index, f"not a serialized request ({e})"))
                 return
+            refusal = self._refusal(obj)
+            if refusal:
+                plan.skipped.append((index, f"request is still invalid: {refusal}"))
+                return
             plan.requests.append((data, self.queue.score(request), b""))
             plan.request_records.append((index, raw))
             plan.chosen.append(position)
         else:
             plan.skipped.append((index, f"unknown record kind {kind!r}"))
+
+    def _refusal(self, obj: dict[str, Any]) -> str | None:
+        """Why a worker would dead-letter this request again (``None``: it would not)."""
+        from scrapy_dist import callbacks
+        from scrapy_dist.serializers import check_priority
+
+        try:
+            self.policy.request_class(obj.get("_class"))
+            self.policy.check_url(obj.get("url"))
+            check_priority(obj.get("priority", 0))
+        except ValueError as e:
+            return str(e)
+        for name in ("callback", "errback"):
+            if obj.get(name) and self.spidercls is not None:
+                reason = callbacks.refusal(self.spidercls, obj[name], public_only=False)
+                if reason:
+                    return f"{name} {reason}"
+        return None
 
     def _run(self, read: Callable[[Any], _Requeue]) -> _Requeue:
         """Read and plan under ``WATCH``, then push and remove in one ``MULTI``."""

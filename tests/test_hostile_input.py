@@ -646,3 +646,27 @@ def test_a_pickled_entry_with_a_huge_priority_is_a_serialization_error() -> None
     entry = pickle.dumps({"url": "https://a.example/", "priority": 10**5000}, protocol=4)
     with pytest.raises(SerializationError, match="priority"):
         codec.decode(entry)
+
+
+@pytestmark_redis
+def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
+    redis_url: str, client: redis.Redis, name: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:  # fmt: skip
+    from scrapy_dist.cli import main
+
+    dead = deadletter.DeadLetters(client, f"{name}:dead", "w")
+    hostile = json.dumps({"url": "https://a.example/", "_class": "os.system"})
+    local = json.dumps({"url": "file:///etc/passwd"})
+    fine = json.dumps({"url": "https://a.example/ok"})
+    for data in (hostile, local, fine):
+        dead.add(deadletter.REQUEST, "refused", data)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    assert main(["dead", "requeue", name, "--all", "--redis-url", redis_url]) == 1
+    err = capsys.readouterr().err
+    assert "#0: not requeued: request is still invalid: request class 'os.system'" in err
+    assert "#1: not requeued: request is still invalid: URL scheme 'file'" in err
+    left = [deadletter.data_of(deadletter.parse(r)) for r in client.lrange(f"{name}:dead", 0, -1)]
+    assert left == [hostile.encode(), local.encode()]
+    assert [e[16:] for e in client.zrange(f"{name}:requests", 0, -1)] == [fine.encode()]
