@@ -73,33 +73,41 @@ else
   end
 end
 
+-- [input] a queue entry that enqueue.lua did not write (no 16-digit entry id: pushed
+-- by hand, say) cannot be leased: it is dead-lettered whole, alone, its bytes kept
+-- readable (the record format is scrapy_dist/deadletter.py's), and the rest go on.
+if source == "q" then
+  local kept = {}
+  for _, pair in ipairs(taken) do
+    if string.match(string.sub(pair[1], 1, 16), "^" .. string.rep("%d", 16) .. "$") then
+      kept[#kept + 1] = pair
+    else
+      redis.call("RPUSH", dead, dead_json("request", pair[1],
+        "malformed queue entry: it does not start with the 16-digit entry id the "
+        .. "enqueue script writes (pushed by hand? 'scrapy-dist dead requeue' gives it one)",
+        now, worker, 0))
+      redis.call("HINCRBY", stats, "dead", 1)
+    end
+  end
+  taken = kept
+end
+-- [/input]
+
 local result = {}
 for _, pair in ipairs(taken) do
   local entry, score = pair[1], pair[2]
   local id
   if source == "q" then
     id = string.sub(entry, 1, 16)
-    -- [input] an entry that enqueue.lua did not write (no 16-digit id) cannot be
-    -- leased: dead-letter it whole, alone, readable (see scrapy_dist/deadletter.py)
-    if not string.match(id, "^" .. string.rep("%d", 16) .. "$") then
-      redis.call("RPUSH", dead, dead_json("request", entry,
-        "malformed queue entry: it does not start with a 16-digit entry id (was it "
-        .. "pushed by hand? requeue it with 'scrapy-dist dead requeue')", now, worker, 0))
-      redis.call("HINCRBY", stats, "dead", 1)
-      id = nil
-    end
-    -- [/input]
   else
     local digits = tostring(redis.call("INCR", seq))
     id = "s" .. string.rep("0", 15 - #digits) .. digits
   end
-  if id then
-    local times = redis.call("HINCRBY", deliveries, id, 1)
-    redis.call("ZADD", leases, now + duration, id)
-    redis.call("HSET", leased, id, source .. "|" .. score .. "|" .. worker .. "|" .. entry)
-    result[#result + 1] = id
-    result[#result + 1] = times
-    result[#result + 1] = entry
-  end
+  local times = redis.call("HINCRBY", deliveries, id, 1)
+  redis.call("ZADD", leases, now + duration, id)
+  redis.call("HSET", leased, id, source .. "|" .. score .. "|" .. worker .. "|" .. entry)
+  result[#result + 1] = id
+  result[#result + 1] = times
+  result[#result + 1] = entry
 end
 return result
