@@ -670,3 +670,34 @@ def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
     left = [deadletter.data_of(deadletter.parse(r)) for r in client.lrange(f"{name}:dead", 0, -1)]
     assert left == [hostile.encode(), local.encode()]
     assert [e[16:] for e in client.zrange(f"{name}:requests", 0, -1)] == [fine.encode()]
+
+
+@pytestmark_redis
+def test_lua_utf8_check_agrees_with_python(client: redis.Redis) -> None:
+    """Lua escapes exactly the data Python's strict UTF-8 decoder refuses."""
+    import random
+
+    from scrapy_dist.scripts import source
+
+    rng = random.Random(11)
+    pieces = [b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x90\x80\x80",
+              b"\xf4\x8f\xbf\xbf", b"\x80", b"\xbf", b"\xc0", b"\xc1", b"\xe0", b"\xed", b"\xf4",
+              b"\xf5", b"\xff", b"a", b"\x00"]  # fmt: skip
+    samples = [b"".join(rng.choices(pieces, k=rng.randint(1, 6))) for _ in range(3000)]
+    samples += [bytes(rng.randrange(256) for _ in range(rng.randint(1, 8))) for _ in range(3000)]
+    script = client.register_script(
+        source("reserve").split("-- Lease up to COUNT", 1)[0]
+        + "\nlocal out = {}\nfor i, s in ipairs(ARGV) do out[i] = is_utf8(s) and 1 or 0 end"
+        + "\nreturn out"
+    )
+    verdicts = script(args=samples)
+
+    def python(data: bytes) -> int:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return 0
+        return 1
+
+    wrong = [s for s, v in zip(samples, verdicts, strict=True) if v != python(s)]
+    assert not wrong, wrong[:10]

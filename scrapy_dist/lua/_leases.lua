@@ -36,44 +36,30 @@ local function return_entry(origin, score, entry, queue, qback, seeds, sback)
   end
 end
 
--- True if s is well-formed UTF-8 as Python's strict decoder sees it (no overlong
--- forms, no surrogates, nothing above U+10FFFF).
+-- The well-formed UTF-8 sequences of two to four bytes (Unicode's table 3-7: no
+-- overlong forms, no surrogates, nothing above U+10FFFF). Their lead bytes differ, and
+-- a continuation byte never leads, so they can be matched in any order.
+local UTF8_SEQUENCES = {
+  "[\194-\223][\128-\191]",
+  "\224[\160-\191][\128-\191]",
+  "[\225-\236\238\239][\128-\191][\128-\191]",
+  "\237[\128-\159][\128-\191]",
+  "\240[\144-\191][\128-\191][\128-\191]",
+  "[\241-\243][\128-\191][\128-\191][\128-\191]",
+  "\244[\128-\143][\128-\191][\128-\191]",
+}
+
+-- True if s is well-formed UTF-8 as Python's strict decoder sees it: once every valid
+-- multi-byte sequence is replaced by an ASCII letter (so that no two bytes meet that
+-- were apart), no byte above 127 is left. gsub runs in C: no per-byte Lua loop.
 local function is_utf8(s)
   if not string.find(s, "[\128-\255]") then
     return true
   end
-  local i, n = 1, #s
-  while i <= n do
-    local c = string.byte(s, i)
-    if c < 128 then
-      i = i + 1
-    else
-      local len, lo, hi
-      if c >= 194 and c <= 223 then len, lo, hi = 2, 128, 191
-      elseif c == 224 then len, lo, hi = 3, 160, 191
-      elseif (c >= 225 and c <= 236) or c == 238 or c == 239 then len, lo, hi = 3, 128, 191
-      elseif c == 237 then len, lo, hi = 3, 128, 159
-      elseif c == 240 then len, lo, hi = 4, 144, 191
-      elseif c >= 241 and c <= 243 then len, lo, hi = 4, 128, 191
-      elseif c == 244 then len, lo, hi = 4, 128, 143
-      else return false end
-      if i + len - 1 > n then
-        return false
-      end
-      local c2 = string.byte(s, i + 1)
-      if c2 < lo or c2 > hi then
-        return false
-      end
-      for j = i + 2, i + len - 1 do
-        local cj = string.byte(s, j)
-        if cj < 128 or cj > 191 then
-          return false
-        end
-      end
-      i = i + len
-    end
+  for _, sequence in ipairs(UTF8_SEQUENCES) do
+    s = string.gsub(s, sequence, "u")
   end
-  return true
+  return not string.find(s, "[\128-\255]")
 end
 
 -- Bytes as their latin-1 text, in UTF-8 (what Python's bytes.decode("latin-1") gives).
