@@ -32,8 +32,8 @@ from scrapy_dist import _engine, callbacks, deadletter
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, SerializationError
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.scripts import scripts_for
-from scrapy_dist.seeds import PRIORITY_MAX, check_callbacks, parse_seed, request_from_seed
-from scrapy_dist.serializers import JsonSerializer, RequestCodec, RequestPolicy
+from scrapy_dist.seeds import check_callbacks, parse_seed, request_from_seed
+from scrapy_dist.serializers import PRIORITY_MAX, JsonSerializer, RequestCodec, RequestPolicy
 from scrapy_dist.spiders import RedisSpider
 from scrapy_dist.testing import (
     RedisServer,
@@ -701,3 +701,27 @@ def test_lua_utf8_check_agrees_with_python(client: redis.Redis) -> None:
 
     wrong = [s for s, v in zip(samples, verdicts, strict=True) if v != python(s)]
     assert not wrong, wrong[:10]
+
+
+@pytestmark_redis
+def test_a_worker_refuses_to_start_on_an_engine_without_what_it_reads(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """``scrapy crawl`` on a Scrapy whose engine lacks an attribute scrapy_dist reads
+    (simulated by requiring one more) exits 1 with the error naming the version."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import scrapy_dist._engine as engine\n"
+        "engine.REQUIRED += (('_slot.renamed_attribute', 'a renamed attribute'),)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    for name in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "pages", "-s", f"REDIS_URL={server.url}",
+         "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2"],
+        cwd=TEST_PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    import scrapy
+
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"Scrapy {scrapy.__version__} has no engine._slot.renamed_attribute" in done.stderr
