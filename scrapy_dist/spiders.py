@@ -23,26 +23,29 @@ is still processed.
 
 from __future__ import annotations
 
+import codecs
 import logging
+import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
-from twisted.internet.task import LoopingCall
 
 from scrapy_dist import _engine, deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
-from scrapy_dist.frontier import DONE, Frontier
-from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
+from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier
+from scrapy_dist.seeds import parse_seed, request_from_seed
+from scrapy_dist.startup import fail_start, start_failure
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable
 
     from scrapy.crawler import Crawler
+    from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -74,21 +77,82 @@ class RedisSpiderMixin(Spider):
         spider.setup_redis(crawler)
         return spider
 
-    def setup_redis(self, crawler: Crawler) -> None:
-        """Read the settings, set up the seeds key and connect the signals (no I/O)."""
+    def setup_redis(self, crawler: Crawler | None = None) -> None:
+        """Check the spider's own attributes (``-a`` arguments arrive as strings) and
+        connect the signals; no settings, no I/O.
+
+        Scrapy creates the spider before it applies add-ons, so everything that needs
+        settings is set up by :meth:`open_redis` once they are final (at
+        ``spider_opened``). An invalid attribute is a start-up failure (see
+        :mod:`scrapy_dist.startup`).
+        """
+        crawler = crawler or self.crawler
+        self._redis_open = False
+        self._idle_ticker: LoopingCall | None = None
+        self._idle_since: float | None = None
+        self._next_poll = 0.0
+        self._poll_pause = SEED_POLL_MIN
+        self._next_wake = 0.0
+        #: When the scheduler last had nothing for this worker (None: it had work since).
+        self._starved_since: float | None = None
+        try:
+            self._check_attributes()
+        except ConfigurationError as e:
+            fail_start(crawler, "configuration_error", f"Cannot start: {e}", self)
+        crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
+        crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
+        crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
+        crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self._on_closed, signal=signals.spider_closed)
+
+    def _check_attributes(self) -> None:
+        """Coerce the Redis attributes a spider argument may set, or explain why not.
+
+        Raises:
+            ConfigurationError: a value of the wrong kind.
+        """
+        if self.redis_key is not None and (
+            not isinstance(self.redis_key, str) or not self.redis_key.strip()
+        ):
+            raise ConfigurationError(
+                f"spider attribute redis_key={self.redis_key!r} must be a non-empty key "
+                "name or template such as '%(name)s:start_urls'"
+            )
+        self.redis_batch_size = _number(self.redis_batch_size, "redis_batch_size", int, 1)
+        self.max_idle_time = _number(self.max_idle_time, "max_idle_time", float, 0.0)
+        if self.redis_encoding is not None:
+            try:
+                codecs.lookup(str(self.redis_encoding))
+            except LookupError as e:
+                raise ConfigurationError(
+                    f"spider attribute redis_encoding={self.redis_encoding!r} is not a "
+                    "known text encoding"
+                ) from e
+
+    def open_redis(self) -> None:
+        """Set up from the crawler's final settings (idempotent; no I/O): the frontier
+        and its keys (named after this spider instance and its ``redis_key``), batch
+        size, idle handling. Runs at ``spider_opened``, or when first needed; not
+        after a failed start.
+
+        Raises:
+            RuntimeError: the settings are not final yet.
+        """
+        if self._redis_open or self._failed:
+            return
+        crawler = self.crawler
         settings = settings_for(crawler)
         self.frontier = Frontier.for_crawler(crawler)
-        keys = self.frontier.keys
         #: The crawl's Redis client (scrapy-redis's attribute name).
         self.server = self.frontier.client
-        self.redis_key = keys.start_urls_key(self.redis_key) if self.redis_key else keys.start_urls
+        self.seeds = self.frontier.seeds
+        #: The seeds key, expanded (scrapy-redis's attribute).
+        self.redis_key = self.seeds.key
         self.redis_batch_size = int(
             self.redis_batch_size
             or settings.getint("REDIS_START_URLS_BATCH_SIZE")
             or settings.getint("CONCURRENT_REQUESTS")
         )
-        if self.redis_batch_size < 1:
-            raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
         self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
         self.seed_allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
         if self.max_idle_time is None:
@@ -98,38 +162,25 @@ class RedisSpiderMixin(Spider):
         self.persist = settings.getbool("SCHEDULER_PERSIST")
         self.idle_poll = settings.getfloat("SCHEDULER_IDLE_POLL")
         self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
+        self._wake_pause = self.idle_poll
+        frontier = self.frontier
+        self.dead_letters = DeadLetters(self.server, frontier.keys.dead, frontier.worker_id)
+        self._redis_open = True
+        if self.redis_batch_size < 1:
+            raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
         if self.idle_poll <= 0:
             raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
-        self.seeds = self.frontier.seeds = SeedQueue(
-            self.server, self.redis_key, SeedQueue.kind_from_settings(settings)
-        )
-        self.dead_letters = DeadLetters(self.server, keys.dead, self.frontier.worker_id)
-        self._idle_since: float | None = None
-        self._next_poll = 0.0
-        self._poll_pause = SEED_POLL_MIN
-        self._next_wake = 0.0
-        self._wake_pause = self.idle_poll
-        #: When the scheduler last had nothing for this worker (None: it had work since).
-        self._starved_since: float | None = None
-        self._idle_ticker = LoopingCall(self._idle_tick)
-        crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
-        crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
-        crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
-        crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
-        crawler.signals.connect(self._on_closed, signal=signals.spider_closed)
+
+    @property
+    def _failed(self) -> bool:
+        return start_failure(getattr(self, "crawler", None)) is not None
 
     async def start(self) -> AsyncIterator[Any]:
         """Yield the requests of the seeds waiting in Redis now; later ones are fetched
-        as the worker has room (see the module docstring).
-
-        Raises:
-            CloseSpider: the seeds key holds the wrong Redis type for the seed mode.
+        as the worker has room (see the module docstring). Nothing if the start failed.
         """
-        try:
-            self.seeds.check_type()
-        except ConfigurationError as e:
-            logger.error("%(error)s", {"error": e}, extra={"spider": self})
-            raise CloseSpider("seeds_key_wrong_type") from e
+        if self._failed:
+            return
         requests, settled = self.take_seeds()
         for request in requests:
             yield request
@@ -156,6 +207,7 @@ class RedisSpiderMixin(Spider):
             ``self.frontier.settle()`` once the requests are enqueued. Bad seeds are
             already in the dead-letter list.
         """
+        self.open_redis()
         assert self.redis_batch_size is not None
         leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
         requests: list[Request] = []
@@ -168,9 +220,9 @@ class RedisSpiderMixin(Spider):
                 else:
                     requests += [result] if isinstance(result, Request) else list(result)
             except Exception as e:  # a bad seed must not take its batch down
-                if not self._reject_seed(lease.data, e):
-                    continue  # not recorded: its lease expires and it is read again
-            settled.append((lease.id, DONE))
+                settled.append((lease.id, self._reject_seed(lease.data, e)))
+            else:
+                settled.append((lease.id, DONE))
         if leases:
             self.crawler.stats.inc_value("seeds/fetched", len(leases))
             logger.debug(
@@ -188,9 +240,16 @@ class RedisSpiderMixin(Spider):
         """
         requests, settled = self.take_seeds()
         self.frontier.settle(settled)
+        self.frontier.flush()
         return requests
 
-    def _reject_seed(self, data: bytes, error: Exception) -> bool:
+    def _reject_seed(self, data: bytes, error: Exception) -> str:
+        """Log and count a seed that cannot become a request.
+
+        Returns:
+            The settlement of its lease: dead-letter it with its record, in the same
+            server-side step that settles the lease, so it is recorded exactly once.
+        """
         if isinstance(error, InvalidSeed):
             reason = str(error)
         else:
@@ -202,10 +261,8 @@ class RedisSpiderMixin(Spider):
             extra={"spider": self},
         )
         self.crawler.stats.inc_value("seeds/invalid")
-        recorded = self.frontier.call(
-            lambda: self.dead_letters.add(deadletter.SEED, reason, data, key=self.redis_key)
-        )
-        return recorded is not None
+        record = self.dead_letters.record(deadletter.SEED, reason, data, key=self.redis_key)
+        return DEAD_NOW + record.decode("utf-8")
 
     def schedule_next_requests(self) -> int:
         """Take one batch of seeds and hand their requests to the engine.
@@ -223,11 +280,20 @@ class RedisSpiderMixin(Spider):
     # -- signals --------------------------------------------------------------------
 
     def _on_opened(self, spider: Spider) -> None:
-        if spider is self:
-            self._idle_ticker.start(TICK, now=False)
+        if spider is not self or self._failed:
+            return
+        try:
+            self.open_redis()
+        except ConfigurationError as e:
+            fail_start(self.crawler, "configuration_error", f"Cannot start: {e}", self)
+            return
+        from twisted.internet.task import LoopingCall  # the reactor is installed by now
+
+        self._idle_ticker = LoopingCall(self._idle_tick)
+        self._idle_ticker.start(TICK, now=False)
 
     def _on_closed(self, spider: Spider) -> None:
-        if spider is self and self._idle_ticker.running:
+        if spider is self and self._idle_ticker is not None and self._idle_ticker.running:
             self._idle_ticker.stop()
 
     def _on_activity(self, *_: Any, **__: Any) -> None:
@@ -253,6 +319,8 @@ class RedisSpiderMixin(Spider):
         wake_engine(self.crawler.engine)
 
     def _on_scheduler_empty(self) -> None:
+        if self._failed or not self._redis_open:
+            return
         if self._starved_since is None:
             self._starved_since = time.monotonic()
         self._poll_seeds()
@@ -278,7 +346,11 @@ class RedisSpiderMixin(Spider):
 
     def _on_idle(self) -> None:
         """``spider_idle``: fetch seeds; close when the crawl is finished (with
-        ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open."""
+        ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open.
+        A spider whose start failed closes with the failure's reason."""
+        failure = start_failure(self.crawler)
+        if failure is not None:
+            raise CloseSpider(failure.reason)
         if self._poll_seeds():
             self._idle_since = None
             raise DontCloseSpider
@@ -313,6 +385,30 @@ class RedisSpiderMixin(Spider):
             )
             return
         raise DontCloseSpider
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N | None:
+    """A spider attribute that must be a number of at least ``least`` (``None``: unset);
+    ``-a`` arguments arrive as strings.
+
+    Raises:
+        ConfigurationError: not such a number.
+    """
+    if value is None:
+        return None
+    what = "an integer" if kind is int else "a number"
+    try:
+        number = kind(str(value).strip()) if isinstance(value, str) else kind(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or isinstance(value, bool) or math.isnan(number) or number < least:
+        raise ConfigurationError(
+            f"spider attribute {name}={value!r} must be {what} of at least {least}"
+        )
+    return number
 
 
 def wake_engine(engine: Any) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import scrapy
 from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 from scrapy.spiders import CrawlSpider
@@ -35,6 +36,7 @@ from scrapy_dist.scripts import scripts_for
 from scrapy_dist.seeds import check_callbacks, parse_seed, request_from_seed
 from scrapy_dist.serializers import PRIORITY_MAX, JsonSerializer, RequestCodec, RequestPolicy
 from scrapy_dist.spiders import RedisSpider
+from scrapy_dist.startup import start_failure
 from scrapy_dist.testing import (
     RedisServer,
     RedisServerNotFound,
@@ -352,19 +354,12 @@ def test_scheduler_refuses_to_open_on_an_engine_without_its_slot(
     crawler.engine = _RenamedEngine()  # type: ignore[assignment]
     scheduler = Scheduler.from_crawler(crawler)
     assert crawler.spider is not None
-    with pytest.raises(ConfigurationError, match="Scrapy"):
-        scheduler.open(crawler.spider)
+    scheduler.open(crawler.spider)  # a failed start: reported, not raised
+    failure = start_failure(crawler)
+    assert failure is not None
+    assert failure.reason == "configuration_error"
+    assert f"Scrapy {scrapy.__version__} has no engine._slot" in failure.message
     assert not client.exists(scheduler.frontier.keys.workers)  # never joined the crawl
-
-
-def test_engine_check_passes_on_the_running_scrapy() -> None:
-    from scrapy.core.engine import ExecutionEngine
-    from scrapy.core.engine import _Slot as ScrapySlot
-    from scrapy.utils.reactor import CallLaterOnce
-
-    engine = ExecutionEngine.__new__(ExecutionEngine)
-    engine._slot = ScrapySlot(True, CallLaterOnce(lambda: None), None)  # type: ignore[arg-type]
-    _engine.check(engine)
 
 
 # -- dead letters: one format, written by Python and Lua alike -----------------------
@@ -721,7 +716,5 @@ def test_a_worker_refuses_to_start_on_an_engine_without_what_it_reads(
          "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2"],
         cwd=TEST_PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    import scrapy
-
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"Scrapy {scrapy.__version__} has no engine._slot.renamed_attribute" in done.stderr
