@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from scrapy import signals
@@ -183,6 +183,20 @@ class Scheduler(BaseScheduler):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
+        """Build the scheduler from the crawler's settings.
+
+        Invalid settings are a start-up failure (:func:`scrapy_dist.startup.fail_start`:
+        one ERROR line, exit status 1), not an exception that leaves Scrapy's engine
+        half-opened: the crawler then gets a scheduler that schedules nothing.
+        """
+        try:
+            return cls._build(crawler)
+        except ConfigurationError as e:
+            fail_start(crawler, "configuration_error", f"Cannot start: {e}")
+            return cast("Self", FailedScheduler(crawler))
+
+    @classmethod
+    def _build(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
         frontier = Frontier.for_crawler(crawler)
         dupefilter: BaseDupeFilter = build_from_crawler(
@@ -600,3 +614,33 @@ class Scheduler(BaseScheduler):
                 deadletter.REQUEST, f"unserializable: {error}", repr(request), url=request.url
             )
         )
+
+
+class FailedScheduler(BaseScheduler):
+    """The scheduler of a crawler whose scheduler settings are invalid: it schedules
+    nothing and closes the spider at its first idle moment with the failure's reason."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        crawler.signals.connect(self.close_if_failed, signal=signals.spider_idle)
+
+    def close_if_failed(self) -> None:
+        """``spider_idle``: close the spider.
+
+        Raises:
+            CloseSpider: always, with the start failure's reason.
+        """
+        failure = start_failure(self.crawler)
+        raise CloseSpider(failure.reason if failure is not None else "configuration_error")
+
+    def has_pending_requests(self) -> bool:
+        """Never: nothing is scheduled."""
+        return False
+
+    def enqueue_request(self, request: Request) -> bool:
+        """Refuse ``request``: the crawl did not start."""
+        return False
+
+    def next_request(self) -> Request | None:
+        """Nothing."""
+        return None
