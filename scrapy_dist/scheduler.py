@@ -245,9 +245,24 @@ class Scheduler(BaseScheduler):
             },
             extra={"spider": spider},
         )
+        queued = len(self.queue)
+        if queued:  # scrapy-redis's message, which users grep their logs for
+            spider.log(f"Resuming crawl ({queued} requests scheduled)")
         self._next_beat = time.monotonic() + self.heartbeat_interval
         self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
         self.df.open()
+
+    def flush(self) -> None:
+        """Delete the crawl's queue, leases and dupefilter now (scrapy-redis's ``flush``).
+
+        Other workers of the crawl lose their queued requests too; a worker flushes at
+        start with ``SCHEDULER_FLUSH_ON_START``, and only when it runs alone.
+        """
+        self.frontier.client.unlink(*self.frontier.clear_keys)  # UNLINK: may be large
+        if self._shared_df is not None:
+            self._shared_df.forget_local()
+        elif hasattr(self.df, "clear"):
+            self.df.clear()
 
     def close(self, reason: str) -> None:
         """Settle what the engine finished, hand back what it never started, leave the

@@ -58,7 +58,8 @@ class Seed:
     priority: int = 0
     callback: str | None = None
     errback: str | None = None
-    dont_filter: bool = False
+    #: ``None``: the seed does not say (the spider applies ``REDIS_START_URLS_DONT_FILTER``).
+    dont_filter: bool | None = None
 
 
 def _check_url(value: Any) -> str:
@@ -160,8 +161,16 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
 FIELDS = frozenset(_VALIDATORS)
 
 
-def _from_object(obj: dict[str, Any]) -> Seed:
+def _from_object(obj: dict[str, Any], extra_as_formdata: bool = True) -> Seed:
     unknown = sorted(set(obj) - FIELDS)
+    if unknown and extra_as_formdata and not any(f in obj for f in BODY_FIELDS):
+        # scrapy-redis's schema: {"url", "method", "meta", ...}, every other key is form
+        # data (in the query string for its default GET)
+        formdata = {k: obj[k] for k in unknown}
+        obj = {k: v for k, v in obj.items() if k in FIELDS}
+        obj["formdata"] = formdata
+        obj.setdefault("method", "GET")
+        unknown = []
     if unknown:
         names = ", ".join(map(repr, unknown))
         raise InvalidSeed(f"unknown field(s) {names}; allowed: {', '.join(sorted(FIELDS))}")
@@ -173,8 +182,11 @@ def _from_object(obj: dict[str, Any]) -> Seed:
     return Seed(**{name: _VALIDATORS[name](value) for name, value in obj.items()})
 
 
-def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
+def parse_seed(data: bytes | str, encoding: str = "utf-8", *, extra_as_formdata: bool = True) -> Seed:
     """Validate raw seed data.
+
+    With ``extra_as_formdata`` (``REDIS_START_URLS_EXTRA_FORMDATA``), a JSON seed's
+    unknown fields are form data, as in scrapy-redis; without, they make it invalid.
 
     Raises:
         InvalidSeed: the data is not a URL or a valid JSON seed; the message says why.
@@ -194,7 +206,7 @@ def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
             raise InvalidSeed(f"seed is not valid JSON: {e}") from e
         if not isinstance(obj, dict):
             raise InvalidSeed(f"a JSON seed must be an object, not {type(obj).__name__}")
-        return _from_object(obj)
+        return _from_object(obj, extra_as_formdata)
     return Seed(url=_check_url(text))
 
 
@@ -230,7 +242,7 @@ def request_from_seed(seed: Seed, spider: object) -> Request:
         "meta": seed.meta or None,
         "cb_kwargs": seed.cb_kwargs or None,
         "priority": seed.priority,
-        "dont_filter": seed.dont_filter,
+        "dont_filter": bool(seed.dont_filter),
         "callback": _spider_method(spider, seed.callback, "callback"),
         "errback": _spider_method(spider, seed.errback, "errback"),
     }

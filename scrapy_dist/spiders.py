@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
+from scrapy.utils.misc import load_object
 from twisted.internet.task import LoopingCall
 
 from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
+from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
 from scrapy_dist.frontier import DONE, Frontier
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 
@@ -43,7 +46,10 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
 
     from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
     from typing_extensions import Self
+
+    from scrapy_dist.dupefilter import DupefilterBackend
 
 logger = logging.getLogger(__name__)
 
@@ -74,24 +80,56 @@ class RedisSpiderMixin(Spider):
         spider.setup_redis(crawler)
         return spider
 
-    def setup_redis(self, crawler: Crawler) -> None:
-        """Read the settings, set up the seeds key and connect the signals (no I/O)."""
+    def setup_redis(self, crawler: Crawler | None = None) -> None:
+        """Read the settings, set up the seeds key and connect the signals (no I/O).
+
+        Called by ``from_crawler``; a second call does nothing (scrapy-redis's contract).
+
+        Raises:
+            ValueError: no crawler (none given and ``self.crawler`` unset), an empty
+                ``redis_key``, or a ``redis_batch_size``/``max_idle_time`` (spider
+                arguments are strings) that is not a number.
+        """
+        if getattr(self, "server", None) is not None:
+            return
+        crawler = crawler or getattr(self, "crawler", None)
+        if crawler is None:
+            raise ValueError("crawler is required")
         settings = settings_for(crawler)
-        self.frontier = Frontier.for_crawler(crawler)
-        keys = self.frontier.keys
-        #: The crawl's Redis client (scrapy-redis's attribute name).
-        self.server = self.frontier.client
-        self.redis_key = keys.start_urls_key(self.redis_key) if self.redis_key else keys.start_urls
-        self.redis_batch_size = int(
-            self.redis_batch_size
-            or settings.getint("REDIS_START_URLS_BATCH_SIZE")
-            or settings.getint("CONCURRENT_REQUESTS")
-        )
+        if self.redis_key is not None and not str(self.redis_key).strip():
+            raise ValueError("redis_key must not be empty")
+        try:
+            batch = self.redis_batch_size
+            self.redis_batch_size = int(
+                batch if batch is not None
+                else settings.getint("REDIS_START_URLS_BATCH_SIZE")
+                or settings.getint("CONCURRENT_REQUESTS")
+            )  # fmt: skip
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"redis_batch_size must be an integer: {e}") from e
+        try:
+            if self.max_idle_time is None:
+                self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
+            self.max_idle_time = float(self.max_idle_time)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"max_idle_time must be an integer: {e}") from e
         if self.redis_batch_size < 1:
             raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
+        self.frontier = Frontier.for_crawler(crawler)
+        keys = self.frontier.keys
+        self.redis_key = keys.start_urls_key(self.redis_key) if self.redis_key else keys.start_urls
         self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
-        if self.max_idle_time is None:
-            self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
+        #: Seeds that do not say ``dont_filter`` get this (``REDIS_START_URLS_DONT_FILTER``).
+        self.seeds_dont_filter = settings.getbool("REDIS_START_URLS_DONT_FILTER")
+        #: scrapy-redis's JSON seeds: unknown fields are form data
+        #: (``REDIS_START_URLS_EXTRA_FORMDATA``).
+        self.seeds_extra_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
+        #: Where seed fingerprints are recorded, so links back to a seed are filtered
+        #: even though the seed itself was not (``None``: not a scrapy_dist dupefilter).
+        self._seed_filter = _seed_filter(settings, self.frontier)
+        self._seed_filter_open = False
+        #: The crawl's Redis client (scrapy-redis's attribute name).
+        self.server = self.frontier.client
         self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
         self.done_grace = settings.getfloat("CRAWL_DONE_GRACE")
         self.persist = settings.getbool("SCHEDULER_PERSIST")
@@ -111,11 +149,19 @@ class RedisSpiderMixin(Spider):
         #: When the scheduler last had nothing for this worker (None: it had work since).
         self._starved_since: float | None = None
         self._idle_ticker = LoopingCall(self._idle_tick)
-        crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
         crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
         crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._on_closed, signal=signals.spider_closed)
+        # the public hook, so a spider that overrides spider_idle() is called (as in
+        # scrapy-redis)
+        crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+
+    def start_requests(self) -> Iterable[Request]:
+        """One batch of seed requests (scrapy-redis's entry point; Scrapy >= 2.13 calls
+        :meth:`start`, which also waits for the requests to be enqueued before it
+        acknowledges their seeds)."""
+        return self.next_requests()
 
     async def start(self) -> AsyncIterator[Any]:
         """Yield the requests of the seeds waiting in Redis now; later ones are fetched
@@ -142,7 +188,11 @@ class RedisSpiderMixin(Spider):
         (or any exception) to send the seed to the dead-letter list, return ``None`` to
         skip it.
         """
-        seed = parse_seed(data, self.redis_encoding or "utf-8")
+        seed = parse_seed(
+            data, self.redis_encoding or "utf-8", extra_as_formdata=self.seeds_extra_formdata
+        )
+        if seed.dont_filter is None:
+            seed = replace(seed, dont_filter=self.seeds_dont_filter)
         return request_from_seed(seed, self)
 
     def take_seeds(self) -> tuple[list[Request], list[tuple[str, str]]]:
@@ -168,6 +218,7 @@ class RedisSpiderMixin(Spider):
                 if not self._reject_seed(lease.data, e):
                     continue  # not recorded: its lease expires and it is read again
             settled.append((lease.id, DONE))
+        self._record_seeds([r for r in requests if r.dont_filter])
         if leases:
             self.crawler.stats.inc_value("seeds/fetched", len(leases))
             logger.debug(
@@ -186,6 +237,28 @@ class RedisSpiderMixin(Spider):
         requests, settled = self.take_seeds()
         self.frontier.settle(settled)
         return requests
+
+    def _record_seeds(self, requests: list[Request]) -> None:
+        """Record the fingerprints of seed requests that skip the dupefilter
+        (``dont_filter``), so the pages linking back to a seed do not crawl it again.
+
+        A failure only means such a link may crawl the seed once more: it is logged.
+        """
+        backend = self._seed_filter
+        if backend is None or not requests:
+            return
+        fingerprint = self.crawler.request_fingerprinter.fingerprint
+        try:
+            if not self._seed_filter_open:
+                self._seed_filter = backend = backend.open()
+                self._seed_filter_open = True
+            backend.add_many([fingerprint(r) for r in requests])
+        except (redis.RedisError, ScrapyDistError) as e:
+            logger.warning(
+                "Could not record %(n)d seed fingerprint(s) in the dupefilter: %(error)s",
+                {"n": len(requests), "error": e},
+                extra={"spider": self},
+            )
 
     def _reject_seed(self, data: bytes, error: Exception) -> bool:
         if isinstance(error, InvalidSeed):
@@ -273,9 +346,14 @@ class RedisSpiderMixin(Spider):
             self._poll_pause = min(self._poll_pause * 2, SEED_POLL_MAX)
         return scheduled
 
-    def _on_idle(self) -> None:
+    def spider_idle(self) -> None:
         """``spider_idle``: fetch seeds; close when the crawl is finished (with
-        ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open."""
+        ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open.
+
+        Raises:
+            DontCloseSpider: the spider stays open.
+            CloseSpider: the crawl is finished.
+        """
         if self._poll_seeds():
             self._idle_since = None
             raise DontCloseSpider
@@ -310,6 +388,30 @@ class RedisSpiderMixin(Spider):
             )
             return
         raise DontCloseSpider
+
+
+    #: The former name of :meth:`spider_idle`.
+    _on_idle = spider_idle
+
+
+#: scrapy-redis's name of :class:`RedisSpiderMixin`.
+RedisMixin = RedisSpiderMixin
+
+
+def _seed_filter(settings: BaseSettings, frontier: Frontier) -> DupefilterBackend | None:
+    """The crawl's dupefilter backend, if the crawl uses scrapy_dist's scheduler and
+    dupefilter (no I/O)."""
+    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_settings
+
+    try:
+        df_cls = load_object(settings["DUPEFILTER_CLASS"])
+    except (ImportError, NameError, ValueError):
+        return None
+    if not (isinstance(df_cls, type) and issubclass(df_cls, RFPDupeFilter)):
+        return None
+    if not _dist_scheduler(settings):
+        return None
+    return backend_from_settings(settings, frontier.client, frontier.keys)
 
 
 def wake_engine(engine: Any) -> None:
