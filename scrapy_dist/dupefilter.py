@@ -81,7 +81,8 @@ def _dist_scheduler(settings: BaseSettings) -> bool:
         cls = load_object(settings["SCHEDULER"]) if settings.get("SCHEDULER") else None
     except (ImportError, NameError, ValueError):
         return False
-    return isinstance(cls, type) and issubclass(cls, Scheduler)
+    # not issubclass(): Scrapy's scheduler metaclass answers it by duck typing
+    return isinstance(cls, type) and Scheduler in cls.__mro__
 
 
 #: Values of ``BLOOM_ON_FULL``.

@@ -247,7 +247,7 @@ class Scheduler(BaseScheduler):
         )
         queued = len(self.queue)
         if queued:  # scrapy-redis's message, which users grep their logs for
-            spider.log(f"Resuming crawl ({queued} requests scheduled)")
+            spider.logger.info("Resuming crawl (%(n)d requests scheduled)", {"n": queued})
         self._next_beat = time.monotonic() + self.heartbeat_interval
         self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
         self.df.open()

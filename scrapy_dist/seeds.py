@@ -19,6 +19,7 @@ and the ``scrapy-dist push`` command, so what the CLI accepts a worker accepts.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
     from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
 
 #: URL schemes a seed may use.
 SCHEMES = frozenset(("http", "https"))
@@ -182,7 +185,9 @@ def _from_object(obj: dict[str, Any], extra_as_formdata: bool = True) -> Seed:
     return Seed(**{name: _VALIDATORS[name](value) for name, value in obj.items()})
 
 
-def parse_seed(data: bytes | str, encoding: str = "utf-8", *, extra_as_formdata: bool = True) -> Seed:
+def parse_seed(
+    data: bytes | str, encoding: str = "utf-8", *, extra_as_formdata: bool = True
+) -> Seed:
     """Validate raw seed data.
 
     With ``extra_as_formdata`` (``REDIS_START_URLS_EXTRA_FORMDATA``), a JSON seed's
@@ -289,9 +294,9 @@ class SeedQueue:
         as_set = settings.getbool("REDIS_START_URLS_AS_SET")
         as_zset = settings.getbool("REDIS_START_URLS_AS_ZSET")
         if as_set and as_zset:
-            raise ConfigurationError(
-                "REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET are both set; "
-                "choose one"
+            logger.warning(
+                "REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET are both set: reading "
+                "seeds from a set, as scrapy-redis does; unset one of them"
             )
         return "set" if as_set else "zset" if as_zset else "list"
 
