@@ -178,6 +178,12 @@ SCHEDULER_JOB_ID = None
 #: every crawl key, e.g. ``"%Y%m%d"``. Exclusive with ``SCHEDULER_JOB_ID``.
 SCHEDULER_JOB_TIMESTAMP = None
 
+#: Start requests of a spider that does not read seeds from Redis (Scrapy marks them
+#: ``dont_filter``) are crawled once per crawl: by the first worker, which records them
+#: as seen; workers joining a running crawl filter theirs. ``False``: every worker
+#: crawls its start requests, as in scrapy-redis.
+SCHEDULER_START_ONCE = True
+
 #: Seconds a worker holds a request it took before it must renew the lease; a dead
 #: worker's requests return to the queue this long after its last renewal.
 SCHEDULER_LEASE_TIMEOUT = 120.0

@@ -30,6 +30,7 @@ from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
 from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
+from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.workers import WorkerRegistry
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class Scheduler(BaseScheduler):
         heartbeat_interval: seconds between heartbeats and lease renewals.
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
+        start_once: crawl a plain spider's start requests once per crawl, not once
+            per worker.
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class Scheduler(BaseScheduler):
         prefetch: int = 1,
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
+        start_once: bool = True,
     ) -> None:
         if prefetch < 1:
             raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
@@ -135,6 +139,8 @@ class Scheduler(BaseScheduler):
         self.in_flight = in_flight
         self.persist = persist
         self.flush_on_start = flush_on_start
+        self.start_once = start_once
+        self._joined_running = False
         self.idle_before_close = idle_before_close
         self.prefetch = prefetch
         self.heartbeat_interval = heartbeat_interval
@@ -194,6 +200,7 @@ class Scheduler(BaseScheduler):
             or max(1, settings.getint("CONCURRENT_REQUESTS") // 2),
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
+            start_once=settings.getbool("SCHEDULER_START_ONCE"),
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         return scheduler
@@ -220,6 +227,8 @@ class Scheduler(BaseScheduler):
                 extra={"spider": spider},
             )
         others, flushed = self.registry.join(flush=self.flush_on_start)
+        #: Another worker was running this crawl when this one joined.
+        self._joined_running = others > 0
         if flushed:
             logger.info(
                 "Flushed crawl %(crawl)s (SCHEDULER_FLUSH_ON_START)",
@@ -337,7 +346,13 @@ class Scheduler(BaseScheduler):
         assert self.spider is not None
         shared = self._shared_df
         fingerprint = b""
-        if shared is not None and not request.dont_filter:
+        dont_filter = request.dont_filter
+        if dont_filter and shared is not None and self._once_per_crawl(request):
+            if self._joined_running:
+                dont_filter = False  # the crawl's first worker issued it: filter it
+            elif not self._record_start(shared, request):
+                return False
+        if shared is not None and not dont_filter:
             fingerprint = shared.fingerprint(request)
             if shared.seen_locally(fingerprint):  # known duplicate: not even serialized
                 self.df.log(request, self.spider)
@@ -348,7 +363,7 @@ class Scheduler(BaseScheduler):
             self._unserializable(request, e)
             return False
         # a local dupefilter records what it is asked about: ask only once it can be stored
-        if shared is None and not request.dont_filter and self.df.request_seen(request):
+        if shared is None and not dont_filter and self.df.request_seen(request):
             self.df.log(request, self.spider)
             return False
         outcome: list[bool] = []
@@ -369,6 +384,30 @@ class Scheduler(BaseScheduler):
         # batched (the default): Redis answers at the next flush, so duplicates it finds
         # are logged and counted then, and Scrapy is told the request was stored
         return outcome[0] if outcome else True
+
+    def _once_per_crawl(self, request: Request) -> bool:
+        """Whether ``request`` is a start request Scrapy marked ``dont_filter`` that
+        the crawl's workers should crawl once between them (``SCHEDULER_START_ONCE``):
+        the start requests of a spider that does not read its seeds from Redis."""
+        return (
+            self.start_once
+            and bool(request.meta.get("is_start_request"))
+            and not isinstance(self.spider, RedisSpiderMixin)
+        )
+
+    def _record_start(self, shared: RFPDupeFilter, request: Request) -> bool:
+        """Record a start request's fingerprint before it is queued unfiltered, so the
+        workers joining later filter theirs and links back to it are filtered.
+
+        Returns:
+            ``False`` if Redis cannot be reached (the request is not stored: Scrapy
+            drops it, and the worker's next start issues it again).
+        """
+        fingerprint = shared.fingerprint(request)
+        if self.frontier.call(lambda: shared.backend.add(fingerprint)) is None:
+            return False
+        shared.remember(fingerprint)
+        return True
 
     def next_request(self) -> Request | None:
         """Return the next request for this worker, or ``None`` if there is none now."""

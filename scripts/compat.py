@@ -44,7 +44,28 @@ from scrapy_dist.testing import RedisServer, TestSite, start_workers, stop_worke
 
 #: Tests of scrapy-redis that assert its internals, which no user code touches, and so
 #: may fail against scrapy_dist; test id -> reason. Everything else must pass.
-KNOWN_FAILURES: dict[str, str] = {}
+KNOWN_FAILURES: dict[str, str] = {
+    "tests.test_scrapy_redis.SchedulerTest::test_scheduler_persistent": (
+        "asserts that one worker closing with SCHEDULER_PERSIST = False deletes the queued "
+        "requests of the whole crawl; scrapy_dist deletes a crawl's keys only once the crawl "
+        "as a whole is finished (nothing queued or leased, no live worker), so a worker "
+        "that stops never wipes the others' work (docs/migration.md)"
+    ),
+    "tests.test_spiders.TestRedisMixin_setup_redis::test_via_from_crawler": (
+        "mocks scrapy_redis.spiders.connection to assert the spider builds its own client "
+        "with connection.from_settings(); scrapy_dist's spider uses the crawler's one shared "
+        "client (connection.client_for), like every other component"
+    ),
+    **{
+        f"tests.test_spiders::test_from_crawler_with_spider_arguments[{cls}]": (
+            "a Mock crawler, whose crawler.spider is a Mock: scrapy_dist names a crawl's keys "
+            "after the crawler's spider (crawler.spider or crawler.spidercls), so the key "
+            "becomes 'key:<Mock ...>'; the spider arguments themselves (redis_key, "
+            "redis_batch_size and max_idle_time as strings) are applied"
+        )
+        for cls in ("MySpider", "MyCrawlSpider")
+    },
+}
 
 #: A conftest for the copied suite: scrapy-redis's test classes use nose-style
 #: ``setup(self)``, which pytest >= 8 no longer calls (scrapy-redis pins pytest < 7).
@@ -210,11 +231,16 @@ def _check_pages(name: str, hits: dict[str, int], expected: set[str]) -> list[st
 
 def _process_items(project: Path, server: RedisServer, key: str, expected: int) -> list[str]:
     """Run ``process_items.py`` over ``key`` and check it read ``expected`` items."""
-    result = subprocess.run(
-        [sys.executable, "process_items.py", key, "--host", "127.0.0.1", "--port",
-         str(server.port), "--limit", str(expected), "--progress-every", "1", "-v"],
-        cwd=project, check=False, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    try:
+        result = subprocess.run(
+            [sys.executable, "process_items.py", key, "--host", "127.0.0.1", "--port",
+             str(server.port), "--limit", str(expected), "--progress-every", "1", "-v"],
+            cwd=project, check=False, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+        return [f"process_items.py {key}: read {err.count('Processing item:')} of "
+                f"{expected} items, then waited 30 s for more"]  # fmt: skip
     read = result.stderr.count("Processing item:")
     if result.returncode != 0 or read != expected:
         tail = "\n".join(result.stderr.splitlines()[-5:])
@@ -247,16 +273,23 @@ def run_example(sdist: Path, work: Path, server: RedisServer) -> list[str]:
             if spider == "myspider_redis":  # one item per seed, no link following
                 seeds = [site.page_url(i) for i in range(PAGES)]
                 expected = {f"/page/{i}" for i in range(PAGES)}
-            else:
+                items = PAGES
+            else:  # follows every link; the seed's own page goes to parse_start_url
                 seeds = [site.page_url(0)]
                 expected = site.expected_paths()
+                items = len(expected) - 1
             # the JSON seed format of scrapy-redis's README, and plain URLs
             client.lpush(seeds_key, json.dumps({"url": seeds[0], "meta": {"job-id": "1"}}))
             if seeds[1:]:
                 client.lpush(seeds_key, *seeds[1:])
+            # The spiders set allowed_domains to a filter() iterator, which Scrapy >= 2.13's
+            # OffsiteMiddleware reads twice, so it filters every link (with scrapy-redis
+            # too): the middleware is turned off for them.
+            offsite = {"scrapy.downloadermiddlewares.offsite.OffsiteMiddleware": None}
             workers = start_workers(
                 2, project_dir=project, spider=spider, log_dir=spider_logs,
-                settings=base, stats_setting=None,
+                settings={**base, "DOWNLOADER_MIDDLEWARES": json.dumps(offsite)},
+                stats_setting=None, spider_args={"domain": "127.0.0.1"},
             )  # fmt: skip
             try:
                 wait_workers(workers, timeout=90)
@@ -269,7 +302,7 @@ def run_example(sdist: Path, work: Path, server: RedisServer) -> list[str]:
         problems += found
         if not found:
             log(f"  {spider}: 2 workers, {len(expected)} pages, each fetched once")
-        problems += _process_items(project, server, f"{spider}:items", len(expected))
+        problems += _process_items(project, server, f"{spider}:items", items)
 
     dmoz_logs = logs / "dmoz"
     dmoz_logs.mkdir(parents=True)
@@ -292,8 +325,8 @@ def run_example(sdist: Path, work: Path, server: RedisServer) -> list[str]:
     problems += found
     if not found:
         log(f"  dmoz: 2 workers, {len(dmoz.expected)} pages, each fetched once")
-    # the root lists no sites of its own: two items per category page but the root
-    problems += _process_items(project, server, "dmoz:items", 2 * len(dmoz.expected))
+    # two items per category page; the root's links are followed, not parsed for items
+    problems += _process_items(project, server, "dmoz:items", 2 * (len(dmoz.expected) - 1))
     return problems
 
 
