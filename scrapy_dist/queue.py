@@ -76,10 +76,15 @@ class Base:
             if not hasattr(serializer, method):
                 raise TypeError(f"serializer does not implement {method!r}: {serializer!r}")
         self.server = server
-        self.spider = spider
+        self.spider: Spider | None = spider
         self.key = key % {"spider": spider.name}
         self.serializer = serializer
-        self._codec = RequestCodec(serializer, spider)
+        self._codec: RequestCodec | None = RequestCodec(serializer, spider)
+
+    def _codec_or_fail(self) -> RequestCodec:
+        if self._codec is None:
+            raise TypeError(f"{type(self).__name__} built without a spider stores no requests")
+        return self._codec
 
     def _encode_request(self, request: Request) -> bytes:
         """Serialize ``request`` (``request.to_dict`` then ``serializer.dumps``).
@@ -87,7 +92,7 @@ class Base:
         Raises:
             SerializationError: the request cannot be stored.
         """
-        return self._codec.encode(request)
+        return self._codec_or_fail().encode(request)
 
     def _decode_request(self, encoded_request: bytes) -> Request:
         """Rebuild a request from :meth:`_encode_request`'s output.
@@ -95,7 +100,7 @@ class Base:
         Raises:
             SerializationError: the data is corrupt or names a missing callback.
         """
-        return self._codec.decode(encoded_request)
+        return self._codec_or_fail().decode(encoded_request)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -139,6 +144,7 @@ class RedisQueue(Base):
             self.key = key
             self.seq_key = seq_key
             self.spider = None
+            self._codec = None
         else:  # scrapy-redis's (server, spider, key, serializer)
             super().__init__(client, key, seq_key, serializer)
             self.client = client
@@ -209,7 +215,7 @@ class RedisQueue(Base):
         payloads = self.pop_payloads(1)
         return self._decode_request(payloads[0]) if payloads else None
 
-    def clear(self, pipe: Pipeline | None = None) -> None:  # type: ignore[override]
+    def clear(self, pipe: Pipeline | None = None) -> None:
         """Delete every entry."""
         (pipe or self.client).delete(self.key)
 

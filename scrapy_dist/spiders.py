@@ -96,25 +96,7 @@ class RedisSpiderMixin(Spider):
         if crawler is None:
             raise ValueError("crawler is required")
         settings = settings_for(crawler)
-        if self.redis_key is not None and not str(self.redis_key).strip():
-            raise ValueError("redis_key must not be empty")
-        try:
-            batch = self.redis_batch_size
-            self.redis_batch_size = int(
-                batch if batch is not None
-                else settings.getint("REDIS_START_URLS_BATCH_SIZE")
-                or settings.getint("CONCURRENT_REQUESTS")
-            )  # fmt: skip
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"redis_batch_size must be an integer: {e}") from e
-        try:
-            if self.max_idle_time is None:
-                self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
-            self.max_idle_time = float(self.max_idle_time)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"max_idle_time must be an integer: {e}") from e
-        if self.redis_batch_size < 1:
-            raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
+        self._read_spider_args(settings)
         self.frontier = Frontier.for_crawler(crawler)
         keys = self.frontier.keys
         self.redis_key = keys.start_urls_key(self.redis_key) if self.redis_key else keys.start_urls
@@ -156,6 +138,34 @@ class RedisSpiderMixin(Spider):
         # the public hook, so a spider that overrides spider_idle() is called (as in
         # scrapy-redis)
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+
+    def _read_spider_args(self, settings: BaseSettings) -> None:
+        """Check ``redis_key`` and turn ``redis_batch_size`` and ``max_idle_time`` (spider
+        arguments are strings) into numbers, falling back to their settings.
+
+        Raises:
+            ValueError: an empty ``redis_key``, or a value that is not a number.
+            ConfigurationError: a batch size below 1.
+        """
+        if self.redis_key is not None and not str(self.redis_key).strip():
+            raise ValueError("redis_key must not be empty")
+        try:
+            batch = self.redis_batch_size
+            self.redis_batch_size = int(
+                batch if batch is not None
+                else settings.getint("REDIS_START_URLS_BATCH_SIZE")
+                or settings.getint("CONCURRENT_REQUESTS")
+            )  # fmt: skip
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"redis_batch_size must be an integer: {e}") from e
+        try:
+            if self.max_idle_time is None:
+                self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
+            self.max_idle_time = float(self.max_idle_time)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"max_idle_time must be an integer: {e}") from e
+        if self.redis_batch_size < 1:
+            raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
 
     def start_requests(self) -> Iterable[Request]:
         """One batch of seed requests (scrapy-redis's entry point; Scrapy >= 2.13 calls
@@ -388,7 +398,6 @@ class RedisSpiderMixin(Spider):
             )
             return
         raise DontCloseSpider
-
 
     #: The former name of :meth:`spider_idle`.
     _on_idle = spider_idle

@@ -11,7 +11,6 @@ import pytest
 from scrapy import Request
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 
-from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
 
 if TYPE_CHECKING:
