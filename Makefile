@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install redis-server test pytest lint typecheck demo bench bench-deps clean
+.PHONY: install redis-server test pytest lint typecheck compat demo bench bench-deps clean
 
 ## install: virtualenv with the package, test and dev tools; a redis-server binary
 install: $(VENV)/.installed redis-server
@@ -28,6 +28,10 @@ lint: install
 
 typecheck: install
 	$(BIN)/mypy
+
+## compat: scrapy-redis's released test suite and example project, renamed, against scrapy_dist
+compat: install
+	$(BIN)/python scripts/compat.py
 
 ## demo: a distributed crawl of a local site by several workers sharing one Redis
 demo: install
