@@ -88,6 +88,12 @@ class RedisKeys:
     def dead(self) -> str:
         return f"{self.crawl}:dead"
 
+    @property
+    def unleased(self) -> str:
+        """The frontier's (always empty) request queue when ``SCHEDULER_QUEUE_CLASS`` is a
+        scrapy-redis style queue, which owns ``requests`` and pops without leases."""
+        return f"{self.requests}:unleased"
+
     def bloom_segment(self, stage: int, segment: int) -> str:
         """Bits of a bitmap Bloom dupefilter: stage ``stage``, segment ``segment``.
 

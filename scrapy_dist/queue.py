@@ -118,6 +118,12 @@ class Base:
         self.server.delete(self.key)
 
 
+def unleased_queue(cls: object) -> bool:
+    """Whether ``cls`` is a queue written against scrapy-redis's :class:`Base` (its own
+    ``push``/``pop``) rather than a :class:`RedisQueue` the frontier can lease from."""
+    return isinstance(cls, type) and issubclass(cls, Base) and not issubclass(cls, RedisQueue)
+
+
 class RedisQueue(Base):
     """Base of the request queues; subclasses say how entries are stored and popped.
 

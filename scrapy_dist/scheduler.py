@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler
@@ -29,6 +29,7 @@ from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
 from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.queue import Base, unleased_queue
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.workers import WorkerRegistry
@@ -172,6 +173,10 @@ class Scheduler(BaseScheduler):
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
+        queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        # (not issubclass: Scrapy's scheduler metaclass answers it by duck typing)
+        if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
+            return cast("Self", UnleasedScheduler.from_crawler(crawler))
         frontier = Frontier.for_crawler(crawler)
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(settings["DUPEFILTER_CLASS"]), crawler
@@ -548,3 +553,81 @@ class Scheduler(BaseScheduler):
                 deadletter.REQUEST, f"unserializable: {error}", repr(request), url=request.url
             )
         )
+
+
+class UnleasedScheduler(Scheduler):
+    """The scheduler for a ``SCHEDULER_QUEUE_CLASS`` written against scrapy-redis's
+    :class:`~scrapy_dist.queue.Base` (its own ``push``/``pop``/``__len__``).
+
+    Such a queue's ``pop`` removes the request from Redis, so nothing is leased: a worker
+    that dies loses the requests it took, as with scrapy-redis (a warning says so at
+    open). The dupefilter is asked before each push (``request_seen``); seeds, workers,
+    dead letters and stats work as with the leasing scheduler; nothing is deleted when a
+    worker closes. Built by :meth:`Scheduler.from_crawler` when the queue class is one.
+    """
+
+    _queue_cls: type[Base]
+    _queue_key: str
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        settings = settings_for(crawler)
+        scheduler = super().from_crawler(crawler)
+        scheduler._queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        scheduler._queue_key = settings["SCHEDULER_QUEUE_KEY"]
+        scheduler._shared_df = None  # asked with request_seen() before each push
+        scheduler.persist = True  # the crawl's progress cannot see into that queue
+        return scheduler
+
+    def open(self, spider: Spider) -> None:
+        """Build the queue for ``spider``, then open as the leasing scheduler does."""
+        key = self.frontier.keys.custom(self._queue_key, "SCHEDULER_QUEUE_KEY")
+        self.custom: Base = self._queue_cls(
+            server=self.frontier.client, spider=spider, key=key, serializer=self.serializer
+        )
+        logger.warning(
+            "SCHEDULER_QUEUE_CLASS %(cls)s pops requests out of Redis (scrapy-redis's "
+            "queue API): requests a worker has taken are lost if it dies. Subclass "
+            "scrapy_dist.queue.FifoQueue, LifoQueue or PriorityQueue to have them leased",
+            {"cls": self._queue_cls.__name__},
+            extra={"spider": spider},
+        )
+        super().open(spider)
+
+    def enqueue_request(self, request: Request) -> bool:
+        """Push ``request`` with the queue's ``push`` unless the dupefilter saw it."""
+        assert self.spider is not None, "scheduler not open"
+        if not request.dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            return False
+        try:
+            self.custom.push(request)
+        except SerializationError as e:
+            self._unserializable(request, e)
+            return False
+        self.stats.inc_value("scheduler/enqueued/redis")
+        self.stats.inc_value("scheduler/enqueued")
+        return True
+
+    def next_request(self) -> Request | None:
+        """The queue's next request (``pop``), or ``None``."""
+        try:
+            request = self.custom.pop(0)
+        except SerializationError as e:
+            logger.error(
+                "Dropped a queued request that cannot be rebuilt: %(error)s",
+                {"error": e},
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("scheduler/undecodable")
+            return None
+        if request is not None:
+            self.stats.inc_value("scheduler/dequeued/redis")
+            self.stats.inc_value("scheduler/dequeued")
+        return request
+
+    def has_pending_requests(self) -> bool:
+        return len(self) > 0
+
+    def __len__(self) -> int:
+        return len(self.custom)

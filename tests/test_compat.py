@@ -10,11 +10,9 @@ from __future__ import annotations
 import inspect
 import json
 import textwrap
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import DontCloseSpider
 from scrapy.settings import Settings
@@ -39,7 +37,9 @@ from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_work
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
+    import redis
     from scrapy.crawler import Crawler
 
 # -- as a user runs it: scrapy crawl workers of a scrapy-redis style project -------------
@@ -247,7 +247,8 @@ def test_request_fingerprint_hook_is_used_by_the_scheduler(
 def test_standalone_dupefilter_uses_a_per_run_key(redis_url: str) -> None:
     crawler = get_crawler(Spider, {"REDIS_URL": redis_url})
     df = build_from_crawler(RFPDupeFilter, crawler)
-    assert df.key is not None and df.key.startswith("dupefilter:")
+    assert df.key is not None
+    assert df.key.startswith("dupefilter:")
     assert df.clear_on_close
 
 
@@ -274,32 +275,57 @@ def test_queue_pushed_the_scrapy_redis_way_is_leased_by_a_worker(
     scheduler.open(spider)
     try:
         first = scheduler.next_request()
-        assert first is not None and first.url == "https://e.com/high"
+        assert first is not None
+        assert first.url == "https://e.com/high"
     finally:
         scheduler.close("shutdown")
     assert queue.pop() is not None  # the other one, popped scrapy-redis's way
     assert queue.pop() is None
 
 
+class ListQueue(Base):
+    """A queue written against scrapy-redis's ``Base``, as a user would."""
+
+    def push(self, request: Any, dupefilter: Any = None) -> None:
+        self.server.lpush(self.key, self._encode_request(request))
+
+    def pop(self, timeout: int = 0) -> Request | None:
+        data = self.server.rpop(self.key)
+        return self._decode_request(data) if data else None
+
+    def __len__(self) -> int:
+        return int(self.server.llen(self.key))
+
+
 def test_custom_queue_on_base_encodes_requests(client: redis.Redis, name: str) -> None:
-    class ListQueue(Base):
-        def push(self, request: Any, dupefilter: Any = None) -> None:
-            self.server.lpush(self.key, self._encode_request(request))
-
-        def pop(self, timeout: int = 0) -> Request | None:
-            data = self.server.rpop(self.key)
-            return self._decode_request(data) if data else None
-
-        def __len__(self) -> int:
-            return int(self.server.llen(self.key))
-
     spider = _Spider(name=name)
     queue = ListQueue(client, spider, "%(spider)s:custom")
     queue.push(Request("https://e.com/", meta={"a": 1}, callback=spider.parse))
     assert len(queue) == 1
     out = queue.pop()
-    assert out is not None and out.meta == {"a": 1} and out.callback == spider.parse
+    assert out is not None
+    assert (out.meta, out.callback) == ({"a": 1}, spider.parse)
     queue.clear()
+
+
+def test_custom_queue_class_runs_unleased(
+    make_crawler: Callable[..., Crawler], client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    crawler = make_crawler({"SCHEDULER_QUEUE_CLASS": f"{__name__}.ListQueue"})
+    scheduler = build_from_crawler(Scheduler, crawler)
+    scheduler.open(crawler.spider)
+    try:
+        assert "requests a worker has taken are lost if it dies" in caplog.text
+        assert scheduler.enqueue_request(Request("https://e.com/1"))
+        assert not scheduler.enqueue_request(Request("https://e.com/1"))  # dupefilter
+        assert scheduler.enqueue_request(Request("https://e.com/2"))
+        assert client.llen(f"{crawler.spider.name}:requests") == 2  # the user's own list
+        assert scheduler.has_pending_requests()
+        first, second = scheduler.next_request(), scheduler.next_request()
+        assert [first.url, second.url] == ["https://e.com/1", "https://e.com/2"]
+        assert not scheduler.has_pending_requests()
+    finally:
+        scheduler.close("finished")
 
 
 def test_scheduler_flush(make_crawler: Callable[..., Crawler], client: redis.Redis) -> None:
