@@ -39,7 +39,7 @@ from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
-from scrapy_dist.frontier import DONE, Frontier
+from scrapy_dist.frontier import DONE, Frontier, Lease
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 
 if TYPE_CHECKING:
@@ -65,11 +65,12 @@ class RedisSpiderMixin(Spider):
     """Reads seeds from Redis; see the module docstring for when.
 
     Class attributes a spider may set (each falls back to its setting):
-    ``redis_key`` (a key template, default ``REDIS_START_URLS_KEY``),
+    ``redis_key`` (a key template, default ``REDIS_START_URLS_KEY``; or a list of
+    them, read in that order: a key is read only while the ones before it are empty),
     ``redis_batch_size``, ``redis_encoding``, ``max_idle_time``.
     """
 
-    redis_key: str | None = None
+    redis_key: str | list[str] | None = None
     redis_batch_size: int | None = None
     redis_encoding: str | None = None
     max_idle_time: float | None = None
@@ -99,7 +100,10 @@ class RedisSpiderMixin(Spider):
         self._read_spider_args(settings)
         self.frontier = Frontier.for_crawler(crawler)
         keys = self.frontier.keys
-        self.redis_key = keys.start_urls_key(self.redis_key) if self.redis_key else keys.start_urls
+        many = isinstance(self.redis_key, (list, tuple))
+        templates = self.redis_key if many else [self.redis_key]
+        seed_keys = [keys.start_urls_key(t) if t else keys.start_urls for t in templates]
+        self.redis_key = seed_keys if many else seed_keys[0]
         self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
         #: Seeds that do not say ``dont_filter`` get this (``REDIS_START_URLS_DONT_FILTER``).
         self.seeds_dont_filter = settings.getbool("REDIS_START_URLS_DONT_FILTER")
@@ -119,9 +123,12 @@ class RedisSpiderMixin(Spider):
         self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
         if self.idle_poll <= 0:
             raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
-        self.seeds = self.frontier.seeds = SeedQueue(
-            self.server, self.redis_key, SeedQueue.kind_from_settings(settings)
-        )
+        kind = SeedQueue.kind_from_settings(settings)
+        #: One seed queue per key of ``redis_key``, in priority order.
+        self.seed_queues = [SeedQueue(self.server, key, kind) for key in seed_keys]
+        self.seeds = self.frontier.seeds = self.seed_queues[0]
+        #: The seeds key last read.
+        self._seeds_read = self.seeds.key
         self.dead_letters = DeadLetters(self.server, keys.dead, self.frontier.worker_id)
         self._idle_since: float | None = None
         self._next_poll = 0.0
@@ -147,7 +154,8 @@ class RedisSpiderMixin(Spider):
             ValueError: an empty ``redis_key``, or a value that is not a number.
             ConfigurationError: a batch size below 1.
         """
-        if self.redis_key is not None and not str(self.redis_key).strip():
+        keys = self.redis_key if isinstance(self.redis_key, (list, tuple)) else [self.redis_key]
+        if self.redis_key is not None and not all(str(k).strip() for k in keys or [""]):
             raise ValueError("redis_key must not be empty")
         try:
             batch = self.redis_batch_size
@@ -181,7 +189,8 @@ class RedisSpiderMixin(Spider):
             CloseSpider: the seeds key holds the wrong Redis type for the seed mode.
         """
         try:
-            self.seeds.check_type()
+            for seeds in self.seed_queues:
+                seeds.check_type()
         except ConfigurationError as e:
             logger.error("%(error)s", {"error": e}, extra={"spider": self})
             raise CloseSpider("seeds_key_wrong_type") from e
@@ -213,8 +222,7 @@ class RedisSpiderMixin(Spider):
             ``self.frontier.settle()`` once the requests are enqueued. Bad seeds are
             already in the dead-letter list.
         """
-        assert self.redis_batch_size is not None
-        leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
+        leases = self._reserve_seeds()
         requests: list[Request] = []
         settled: list[tuple[str, str]] = []
         for lease in leases:
@@ -233,10 +241,28 @@ class RedisSpiderMixin(Spider):
             self.crawler.stats.inc_value("seeds/fetched", len(leases))
             logger.debug(
                 "Read %(n)d seed(s) from %(key)s",
-                {"n": len(leases), "key": self.redis_key},
+                {"n": len(leases), "key": self._seeds_read},
                 extra={"spider": self},
             )
         return requests, settled
+
+    def _reserve_seeds(self) -> list[Lease]:
+        """Lease a batch of seeds from the first key of ``redis_key`` that has any.
+
+        A seed handed back or expired returns to the first key.
+        """
+        assert self.redis_batch_size is not None
+        leases: list[Lease] = []
+        try:
+            for seeds in self.seed_queues:
+                self.frontier.seeds = seeds
+                self._seeds_read = seeds.key
+                leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
+                if leases:
+                    break
+        finally:
+            self.frontier.seeds = self.seeds
+        return leases
 
     def next_requests(self) -> list[Request]:
         """Take one batch of seeds and return their requests (scrapy-redis's name).
@@ -283,7 +309,7 @@ class RedisSpiderMixin(Spider):
         )
         self.crawler.stats.inc_value("seeds/invalid")
         recorded = self.frontier.call(
-            lambda: self.dead_letters.add(deadletter.SEED, reason, data, key=self.redis_key)
+            lambda: self.dead_letters.add(deadletter.SEED, reason, data, key=self._seeds_read)
         )
         return recorded is not None
 

@@ -386,3 +386,18 @@ def test_pipeline_item_key_hook(
     pipeline.close_spider(crawler.spider)
     assert client.llen(f"{name}:items:a") == 2
     assert client.llen(f"{name}:items:b") == 1
+
+
+class _TwoKeys(RedisSpider):
+    redis_key = ["%(name)s:urgent", "%(name)s:start_urls"]  # noqa: RUF012 - as users write it
+
+
+def test_redis_key_list_is_read_in_priority_order(
+    make_crawler: Callable[..., Crawler], client: redis.Redis, name: str
+) -> None:
+    spider = make_crawler({"REDIS_START_URLS_BATCH_SIZE": 2}, spidercls=_TwoKeys).spider
+    assert spider.redis_key == [f"{name}:urgent", f"{name}:start_urls"]
+    client.rpush(f"{name}:start_urls", "https://e.com/n1", "https://e.com/n2")
+    client.rpush(f"{name}:urgent", "https://e.com/u1")
+    batches = [[r.url for r in spider.next_requests()] for _ in range(3)]
+    assert batches == [["https://e.com/u1"], ["https://e.com/n1", "https://e.com/n2"], []]
