@@ -293,10 +293,12 @@ class SeedPusher:
         encoding: str,
         spidercls: type[Spider] | None,
         score: float,
+        extra_as_formdata: bool = True,
     ) -> None:
         self.seeds = seeds
         self.report = report
         self.encoding = encoding
+        self.extra_as_formdata = extra_as_formdata
         self.spidercls = spidercls
         self.score = score
         self._batch: list[bytes] = []
@@ -310,7 +312,7 @@ class SeedPusher:
             self.report.blank += 1
             return
         try:
-            seed = parse_seed(data, self.encoding)
+            seed = parse_seed(data, self.encoding, extra_as_formdata=self.extra_as_formdata)
             if self.spidercls is not None:
                 check_callbacks(seed, self.spidercls)
         except InvalidSeed as e:
@@ -344,8 +346,10 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
         seeds = SeedQueue(ctx.client(settings), layout.seeds, layout.seeds_kind)
         seeds.check_type()
     report = PushReport(layout.seeds, layout.seeds_kind)
+    extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
     pusher = SeedPusher(seeds, report, encoding=str(settings.get("REDIS_ENCODING")),
-                        spidercls=spidercls, score=args.score)  # fmt: skip
+                        spidercls=spidercls, score=args.score,
+                        extra_as_formdata=extra_as_formdata)  # fmt: skip
     size = _input_size(args)
     bar = None
     if sys.stderr.isatty() and not args.quiet and (size is None or size >= PROGRESS_BYTES):
@@ -670,6 +674,7 @@ class Requeuer:
         self.seeds = SeedQueue(client, layout.seeds, layout.seeds_kind)
         self.serializer = load_serializer(settings.get("SCHEDULER_SERIALIZER"))
         self.encoding = str(settings.get("REDIS_ENCODING"))
+        self.extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
         self.spidercls = spidercls
         self.kind = kind
         self.tombstone = f"\x00scrapy-dist requeue {secrets.token_hex(8)}"
@@ -697,7 +702,7 @@ class Requeuer:
             plan.skipped.append((index, f"{kind} record without data"))
         elif kind == "seed":
             try:
-                seed = parse_seed(data, self.encoding)
+                seed = parse_seed(data, self.encoding, extra_as_formdata=self.extra_as_formdata)
                 if self.spidercls is not None:
                     check_callbacks(seed, self.spidercls)
             except InvalidSeed as e:

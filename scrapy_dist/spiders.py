@@ -100,8 +100,9 @@ class RedisSpiderMixin(Spider):
         self._read_spider_args(settings)
         self.frontier = Frontier.for_crawler(crawler)
         keys = self.frontier.keys
-        many = isinstance(self.redis_key, (list, tuple))
-        templates = self.redis_key if many else [self.redis_key]
+        given: Any = self.redis_key
+        many = isinstance(given, (list, tuple))
+        templates: list[str | None] = list(given) if many else [given]
         seed_keys = [keys.start_urls_key(t) if t else keys.start_urls for t in templates]
         self.redis_key = seed_keys if many else seed_keys[0]
         self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
