@@ -40,6 +40,7 @@ from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
 from scrapy_dist.frontier import DONE, Frontier, Lease
+from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 
 if TYPE_CHECKING:
@@ -119,7 +120,11 @@ class RedisSpiderMixin(Spider):
         self.server = self.frontier.client
         self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
         self.done_grace = settings.getfloat("CRAWL_DONE_GRACE")
-        self.persist = settings.getbool("SCHEDULER_PERSIST")
+        # an unleased (scrapy-redis style) queue is invisible to the crawl's progress:
+        # never delete the crawl's keys on its account
+        self.persist = settings.getbool("SCHEDULER_PERSIST") or unleased_queue(
+            load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        )
         self.idle_poll = settings.getfloat("SCHEDULER_IDLE_POLL")
         self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
         if self.idle_poll <= 0:

@@ -150,6 +150,41 @@ def test_scrapy_redis_project_runs_unchanged(
         assert client.llen(f"follow:{name}:dead") == 0
 
 
+QUEUES = """
+from scrapy_dist.queue import Base
+
+
+class ListQueue(Base):
+    def push(self, request):
+        self.server.lpush(self.key, self._encode_request(request))
+
+    def pop(self, timeout=0):
+        data = self.server.rpop(self.key)
+        return self._decode_request(data) if data else None
+
+    def __len__(self):
+        return self.server.llen(self.key)
+"""
+
+
+@pytest.mark.e2e
+def test_custom_base_queue_crawls_unleased_with_two_workers(
+    tmp_path: Path, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    project = make_project(tmp_path / "project")
+    (project / "legacy" / "queues.py").write_text(QUEUES)
+    settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name, "SCHEDULER_PERSIST": False,
+                "SCHEDULER_QUEUE_CLASS": "legacy.queues.ListQueue"}  # fmt: skip
+    with TestSite(pages=60, delay=0.05) as site:
+        client.lpush(f"follow:{name}:start_urls", site.page_url(0))
+        logs = crawl(project, "follow", tmp_path / "logs", settings, count=2)
+        hits = site.hits()
+    assert all("requests a worker has taken are lost if it dies" in log for log in logs)
+    assert set(hits) == site.expected_paths()
+    assert set(hits.values()) == {1}
+    assert client.scard(f"follow:{name}:dupefilter") > 0  # kept: nothing deleted at close
+
+
 @pytest.mark.e2e
 def test_plain_spider_start_url_once_with_two_workers(
     tmp_path: Path, redis_url: str, client: redis.Redis, name: str
