@@ -436,3 +436,11 @@ def test_redis_key_list_is_read_in_priority_order(
     client.rpush(f"{name}:urgent", "https://e.com/u1")
     batches = [[r.url for r in spider.next_requests()] for _ in range(3)]
     assert batches == [["https://e.com/u1"], ["https://e.com/n1", "https://e.com/n2"], []]
+
+
+def test_status_reads_the_first_of_several_seed_keys() -> None:
+    from scrapy_dist.addon import with_defaults
+    from scrapy_dist.monitor import CrawlLayout
+
+    layout = CrawlLayout.from_settings(with_defaults(Settings()), "books", _TwoKeys)
+    assert layout.seeds == "books:urgent"
