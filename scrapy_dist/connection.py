@@ -211,9 +211,18 @@ def check(client: redis.Redis) -> None:
 
     Raises:
         RedisUnavailable: the server cannot be reached or refused the connection; the
-            message names the server (password masked) and the cause.
+            message names the server (password masked), the cause and the settings
+            to change.
     """
     try:
         client.ping()
+    except redis.AuthenticationError as e:
+        raise RedisUnavailable(
+            f"Redis at {describe(client)} refused the credentials ({e}): check the user "
+            "name and password in REDIS_URL (or REDIS_PARAMS)"
+        ) from e
     except redis.RedisError as e:
-        raise RedisUnavailable(f"cannot reach Redis at {describe(client)}: {e}") from e
+        raise RedisUnavailable(
+            f"cannot reach Redis at {describe(client)} ({e}): check REDIS_URL (or "
+            "REDIS_HOST, REDIS_PORT, REDIS_PARAMS) and that the server is running"
+        ) from e

@@ -174,8 +174,9 @@ SCHEDULER_IDLE_POLL_MAX = 5.0
 #: Literal job id inserted into every crawl key: ``<spider>:<job>:requests``.
 SCHEDULER_JOB_ID = None
 
-#: ``strftime`` pattern (UTC, evaluated once when the worker starts) inserted into
-#: every crawl key, e.g. ``"%Y%m%d"``. Exclusive with ``SCHEDULER_JOB_ID``.
+#: ``strftime`` pattern (UTC, evaluated once when the worker starts, on the Redis
+#: server's clock so all workers agree) inserted into every crawl key, e.g.
+#: ``"%Y%m%d"``. Exclusive with ``SCHEDULER_JOB_ID``.
 SCHEDULER_JOB_TIMESTAMP = None
 
 #: Start requests of a spider that does not read seeds from Redis (Scrapy marks them

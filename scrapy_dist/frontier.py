@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 DONE = ""
 #: Outcome of a lease: give it back untouched (not counted as a delivery).
 HAND_BACK = "~"
+#: Outcome prefix of a lease: dead-letter it now, with the JSON record that follows.
+DEAD_NOW = "!"
 
 #: First and longest pause between attempts to reach Redis after a failure (seconds).
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
@@ -318,7 +320,8 @@ class Frontier:
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
         """Add lease settlements to the outbox: ``(lease id, outcome)`` with outcome
-        :data:`DONE`, :data:`HAND_BACK` or a failure reason.
+        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a dead-letter record, or a
+        failure reason.
 
         A settlement is sent only once Redis has confirmed the enqueue of every request
         added before it (a pipeline runs its calls whatever the previous one answered,

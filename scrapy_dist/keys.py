@@ -35,17 +35,23 @@ key                        type         holds
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import logging
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
+import redis
+
 from scrapy_dist.addon import settings_for
+from scrapy_dist.connection import client_for
 from scrapy_dist.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
 
 _by_crawler: WeakKeyDictionary[Crawler, RedisKeys] = WeakKeyDictionary()
 
@@ -205,11 +211,49 @@ def keys_from_settings(
 
 
 def keys_for(crawler: Crawler) -> RedisKeys:
-    """Return the crawler's keys, computed once, so every component and every later
-    call agrees on the job stamp even if the crawl runs past a stamp boundary."""
+    """Return the crawler's keys, computed once from its final settings, so every
+    component and every later call agrees on the job stamp even if the crawl runs past
+    a stamp boundary.
+
+    The crawl is named after the spider *instance* (a spider may set its ``name`` in
+    ``__init__``), and a spider's ``redis_key`` (a class attribute or ``-a redis_key=``)
+    names its seeds key. With ``SCHEDULER_JOB_TIMESTAMP``, the stamp is taken from the
+    Redis server's clock (one ``TIME`` call, here, the first time the keys are needed),
+    so workers whose clocks disagree still join the same crawl.
+
+    Raises:
+        RuntimeError: the settings are not final yet (see
+            :func:`scrapy_dist.addon.settings_for`).
+    """
     try:
         return _by_crawler[crawler]
     except KeyError:
-        name = crawler.spider.name if crawler.spider else crawler.spidercls.name
-        keys = _by_crawler[crawler] = keys_from_settings(settings_for(crawler), name)
-        return keys
+        pass
+    settings = settings_for(crawler)
+    spider = getattr(crawler, "spider", None)
+    name = spider.name if spider is not None else crawler.spidercls.name
+    now = server_time(client_for(crawler)) if settings.get("SCHEDULER_JOB_TIMESTAMP") else None
+    keys = keys_from_settings(settings, name, now)
+    template = getattr(spider, "redis_key", None)
+    if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
+        template = template[0] if template else None
+    if template:
+        keys = replace(keys, start_urls=keys.start_urls_key(str(template)))
+    _by_crawler[crawler] = keys
+    return keys
+
+
+def server_time(client: redis.Redis) -> datetime | None:
+    """The Redis server's clock (UTC), or ``None`` (with a warning) if it cannot be read,
+    in which case this worker's clock is used: the worker then fails its start-up check
+    anyway if Redis stays unreachable."""
+    try:
+        seconds, micros = client.time()
+    except redis.RedisError as e:
+        logger.warning(
+            "Cannot read the Redis server's clock for SCHEDULER_JOB_TIMESTAMP (%(error)s); "
+            "using this worker's clock",
+            {"error": e},
+        )
+        return None
+    return datetime.fromtimestamp(seconds + micros / 1e6, timezone.utc)

@@ -132,7 +132,9 @@ class PrometheusMetrics:
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
         if not settings.getbool("METRICS_ENABLED"):
-            raise NotConfigured("METRICS_ENABLED is off")
+            # off by default, also when the add-on enables it: no warning (Scrapy warns
+            # about a NotConfigured only if it has a message)
+            raise NotConfigured
         if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
             raise NotConfigured("PrometheusMetrics serves with Twisted: it needs its reactor")
         ext = cls(

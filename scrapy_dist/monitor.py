@@ -176,14 +176,16 @@ class CrawlStatus:
     @property
     def state(self) -> str:
         """``"busy"`` (work waiting or leased), ``"finished"``, ``"idle"`` (empty, not yet
-        finished), ``"waiting"`` (nothing done yet) or ``"absent"`` (no keys)."""
+        finished), ``"waiting"`` (nothing done yet in this run) or ``"absent"`` (no
+        keys)."""
         if not self.exists:
             return "absent"
         if self.seeds + self.queued + self.leased > 0:
             return "busy"
         if self.progress.get("finished_at"):
             return "finished"
-        if self.progress.get("done", 0) + self.progress.get("dead", 0) == 0:
+        p = self.progress
+        if p.get("done", 0) + p.get("dead", 0) - p.get("run_base", 0) <= 0:
             return "waiting"
         return "idle"
 

@@ -285,7 +285,10 @@ class RedisPipeline:
         Raises:
             ConfigurationError: the key holds something other than a list.
         """
-        actual = self.writer.client.type(self.key)
+        try:
+            actual = self.writer.client.type(self.key)
+        except redis.RedisError:
+            actual = b"none"  # unreachable: the scheduler reports it; the writer retries
         kind = actual.decode() if isinstance(actual, bytes) else str(actual)
         if kind not in ("none", "list"):
             raise ConfigurationError(

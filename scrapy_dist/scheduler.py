@@ -16,23 +16,26 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
+import redis
 from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import CloseSpider
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
-from twisted.internet.task import LoopingCall
 
 from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.exceptions import ConfigurationError, SerializationError
-from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
+from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
 from scrapy_dist.queue import Base, unleased_queue
+from scrapy_dist.seeds import similar_seed_keys
 from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
-from scrapy_dist.workers import WorkerRegistry
+from scrapy_dist.startup import fail_start, start_failure
+from scrapy_dist.workers import WorkerRegistry, crawl_started
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
+    from twisted.internet.task import LoopingCall
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
@@ -93,6 +97,8 @@ class Scheduler(BaseScheduler):
             sends each at once.
         start_once: crawl a plain spider's start requests once per crawl, not once
             per worker.
+        crawler: the crawler, to report a failed start to (see
+            :mod:`scrapy_dist.startup`); without one, :meth:`open` raises instead.
     """
 
     def __init__(
@@ -112,6 +118,7 @@ class Scheduler(BaseScheduler):
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
         start_once: bool = True,
+        crawler: Crawler | None = None,
     ) -> None:
         if prefetch < 1:
             raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
@@ -167,7 +174,11 @@ class Scheduler(BaseScheduler):
         self._empty_since: float | None = None
         self._last_empty = 0.0
         self._logunser = True
-        self._ticker = LoopingCall(self._tick)
+        self.crawler = crawler
+        #: Runs the ticks; created at open (creating it imports the reactor).
+        self._ticker: LoopingCall | None = None
+        #: Whether open joined the crawl (a failed start did not).
+        self._joined = False
         frontier.held = self._held
 
     @classmethod
@@ -194,6 +205,8 @@ class Scheduler(BaseScheduler):
                 frontier.worker_id,
                 timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
                 frontier=frontier.clear_keys,
+                progress=frontier.keys.progress,
+                started=crawl_started(),
             ),
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,
@@ -206,23 +219,56 @@ class Scheduler(BaseScheduler):
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
             start_once=settings.getbool("SCHEDULER_START_ONCE"),
+            crawler=crawler,
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
+        crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
         return scheduler
 
     # -- Scrapy's scheduler interface ----------------------------------------------
 
     def open(self, spider: Spider) -> None:
-        """Check Redis, join the crawl's worker registry and start heartbeats.
+        """Check Redis and the crawl's keys, join the crawl's worker registry and start
+        heartbeats.
+
+        A start-up failure (Redis unreachable or refusing the credentials, a key of the
+        wrong type) is reported through :func:`scrapy_dist.startup.fail_start`: one
+        ERROR line, then the spider closes at once and ``scrapy crawl`` exits 1.
 
         Raises:
-            RedisUnavailable: Redis cannot be reached.
-            ConfigurationError: the queue key holds a type this queue cannot use.
+            RedisUnavailable: Redis cannot be reached (only without a crawler).
+            ConfigurationError: a key holds a type this crawl cannot use (only without
+                a crawler).
         """
         self.spider = spider
         self._codec = RequestCodec(self.serializer, spider)
+        if start_failure(self.crawler) is not None:
+            return  # the spider's set-up failed and said why
+        try:
+            self._join(spider)
+        except (ScrapyDistError, redis.RedisError) as e:
+            if self.crawler is None:
+                raise
+            reason = "configuration_error" if isinstance(e, ConfigurationError) else (
+                "redis_unavailable"
+            )
+            message = str(e) if isinstance(e, ScrapyDistError) else (
+                f"Redis at {describe(self.queue.client)} refused to open crawl "
+                f"{self.frontier.keys.crawl}: {e}"
+            )
+            fail_start(self.crawler, reason, f"Cannot start: {message}", spider)
+            return
+        from twisted.internet.task import LoopingCall
+
+        self._next_beat = time.monotonic() + self.heartbeat_interval
+        self._ticker = LoopingCall(self._tick)
+        self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
+
+    def _join(self, spider: Spider) -> None:
         check(self.queue.client)
         self.queue.check_type()
+        self.frontier.seeds.check_type()
+        self.df.open()
         if self._shared_df is None:
             logger.warning(
                 "DUPEFILTER_CLASS %(cls)s is not Redis-backed: each worker filters only "
@@ -234,6 +280,7 @@ class Scheduler(BaseScheduler):
         others, flushed = self.registry.join(flush=self.flush_on_start)
         #: Another worker was running this crawl when this one joined.
         self._joined_running = others > 0
+        self._joined = True
         if flushed:
             logger.info(
                 "Flushed crawl %(crawl)s (SCHEDULER_FLUSH_ON_START)",
@@ -247,24 +294,57 @@ class Scheduler(BaseScheduler):
                 {"n": others},
                 extra={"spider": spider},
             )
+        keys = self.frontier.keys
         logger.info(
             "Worker %(worker)s joined crawl %(crawl)s at %(server)s (%(size)d queued "
-            "requests; %(others)d other worker(s))",
+            "requests; %(others)d other worker(s)); seeds key %(seeds)s (%(kind)s), "
+            "queue %(queue)s, dupefilter %(df)s, dead letters %(dead)s",
             {
                 "worker": self.registry.worker_id,
-                "crawl": self.frontier.keys.crawl,
+                "crawl": keys.crawl,
                 "server": describe(self.queue.client),
                 "size": len(self.queue),
                 "others": others,
+                "seeds": self.frontier.seeds.key,
+                "kind": self.frontier.seeds.kind,
+                "queue": self.queue.key,
+                "df": keys.dupefilter,
+                "dead": keys.dead,
             },
             extra={"spider": spider},
         )
         queued = len(self.queue)
         if queued:  # scrapy-redis's message, which users grep their logs for
             spider.logger.info("Resuming crawl (%(n)d requests scheduled)", {"n": queued})
-        self._next_beat = time.monotonic() + self.heartbeat_interval
-        self._ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
-        self.df.open()
+        self._hint_misspelled_seeds(spider)
+
+    def _hint_misspelled_seeds(self, spider: Spider) -> None:
+        """If the seeds key is empty, name keys with a similar name that hold seeds (one
+        ``SCAN`` of at most :data:`~scrapy_dist.seeds.HINT_SCAN_COUNT` keys, at open only)."""
+        seeds = self.frontier.seeds
+        try:
+            similar = [] if len(seeds) else similar_seed_keys(self.queue.client, seeds.key)
+        except redis.RedisError as e:  # e.g. an ACL user without SCAN: only a hint lost
+            logger.debug("No seeds key hint: %(error)s", {"error": e})
+            return
+        if similar:
+            logger.warning(
+                "Seeds key %(key)s is empty, but %(similar)s exist(s): were seeds pushed to "
+                "the wrong key? (the seeds key is REDIS_START_URLS_KEY or the spider's "
+                "redis_key)",
+                {"key": seeds.key, "similar": ", ".join(similar)},
+                extra={"spider": spider},
+            )
+
+    def close_if_failed(self) -> None:
+        """``spider_idle``: close a spider whose start failed, with the failure's reason.
+
+        Raises:
+            CloseSpider: the start failed.
+        """
+        failure = start_failure(self.crawler)
+        if failure is not None:
+            raise CloseSpider(failure.reason)
 
     def flush(self) -> None:
         """Delete the crawl's queue, leases and dupefilter now (scrapy-redis's ``flush``).
@@ -282,8 +362,10 @@ class Scheduler(BaseScheduler):
         """Settle what the engine finished, hand back what it never started, leave the
         registry; if the crawl as a whole is finished and does not persist, delete its
         shared keys (a worker that merely stops never does)."""
-        if self._ticker.running:
+        if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
+        if not self._joined:
+            return  # a failed start: nothing was taken, nothing to leave
         self._settle()
         handed = [(lease.id, HAND_BACK) for lease, _ in self._buffer]
         handed += [(lease_id, HAND_BACK) for lease_id in self._out.values()]
@@ -349,6 +431,8 @@ class Scheduler(BaseScheduler):
         """
         assert self._codec is not None, "scheduler not open"
         assert self.spider is not None
+        if not self._joined:
+            return False  # a failed start: nothing goes to Redis
         shared = self._shared_df
         fingerprint = b""
         dont_filter = request.dont_filter
@@ -416,6 +500,8 @@ class Scheduler(BaseScheduler):
 
     def next_request(self) -> Request | None:
         """Return the next request for this worker, or ``None`` if there is none now."""
+        if not self._joined:
+            return None
         self._settle()
         if not self._buffer:
             self._refill()
@@ -447,6 +533,8 @@ class Scheduler(BaseScheduler):
         )
 
     def has_pending_requests(self) -> bool:
+        if not self._joined:
+            return False
         if self._buffer:
             return True
         if (
@@ -504,8 +592,7 @@ class Scheduler(BaseScheduler):
                 try:
                     request = self._codec.decode(lease.data)
                 except SerializationError as e:
-                    self._undecodable(lease, e)
-                    bad.append((lease.id, DONE))
+                    bad.append((lease.id, self._undecodable(lease, e)))
                 else:
                     self._buffer.append((lease, request))
             self.frontier.settle(bad)
@@ -528,14 +615,21 @@ class Scheduler(BaseScheduler):
 
     # -- failures -------------------------------------------------------------------
 
-    def _undecodable(self, lease: Lease, error: SerializationError) -> None:
+    def _undecodable(self, lease: Lease, error: SerializationError) -> str:
+        """Log and count a queued request that cannot be rebuilt.
+
+        Returns:
+            The settlement of its lease: dead-letter it with its record, in the same
+            server-side step that settles the lease (so it is recorded exactly once).
+        """
         logger.error(
             "Dropped a queued request that cannot be rebuilt (%(error)s); it is in %(dead)s",
             {"error": error, "dead": self.dead.key},
             extra={"spider": self.spider},
         )
-        self.dead.add(deadletter.REQUEST, str(error), lease.data)
         self.stats.inc_value("scheduler/undecodable")
+        record = self.dead.record(deadletter.REQUEST, str(error), lease.data)
+        return DEAD_NOW + record.decode("utf-8")
 
     def _unserializable(self, request: Request, error: SerializationError) -> None:
         if self._logunser:

@@ -18,6 +18,7 @@ and the ``scrapy-dist push`` command, so what the CLI accepts a worker accepts.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -348,3 +349,34 @@ class SeedQueue:
         raise ConfigurationError(
             f"seeds key {self.key!r} holds a {actual}, but this crawl reads a {self.kind}: {hint}"
         )
+
+
+#: Keys one look for a misspelled seeds key examines, at most (a single ``SCAN``).
+HINT_SCAN_COUNT = 1000
+#: How alike (``difflib`` ratio) another crawl's name must be to count as a misspelling.
+HINT_SIMILARITY = 0.75
+
+
+def similar_seed_keys(client: redis.Redis, key: str, count: int = HINT_SCAN_COUNT) -> list[str]:
+    """Name keys that look like ``key`` misspelled: same last part (``start_urls``), a
+    crawl name that is alike or differs only by a job suffix. One ``SCAN`` call with
+    ``MATCH`` and ``COUNT``, so a large database is only sampled (this is a hint).
+
+    Returns:
+        Up to five key names, sorted.
+    """
+    crawl, sep, suffix = key.rpartition(":")
+    if not sep:
+        return []
+    pattern = "*:" + "".join(f"[{c}]" if c in "*?[]\\" else c for c in suffix)
+    _, found = cast("tuple[int, list[bytes]]", client.scan(0, match=pattern, count=count))
+    similar = set()
+    for raw in found:
+        name = raw.decode("utf-8", "replace")
+        other = name[: -len(suffix) - 1]
+        if name == key or not other:
+            continue
+        alike = difflib.SequenceMatcher(None, crawl, other).ratio() >= HINT_SIMILARITY
+        if alike or other.startswith(crawl + ":") or crawl.startswith(other + ":"):
+            similar.add(name)
+    return sorted(similar)[:5]

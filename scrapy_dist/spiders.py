@@ -23,31 +23,34 @@ is still processed.
 
 from __future__ import annotations
 
+import codecs
 import logging
+import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
 from scrapy.utils.misc import load_object
-from twisted.internet.task import LoopingCall
 
 from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
-from scrapy_dist.frontier import DONE, Frontier, Lease
+from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
+from scrapy_dist.startup import fail_start, start_failure
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable
 
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
+    from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
     from scrapy_dist.dupefilter import DupefilterBackend
@@ -83,30 +86,102 @@ class RedisSpiderMixin(Spider):
         return spider
 
     def setup_redis(self, crawler: Crawler | None = None) -> None:
-        """Read the settings, set up the seeds key and connect the signals (no I/O).
+        """Check the spider's own attributes (``-a`` arguments arrive as strings) and
+        connect the signals; no settings, no I/O.
 
-        Called by ``from_crawler``; a second call does nothing (scrapy-redis's contract).
-
-        Raises:
-            ValueError: no crawler (none given and ``self.crawler`` unset), an empty
-                ``redis_key``, or a ``redis_batch_size``/``max_idle_time`` (spider
-                arguments are strings) that is not a number.
+        Scrapy creates the spider before it applies add-ons, so everything that needs
+        settings is set up by :meth:`open_redis` once they are final (at
+        ``spider_opened``). An invalid attribute is a start-up failure (see
+        :mod:`scrapy_dist.startup`).
         """
-        if getattr(self, "server", None) is not None:
-            return
+        if getattr(self, "_redis_set_up", False):
+            return  # a second call does nothing (scrapy-redis's contract)
         crawler = crawler or getattr(self, "crawler", None)
         if crawler is None:
             raise ValueError("crawler is required")
+        self._redis_set_up = True
+        self._redis_open = False
+        self._idle_ticker: LoopingCall | None = None
+        self._idle_since: float | None = None
+        self._next_poll = 0.0
+        self._poll_pause = SEED_POLL_MIN
+        self._next_wake = 0.0
+        #: When the scheduler last had nothing for this worker (None: it had work since).
+        self._starved_since: float | None = None
+        try:
+            self._check_attributes()
+        except ConfigurationError as e:
+            fail_start(crawler, "configuration_error", f"Cannot start: {e}", self)
+        crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
+        crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
+        crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self._on_closed, signal=signals.spider_closed)
+        # the public hook, so a spider that overrides spider_idle() is called (as in
+        # scrapy-redis)
+        crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+
+    def start_requests(self) -> Iterable[Request]:
+        """One batch of seed requests (scrapy-redis's entry point; Scrapy >= 2.13 calls
+        :meth:`start`, which also waits for the requests to be enqueued before it
+        acknowledges their seeds)."""
+        return self.next_requests()
+
+    def _check_attributes(self) -> None:
+        """Coerce the Redis attributes a spider argument may set, or explain why not.
+
+        Raises:
+            ConfigurationError: a value of the wrong kind.
+        """
+        keys = self.redis_key if isinstance(self.redis_key, (list, tuple)) else [self.redis_key]
+        if self.redis_key is not None and (
+            not keys or not all(isinstance(k, str) and k.strip() for k in keys)
+        ):
+            raise ConfigurationError(
+                f"spider attribute redis_key={self.redis_key!r} must be a non-empty key "
+                "name or template such as '%(name)s:start_urls'"
+            )
+        self.redis_batch_size = _number(self.redis_batch_size, "redis_batch_size", int, 1)
+        self.max_idle_time = _number(self.max_idle_time, "max_idle_time", float, 0.0)
+        if self.redis_encoding is not None:
+            try:
+                codecs.lookup(str(self.redis_encoding))
+            except LookupError as e:
+                raise ConfigurationError(
+                    f"spider attribute redis_encoding={self.redis_encoding!r} is not a "
+                    "known text encoding"
+                ) from e
+
+    def open_redis(self) -> None:
+        """Set up from the crawler's final settings (idempotent; no I/O): the frontier
+        and its keys (named after this spider instance and its ``redis_key``), batch
+        size, idle handling. Runs at ``spider_opened``, or when first needed; not
+        after a failed start.
+
+        Raises:
+            RuntimeError: the settings are not final yet.
+        """
+        if self._redis_open or self._failed:
+            return
+        crawler = self.crawler
         settings = settings_for(crawler)
-        self._read_spider_args(settings)
         self.frontier = Frontier.for_crawler(crawler)
-        keys = self.frontier.keys
-        given: Any = self.redis_key
-        many = isinstance(given, (list, tuple))
-        templates: list[str | None] = list(given) if many else [given]
-        seed_keys = [keys.start_urls_key(t) if t else keys.start_urls for t in templates]
-        self.redis_key = seed_keys if many else seed_keys[0]
-        self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
+        #: The crawl's Redis client (scrapy-redis's attribute name).
+        self.server = self.frontier.client
+        self.seeds = self.frontier.seeds
+        #: One seed queue per key of ``redis_key``, in priority order (the frontier's
+        #: own seeds key first).
+        self.seed_queues = [self.seeds] + [
+            SeedQueue(self.server, self.frontier.keys.start_urls_key(t), self.seeds.kind)
+            for t in (self.redis_key[1:] if isinstance(self.redis_key, (list, tuple)) else [])
+        ]
+        #: The seeds key last read.
+        self._seeds_read = self.seeds.key
+        #: The seeds key(s), expanded (scrapy-redis's attribute).
+        self.redis_key = (
+            [q.key for q in self.seed_queues]
+            if isinstance(self.redis_key, (list, tuple))
+            else self.seeds.key
+        )
         #: Seeds that do not say ``dont_filter`` get this (``REDIS_START_URLS_DONT_FILTER``).
         self.seeds_dont_filter = settings.getbool("REDIS_START_URLS_DONT_FILTER")
         #: scrapy-redis's JSON seeds: unknown fields are form data
@@ -116,8 +191,14 @@ class RedisSpiderMixin(Spider):
         #: even though the seed itself was not (``None``: not a scrapy_dist dupefilter).
         self._seed_filter = _seed_filter(settings, self.frontier)
         self._seed_filter_open = False
-        #: The crawl's Redis client (scrapy-redis's attribute name).
-        self.server = self.frontier.client
+        self.redis_batch_size = int(
+            self.redis_batch_size
+            or settings.getint("REDIS_START_URLS_BATCH_SIZE")
+            or settings.getint("CONCURRENT_REQUESTS")
+        )
+        self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
+        if self.max_idle_time is None:
+            self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
         self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
         self.done_grace = settings.getfloat("CRAWL_DONE_GRACE")
         # an unleased (scrapy-redis style) queue is invisible to the crawl's progress:
@@ -127,79 +208,25 @@ class RedisSpiderMixin(Spider):
         )
         self.idle_poll = settings.getfloat("SCHEDULER_IDLE_POLL")
         self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
-        if self.idle_poll <= 0:
-            raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
-        kind = SeedQueue.kind_from_settings(settings)
-        #: One seed queue per key of ``redis_key``, in priority order.
-        self.seed_queues = [SeedQueue(self.server, key, kind) for key in seed_keys]
-        self.seeds = self.frontier.seeds = self.seed_queues[0]
-        #: The seeds key last read.
-        self._seeds_read = self.seeds.key
-        self.dead_letters = DeadLetters(self.server, keys.dead, self.frontier.worker_id)
-        self._idle_since: float | None = None
-        self._next_poll = 0.0
-        self._poll_pause = SEED_POLL_MIN
-        self._next_wake = 0.0
         self._wake_pause = self.idle_poll
-        #: When the scheduler last had nothing for this worker (None: it had work since).
-        self._starved_since: float | None = None
-        self._idle_ticker = LoopingCall(self._idle_tick)
-        crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
-        crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
-        crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
-        crawler.signals.connect(self._on_closed, signal=signals.spider_closed)
-        # the public hook, so a spider that overrides spider_idle() is called (as in
-        # scrapy-redis)
-        crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
-
-    def _read_spider_args(self, settings: BaseSettings) -> None:
-        """Check ``redis_key`` and turn ``redis_batch_size`` and ``max_idle_time`` (spider
-        arguments are strings) into numbers, falling back to their settings.
-
-        Raises:
-            ValueError: an empty ``redis_key``, or a value that is not a number.
-            ConfigurationError: a batch size below 1.
-        """
-        keys = self.redis_key if isinstance(self.redis_key, (list, tuple)) else [self.redis_key]
-        if self.redis_key is not None and not all(str(k).strip() for k in keys or [""]):
-            raise ValueError("redis_key must not be empty")
-        try:
-            batch = self.redis_batch_size
-            self.redis_batch_size = int(
-                batch if batch is not None
-                else settings.getint("REDIS_START_URLS_BATCH_SIZE")
-                or settings.getint("CONCURRENT_REQUESTS")
-            )  # fmt: skip
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"redis_batch_size must be an integer: {e}") from e
-        try:
-            if self.max_idle_time is None:
-                self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
-            self.max_idle_time = float(self.max_idle_time)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"max_idle_time must be an integer: {e}") from e
+        frontier = self.frontier
+        self.dead_letters = DeadLetters(self.server, frontier.keys.dead, frontier.worker_id)
+        self._redis_open = True
         if self.redis_batch_size < 1:
             raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
+        if self.idle_poll <= 0:
+            raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
 
-    def start_requests(self) -> Iterable[Request]:
-        """One batch of seed requests (scrapy-redis's entry point; Scrapy >= 2.13 calls
-        :meth:`start`, which also waits for the requests to be enqueued before it
-        acknowledges their seeds)."""
-        return self.next_requests()
+    @property
+    def _failed(self) -> bool:
+        return start_failure(getattr(self, "crawler", None)) is not None
 
     async def start(self) -> AsyncIterator[Any]:
         """Yield the requests of the seeds waiting in Redis now; later ones are fetched
-        as the worker has room (see the module docstring).
-
-        Raises:
-            CloseSpider: the seeds key holds the wrong Redis type for the seed mode.
+        as the worker has room (see the module docstring). Nothing if the start failed.
         """
-        try:
-            for seeds in self.seed_queues:
-                seeds.check_type()
-        except ConfigurationError as e:
-            logger.error("%(error)s", {"error": e}, extra={"spider": self})
-            raise CloseSpider("seeds_key_wrong_type") from e
+        if self._failed:
+            return
         requests, settled = self.take_seeds()
         for request in requests:
             yield request
@@ -213,6 +240,7 @@ class RedisSpiderMixin(Spider):
         (or any exception) to send the seed to the dead-letter list, return ``None`` to
         skip it.
         """
+        self.open_redis()
         seed = parse_seed(
             data, self.redis_encoding or "utf-8", extra_as_formdata=self.seeds_extra_formdata
         )
@@ -228,6 +256,7 @@ class RedisSpiderMixin(Spider):
             ``self.frontier.settle()`` once the requests are enqueued. Bad seeds are
             already in the dead-letter list.
         """
+        self.open_redis()
         leases = self._reserve_seeds()
         requests: list[Request] = []
         settled: list[tuple[str, str]] = []
@@ -239,9 +268,9 @@ class RedisSpiderMixin(Spider):
                 else:
                     requests += [result] if isinstance(result, Request) else list(result)
             except Exception as e:  # a bad seed must not take its batch down
-                if not self._reject_seed(lease.data, e):
-                    continue  # not recorded: its lease expires and it is read again
-            settled.append((lease.id, DONE))
+                settled.append((lease.id, self._reject_seed(lease.data, e)))
+            else:
+                settled.append((lease.id, DONE))
         self._record_seeds([r for r in requests if r.dont_filter])
         if leases:
             self.crawler.stats.inc_value("seeds/fetched", len(leases))
@@ -270,16 +299,6 @@ class RedisSpiderMixin(Spider):
             self.frontier.seeds = self.seeds
         return leases
 
-    def next_requests(self) -> list[Request]:
-        """Take one batch of seeds and return their requests (scrapy-redis's name).
-
-        The seeds are settled at once, so use this only where the requests are enqueued
-        right away; :meth:`schedule_next_requests` does both.
-        """
-        requests, settled = self.take_seeds()
-        self.frontier.settle(settled)
-        return requests
-
     def _record_seeds(self, requests: list[Request]) -> None:
         """Record the fingerprints of seed requests that skip the dupefilter
         (``dont_filter``), so the pages linking back to a seed do not crawl it again.
@@ -302,7 +321,24 @@ class RedisSpiderMixin(Spider):
                 extra={"spider": self},
             )
 
-    def _reject_seed(self, data: bytes, error: Exception) -> bool:
+    def next_requests(self) -> list[Request]:
+        """Take one batch of seeds and return their requests (scrapy-redis's name).
+
+        The seeds are settled at once, so use this only where the requests are enqueued
+        right away; :meth:`schedule_next_requests` does both.
+        """
+        requests, settled = self.take_seeds()
+        self.frontier.settle(settled)
+        self.frontier.flush()
+        return requests
+
+    def _reject_seed(self, data: bytes, error: Exception) -> str:
+        """Log and count a seed that cannot become a request.
+
+        Returns:
+            The settlement of its lease: dead-letter it with its record, in the same
+            server-side step that settles the lease, so it is recorded exactly once.
+        """
         if isinstance(error, InvalidSeed):
             reason = str(error)
         else:
@@ -314,10 +350,8 @@ class RedisSpiderMixin(Spider):
             extra={"spider": self},
         )
         self.crawler.stats.inc_value("seeds/invalid")
-        recorded = self.frontier.call(
-            lambda: self.dead_letters.add(deadletter.SEED, reason, data, key=self._seeds_read)
-        )
-        return recorded is not None
+        record = self.dead_letters.record(deadletter.SEED, reason, data, key=self._seeds_read)
+        return DEAD_NOW + record.decode("utf-8")
 
     def schedule_next_requests(self) -> int:
         """Take one batch of seeds and hand their requests to the engine.
@@ -335,11 +369,20 @@ class RedisSpiderMixin(Spider):
     # -- signals --------------------------------------------------------------------
 
     def _on_opened(self, spider: Spider) -> None:
-        if spider is self:
-            self._idle_ticker.start(TICK, now=False)
+        if spider is not self or self._failed:
+            return
+        try:
+            self.open_redis()
+        except ConfigurationError as e:
+            fail_start(self.crawler, "configuration_error", f"Cannot start: {e}", self)
+            return
+        from twisted.internet.task import LoopingCall  # the reactor is installed by now
+
+        self._idle_ticker = LoopingCall(self._idle_tick)
+        self._idle_ticker.start(TICK, now=False)
 
     def _on_closed(self, spider: Spider) -> None:
-        if spider is self and self._idle_ticker.running:
+        if spider is self and self._idle_ticker is not None and self._idle_ticker.running:
             self._idle_ticker.stop()
 
     def _on_activity(self, *_: Any, **__: Any) -> None:
@@ -365,6 +408,8 @@ class RedisSpiderMixin(Spider):
         wake_engine(self.crawler.engine)
 
     def _on_scheduler_empty(self) -> None:
+        if self._failed or not self._redis_open:
+            return
         if self._starved_since is None:
             self._starved_since = time.monotonic()
         self._poll_seeds()
@@ -391,11 +436,15 @@ class RedisSpiderMixin(Spider):
     def spider_idle(self) -> None:
         """``spider_idle``: fetch seeds; close when the crawl is finished (with
         ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open.
+        A spider whose start failed closes with the failure's reason.
 
         Raises:
             DontCloseSpider: the spider stays open.
-            CloseSpider: the crawl is finished.
+            CloseSpider: the crawl is finished, or the start failed.
         """
+        failure = start_failure(self.crawler)
+        if failure is not None:
+            raise CloseSpider(failure.reason)
         if self._poll_seeds():
             self._idle_since = None
             raise DontCloseSpider
@@ -431,6 +480,7 @@ class RedisSpiderMixin(Spider):
             return
         raise DontCloseSpider
 
+
     #: The former name of :meth:`spider_idle`.
     _on_idle = spider_idle
 
@@ -453,6 +503,30 @@ def _seed_filter(settings: BaseSettings, frontier: Frontier) -> DupefilterBacken
     if not _dist_scheduler(settings):
         return None
     return backend_from_settings(settings, frontier.client, frontier.keys)
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N | None:
+    """A spider attribute that must be a number of at least ``least`` (``None``: unset);
+    ``-a`` arguments arrive as strings.
+
+    Raises:
+        ConfigurationError: not such a number.
+    """
+    if value is None:
+        return None
+    what = "an integer" if kind is int else "a number"
+    try:
+        number = kind(str(value).strip()) if isinstance(value, str) else kind(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or isinstance(value, bool) or math.isnan(number) or number < least:
+        raise ConfigurationError(
+            f"spider attribute {name}={value!r} must be {what} of at least {least}"
+        )
+    return number
 
 
 def wake_engine(engine: Any) -> None:

@@ -43,6 +43,7 @@ from scrapy_dist.connection import client_for
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import keys_for
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -386,7 +387,9 @@ class RedisStatsCollector(StatsCollector):
         """Stop the timer, flush what is left, then log this worker's stats as usual."""
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
-        if not self.flush():
+        if start_failure(self._crawler) is not None:
+            pass  # the crawl never started: nothing of it belongs in the crawl's stats
+        elif not self.flush():
             logger.error(
                 "Could not write the last stats of this worker to %(key)s: the crawl's "
                 "stats miss them",

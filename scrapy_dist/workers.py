@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from typing import TYPE_CHECKING, cast
 
 from scrapy_dist.scripts import scripts_for
@@ -21,6 +22,23 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import redis
+
+
+#: When this process started loading scrapy_dist (monotonic seconds).
+STARTED = time.monotonic()
+_process_start_taken = False
+
+
+def crawl_started() -> float:
+    """When this worker's crawl started (monotonic seconds): the process start for the
+    first crawl of a process (a worker launched before a crawl finished belongs to that
+    crawl's run even if it joins after), now for any later crawl of the same process
+    (a script that runs a spider again)."""
+    global _process_start_taken  # noqa: PLW0603 - one process start, claimed once
+    if _process_start_taken:
+        return time.monotonic()
+    _process_start_taken = True
+    return STARTED
 
 
 def new_worker_id() -> str:
@@ -37,6 +55,8 @@ class WorkerRegistry:
         worker_id: this worker's id.
         timeout: seconds without heartbeat after which a worker counts as gone.
         frontier: keys a flush deletes (queue, dupefilter, sequence...).
+        progress: the crawl's progress hash (a new run clears its completion marks).
+        started: when this worker's crawl started (monotonic seconds); default: now.
     """
 
     def __init__(
@@ -47,26 +67,31 @@ class WorkerRegistry:
         *,
         timeout: float,
         frontier: Sequence[str],
+        progress: str,
+        started: float | None = None,
     ) -> None:
         self.client = client
         self.key = key
         self.worker_id = worker_id
         self.timeout = timeout
         self.frontier = list(frontier)
+        self.progress = progress
+        self.started = time.monotonic() if started is None else started
         self._scripts = scripts_for(client)
 
     def join(self, *, flush: bool = False) -> tuple[int, bool]:
         """Register this worker; with ``flush``, delete the frontier if no other
-        worker is alive.
+        worker is alive. A worker started after the crawl finished starts a new run,
+        judged complete on its own work (``lua/join.lua``).
 
         Returns:
             ``(other live workers, whether the frontier was flushed)``.
         """
-        others, flushed = cast(
+        others, flushed, _ = cast(
             "list[int]",
             self._scripts.join(
-                keys=[self.key, *self.frontier],
-                args=[self.worker_id, self.timeout, int(flush)],
+                keys=[self.key, self.progress, *self.frontier],
+                args=[self.worker_id, self.timeout, int(flush), time.monotonic() - self.started],
             ),
         )
         return int(others), bool(flushed)

@@ -87,7 +87,8 @@ def make_crawler(
     """Build a crawler with a spider named ``name`` against the session's Redis.
 
     Call as ``make_crawler({"SETTING": value}, spidercls=...)``; the spider instance is
-    created and attached, as Scrapy does before opening the scheduler.
+    created and attached, as Scrapy does before opening the scheduler, and a Redis
+    spider is set up from the final settings, as at ``spider_opened``.
     """
 
     def make(
@@ -103,6 +104,8 @@ def make_crawler(
             },
         )
         crawler.spider = crawler.spidercls.from_crawler(crawler)
+        if hasattr(crawler.spider, "open_redis"):
+            crawler.spider.open_redis()
         return crawler
 
     return make

@@ -31,7 +31,7 @@ from scrapy_dist.serializers import JsonSerializer
 from scrapy_dist.stats import decode_stats
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.site import TestSite, links
-from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
+from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -241,6 +241,20 @@ def test_wrong_key_type_is_named(
     assert "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue'" in err
 
 
+def test_status_judges_a_new_run_on_its_own_work(
+    redis_url: str, client: redis.Redis, name: str, run: Any
+) -> None:
+    """A worker that joins a finished crawl starts a new run (``run_base`` = settlements
+    so far): until the run settles something, the crawl is waiting, not idle."""
+    client.hset(f"{name}:progress", mapping={"done": 5, "dead": 1, "run_base": 6})
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
+    assert code == 0
+    assert json.loads(out)["state"] == "waiting"
+    client.hincrby(f"{name}:progress", "done", 1)
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
+    assert json.loads(out)["state"] == "idle"
+
+
 def test_status_reads_a_bloom_filter_with_its_own_size(
     run: Any, redis_url: str, client: redis.Redis, name: str
 ) -> None:
@@ -393,11 +407,14 @@ def test_dead_list_requeue_and_purge(
 
 # -- a running crawl --------------------------------------------------------------------
 
-#: Settings of the crawl below: fast leases and heartbeats, one delivery per request (so
-#: the poison page is dead-lettered at once), items and stats in Redis.
+#: Settings of the crawl below: fast heartbeats, one delivery per request (so the poison
+#: page is dead-lettered at once), items and stats in Redis. Leases must outlast the
+#: SIGSTOP freeze while `status` runs (several seconds on a loaded machine): with one
+#: delivery allowed, a lease that expires is dead-lettered ("lease expired on 1
+#: deliveries"), which is what made this test see more than one dead letter.
 CRAWL_SETTINGS = {
     "CONCURRENT_REQUESTS": 2,
-    "SCHEDULER_LEASE_TIMEOUT": 3,
+    "SCHEDULER_LEASE_TIMEOUT": 60,
     "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
     "SCHEDULER_WORKER_TIMEOUT": 10,
     "SCHEDULER_MAX_DELIVERIES": 1,
@@ -461,6 +478,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
 
     try:
         first = start(2, fail_on=f"/page/{POISON}")
+        wait_ready(first, 60, marker="joined crawl")  # both in the registry before it starts
         pushed = cli(
             "push", "pages", site.page_url(0), "--job", name, "--redis-url", redis_url, cwd=PROJECT
         )

@@ -11,7 +11,7 @@ from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 from twisted.python.failure import Failure
 
-from scrapy_dist.frontier import DONE, HAND_BACK, Frontier
+from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
 from scrapy_dist.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worke
 
     yield make
     for w in made:
-        if w.scheduler._ticker.running:
+        if w.scheduler._ticker is not None and w.scheduler._ticker.running:
             w.scheduler._ticker.stop()
 
 
@@ -254,3 +254,90 @@ def test_an_ack_never_outlives_a_refused_enqueue_of_its_children(
     w.frontier.flush()
     assert w.scheduler.stats.get_value("scheduler/redis/refused_requests") == 1
     assert client.zcard(w.frontier.keys.leases) == 1  # the ack was not sent with it
+
+
+def test_a_seed_keeps_its_id_across_deliveries_until_the_limit(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    """A seed carries no id, so its lease id comes from its content: the delivery count
+    survives expired leases and reaches SCHEDULER_MAX_DELIVERIES (2 here)."""
+    f = worker().frontier
+    client.rpush(f.seeds.key, b"https://e.com/slow")
+    [first] = f.reserve(1, seeds=True)
+    time.sleep(0.7)  # the lease expires (its worker died)
+    [second] = f.reserve(1, seeds=True)
+    assert (second.id, second.deliveries) == (first.id, 2)
+    time.sleep(0.7)
+    assert f.reserve(1, seeds=True) == []  # delivered twice: dead-lettered, not read again
+    [record] = dead_letters(client, f)
+    assert (record["kind"], record["deliveries"]) == ("seed", 2)
+    assert record["data"] == "https://e.com/slow"
+    assert client.hlen(f.keys.deliveries) == 0
+
+
+def test_copies_of_a_seed_leased_together_get_their_own_leases(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    f = worker().frontier
+    client.rpush(f.seeds.key, b"https://e.com/twice", b"https://e.com/twice")
+    leases = f.reserve(2, seeds=True)
+    assert len({lease.id for lease in leases}) == 2
+    f.settle([(lease.id, HAND_BACK) for lease in leases])
+    assert client.llen(f.seeds.key) == 2  # neither copy lost
+    assert client.zcard(f.keys.leases) == 0
+
+
+def test_a_rejected_seed_is_settled_with_its_dead_letter_exactly_once(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    f = worker().frontier
+    client.rpush(f.seeds.key, b"ftp://x")
+    [lease] = f.reserve(1, seeds=True)
+    record = json.dumps({"kind": "seed", "reason": "bad scheme", "data": "ftp://x"})
+    f.settle([(lease.id, DEAD_NOW + record)])
+    f.settle([(lease.id, DEAD_NOW + record)])  # a second settlement finds it gone
+    assert [d["data"] for d in dead_letters(client, f)] == ["ftp://x"]
+    assert client.zcard(f.keys.leases) == client.hlen(f.keys.deliveries) == 0
+    assert f.totals() == {"dead": 1}
+    time.sleep(0.7)
+    assert f.reserve(1, seeds=True) == []  # never comes back
+
+
+def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
+    worker: Callable[..., Worker], make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    first = worker()
+    f = first.frontier
+    started_before = time.monotonic()
+    first.scheduler.enqueue_request(Request(URL))
+    request = first.take()
+    assert request is not None
+    first.finish(request)
+    assert f.progress(grace=0.3, clear=False).state == "idle"
+    time.sleep(0.35)
+    assert f.progress(grace=0.3, clear=False).state == "finished"
+    first.scheduler.close("finished")
+
+    # a worker launched before the crawl finished, joining late, belongs to that run
+    crawler = make_crawler(FAST)
+    late = build_from_crawler(Scheduler, crawler)
+    late.registry.started = started_before
+    late.open(crawler.spider)
+    assert late.frontier.progress(grace=0, clear=False).state == "finished"
+    late.close("finished")
+
+    # a worker started after it finished starts a new run, judged on its own work
+    crawler = make_crawler(FAST)
+    second = build_from_crawler(Scheduler, crawler)
+    second.registry.started = time.monotonic()
+    second.in_flight = tuple
+    second.open(crawler.spider)
+    g = second.frontier
+    assert g.progress(grace=0, clear=False).state == "waiting"
+    assert g.totals() == {"done": 1}  # the persisted counters stay
+    second.enqueue_request(Request(URL + "2"))
+    assert second.next_request() is not None
+    second._settle()
+    second.frontier.flush()
+    assert g.progress(grace=0, clear=False).state == "finished"
+    second.close("finished")

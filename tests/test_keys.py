@@ -82,3 +82,37 @@ def test_spider_redis_key_template() -> None:
     keys = RedisKeys.build("books", job="j1")
     assert keys.start_urls_key("%(name)s:seeds") == "books:j1:seeds"
     assert keys.start_urls_key("literal") == "literal"
+
+
+def test_the_job_stamp_comes_from_the_redis_servers_clock(  # type: ignore[no-untyped-def]
+    make_crawler, client
+) -> None:
+    """One ``TIME`` call, when the crawler's keys are first built; none after."""
+    crawler = make_crawler({"SCHEDULER_JOB_TIMESTAMP": "%Y%m%d%H%M"})
+
+    def time_calls() -> int:
+        return int(client.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
+
+    before = time_calls()
+    keys = keys_for(crawler)  # make_crawler built the spider, but nothing used keys yet
+    seconds, _ = client.time()
+    assert time_calls() == before + 2  # the keys' call and the test's own
+    stamp = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y%m%d%H%M")
+    assert keys.crawl.split(":")[-1] in {stamp, str(int(stamp) - 1)}
+    keys_for(crawler)
+    assert time_calls() == before + 2
+
+
+def test_keys_are_named_after_the_spider_instance(make_crawler) -> None:  # type: ignore[no-untyped-def]
+    from scrapy_dist.spiders import RedisSpider
+
+    class Renamed(RedisSpider):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            self.name = f"{self.name}-renamed"
+
+    crawler = make_crawler(spidercls=Renamed)
+    keys = keys_for(crawler)
+    assert keys.crawl == crawler.spider.name
+    assert crawler.spider.name.endswith("-renamed")
+    assert crawler.spider.redis_key == keys.start_urls == f"{crawler.spider.name}:start_urls"

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy import Request
+from scrapy.exceptions import CloseSpider
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.keys import keys_for
 from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.redis_server import free_port
 
 if TYPE_CHECKING:
@@ -123,6 +126,9 @@ def test_undecodable_entry_goes_to_dead_letters(
     assert [r.url for r in drain(scheduler)] == [URL + "ok"]
     assert scheduler.stats.get_value("scheduler/undecodable") == 1
     assert client.llen(scheduler.dead.key) == 1
+    # dead-lettered in the step that settles its lease: counted as dead, not done
+    assert client.zcard(scheduler.frontier.keys.leases) == 0
+    assert scheduler.frontier.totals().get("dead") == 1
 
 
 def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
@@ -213,12 +219,49 @@ def test_non_redis_dupefilter_warns(
     assert not scheduler.enqueue_request(Request(URL))  # still filters locally
 
 
-def test_unreachable_redis_at_open(make_crawler: Callable[..., Crawler]) -> None:
+def test_unreachable_redis_at_open(
+    make_crawler: Callable[..., Crawler], caplog: pytest.LogCaptureFixture
+) -> None:
     crawler = make_crawler({"REDIS_URL": f"redis://:pw@127.0.0.1:{free_port()}/0"})
     scheduler = build_from_crawler(Scheduler, crawler)
-    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as info:
+    with caplog.at_level(logging.WARNING):
+        scheduler.open(crawler.spider)  # a failed start, reported, not raised
+        assert not scheduler.has_pending_requests()
+        with pytest.raises(CloseSpider) as info:
+            scheduler.close_if_failed()
+        scheduler.close("redis_unavailable")  # touches Redis no more
+    assert info.value.reason == "redis_unavailable"
+    [record] = caplog.records  # one line, nothing else
+    assert record.levelno == logging.ERROR
+    assert re.search(r"127\.0\.0\.1.*REDIS_URL", record.getMessage())
+    assert "pw" not in record.getMessage()
+    # without a crawler to report to, the scheduler raises
+    scheduler = Scheduler(frontier=scheduler.frontier, dupefilter=scheduler.df,
+                          serializer=scheduler.serializer, registry=scheduler.registry,
+                          dead=scheduler.dead, stats=scheduler.stats, in_flight=tuple)  # fmt: skip
+    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as raised:
         scheduler.open(crawler.spider)
-    assert "pw" not in str(info.value)
+    assert "pw" not in str(raised.value)
+
+
+def test_wrong_password_at_open(
+    make_crawler: Callable[..., Crawler], client: redis.Redis, name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    port = client.connection_pool.connection_kwargs["port"]
+    client.acl_setuser(name, enabled=True, passwords=["+right"], commands=["+@all"], keys=["*"])
+    try:
+        crawler = make_crawler({"REDIS_URL": f"redis://{name}:secret@127.0.0.1:{port}/0"})
+        scheduler = build_from_crawler(Scheduler, crawler)
+        with caplog.at_level(logging.WARNING):
+            scheduler.open(crawler.spider)
+    finally:
+        client.acl_deluser(name)
+    [record] = caplog.records
+    assert "refused the credentials" in record.getMessage()
+    assert "REDIS_URL" in record.getMessage()
+    assert "secret" not in record.getMessage()
+    assert start_failure(crawler).reason == "redis_unavailable"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -242,8 +285,12 @@ def test_queue_key_of_the_wrong_type(
     crawler = make_crawler()
     client.rpush(keys_for(crawler).requests, b"left by a FIFO crawl")
     scheduler = build_from_crawler(Scheduler, crawler)
-    with pytest.raises(ConfigurationError, match="holds a list"):
-        scheduler.open(crawler.spider)
+    scheduler.open(crawler.spider)
+    failure = start_failure(crawler)
+    assert failure is not None
+    assert failure.reason == "configuration_error"
+    assert "holds a list" in failure.message
+    assert client.hlen(keys_for(crawler).workers) == 0  # never joined
 
 
 def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
@@ -298,3 +345,32 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
     assert scheduler.enqueue_request(Request(URL))  # a new run crawls it again
     scheduler.close("finished")
+
+
+def test_open_names_the_keys_and_hints_at_a_misspelled_seeds_key(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    client.rpush(f"{name}s:start_urls", "https://e.com/")  # the spider is "<name>"
+    client.rpush(f"{name}:job7:start_urls", "https://e.com/")  # a job suffix apart
+    client.rpush(f"{name}zzzzzzzzzzzz:start_urls", "https://e.com/")  # another crawl
+    with caplog.at_level(logging.INFO):
+        open_scheduler()
+    joined = next(r.getMessage() for r in caplog.records if "joined crawl" in r.getMessage())
+    assert f"seeds key {name}:start_urls (list)" in joined
+    assert f"queue {name}:requests" in joined
+    [hint] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"{name}s:start_urls" in hint
+    assert f"{name}:job7:start_urls" in hint
+    assert "zzzz" not in hint
+
+
+def test_no_hint_when_the_seeds_key_has_seeds(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    client.rpush(f"{name}:start_urls", "https://e.com/")
+    client.rpush(f"{name}s:start_urls", "https://e.com/")
+    with caplog.at_level(logging.WARNING):
+        open_scheduler()
+    assert not caplog.records

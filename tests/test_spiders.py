@@ -10,8 +10,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from scrapy import Request
 from scrapy.exceptions import CloseSpider, DontCloseSpider
+from scrapy.utils.misc import build_from_crawler
 
+from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
+from scrapy_dist.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,6 +76,7 @@ def test_every_seed_format_and_bad_seeds_go_to_dead_letters(
     assert stats["seeds/fetched"] == 8
     assert stats["seeds/invalid"] == 4
     assert client.llen(s.redis_key) == 0
+    assert client.zcard(f"{s.name}:leases") == 0  # bad seeds settled with their records
 
 
 def test_batches(spider: Callable[..., Spider], client: redis.Redis) -> None:
@@ -128,13 +132,58 @@ def test_start_refuses_a_seeds_key_of_the_wrong_type(
 ) -> None:
     s = spider()
     client.sadd(s.redis_key, "https://e.com/")
+    build_from_crawler(Scheduler, s.crawler).open(s)  # checks the seeds key too
+    failure = start_failure(s.crawler)
+    assert failure is not None
+    assert "holds a set" in failure.message
+    assert "REDIS_START_URLS_AS_SET" in failure.message
 
     async def collect() -> list[Any]:
         return [r async for r in s.start()]
 
+    assert asyncio.run(collect()) == []  # nothing read from the key
     with pytest.raises(CloseSpider) as info:
-        asyncio.run(collect())
-    assert info.value.reason == "seeds_key_wrong_type"
+        s._on_idle()
+    assert info.value.reason == "configuration_error"
+    assert client.scard(s.redis_key) == 1
+
+
+def test_spider_arguments_are_coerced(
+    make_crawler: Callable[..., Crawler], name: str
+) -> None:
+    """``scrapy crawl -a`` passes strings."""
+
+    class Args(Spider):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**{"max_idle_time": "4", "redis_batch_size": "3",
+                                "redis_key": "%(name)s:mine", **kwargs})  # fmt: skip
+
+    s = make_crawler(spidercls=Args).spider
+    assert (s.max_idle_time, s.redis_batch_size) == (4.0, 3)
+    assert s.redis_key == f"{name}:mine"
+    assert s.frontier.seeds.key == s.redis_key  # the frontier reads the spider's key
+    assert start_failure(s.crawler) is None
+    with pytest.raises(DontCloseSpider):
+        s._on_idle()  # a number, not a string compared with one
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("max_idle_time", "soon"), ("max_idle_time", "-1"), ("redis_batch_size", "0"),
+     ("redis_batch_size", "2.5"), ("redis_encoding", "klingon"), ("redis_key", " ")],
+)  # fmt: skip
+def test_bad_spider_arguments_fail_the_start(
+    make_crawler: Callable[..., Crawler], argument: str, value: str
+) -> None:
+    class Args(Spider):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**{argument: value, **kwargs})
+
+    crawler = make_crawler(spidercls=Args)
+    failure = start_failure(crawler)
+    assert failure is not None
+    assert failure.reason == "configuration_error"
+    assert f"{argument}={value!r}" in failure.message
 
 
 def test_idle_close_after_max_idle_time(spider: Callable[..., Spider]) -> None:

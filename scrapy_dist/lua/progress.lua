@@ -1,17 +1,18 @@
 -- Report whether the crawl as a whole is finished, and mark it finished once it has
 -- been: nothing queued, no seeds, nothing leased, after at least one request or seed
--- was settled, continuously for GRACE seconds. The first worker to see it finished
+-- was settled in this run (done + dead above run_base, see lua/join.lua),
+-- continuously for GRACE seconds. The first worker to see it finished
 -- deletes the frontier when the crawl does not persist; the stats hash stays, with the
 -- time of completion, so every worker sees the same answer.
 --
 -- KEYS[1] = request queue, KEYS[2] = seeds key, KEYS[3] = leases zset
--- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at)
+-- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at, run_base)
 -- KEYS[5..] = frontier keys deleted at completion when ARGV[4] == "1"
 -- ARGV[1] = queue type ("list" or "zset"), ARGV[2] = seeds type ("list", "set", "zset")
 -- ARGV[3] = GRACE seconds, ARGV[4] = "1" to delete the frontier at completion
 -- ARGV[5] = seconds the stats hash is kept after completion when deleting (0 = forever)
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
---          (nothing was ever settled), "idle" (empty, within the grace) or "finished"
+--          (nothing settled in this run), "idle" (empty, within the grace) or "finished"
 
 local queue, seeds, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local t = redis.call("TIME")
@@ -38,7 +39,8 @@ if finished_at then
 end
 local settled = tonumber(redis.call("HGET", stats, "done") or "0")
   + tonumber(redis.call("HGET", stats, "dead") or "0")
-if settled == 0 then
+  - tonumber(redis.call("HGET", stats, "run_base") or "0")
+if settled <= 0 then
   return {"waiting", 0, 0, 0, ""}
 end
 local idle_since = tonumber(redis.call("HGET", stats, "idle_since") or "")

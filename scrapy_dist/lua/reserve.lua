@@ -8,7 +8,7 @@
 -- KEYS[4] = dead-letter list
 -- KEYS[5] = request queue
 -- KEYS[6] = seeds key
--- KEYS[7] = sequence counter (ids for seeds, which carry none)
+-- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time)
 -- KEYS[8] = crawl stats hash (counters: dead)
 -- ARGV[1] = source to take from: "q" (request queue) or "s" (seeds)
 -- ARGV[2] = how to take: "rpop" | "lpop" | "zpopmin" | "spop" | "zpopmax"
@@ -20,6 +20,11 @@
 -- ARGV[8] = maximum deliveries of one entry
 -- ARGV[9] = maximum expired leases to reclaim in this call
 -- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw seed)
+--
+-- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
+-- derived from its content ("s" + 15 hex digits of its SHA-1): the same seed keeps its
+-- id, and so its delivery count, each time its lease expires and it is read again. A
+-- copy of a seed whose id is leased at that moment gets "<id>:<n>" instead.
 -- uses: _leases
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -48,6 +53,9 @@ for _, id in ipairs(expired) do
       redis.call("HINCRBY", stats, "dead", 1)
     else
       return_entry(origin, score, entry, queue, qback, seeds, sback)
+      if string.find(id, ":", 1, true) then
+        redis.call("HDEL", deliveries, id)  -- a copy's id is not kept across deliveries
+      end
     end
   end
 end
@@ -80,8 +88,10 @@ for _, pair in ipairs(taken) do
   if source == "q" then
     id = string.sub(entry, 1, 16)
   else
-    local digits = tostring(redis.call("INCR", seq))
-    id = "s" .. string.rep("0", 15 - #digits) .. digits
+    id = "s" .. string.sub(redis.sha1hex(entry), 1, 15)
+    if redis.call("HEXISTS", leased, id) == 1 then
+      id = id .. ":" .. redis.call("INCR", seq)
+    end
   end
   local times = redis.call("HINCRBY", deliveries, id, 1)
   redis.call("ZADD", leases, now + duration, id)

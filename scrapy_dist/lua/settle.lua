@@ -10,7 +10,9 @@
 -- ARGV[3] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[4] = maximum deliveries of one entry
 -- ARGV[5..] = pairs: lease id, outcome; outcome "" = done, "~" = hand back (not
---             counted as a delivery), anything else = the failure's reason
+--             counted as a delivery), "!<record>" = dead-letter it now with this JSON
+--             record (a seed that can never become a request), anything else = the
+--             failure's reason
 -- Returns: {done, retried, dead, handed back, not ours}
 -- uses: _leases
 
@@ -37,6 +39,10 @@ for i = 5, #ARGV, 2 do
     if outcome == "" then
       redis.call("HDEL", deliveries, id)
       done = done + 1
+    elseif string.sub(outcome, 1, 1) == "!" then
+      redis.call("RPUSH", dead, string.sub(outcome, 2))
+      redis.call("HDEL", deliveries, id)
+      buried = buried + 1
     elseif outcome == "~" then
       redis.call("HINCRBY", deliveries, id, -1)
       return_entry(origin, score, entry, queue, qback, seeds, sback)

@@ -1,0 +1,295 @@
+"""The paths a Scrapy user takes, run as the user runs them: a project in a temp dir,
+``scrapy crawl`` workers (or a script) as processes, seeds pushed through Redis, the
+local test site counting every fetch.
+
+Each test pins one bug of a first-time user's path (issue 10): the add-on alone, a
+script, bad seeds with ``CLOSE_WHEN_CRAWL_DONE``, a second run of a finished crawl,
+spider arguments and start-up failures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_workers
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    import redis
+
+    from scrapy_dist.testing import Worker
+
+pytestmark = pytest.mark.e2e
+
+PAGES = 40
+#: Seconds a run of a few workers may take, start-up included, on a loaded machine.
+RUN_TIMEOUT = 90.0
+
+SPIDER = '''
+from scrapy_dist.spiders import RedisSpider
+
+
+class BooksSpider(RedisSpider):
+    name = "{name}"
+
+    def parse(self, response):
+        yield {{"url": response.url}}
+        yield from response.follow_all(css="a", callback=self.parse)
+'''
+
+#: A settings block with the add-on alone, as docs/deployment.md uses it.
+ADDON_SETTINGS = '''
+BOT_NAME = "books"
+SPIDER_MODULES = ["books.spiders"]
+ROBOTSTXT_OBEY = False
+TELNETCONSOLE_ENABLED = False
+LOG_LEVEL = "INFO"
+ADDONS = {{"scrapy_dist.addon.DistAddon": 0}}
+REDIS_URL = "{redis_url}"
+CLOSE_WHEN_CRAWL_DONE = True
+CRAWL_DONE_GRACE = 1
+'''
+
+
+@pytest.fixture
+def site() -> Iterator[TestSite]:
+    with TestSite(PAGES, delay=0.02) as s:
+        yield s
+
+
+@pytest.fixture
+def project(tmp_path: Path, name: str, redis_url: str) -> Path:
+    """A Scrapy project as a user writes it: settings with the add-on, one Redis spider."""
+    root = tmp_path / "project"
+    package = root / "books"
+    (package / "spiders").mkdir(parents=True)
+    (root / "scrapy.cfg").write_text("[settings]\ndefault = books.settings\n")
+    (package / "__init__.py").write_text("")
+    (package / "spiders" / "__init__.py").write_text("")
+    (package / "settings.py").write_text(ADDON_SETTINGS.format(redis_url=redis_url))
+    (package / "spiders" / "books.py").write_text(SPIDER.format(name=name))
+    return root
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    stop_workers(started)
+
+
+def run(
+    workers: list[Worker], project: Path, name: str, count: int = 2, **options: Any
+) -> list[Worker]:
+    new = start_workers(
+        count, project_dir=project, spider=name, log_dir=project.parent,
+        stats_setting=None, first_index=len(workers), **options,
+    )  # fmt: skip
+    workers.extend(new)
+    return new
+
+
+def logs(workers: list[Worker]) -> str:
+    return "\n".join(w.log_tail(40) for w in workers)
+
+
+def log_text(worker: Worker) -> str:
+    return worker.log_file.read_text(encoding="utf-8", errors="replace")
+
+
+def test_the_addon_alone_crawls_each_page_once(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """Settings read while Scrapy builds the spider (before add-ons) are never reused."""
+    both = run(workers, project, name)
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    hits = site.hits()
+    assert set(hits) == site.expected_paths()
+    assert set(hits.values()) == {1}, hits
+    for worker in both:
+        assert "not Redis-backed" not in log_text(worker)
+
+
+def test_bad_seeds_are_dead_lettered_once_and_the_crawl_finishes(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """A rejected seed's lease is settled with its dead letter, so it never comes back
+    and the crawl finishes; short leases would bring an unsettled seed back."""
+    settings = {"SCHEDULER_LEASE_TIMEOUT": 3, "SCHEDULER_HEARTBEAT_INTERVAL": 0.5}
+    client.rpush(f"{name}:start_urls", "ftp://x", site.page_url(0), "{oops")
+    both = run(workers, project, name, settings=settings)
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    dead = [json.loads(r) for r in client.lrange(f"{name}:dead", 0, -1)]
+    assert sorted(d["data"] for d in dead) == ["ftp://x", "{oops"]
+    assert all(d["kind"] == "seed" for d in dead)
+    assert set(site.hits().values()) == {1}
+    assert client.zcard(f"{name}:leases") == 0
+
+
+def test_a_second_run_of_a_finished_persisted_crawl_waits_for_its_seeds(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    settings = {"SCHEDULER_PERSIST": True}
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    assert wait_workers(run(workers, project, name, settings=settings), RUN_TIMEOUT) == [0, 0]
+    assert client.hexists(f"{name}:progress", "finished_at")
+
+    second = run(workers, project, name, settings=settings)
+    time.sleep(6)  # the old run's "finished" mark made new workers exit within a second
+    assert [w.returncode for w in second] == [None, None], logs(second)
+    client.lpush(f"{name}:start_urls", site.page_url(0) + "?again")  # a page not seen yet
+    assert wait_workers(second, RUN_TIMEOUT) == [0, 0], logs(second)
+    assert site.hits()["/page/0"] == 2  # the persisted dupefilter kept the rest
+    assert int(client.hget(f"{name}:progress", "done") or 0) > PAGES
+
+
+def test_spider_arguments_are_coerced_and_name_the_keys(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """``-a max_idle_time=2`` is a number of seconds; ``-a redis_key=`` names the seeds key."""
+    key = f"{name}:custom:seeds"
+    [worker] = run(
+        workers, project, name, count=1,
+        settings={"CLOSE_WHEN_CRAWL_DONE": False},
+        spider_args={"max_idle_time": "2", "redis_key": "%(name)s:custom:seeds"},
+    )  # fmt: skip
+    client.lpush(key, site.page_url(0))
+    assert wait_workers([worker], RUN_TIMEOUT) == [0], logs(workers)
+    text = log_text(worker)
+    assert "Traceback" not in text
+    assert "MAX_IDLE_TIME_BEFORE_CLOSE=2.0" in text
+    assert f"seeds key {key} (list)" in text
+    assert set(site.hits()) == site.expected_paths()
+
+
+def test_a_bad_spider_argument_is_one_error_and_exit_1(
+    project: Path, name: str, workers: list[Worker]
+) -> None:
+    [worker] = run(workers, project, name, count=1, spider_args={"max_idle_time": "soon"})
+    assert wait_workers([worker], RUN_TIMEOUT) == [1], logs(workers)
+    text = log_text(worker)
+    errors = [line for line in text.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, text
+    assert "max_idle_time='soon'" in errors[0]
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("problem", ["unreachable", "unreachable, all in Redis", "wrong key type"])
+def test_a_start_up_failure_is_one_error_line_and_exit_1(
+    project: Path, name: str, client: redis.Redis, workers: list[Worker], problem: str
+) -> None:
+    settings: dict[str, Any] = {}
+    if problem.startswith("unreachable"):
+        settings["REDIS_URL"] = "redis://:secret@127.0.0.1:1/0"
+    if problem == "unreachable, all in Redis":
+        settings["STATS_CLASS"] = "scrapy_dist.stats.RedisStatsCollector"
+        settings["ITEM_PIPELINES"] = json.dumps({"scrapy_dist.pipelines.RedisPipeline": 300})
+        settings["SCHEDULER_JOB_TIMESTAMP"] = "%Y%m%d"
+    elif problem == "wrong key type":
+        client.sadd(f"{name}:start_urls", "https://example.com/")
+    [worker] = run(workers, project, name, count=1, settings=settings)
+    assert wait_workers([worker], RUN_TIMEOUT) == [1], logs(workers)
+    text = log_text(worker) + worker.output_file.read_text(errors="replace")
+    errors = [line for line in text.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, text
+    assert "Traceback" not in text
+    assert "secret" not in text
+    if problem.startswith("unreachable"):
+        assert "REDIS_URL" in errors[0]
+        assert "redis://:***@127.0.0.1:1/0" in errors[0]
+    else:
+        assert "REDIS_START_URLS_AS_SET" in errors[0]
+        assert client.scard(f"{name}:start_urls") == 1  # left alone
+
+
+SCRIPT = '''
+import sys
+from scrapy.settings import Settings
+sys.path.insert(0, {project!r})
+from books.spiders.books import BooksSpider
+
+settings = Settings()
+settings.setmodule("books.settings", priority="project")
+settings.set("LOG_FILE", {log!r})
+kind = sys.argv[1]
+if kind == "CrawlerProcess":
+    from scrapy.crawler import CrawlerProcess
+    process = CrawlerProcess(settings)
+    process.crawl(BooksSpider)
+    process.start()
+elif kind == "AsyncCrawlerProcess":
+    from scrapy.crawler import AsyncCrawlerProcess
+    process = AsyncCrawlerProcess(settings)
+    process.crawl(BooksSpider)
+    process.start()
+else:
+    from scrapy.crawler import CrawlerRunner
+    from scrapy.utils.log import configure_logging
+    from scrapy.utils.reactor import install_reactor
+    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+    from twisted.internet import reactor
+    configure_logging(settings)
+    runner = CrawlerRunner(settings)
+    runner.crawl(BooksSpider).addBoth(lambda _: reactor.stop())
+    reactor.run()
+'''
+
+
+def _has_async_crawler_process() -> bool:
+    import scrapy.crawler
+
+    return hasattr(scrapy.crawler, "AsyncCrawlerProcess")
+
+
+@pytest.mark.parametrize("kind", ["CrawlerProcess", "AsyncCrawlerProcess", "CrawlerRunner"])
+def test_a_spider_run_from_a_script(
+    project: Path, name: str, client: redis.Redis, site: TestSite, kind: str
+) -> None:
+    """Nothing touches the reactor before Scrapy installs its own."""
+    if kind == "AsyncCrawlerProcess" and not _has_async_crawler_process():
+        pytest.skip("AsyncCrawlerProcess needs Scrapy >= 2.14")
+    log = project / f"{kind}.log"
+    script = project / "run.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(project=str(project), log=str(log))))
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    done = subprocess.run(
+        [sys.executable, str(script), kind], cwd=project, capture_output=True, text=True,
+        timeout=RUN_TIMEOUT, check=False,
+    )  # fmt: skip
+    text = log.read_text(errors="replace") if log.exists() else ""
+    assert done.returncode == 0, done.stderr + text
+    assert "does not match" not in done.stderr + text
+    assert set(site.hits()) == site.expected_paths(), done.stderr + text
+    assert set(site.hits().values()) == {1}
+
+
+def test_creating_a_redis_spider_does_not_import_the_reactor(tmp_path: Path) -> None:
+    """Scrapy 2.13 installs its reactor after it creates the spider."""
+    code = textwrap.dedent("""
+        import sys
+        from scrapy.crawler import Crawler
+        from scrapy_dist.spiders import RedisSpider
+
+        class S(RedisSpider):
+            name = "s"
+
+        crawler = Crawler(S, {"REDIS_URL": "redis://127.0.0.1:1/0"})
+        crawler.crawling = True  # as Crawler.crawl() does before creating the spider
+        S.from_crawler(crawler)
+        assert "twisted.internet.reactor" not in sys.modules, "the reactor was imported"
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
