@@ -237,7 +237,7 @@ def keys_for(crawler: Crawler) -> RedisKeys:
     template = getattr(spider, "redis_key", None)
     if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
         template = template[0] if template else None
-    if template:
+    if template and isinstance(template, str):
         keys = replace(keys, start_urls=keys.start_urls_key(str(template)))
     _by_crawler[crawler] = keys
     return keys

@@ -165,13 +165,11 @@ class RedisSpiderMixin(Spider):
         crawler = self.crawler
         settings = settings_for(crawler)
         self.frontier = Frontier.for_crawler(crawler)
-        #: The crawl's Redis client (scrapy-redis's attribute name).
-        self.server = self.frontier.client
         self.seeds = self.frontier.seeds
         #: One seed queue per key of ``redis_key``, in priority order (the frontier's
         #: own seeds key first).
         self.seed_queues = [self.seeds] + [
-            SeedQueue(self.server, self.frontier.keys.start_urls_key(t), self.seeds.kind)
+            SeedQueue(self.frontier.client, self.frontier.keys.start_urls_key(t), self.seeds.kind)
             for t in (self.redis_key[1:] if isinstance(self.redis_key, (list, tuple)) else [])
         ]
         #: The seeds key last read.
@@ -210,12 +208,19 @@ class RedisSpiderMixin(Spider):
         self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
         self._wake_pause = self.idle_poll
         frontier = self.frontier
-        self.dead_letters = DeadLetters(self.server, frontier.keys.dead, frontier.worker_id)
+        self.dead_letters = DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id)
         self._redis_open = True
         if self.redis_batch_size < 1:
             raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
         if self.idle_poll <= 0:
             raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
+
+    @property
+    def server(self) -> redis.Redis:
+        """The crawl's Redis client (scrapy-redis's attribute); reading it sets the
+        spider up from the final settings if it is not yet (see :meth:`open_redis`)."""
+        self.open_redis()
+        return self.frontier.client
 
     @property
     def _failed(self) -> bool:

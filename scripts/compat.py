@@ -60,12 +60,21 @@ KNOWN_FAILURES: dict[str, str] = {
     ),
     **{
         f"tests.test_spiders::test_from_crawler_with_spider_arguments[{cls}]": (
-            "a Mock crawler, whose crawler.spider is a Mock: scrapy_dist names a crawl's keys "
-            "after the crawler's spider (crawler.spider or crawler.spidercls), so the key "
-            "becomes 'key:<Mock ...>'; the spider arguments themselves (redis_key, "
-            "redis_batch_size and max_idle_time as strings) are applied"
+            "asserts spider.redis_key is expanded ('key:foo') as soon as from_crawler "
+            "returns; scrapy_dist expands it when the spider opens, once the settings are "
+            "final (a job suffix or add-on may change the key); the spider arguments "
+            "themselves (strings) are applied"
         )
         for cls in ("MySpider", "MyCrawlSpider")
+    },
+    **{
+        f"tests.test_spiders.TestRedisMixin_setup_redis::{test}": (
+            "asserts setup_redis() raises ValueError for an empty redis_key or a "
+            "non-numeric redis_batch_size/max_idle_time; scrapy_dist reports an invalid "
+            "spider attribute as a start-up failure (one ERROR line naming it, the crawl "
+            "exits 1) instead of a traceback"
+        )
+        for test in ("test_requires_redis_key", "test_invalid_batch_size", "test_invalid_idle_time")
     },
 }
 
