@@ -2,26 +2,53 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+#: The oldest versions we claim (Scrapy 2.13.0, redis-py 5.0.0), in a second virtualenv.
+#: Scrapy 2.13.0 predates Twisted 25 (it imports a private name Twisted 25 removed).
+OLDEST_VENV ?= .venv-oldest
+OLDEST_PINS := scrapy==2.13.0 redis[hiredis]==5.0.0 Twisted==24.11.0
+#: Parallel processes of the acceptance suite (scenarios wait on crawls more than on CPU).
+ACCEPTANCE_WORKERS ?= 3
 
-.PHONY: install redis-server test pytest lint typecheck compat demo bench bench-deps clean
+.PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
+	typecheck compat demo bench bench-deps clean
 
-## install: virtualenv with the package, test and dev tools; a redis-server binary
+## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 install: $(VENV)/.installed redis-server
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,dev]'
+	$(BIN)/python -m pip install -q -e '.[test,acceptance,dev]'
+	touch $@
+
+## install-oldest: a second virtualenv with the oldest Scrapy and redis-py we claim
+install-oldest: $(OLDEST_VENV)/.installed redis-server
+
+$(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install -q -e '.[test,acceptance]' $(OLDEST_PINS)
 	touch $@
 
 redis-server:
 	@scripts/ensure-redis-server
 
-## test: lint, type check, then the whole test suite (end-to-end crawls included)
+## test: lint, type check, then the whole test suite (end-to-end crawls and acceptance included)
 test: lint typecheck pytest
 
+## test-oldest: the whole test suite on Scrapy 2.13.0 and redis-py 5.0.0
+test-oldest: pytest-oldest
+
+# Unit, contract and end-to-end tests, then the acceptance suite (tests/acceptance) in
+# parallel processes. pytest exits non-zero when no test ran, so a filter that selects
+# nothing fails too.
 pytest: install
-	$(BIN)/pytest
+	$(BIN)/pytest -m 'not acceptance'
+	$(BIN)/pytest -m acceptance -n $(ACCEPTANCE_WORKERS) tests/acceptance
+
+pytest-oldest: install-oldest
+	$(OLDEST_VENV)/bin/pytest -m 'not acceptance'
+	$(OLDEST_VENV)/bin/pytest -m acceptance -n $(ACCEPTANCE_WORKERS) tests/acceptance
 
 lint: install
 	$(BIN)/ruff check scrapy_dist tests benchmarks example
@@ -48,4 +75,4 @@ bench-deps: install
 	$(BIN)/python -m pip install -q -e '.[bench]'
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -6,7 +6,7 @@ the project's settings and spiders, so it builds exactly the keys the workers us
 mode, the queue class); outside a project it uses scrapy_dist's defaults and accepts
 any spider name. ``--redis-url``, ``-s NAME=VALUE`` and ``--job`` override settings.
 
-Commands (``docs/cli.md`` has examples)::
+Commands (``scrapy-dist COMMAND --help`` describes each)::
 
     push SPIDER [URL ...] [--file FILE]   validate seeds and push the valid ones
     status [SPIDER] [--json] [--watch]    seeds, queue, leases, dead letters, workers...
@@ -18,7 +18,8 @@ Commands (``docs/cli.md`` has examples)::
 
 Exit codes: 0 success; 1 the command ran but did not do everything it was asked
 (invalid seed lines, dead records that cannot be requeued, a reset refused because
-workers are alive or not confirmed) or Redis is unreachable; 2 usage or configuration
+workers are alive or not confirmed, a reset or purge refused without ``--yes`` when
+stdin is not a terminal) or Redis is unreachable; 2 usage or configuration
 errors (bad arguments, unknown spider, a key of the wrong type); 130 interrupted.
 """
 
@@ -98,6 +99,8 @@ class Context:
     project: bool = False
     #: The client, once :meth:`client` connected.
     connected: redis.Redis | None = field(default=None, repr=False)
+    #: Whether the "not inside a project" warning was given.
+    warned: bool = False
 
     def raw_settings(self) -> BaseSettings:
         """Project settings (or Scrapy's defaults outside a project) with the options."""
@@ -132,7 +135,15 @@ class Context:
         if spider is not None and self.project:
             spidercls = _load_spider(settings, spider)
             spidercls.update_settings(settings)
-        return with_defaults(settings), spidercls
+        settings = with_defaults(settings)
+        if not self.project and not self._redis_given() and not self.warned:
+            self.warned = True
+            _err(
+                "scrapy-dist: warning: not inside a Scrapy project (no scrapy.cfg here or "
+                "above), so scrapy_dist's default settings are used, with Redis at "
+                f"{_server(settings)}; run it in the project's directory, or give --redis-url"
+            )
+        return settings, spidercls
 
     def layout(self, spider: str) -> tuple[CrawlLayout, BaseSettings, type[Spider] | None]:
         """The crawl's layout, its settings and the spider class."""
@@ -155,6 +166,22 @@ class Context:
             self.connected = client
         return self.connected
 
+    def _redis_given(self) -> bool:
+        """Whether the options name the Redis server (``--redis-url`` or ``-s REDIS_...``)."""
+        named = {item.partition("=")[0] for item in self.args.set or ()}
+        return bool(self.args.redis_url) or any(name.startswith("REDIS_") for name in named)
+
+
+def _server(settings: BaseSettings) -> str:
+    """The Redis server the settings name, password masked (no I/O)."""
+    from scrapy_dist.connection import client_from_settings, describe
+
+    client = client_from_settings(settings)
+    try:
+        return describe(client)
+    finally:
+        client.close()
+
 
 def _load_spider(settings: BaseSettings, name: str) -> type[Spider]:
     from scrapy.utils.misc import load_object
@@ -173,7 +200,9 @@ def _confirm(question: str, assume_yes: bool) -> bool:
     if assume_yes:
         return True
     if not sys.stdin.isatty():
-        raise CommandError(f"{question} Refusing without --yes: stdin is not a terminal")
+        raise CommandError(
+            f"{question} Refusing without --yes: stdin is not a terminal", EXIT_FAILED
+        )
     sys.stderr.write(f"{question} [y/N] ")
     sys.stderr.flush()
     return sys.stdin.readline().strip().lower() in ("y", "yes")
@@ -341,6 +370,7 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
     from scrapy_dist.seeds import SeedQueue
 
     layout, settings, spidercls = ctx.layout(args.spider)
+    _warn_not_redis_spider(spidercls, layout.seeds)
     seeds = None
     if not args.dry_run:
         seeds = SeedQueue(ctx.client(settings), layout.seeds, layout.seeds_kind)
@@ -365,6 +395,20 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
         bar.finish(lines, done)
     _print_push(report, args)
     return EXIT_FAILED if report.invalid else EXIT_OK
+
+
+def _warn_not_redis_spider(spidercls: type[Spider] | None, key: str) -> None:
+    """Warn when the project's spider never reads seeds from Redis."""
+    from scrapy_dist.spiders import RedisSpiderMixin
+
+    if spidercls is None or issubclass(spidercls, RedisSpiderMixin):
+        return
+    _err(
+        f"scrapy-dist: warning: spider {spidercls.name!r} ({spidercls.__module__}."
+        f"{spidercls.__qualname__}) is not a Redis spider, so its workers never read "
+        f"{key!r}; make it a scrapy_dist.spiders.RedisSpider (or RedisCrawlSpider, "
+        "RedisSpiderMixin) to crawl these seeds"
+    )
 
 
 def _print_push(report: PushReport, args: argparse.Namespace) -> None:
@@ -407,6 +451,11 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     lines = [f"crawl {status.crawl}  at {status.redis}  [{status.state}]"]
     if not status.exists:
         lines.append("  (no key of this crawl exists)")
+    elif status.state == "idle":
+        lines.append(
+            "  (empty, not marked finished: a worker with CLOSE_WHEN_CRAWL_DONE marks it "
+            "CRAWL_DONE_GRACE s after the last page, any worker when it closes)"
+        )
     row = "  {:<11}{:>9}  {}"
     lines.append(row.format("seeds", status.seeds,
                             f"waiting in {status.seeds_key} ({status.seeds_kind})"))  # fmt: skip
@@ -516,6 +565,8 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
                                  dupefilter=False)  # fmt: skip
         except ConfigurationError as e:
             row["error"] = str(e)
+        except redis.exceptions.NoPermissionError:
+            row["error"] = "no permission to read this crawl's keys (Redis ACL of this user)"
         else:
             row.update(
                 state=status.state, seeds=status.seeds, queued=status.queued,
@@ -1196,15 +1247,36 @@ def _data_parsers(commands: _Commands, common: argparse.ArgumentParser) -> None:
     export.set_defaults(func=cmd_export)
 
 
+def _version() -> str:
+    """``scrapy-dist X (Scrapy Y, redis-py Z, Python V)``, without importing Scrapy."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from scrapy_dist import __version__
+
+    try:
+        scrapy_version = version("scrapy")
+    except PackageNotFoundError:  # pragma: no cover - Scrapy is a requirement
+        scrapy_version = "?"
+    return (
+        f"scrapy-dist {__version__} (Scrapy {scrapy_version}, redis-py "
+        f"{redis.__version__}, Python {platform.python_version()})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``scrapy-dist``."""
     parser = argparse.ArgumentParser(
         prog="scrapy-dist",
         description="Seed, watch and repair scrapy_dist crawls in Redis. Inside a Scrapy "
         "project, its settings and spiders are used.",
-        epilog="Exit codes: 0 ok; 1 partly done, refused or Redis unreachable; "
-        "2 usage or configuration error. See docs/cli.md.",
+        epilog="Commands: push, status, jobs, dead list|requeue|purge, reset, export, "
+        "metrics; 'scrapy-dist COMMAND --help' describes each. Exit codes: 0 ok; "
+        "1 partly done, refused (also a destructive command without --yes when stdin is "
+        "not a terminal) or Redis unreachable; 2 usage or configuration error; "
+        "130 interrupted.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     _add_common(parser, suppress=False)
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, suppress=True)
@@ -1248,6 +1320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as e:
         _err(f"scrapy-dist: error: {e}")
         return EXIT_USAGE
+    except redis.exceptions.NoPermissionError as e:
+        _err(f"scrapy-dist: error: no permission (Redis ACL of this user): {e}")
+        return EXIT_FAILED
     except redis.ResponseError as e:
         code = EXIT_USAGE if str(e).startswith("WRONGTYPE") else EXIT_FAILED
         _err(f"scrapy-dist: error: Redis answered: {e}")

@@ -175,9 +175,13 @@ class CrawlStatus:
 
     @property
     def state(self) -> str:
-        """``"busy"`` (work waiting or leased), ``"finished"``, ``"idle"`` (empty, not yet
-        finished), ``"waiting"`` (nothing done yet in this run) or ``"absent"`` (no
-        keys)."""
+        """``"busy"`` (work waiting or leased), ``"finished"``, ``"idle"`` (empty but not
+        marked finished), ``"waiting"`` (nothing done yet in this run) or ``"absent"``.
+
+        Workers mark a crawl finished: one with ``CLOSE_WHEN_CRAWL_DONE`` once it has been
+        empty for ``CRAWL_DONE_GRACE`` seconds, any worker when it closes and finds it
+        empty. Until then (workers without ``CLOSE_WHEN_CRAWL_DONE`` waiting for more
+        seeds, for as long as they run) the crawl is ``"idle"``: more seeds may come."""
         if not self.exists:
             return "absent"
         if self.seeds + self.queued + self.leased > 0:
@@ -365,6 +369,9 @@ def read_status(
         pipe.zrange(k.timeline, 0, -1)
         replies = pipe.execute(raise_on_error=False)
     now_reply, df_type, *rest = replies
+    for reply in (now_reply, df_type, *rest[: len(typed)]):
+        if isinstance(reply, Exception):  # e.g. NoPermissionError: not a key type
+            raise reply
     types = [_text(t) for t in rest[: len(typed)]]
     for (key, expected, role), actual in zip(typed, types, strict=True):
         check_type(key, actual, expected, role)

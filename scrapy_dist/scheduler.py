@@ -183,6 +183,20 @@ class Scheduler(BaseScheduler):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
+        """Build the scheduler from the crawler's settings.
+
+        Invalid settings are a start-up failure (:func:`scrapy_dist.startup.fail_start`:
+        one ERROR line, exit status 1), not an exception that leaves Scrapy's engine
+        half-opened: the crawler then gets a scheduler that schedules nothing.
+        """
+        try:
+            return cls._build(crawler)
+        except ConfigurationError as e:
+            fail_start(crawler, "configuration_error", f"Cannot start: {e}")
+            return cast("Self", FailedScheduler(crawler))
+
+    @classmethod
+    def _build(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
         queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
         # (not issubclass: Scrapy's scheduler metaclass answers it by duck typing)
@@ -667,6 +681,8 @@ class UnleasedScheduler(Scheduler):
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
         scheduler = super().from_crawler(crawler)
+        if UnleasedScheduler not in type(scheduler).__mro__:
+            return scheduler  # a failed start (FailedScheduler)
         scheduler._queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
         scheduler._queue_key = settings["SCHEDULER_QUEUE_KEY"]
         scheduler._shared_df = None  # asked with request_seen() before each push
@@ -725,3 +741,33 @@ class UnleasedScheduler(Scheduler):
 
     def __len__(self) -> int:
         return len(self.custom)
+
+
+class FailedScheduler(BaseScheduler):
+    """The scheduler of a crawler whose scheduler settings are invalid: it schedules
+    nothing and closes the spider at its first idle moment with the failure's reason."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        crawler.signals.connect(self.close_if_failed, signal=signals.spider_idle)
+
+    def close_if_failed(self) -> None:
+        """``spider_idle``: close the spider.
+
+        Raises:
+            CloseSpider: always, with the start failure's reason.
+        """
+        failure = start_failure(self.crawler)
+        raise CloseSpider(failure.reason if failure is not None else "configuration_error")
+
+    def has_pending_requests(self) -> bool:
+        """Never: nothing is scheduled."""
+        return False
+
+    def enqueue_request(self, request: Request) -> bool:
+        """Refuse ``request``: the crawl did not start."""
+        return False
+
+    def next_request(self) -> Request | None:
+        """Nothing."""
+        return None

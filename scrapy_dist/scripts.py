@@ -16,6 +16,8 @@ from importlib.resources import files
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
+from scrapy_dist.exceptions import ConfigurationError
+
 if TYPE_CHECKING:
     import redis
     from redis.commands.core import Script
@@ -27,11 +29,32 @@ _registered: WeakKeyDictionary[redis.Redis, Scripts] = WeakKeyDictionary()
 _USES = re.compile(r"^-- uses: (.+)$", re.MULTILINE)
 
 
+#: Where a copy of scrapy_dist keeps its scripts (package data, also read from a zip or egg).
+LUA_PACKAGE = "scrapy_dist.lua"
+
+
 @cache
 def source(name: str) -> str:
     """Return the text of ``lua/<name>.lua`` shipped with the package, preceded by the
-    libraries its ``-- uses:`` line names."""
-    text = (files("scrapy_dist") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    libraries its ``-- uses:`` line names.
+
+    The files are read with :mod:`importlib.resources`, so a copy of scrapy_dist inside
+    a zipped egg (a scrapyd deployment that bundles it) works like an installed one.
+
+    Raises:
+        ConfigurationError: The script is not part of this copy of the package (an egg
+            or zip built without scrapy_dist's package data).
+    """
+    resource = files(LUA_PACKAGE) / f"{name}.lua"
+    try:
+        text = resource.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ConfigurationError(
+            f"scrapy_dist's Lua script {name}.lua is missing from {files(LUA_PACKAGE)}: a copy "
+            f"of scrapy_dist bundled in an egg or zip must include its package data "
+            f"(setup.py: package_data={{'{LUA_PACKAGE}': ['*.lua']}}), or install "
+            f"scrapy-dist with pip where the crawl runs"
+        ) from e
     uses = _USES.search(text)
     libraries = [lib.strip() for lib in uses.group(1).split(",")] if uses else []
     return "\n".join([*(source(lib) for lib in libraries), text])

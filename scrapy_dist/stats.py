@@ -320,6 +320,8 @@ class RedisStatsCollector(StatsCollector):
         super().__init__(crawler)
         #: The spider (scrapy-redis's optional second argument; set at open otherwise).
         self.spider = spider
+        #: The crawler (Scrapy < 2.14 keeps no reference to it).
+        self.crawler = crawler
         if shared is None or flush_interval is None:
             settings = settings_for(crawler)
             keys = keys_for(crawler)
@@ -387,7 +389,7 @@ class RedisStatsCollector(StatsCollector):
         """Stop the timer, flush what is left, then log this worker's stats as usual."""
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
-        if start_failure(self._crawler) is not None:
+        if start_failure(self.crawler) is not None:
             pass  # the crawl never started: nothing of it belongs in the crawl's stats
         elif not self.flush():
             logger.error(

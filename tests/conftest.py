@@ -21,6 +21,13 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.testing.redis_server import RedisServer, RedisServerNotFound
 
+if not hasattr(__import__("scrapy.crawler").crawler, "AsyncCrawlerProcess"):
+    # Scrapy 2.13's get_crawler() asks which reactor is installed and raises when none
+    # is (later versions do not ask): install the one Scrapy's settings name.
+    from scrapy.utils.reactor import install_reactor
+
+    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 

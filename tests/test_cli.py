@@ -331,7 +331,7 @@ def test_reset_refuses_live_workers_and_needs_confirmation(
     assert "1 live worker(s) (host:1:abc)" in err
     assert client.exists(keys.dead)
     code, _, err = run("reset", name, "--force", "--redis-url", redis_url)  # stdin: no terminal
-    assert code == 2
+    assert code == 1  # refused, as docs/cli.md says (was 2)
     assert "Refusing without --yes" in err
     assert client.exists(keys.dead)
     code, out, _ = run("reset", name, "--force", "--yes", "--redis-url", redis_url)

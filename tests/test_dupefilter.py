@@ -527,12 +527,19 @@ def test_a_set_left_by_another_backend_is_reported(
 def test_redisbloom_is_reserved_as_configured(fake: redis.Redis, name: str) -> None:
     backend = make_backend("redisbloom", fake, name, capacity=5_000, error_rate=0.01)
     key = f"{name}:dupefilter"
-    info = fake.execute_command("BF.INFO", key)
-    assert info[b"Capacity"] == 5_000
+    assert bf_capacity(fake, key) == 5_000
     backend.clear()
     # recreated by the next record with the configured size, not BF.ADD's defaults
     assert backend.add(b"y" * 20)
-    assert fake.execute_command("BF.INFO", key)[b"Capacity"] == 5_000
+    assert bf_capacity(fake, key) == 5_000
+
+
+def bf_capacity(client: redis.Redis, key: str) -> Any:
+    """``Capacity`` of ``BF.INFO`` (a dict since redis-py 5.1, a flat list before)."""
+    info = client.execute_command("BF.INFO", key)
+    if isinstance(info, list):
+        info = dict(zip(info[::2], info[1::2], strict=True))
+    return info[b"Capacity"]
 
 
 def test_redisbloom_growth_is_reported(fake: redis.Redis, name: str) -> None:

@@ -14,7 +14,7 @@ from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.keys import keys_for
-from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.redis_server import free_port
 
@@ -274,9 +274,22 @@ def test_wrong_password_at_open(
         {"SCHEDULER_WORKER_TIMEOUT": 1, "SCHEDULER_HEARTBEAT_INTERVAL": 5},
     ],
 )
-def test_misconfiguration(make_crawler: Callable[..., Crawler], settings: dict[str, Any]) -> None:
-    with pytest.raises(ConfigurationError):
-        build_from_crawler(Scheduler, make_crawler(settings))
+def test_misconfiguration(
+    make_crawler: Callable[..., Crawler], settings: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invalid scheduler settings are a start-up failure (one ERROR line, exit 1), not an
+    exception that leaves Scrapy's engine half-opened (a cascade of tracebacks)."""
+    crawler = make_crawler(settings)
+    with caplog.at_level(logging.ERROR):
+        scheduler = build_from_crawler(Scheduler, crawler)
+    assert isinstance(scheduler, FailedScheduler)
+    assert start_failure(crawler).reason == "configuration_error"  # type: ignore[union-attr]
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.getMessage().startswith("Cannot start: ")
+    assert not scheduler.has_pending_requests()
+    assert scheduler.next_request() is None
+    with pytest.raises(ConfigurationError):  # built directly, it still raises
+        Scheduler._build(make_crawler(settings))
 
 
 def test_queue_key_of_the_wrong_type(

@@ -1,0 +1,1 @@
+"""The server-side scripts, as package data (``*.lua``), read by :mod:`scrapy_dist.scripts`."""

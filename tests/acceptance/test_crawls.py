@@ -1,0 +1,220 @@
+"""A user's project crawled by two ``scrapy crawl`` workers, set up each way the docs offer.
+
+Each scenario: a fresh project (``scrapy startproject``), the README's spider (or the
+scenario's), an edited ``settings.py``, two workers, seeds pushed through Redis, and
+then the site's own counters say whether every page was fetched exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Project
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_block(first_line: str) -> str:
+    """The README's fenced code block whose first line is ``first_line``.
+
+    Raises:
+        AssertionError: The README has no such block (it drifted from this test).
+    """
+    for block in re.findall(r"```\w*\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL):
+        if block.startswith(first_line):
+            return str(block)
+    raise AssertionError(f"README.md has no code block starting with {first_line!r}")
+
+
+def settings_block(project: Project) -> str:
+    """The README's settings block, with ``REDIS_URL`` pointing at the scenario's database."""
+    block = readme_block("# settings.py")
+    assert 'REDIS_URL = "redis://localhost:6379/0"' in block
+    return block.replace("redis://localhost:6379/0", project.redis_url)
+
+
+DONE = "CLOSE_WHEN_CRAWL_DONE = True\nCRAWL_DONE_GRACE = 1\n"
+
+
+def test_readme_settings_block(project: Project) -> None:
+    """The README's settings block and spider: two workers, each page once, one item each."""
+    project.add_settings(settings_block(project) + DONE)
+    workers = project.crawl(2)
+    with project.client() as client:
+        client.lpush("books:start_urls", project.page(0))
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+    assert project.items() == len(project.site.expected_paths(0))
+    assert project.dead() == []
+    for worker in workers:
+        assert "books:start_urls" in worker.text(), "workers should say which seeds key they read"
+
+
+def test_addon_alone(project: Project) -> None:
+    """``ADDONS`` and ``REDIS_URL`` only: the add-on's classes share the crawl."""
+    project.add_settings(
+        f'ADDONS = {{"scrapy_dist.addon.DistAddon": 0}}\nREDIS_URL = "{project.redis_url}"\n' + DONE
+    )
+    workers = project.crawl(2)
+    with project.client() as client:
+        client.lpush("books:start_urls", project.page(0))
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+    for worker in workers:
+        assert "is not Redis-backed" not in worker.text(), worker.tail()
+
+
+def test_redis_crawl_spider_with_rules(project: Project) -> None:
+    """A ``RedisCrawlSpider`` following its rules' links."""
+    project.add_settings(settings_block(project) + DONE)
+    project.write(
+        "books/spiders/books.py",
+        "from scrapy.linkextractors import LinkExtractor\n"
+        "from scrapy.spiders import Rule\n\n"
+        "from scrapy_dist.spiders import RedisCrawlSpider\n\n\n"
+        "class BooksSpider(RedisCrawlSpider):\n"
+        '    name = "books"\n'
+        '    rules = (Rule(LinkExtractor(allow="/page/"), "parse_page", follow=True),)\n\n'
+        "    def parse_page(self, response):\n"
+        '        yield {"url": response.url}\n',
+    )
+    workers = project.crawl(2)
+    with project.client() as client:
+        client.lpush("books:start_urls", project.page(0))
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+    # The seed's own response goes to the rules (parse), the others to parse_page.
+    assert project.items() == len(project.site.expected_paths(0)) - 1
+
+
+@pytest.mark.parametrize("kind", ["list", "set", "zset"])
+def test_seeds_of_every_kind(project: Project, kind: str) -> None:
+    """Seeds in a list, set or zset, pushed with redis commands and ``scrapy-dist push``."""
+    settings = {"list": "", "set": "REDIS_START_URLS_AS_SET = True\n",
+                "zset": "REDIS_START_URLS_AS_ZSET = True\n"}[kind]  # fmt: skip
+    project.add_settings(settings_block(project) + DONE + settings)
+    pushed = project.cli("push", "books", project.page(5))
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    workers = project.crawl(2)
+    with project.client() as client:
+        if kind == "list":
+            client.rpush("books:start_urls", project.page(0), project.page(3))
+        elif kind == "set":
+            client.sadd("books:start_urls", project.page(0), project.page(3))
+        else:
+            client.zadd("books:start_urls", {project.page(0): 1, project.page(3): 2})
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+    with project.client() as client:
+        assert client.exists("books:start_urls") == 0
+
+
+BAD_SEEDS = [
+    "ftp://x",
+    "not a url",
+    '{"url": "http://127.0.0.1:1/", "callback": "no_such_method"}',
+    '{"url": 5}',
+]
+
+
+def test_bad_seeds_dead_lettered_once_and_crawl_ends(project: Project) -> None:
+    """Bad seeds among good ones: each dead-lettered exactly once, the workers exit by themselves.
+
+    The lease timeout is short so that a bad seed whose lease was never settled would
+    come back (and be dead-lettered again) well within the crawl.
+    """
+    project.add_settings(
+        settings_block(project) + DONE
+        + "SCHEDULER_LEASE_TIMEOUT = 3\nSCHEDULER_HEARTBEAT_INTERVAL = 1\n"
+    )  # fmt: skip
+    workers = project.crawl(2)
+    with project.client() as client:
+        for i, bad in enumerate(BAD_SEEDS):
+            client.rpush("books:start_urls", project.page(i * 7), bad)
+    started = time.monotonic()
+    project.wait(workers, timeout=45)
+    # A bad seed that was not settled comes back after the lease timeout: give it the time.
+    time.sleep(max(0.0, 5 - (time.monotonic() - started)))
+    records = [json.loads(raw) for raw in project.dead()]
+    assert sorted(r["data"] for r in records) == sorted(BAD_SEEDS), records
+    assert all(r["kind"] == "seed" and r["reason"] for r in records), records
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+
+
+def test_rerun_of_a_finished_persisted_crawl(project: Project) -> None:
+    """A new run of a finished persisted crawl waits for its seeds and crawls them."""
+    from scrapy_dist.testing import TestSite
+
+    project.add_settings(settings_block(project) + DONE)
+    first = project.crawl(2)
+    with project.client() as client:
+        client.lpush("books:start_urls", project.page(0))
+    project.assert_clean_exit(first)
+    project.assert_each_page_once()
+
+    with TestSite(60, delay=0.02) as second_site:
+        second = project.crawl(2)
+        time.sleep(3)  # longer than CRAWL_DONE_GRACE: the old "finished" must not close them
+        still = [run for run in second if run.process.poll() is None]
+        assert len(still) == 2, "a new run ended before its seeds came:\n" + "\n".join(
+            r.tail() for r in second
+        )
+        with project.client() as client:
+            client.lpush("books:start_urls", second_site.page_url(0))
+        project.assert_clean_exit(second)
+        assert second_site.hits() == dict.fromkeys(second_site.expected_paths(0), 1)
+
+
+def test_spider_argument_max_idle_time(project: Project) -> None:
+    """``-a max_idle_time=4``: the workers crawl, then close by themselves after 4 idle seconds."""
+    project.add_settings(settings_block(project))
+    workers = project.crawl(2, spider_args={"max_idle_time": 4})
+    with project.client() as client:
+        client.lpush("books:start_urls", project.page(0))
+    started = time.monotonic()
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+    assert time.monotonic() - started >= 3, "closed before being idle for max_idle_time"
+
+
+def test_spider_argument_redis_key(project: Project) -> None:
+    """``-a redis_key=...``: the workers read their seeds from that key."""
+    project.add_settings(settings_block(project) + DONE)
+    workers = project.crawl(2, spider_args={"redis_key": "shelf:seeds"})
+    with project.client() as client:
+        client.lpush("shelf:seeds", project.page(0))
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+
+
+def test_spider_name_set_in_init(project: Project) -> None:
+    """A spider naming itself in ``__init__``: every key is built from the instance's name."""
+    project.add_settings(settings_block(project) + DONE + "SCHEDULER_PERSIST = True\n")
+    project.write(
+        "books/spiders/books.py",
+        "from scrapy_dist.spiders import RedisSpider\n\n\n"
+        "class BooksSpider(RedisSpider):\n"
+        '    name = "books"\n\n'
+        '    def __init__(self, *args, shop="eu", **kwargs):\n'
+        "        super().__init__(*args, **kwargs)\n"
+        '        self.name = f"books_{shop}"\n\n'
+        "    def parse(self, response):\n"
+        "        yield from response.follow_all(css='a')\n",
+    )
+    workers = project.crawl(2, spider_args={"shop": "fr"})
+    with project.client() as client:
+        client.lpush("books_fr:start_urls", project.page(0))
+    project.assert_clean_exit(workers)
+    project.assert_each_page_once()
+    with project.client() as client:
+        keys = set(client.scan_iter(count=1000))
+    assert "books_fr:dupefilter" in keys, keys
+    assert not {k for k in keys if k.startswith("books:")}, keys
