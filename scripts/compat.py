@@ -79,9 +79,15 @@ KNOWN_FAILURES: dict[str, str] = {
 }
 
 #: A conftest for the copied suite: scrapy-redis's test classes use nose-style
-#: ``setup(self)``, which pytest >= 8 no longer calls (scrapy-redis pins pytest < 7).
+#: ``setup(self)``, which pytest >= 8 no longer calls (scrapy-redis pins pytest < 7); and
+#: Scrapy 2.13's ``get_crawler()`` needs an installed reactor (later versions do not ask).
 _CONFTEST = """
 import pytest
+
+if not hasattr(__import__("scrapy.crawler").crawler, "AsyncCrawlerProcess"):
+    from scrapy.utils.reactor import install_reactor
+
+    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
 
 
 @pytest.fixture(autouse=True)
