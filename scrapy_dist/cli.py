@@ -41,6 +41,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 import redis
 
+from scrapy_dist import deadletter
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, RedisUnavailable
 
 if TYPE_CHECKING:
@@ -323,8 +324,10 @@ class SeedPusher:
         spidercls: type[Spider] | None,
         score: float,
         extra_as_formdata: bool = True,
+        allowed_meta: Sequence[str] = (),
     ) -> None:
         self.seeds = seeds
+        self.allowed_meta = frozenset(allowed_meta)
         self.report = report
         self.encoding = encoding
         self.extra_as_formdata = extra_as_formdata
@@ -341,7 +344,10 @@ class SeedPusher:
             self.report.blank += 1
             return
         try:
-            seed = parse_seed(data, self.encoding, extra_as_formdata=self.extra_as_formdata)
+            seed = parse_seed(
+                data, self.encoding, allowed_meta=self.allowed_meta,
+                extra_as_formdata=self.extra_as_formdata,
+            )
             if self.spidercls is not None:
                 check_callbacks(seed, self.spidercls)
         except InvalidSeed as e:
@@ -379,7 +385,8 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
     extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
     pusher = SeedPusher(seeds, report, encoding=str(settings.get("REDIS_ENCODING")),
                         spidercls=spidercls, score=args.score,
-                        extra_as_formdata=extra_as_formdata)  # fmt: skip
+                        extra_as_formdata=extra_as_formdata,
+                        allowed_meta=settings.getlist("SEED_ALLOWED_META"))  # fmt: skip
     size = _input_size(args)
     bar = None
     if sys.stderr.isatty() and not args.quiet and (size is None or size >= PROGRESS_BYTES):
@@ -598,30 +605,10 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
 # -- dead letters -------------------------------------------------------------------
 
 
-def _record(raw: bytes) -> dict[str, Any]:
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict):
-        return {"kind": "?", "reason": "not a dead-letter record", "data": raw.decode("latin-1")}
-    return record
-
-
-def _record_data(record: dict[str, Any]) -> bytes | None:
-    """The raw seed or serialized request a record carries (``None`` if it has none)."""
-    data = record.get("data")
-    if isinstance(data, str):
-        return data.encode("utf-8")
-    if isinstance(data, dict) and set(data) == {"$b"} and isinstance(data["$b"], str):
-        return data["$b"].encode("latin-1")
-    return None
-
-
 def _record_url(record: dict[str, Any]) -> str:
     if isinstance(record.get("url"), str):
         return str(record["url"])
-    data = _record_data(record)
+    data = deadletter.data_of(record)
     if data is None:
         return ""
     text = data.decode("utf-8", "replace")
@@ -641,7 +628,7 @@ def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
     if not args.json:
         _out(f"{key}: {total} record(s)")
     for index, raw in _iter_list(client, key, total):
-        record = _record(raw)
+        record = deadletter.parse(raw)
         if args.kind and record.get("kind") != args.kind:
             continue
         if args.limit and shown >= args.limit:
@@ -717,15 +704,17 @@ class Requeuer:
     ) -> None:
         from scrapy_dist.scripts import scripts_for
         from scrapy_dist.seeds import SeedQueue
-        from scrapy_dist.serializers import load_serializer
+        from scrapy_dist.serializers import RequestPolicy, load_serializer
 
         self.client = client
         self.key = layout.keys.dead
         self.queue = layout.queue_cls(client, layout.keys.requests, layout.keys.seq)
         self.seeds = SeedQueue(client, layout.seeds, layout.seeds_kind)
         self.serializer = load_serializer(settings.get("SCHEDULER_SERIALIZER"))
+        self.policy = RequestPolicy.from_settings(settings)
         self.encoding = str(settings.get("REDIS_ENCODING"))
         self.extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
+        self.allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
         self.spidercls = spidercls
         self.kind = kind
         self.tombstone = f"\x00scrapy-dist requeue {secrets.token_hex(8)}"
@@ -744,16 +733,19 @@ class Requeuer:
         if raw is None:
             plan.skipped.append((index, "no such record"))
             return
-        record = _record(raw)
+        record = deadletter.parse(raw)
         kind = record.get("kind")
         if self.kind and kind != self.kind:
             return
-        data = _record_data(record)
+        data = deadletter.data_of(record)
         if data is None:
             plan.skipped.append((index, f"{kind} record without data"))
         elif kind == "seed":
             try:
-                seed = parse_seed(data, self.encoding, extra_as_formdata=self.extra_as_formdata)
+                seed = parse_seed(
+                    data, self.encoding, allowed_meta=self.allowed_meta,
+                    extra_as_formdata=self.extra_as_formdata,
+                )
                 if self.spidercls is not None:
                     check_callbacks(seed, self.spidercls)
             except InvalidSeed as e:
@@ -766,14 +758,36 @@ class Requeuer:
             try:
                 obj = self.serializer.loads(data)
                 request = Request(str(obj["url"]), priority=int(obj.get("priority", 0)))
-            except (ValueError, TypeError, KeyError) as e:
+            except (ValueError, TypeError, KeyError, OverflowError) as e:
                 plan.skipped.append((index, f"not a serialized request ({e})"))
+                return
+            refusal = self._refusal(obj)
+            if refusal:
+                plan.skipped.append((index, f"request is still invalid: {refusal}"))
                 return
             plan.requests.append((data, self.queue.score(request), b""))
             plan.request_records.append((index, raw))
             plan.chosen.append(position)
         else:
             plan.skipped.append((index, f"unknown record kind {kind!r}"))
+
+    def _refusal(self, obj: dict[str, Any]) -> str | None:
+        """Why a worker would dead-letter this request again (``None``: it would not)."""
+        from scrapy_dist import callbacks
+        from scrapy_dist.serializers import check_priority
+
+        try:
+            self.policy.request_class(obj.get("_class"))
+            self.policy.check_url(obj.get("url"))
+            check_priority(obj.get("priority", 0))
+        except ValueError as e:
+            return str(e)
+        for name in ("callback", "errback"):
+            if obj.get(name) and self.spidercls is not None:
+                reason = callbacks.refusal(self.spidercls, obj[name], public_only=False)
+                if reason:
+                    return f"{name} {reason}"
+        return None
 
     def _run(self, read: Callable[[Any], _Requeue]) -> _Requeue:
         """Read and plan under ``WATCH``, then push and remove in one ``MULTI``."""

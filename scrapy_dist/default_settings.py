@@ -207,12 +207,26 @@ SCHEDULER_QUEUE_CLASS = "scrapy_dist.queue.PriorityQueue"
 #: Template of the request queue key.
 SCHEDULER_QUEUE_KEY = "%(spider)s:requests"
 
+#: Import paths of request classes, besides Scrapy's own (``Request``, ``FormRequest``,
+#: ``JsonRequest``, ``XmlRpcRequest``), that queue entries may be rebuilt as. A queue
+#: entry naming any other class is dead-lettered; nothing it names is imported.
+SCHEDULER_REQUEST_CLASSES: list[str] = []
+
 #: Request serializer: ``"json"`` (default), ``"pickle"`` (unsafe with an untrusted
 #: Redis), or an import path to an object with ``dumps``/``loads``.
 SCHEDULER_SERIALIZER = "json"
 
+#: URL schemes a queue entry may use; an entry with another scheme (``file:``,
+#: ``data:``, ``s3:``...) is dead-lettered, never fetched.
+SCHEDULER_URL_SCHEMES = ["http", "https"]
+
 #: Seconds without a heartbeat after which a worker counts as gone.
 SCHEDULER_WORKER_TIMEOUT = 30.0
+
+#: ``meta`` keys a seed may carry although they change where or how a request connects
+#: (``proxy``, ``bindaddress``, ``download_slot``..., see ``scrapy_dist.seeds.CONNECTION_META``)
+#: or are private (``_...``). Empty: seeds with such keys are dead-lettered.
+SEED_ALLOWED_META: list[str] = []
 
 #: Seconds between the writes of a worker's stats to the crawl's shared stats hash by
 #: ``scrapy_dist.stats.RedisStatsCollector`` (one round trip each, and one at close).

@@ -108,6 +108,9 @@ TIGHTENING = 0.5
 #: Seconds a worker trusts its view of how many stages a bitmap chain has open.
 VIEW_INTERVAL = 5.0
 
+#: Share of its capacity a bitmap stage holds when the worker pre-sizes the next one.
+PREPARE_AT = 0.5
+
 #: Seconds a stage stays open before the next may open: three view intervals, so that
 #: no worker's view is ever more than one stage behind (see BitmapBloomBackend).
 GROWTH_GUARD = 3 * VIEW_INTERVAL
@@ -536,10 +539,14 @@ class BitmapBloomBackend(_ScriptedBackend):
     of open stages and each stage's count and opening time; the bits of stage ``s``
     are in ``<dupefilter>:<s>:<i>``, ``i`` counting segments of ``params.segment_bits``
     (at most 2**32 bits, 512 MiB, the largest Redis string; :func:`fit_segments` picks
-    a size the allocator does not round up). Opening a stage creates its segments at
-    full size. A fingerprint's token is its 16-byte MurmurHash3; the
-    script derives each stage's ``k`` offsets from it (:mod:`scrapy_dist.bloom`'s
-    enhanced double hashing), so a token does not depend on how many stages exist.
+    a size the allocator does not round up). Segments are created at full size by
+    :meth:`prepare`, in calls of their own (one segment each), never inside an
+    enqueue: stage 0 before the chain opens, the next stage when the last holds
+    :data:`PREPARE_AT` of its capacity (checked whenever the view is re-read); the
+    script grows only into a stage prepared so. A fingerprint's token is its 16-byte
+    MurmurHash3; the script derives each stage's ``k`` offsets from it
+    (:mod:`scrapy_dist.bloom`'s enhanced double hashing), so a token does not depend on
+    how many stages exist.
 
     Growth: every script call passes the keys of the stages this worker believes
     open, plus the next one. Redis opens the next stage when the last is full, but
@@ -599,6 +606,8 @@ class BitmapBloomBackend(_ScriptedBackend):
         self._set_view(0)
         #: When the view was read (never yet: the first call reads it).
         self._viewed_at = -math.inf
+        #: Stages whose segments this worker has seen pre-sized (stage 0 excepted).
+        self._prepared: set[int] = set()
 
     def _set_view(self, live: int) -> None:
         """Adopt ``live`` open stages: calls pass their keys and the next stage's."""
@@ -633,7 +642,37 @@ class BitmapBloomBackend(_ScriptedBackend):
         fields = cast("dict[bytes, bytes]", meta)
         self._set_view(int(fields.get(b"stages", 0)))
         self._viewed_at = time.monotonic()
+        self._prepare_next(fields)
         return fields, pttl
+
+    def _prepare_next(self, fields: dict[bytes, bytes]) -> None:
+        """Pre-size the stage the chain opens next, if it is due (see the class doc)."""
+        live = self._live
+        if live == 0:
+            self._prepared.clear()
+            self.prepare(0)
+            return
+        if self.on_full != "grow" or live >= len(self.stages) or live in self._prepared:
+            return
+        count = int(fields.get(f"n{live - 1}".encode(), 0))
+        if count >= self.stages[live - 1].capacity * PREPARE_AT:
+            self.prepare(live)
+            self._prepared.add(live)
+
+    def prepare(self, stage: int) -> int:
+        """Create the segments of ``stage`` at full size if missing, one call each
+        (each allocates at most one 512 MiB string, outside any enqueue).
+
+        Returns:
+            The number of segments created.
+        """
+        script = scripts_for(self.client).dupefilter
+        spec = self.stages[stage]
+        created = 0
+        for i, key in enumerate(self._segment_keys[stage]):
+            size = min(self.params.segment_bits, spec.bits - i * self.params.segment_bits)
+            created += int(script(keys=[self.key, key], args=["prepare", size]))
+        return created
 
     def _refresh_view(self) -> None:
         self._read()
@@ -695,6 +734,7 @@ class BitmapBloomBackend(_ScriptedBackend):
     def clear(self, pipe: Pipeline | None = None) -> None:
         """Delete the chain: its hash and every segment."""
         (pipe or self.client).delete(*self.keys())
+        self._prepared.clear()
         if pipe is None:
             self._set_view(0)
 

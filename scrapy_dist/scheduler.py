@@ -23,7 +23,7 @@ from scrapy.exceptions import CloseSpider
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_dist import deadletter
+from scrapy_dist import _engine, deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
@@ -32,7 +32,7 @@ from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, Serializ
 from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
 from scrapy_dist.queue import Base, unleased_queue
 from scrapy_dist.seeds import similar_seed_keys
-from scrapy_dist.serializers import RequestCodec, Serializer, load_serializer
+from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.startup import fail_start, start_failure
 from scrapy_dist.workers import WorkerRegistry, crawl_started
@@ -59,20 +59,20 @@ CLOSE_FLUSHES = 5
 
 
 def engine_in_flight(crawler: Crawler) -> Collection[Request]:
-    """The requests the crawler's engine is still working on.
+    """The requests the crawler's engine is still working on (see
+    :func:`scrapy_dist._engine.in_flight`, the one place that reads the engine)."""
+    return _engine.in_flight(crawler)
 
-    A request stays in the engine's slot from the moment it is taken from the scheduler
-    until its download, callback or errback, and the processing of everything they
-    returned (new requests enqueued, items handed to the pipelines) are complete. Scrapy
-    has no public API or signal for that moment, so this reads the slot (present in
-    every Scrapy since 1.0; ``tests/test_scheduler.py`` pins it).
+
+def check_engine(crawler: Crawler) -> None:
+    """Refuse to run on a Scrapy whose engine lacks what :mod:`scrapy_dist._engine` reads.
+
+    Raises:
+        ConfigurationError: the engine is open and lacks it (the message names the version).
     """
-    try:
-        engine = crawler.engine
-    except RuntimeError:  # Scrapy >= 2.14 before the crawl starts
-        return ()
-    slot = getattr(engine, "_slot", None)
-    return slot.inprogress if slot is not None else ()
+    engine = _engine.engine_of(crawler)
+    if engine is not None:
+        _engine.check(engine)
 
 
 class Scheduler(BaseScheduler):
@@ -99,6 +99,9 @@ class Scheduler(BaseScheduler):
             per worker.
         crawler: the crawler, to report a failed start to (see
             :mod:`scrapy_dist.startup`); without one, :meth:`open` raises instead.
+        policy: what a queue entry may decode into (request classes, URL schemes).
+        check_engine: run at open; raises if the running Scrapy's engine lacks the
+            private state ``in_flight`` reads.
     """
 
     def __init__(
@@ -119,6 +122,8 @@ class Scheduler(BaseScheduler):
         flush_interval: float = 0.1,
         start_once: bool = True,
         crawler: Crawler | None = None,
+        policy: RequestPolicy | None = None,
+        check_engine: Callable[[], None] | None = None,
     ) -> None:
         if prefetch < 1:
             raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
@@ -141,6 +146,8 @@ class Scheduler(BaseScheduler):
         self.queue = frontier.queue
         self.df = dupefilter
         self.serializer = serializer
+        self.policy = policy or RequestPolicy()
+        self.check_engine = check_engine
         self.registry = registry
         self.dead = dead
         self.stats = stats
@@ -234,6 +241,8 @@ class Scheduler(BaseScheduler):
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
             start_once=settings.getbool("SCHEDULER_START_ONCE"),
             crawler=crawler,
+            policy=RequestPolicy.from_settings(settings),
+            check_engine=lambda: check_engine(crawler),
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
@@ -246,19 +255,22 @@ class Scheduler(BaseScheduler):
         heartbeats.
 
         A start-up failure (Redis unreachable or refusing the credentials, a key of the
-        wrong type) is reported through :func:`scrapy_dist.startup.fail_start`: one
-        ERROR line, then the spider closes at once and ``scrapy crawl`` exits 1.
+        wrong type, a Scrapy whose engine lacks what :mod:`scrapy_dist._engine` reads)
+        is reported through :func:`scrapy_dist.startup.fail_start`: one ERROR line,
+        then the spider closes at once and ``scrapy crawl`` exits 1.
 
         Raises:
             RedisUnavailable: Redis cannot be reached (only without a crawler).
-            ConfigurationError: a key holds a type this crawl cannot use (only without
-                a crawler).
+            ConfigurationError: a key holds a type this crawl cannot use, or the engine
+                lacks what ``scrapy_dist._engine`` reads (only without a crawler).
         """
         self.spider = spider
-        self._codec = RequestCodec(self.serializer, spider)
+        self._codec = RequestCodec(self.serializer, spider, self.policy)
         if start_failure(self.crawler) is not None:
             return  # the spider's set-up failed and said why
         try:
+            if self.check_engine is not None:
+                self.check_engine()
             self._join(spider)
         except (ScrapyDistError, redis.RedisError) as e:
             if self.crawler is None:
@@ -642,7 +654,7 @@ class Scheduler(BaseScheduler):
             extra={"spider": self.spider},
         )
         self.stats.inc_value("scheduler/undecodable")
-        record = self.dead.record(deadletter.REQUEST, str(error), lease.data)
+        record = self.dead.record(deadletter.REQUEST, str(error), lease.data, lease.deliveries)
         return DEAD_NOW + record.decode("utf-8")
 
     def _unserializable(self, request: Request, error: SerializationError) -> None:

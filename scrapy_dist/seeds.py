@@ -12,8 +12,16 @@ A seed is either a plain ``http(s)`` URL or a JSON object::
      "dont_filter": false}
 
 ``formdata`` is urlencoded into the body for POST and into the query string for GET;
-``json`` becomes a JSON body. The same rules serve :class:`~scrapy_dist.spiders.RedisSpider`
-and the ``scrapy-dist push`` command, so what the CLI accepts a worker accepts.
+``json`` becomes a JSON body.
+
+A seed is input, not code: ``callback`` and ``errback`` name only public methods of
+the user's spider (:mod:`scrapy_dist.callbacks`); ``meta`` may not hold the keys that
+change where or how a request connects (:data:`CONNECTION_META`) or Scrapy's private
+``_`` keys unless ``SEED_ALLOWED_META`` lists them; ``priority`` stays within
+:data:`PRIORITY_MAX`, the integers a queue score stores exactly; and any parse error
+(deep nesting included) rejects that seed alone. The same rules serve
+:class:`~scrapy_dist.spiders.RedisSpider` and the ``scrapy-dist push`` command, so what
+the CLI accepts a worker accepts.
 """
 
 from __future__ import annotations
@@ -28,10 +36,12 @@ from urllib.parse import urlsplit
 from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 
+from scrapy_dist import callbacks
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
+from scrapy_dist.serializers import PRIORITY_MAX
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Collection, Sequence
 
     import redis
     from redis.client import Pipeline
@@ -43,6 +53,15 @@ logger = logging.getLogger(__name__)
 SCHEMES = frozenset(("http", "https"))
 #: Fields that each set the request body; a seed may use one.
 BODY_FIELDS = ("body", "json", "formdata")
+#: ``meta`` keys that change where or how a request connects (proxy and its
+#: credentials, local address, download slot and its concurrency/delay, timeouts and
+#: size limits, robots.txt): refused in seeds unless ``SEED_ALLOWED_META`` lists them.
+#: Keys starting with ``_`` (Scrapy's and middlewares' private state) are refused too.
+CONNECTION_META = frozenset((
+    "proxy", "dont_proxy", "bindaddress", "download_slot", "download_timeout",
+    "download_maxsize", "download_warnsize", "download_fail_on_dataloss",
+    "dont_obey_robotstxt",
+))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,7 +144,31 @@ def _object(name: str) -> Callable[[Any], dict[str, Any]]:
 def _priority(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSeed("'priority' must be an integer")
+    if not -PRIORITY_MAX <= value <= PRIORITY_MAX:
+        raise InvalidSeed(
+            f"'priority' must be between -2**53 and 2**53 (a {value.bit_length()}-bit integer)"
+        )
     return value
+
+
+def check_meta(meta: dict[str, Any], allowed: Collection[str] = ()) -> None:
+    """Refuse ``meta`` keys that change where or how a request connects.
+
+    Raises:
+        InvalidSeed: a key of :data:`CONNECTION_META`, or a private ``_`` key, that
+            ``allowed`` (``SEED_ALLOWED_META``) does not list.
+    """
+    refused = sorted(
+        k for k in meta
+        if (k in CONNECTION_META or not isinstance(k, str) or k.startswith("_"))
+        and k not in allowed
+    )  # fmt: skip
+    if refused:
+        names = ", ".join(repr(k)[:60] for k in refused)
+        raise InvalidSeed(
+            f"meta key(s) {names} would change where or how the worker connects; "
+            "list them in SEED_ALLOWED_META to allow them in seeds"
+        )
 
 
 def _spider_method_name(name: str) -> Callable[[Any], str | None]:
@@ -134,6 +177,8 @@ def _spider_method_name(name: str) -> Callable[[Any], str | None]:
             return None
         if not isinstance(value, str) or not value.isidentifier():
             raise InvalidSeed(f"{name!r} must be the name of a spider method")
+        if value.startswith("_"):
+            raise InvalidSeed(f"{name} {value!r} is private: seeds may name only public methods")
         return value
 
     return check
@@ -187,16 +232,35 @@ def _from_object(obj: dict[str, Any], extra_as_formdata: bool = True) -> Seed:
 
 
 def parse_seed(
-    data: bytes | str, encoding: str = "utf-8", *, extra_as_formdata: bool = True
+    data: bytes | str,
+    encoding: str = "utf-8",
+    *,
+    allowed_meta: Collection[str] = (),
+    extra_as_formdata: bool = True,
 ) -> Seed:
     """Validate raw seed data.
 
     With ``extra_as_formdata`` (``REDIS_START_URLS_EXTRA_FORMDATA``), a JSON seed's
     unknown fields are form data, as in scrapy-redis; without, they make it invalid.
 
+    Args:
+        data: the raw seed.
+        encoding: ``REDIS_ENCODING``.
+        allowed_meta: ``SEED_ALLOWED_META``, connection ``meta`` keys allowed anyway.
+        extra_as_formdata: ``REDIS_START_URLS_EXTRA_FORMDATA``.
+
     Raises:
         InvalidSeed: the data is not a URL or a valid JSON seed; the message says why.
     """
+    try:
+        seed = _parse(data, encoding, extra_as_formdata)
+    except RecursionError as e:
+        raise InvalidSeed("seed is nested too deeply") from e
+    check_meta(seed.meta, allowed_meta)
+    return seed
+
+
+def _parse(data: bytes | str, encoding: str, extra_as_formdata: bool = True) -> Seed:
     if isinstance(data, bytes):
         try:
             data = data.decode(encoding)
@@ -208,7 +272,7 @@ def parse_seed(
     if text[0] in "{[\"":
         try:
             obj = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise InvalidSeed(f"seed is not valid JSON: {e}") from e
         if not isinstance(obj, dict):
             raise InvalidSeed(f"a JSON seed must be an object, not {type(obj).__name__}")
@@ -219,18 +283,18 @@ def parse_seed(
 def _spider_method(spider: object, name: str | None, field_name: str) -> Callable[..., Any] | None:
     if name is None:
         return None
-    method = getattr(spider, name, None)
-    if not callable(method):
-        owner = getattr(spider, "name", None) or type(spider).__name__
-        raise InvalidSeed(f"{field_name} {name!r} is not a method of spider {owner!r}")
-    return method  # type: ignore[no-any-return]
+    reason = callbacks.refusal(spider, name, public_only=True)
+    if reason is not None:
+        raise InvalidSeed(f"{field_name} {reason}")
+    return getattr(spider, name)  # type: ignore[no-any-return]
 
 
 def check_callbacks(seed: Seed, spider: object) -> None:
-    """Make sure the seed's callback and errback exist on ``spider`` (instance or class).
+    """Make sure the seed's callback and errback are public methods of the user's
+    ``spider`` (instance or class; see :mod:`scrapy_dist.callbacks`).
 
     Raises:
-        InvalidSeed: one of them is missing.
+        InvalidSeed: one of them is missing or not allowed.
     """
     _spider_method(spider, seed.callback, "callback")
     _spider_method(spider, seed.errback, "errback")

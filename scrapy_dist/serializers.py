@@ -6,6 +6,17 @@ errbacks by method name) encoded by a serializer. The default is JSON made bytes
 tagged the same way, so a request comes back equal to what went in. Pickle is available
 only when ``SCHEDULER_SERIALIZER`` asks for it: unpickling data from a Redis that
 someone else can write to runs their code.
+
+A queue entry is input, not code (:class:`RequestPolicy`): it is rebuilt only as a
+request class on an allowlist (Scrapy's own plus ``SCHEDULER_REQUEST_CLASSES``; the
+``_class`` it names is looked up, never imported), with a URL scheme of
+``SCHEDULER_URL_SCHEMES`` (``http``/``https``: a ``file://`` entry is never read),
+callbacks that are the spider's own methods (:mod:`scrapy_dist.callbacks`) and a
+priority a queue score stores exactly. The same checks run when a request is encoded,
+so a spider learns at once that a request could not come back. ``meta`` is not
+filtered here: the crawl's own requests carry ``download_slot`` (Scrapy sets it on
+every request it downloads, and retries keep it) and proxies; whoever may write the
+queue key may set them, so protect that key as the workers' settings.
 """
 
 from __future__ import annotations
@@ -13,17 +24,24 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+from dataclasses import dataclass, field
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
-from scrapy import Request as _Request
+from scrapy import Request
+from scrapy.http import FormRequest, JsonRequest, XmlRpcRequest
 from scrapy.utils.misc import load_object
-from scrapy.utils.request import request_from_dict
 
+from scrapy_dist import callbacks
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
 
 if TYPE_CHECKING:
-    from scrapy import Request, Spider
+    from collections.abc import Iterable
+
+    from scrapy import Spider
+    from scrapy.settings import BaseSettings
+
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +128,9 @@ class JsonSerializer:
         """
         try:
             obj = json.loads(data, object_hook=_decode_hook)
-        except (ValueError, TypeError) as e:
+        except RecursionError as e:
+            raise SerializationError("not a serialized request: nested too deeply") from e
+        except (ValueError, TypeError, AttributeError) as e:
             raise SerializationError(f"not a serialized request: {e}") from e
         if not isinstance(obj, dict):
             raise SerializationError(f"not a serialized request: {type(obj).__name__}")
@@ -189,12 +209,129 @@ def _import(path: str) -> Any:
         raise ConfigurationError(f"SCHEDULER_SERIALIZER {path!r} cannot be imported: {e}") from e
 
 
-class RequestCodec:
-    """Converts requests of one spider to bytes and back with a serializer."""
+#: Scrapy's own request classes: a queue entry may always be rebuilt as one of them.
+BUILTIN_REQUEST_CLASSES: tuple[type[Request], ...] = (
+    Request, FormRequest, JsonRequest, XmlRpcRequest
+)  # fmt: skip
+#: Largest priority magnitude: a queue score is a double, exact up to 2**53.
+PRIORITY_MAX = 2**53
 
-    def __init__(self, serializer: Serializer, spider: Spider) -> None:
+
+def class_path(cls: type) -> str:
+    """The ``_class`` name Scrapy's ``Request.to_dict`` writes for ``cls``."""
+    return f"{cls.__module__}.{cls.__name__}"
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """What a queue entry may decode into.
+
+    Args:
+        classes: ``_class`` name -> request class allowed.
+        schemes: URL schemes allowed (lower case).
+    """
+
+    classes: dict[str, type[Request]] = field(
+        default_factory=lambda: {class_path(c): c for c in BUILTIN_REQUEST_CLASSES}
+    )
+    schemes: frozenset[str] = frozenset(("http", "https"))
+
+    @classmethod
+    def build(cls, extra_classes: Iterable[Any] = (), schemes: Iterable[str] = ()) -> RequestPolicy:
+        """Scrapy's request classes plus ``extra_classes`` (classes or import paths).
+
+        Raises:
+            ConfigurationError: an extra class cannot be imported or is not a request class.
+        """
+        classes = {class_path(c): c for c in BUILTIN_REQUEST_CLASSES}
+        for spec in extra_classes:
+            try:
+                obj = load_object(spec) if isinstance(spec, str) else spec
+            except (ImportError, NameError, ValueError, AttributeError) as e:
+                raise ConfigurationError(
+                    f"SCHEDULER_REQUEST_CLASSES: {spec!r} cannot be imported: {e}"
+                ) from e
+            if not (isinstance(obj, type) and issubclass(obj, Request)):
+                raise ConfigurationError(
+                    f"SCHEDULER_REQUEST_CLASSES: {spec!r} is not a scrapy.Request subclass"
+                )
+            classes[class_path(obj)] = obj
+            if isinstance(spec, str):
+                classes[spec] = obj
+        allowed = frozenset(s.lower() for s in schemes) or frozenset(("http", "https"))
+        return cls(classes, allowed)
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> RequestPolicy:
+        """The policy of ``SCHEDULER_REQUEST_CLASSES`` and ``SCHEDULER_URL_SCHEMES``."""
+        return cls.build(
+            settings.getlist("SCHEDULER_REQUEST_CLASSES"),
+            settings.getlist("SCHEDULER_URL_SCHEMES", ["http", "https"]),
+        )
+
+    def check_url(self, url: Any) -> None:
+        """Refuse a URL whose scheme is not allowed.
+
+        Raises:
+            SerializationError: not a string, or a scheme not allowed.
+        """
+        if not isinstance(url, str):
+            raise SerializationError(f"'url' must be a string, not {type(url).__name__}")
+        scheme = urlsplit(url).scheme.lower()
+        if scheme not in self.schemes:
+            raise SerializationError(
+                f"URL scheme {scheme!r:.40} is not allowed ({url!r:.120}); "
+                f"allowed: {', '.join(sorted(self.schemes))} (SCHEDULER_URL_SCHEMES)"
+            )
+
+    def request_class(self, name: Any) -> type[Request]:
+        """The request class a ``_class`` name stands for (looked up, never imported).
+
+        Raises:
+            SerializationError: ``name`` is not an allowed request class.
+        """
+        if name is None:
+            return Request
+        cls = self.classes.get(name) if isinstance(name, str) else None
+        if cls is None:
+            raise SerializationError(
+                f"request class {name!r:.120} is not allowed: only Scrapy's request classes "
+                "and those listed in SCHEDULER_REQUEST_CLASSES (nothing is imported)"
+            )
+        return cls
+
+
+def check_priority(value: Any) -> None:
+    """Refuse a priority a queue score cannot store exactly.
+
+    Raises:
+        SerializationError: not an integer, or beyond 2**53 either way.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SerializationError(f"'priority' must be an integer, not {type(value).__name__}")
+    if not -PRIORITY_MAX <= value <= PRIORITY_MAX:
+        raise SerializationError(
+            f"'priority' (a {value.bit_length()}-bit integer) is outside -2**53..2**53, "
+            "what a queue score stores exactly"
+        )
+
+
+class RequestCodec:
+    """Converts requests of one spider to bytes and back with a serializer.
+
+    Args:
+        serializer: turns request dicts into bytes and back.
+        spider: the spider whose methods callbacks name.
+        policy: what a queue entry may decode into (default: Scrapy's request
+            classes, ``http``/``https``).
+    """
+
+    def __init__(
+        self, serializer: Serializer, spider: Spider, policy: RequestPolicy | None = None
+    ) -> None:
         self.serializer = serializer
         self.spider = spider
+        self.policy = policy or RequestPolicy()
 
     def encode(self, request: Request) -> bytes:
         """Return the bytes of ``request``.
@@ -207,7 +344,25 @@ class RequestCodec:
             data = self._to_dict(request)
         except ValueError as e:
             raise SerializationError(str(e)) from e
+        self._check(data)
         return self.serializer.dumps(data)
+
+    def _check(self, data: dict[str, Any]) -> None:
+        """The checks :meth:`decode` makes, so a request that could not come back from
+        the queue is refused when it is stored.
+
+        Raises:
+            SerializationError: a class, URL scheme, callback or priority not allowed.
+        """
+        self.policy.request_class(data.get("_class"))
+        self.policy.check_url(data.get("url"))
+        check_priority(data.get("priority", 0))
+        for name in ("callback", "errback"):
+            value = data.get(name)
+            if value:
+                reason = callbacks.refusal(self.spider, value, public_only=False)
+                if reason is not None:
+                    raise SerializationError(f"{name} {reason}")
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
         """``request.to_dict(spider=...)``, with the callback names found directly.
@@ -229,7 +384,7 @@ class RequestCodec:
         for attr in request.attributes:
             data.setdefault(attr, getattr(request, attr))
         cls = type(request)
-        if cls is not _Request:
+        if cls is not Request:
             data["_class"] = f"{cls.__module__}.{cls.__name__}"
         return data
 
@@ -246,11 +401,32 @@ class RequestCodec:
     def decode(self, data: bytes) -> Request:
         """Rebuild a request from :meth:`encode`'s output.
 
+        Only what :class:`RequestPolicy` allows is rebuilt; nothing the entry names is
+        imported, and callbacks resolve to the spider's own methods only.
+
         Raises:
-            SerializationError: ``data`` is corrupt or names a callback the spider lacks.
+            SerializationError: ``data`` is corrupt, or names a class, URL scheme,
+                callback or priority that is not allowed; the message says which.
         """
-        obj = self.serializer.loads(data)
         try:
-            return request_from_dict(obj, spider=self.spider)
-        except (KeyError, TypeError, ValueError, AttributeError, ImportError) as e:
+            obj = self.serializer.loads(data)
+        except SerializationError:
+            raise
+        except Exception as e:  # a custom serializer's own error: this entry alone fails
+            raise SerializationError(f"not a serialized request: {e!r:.200}") from e
+        if not isinstance(obj, dict):
+            raise SerializationError(f"not a serialized request: {type(obj).__name__}")
+        self._check(obj)
+        cls = self.policy.request_class(obj.get("_class"))
+        try:
+            kwargs = {key: value for key, value in obj.items() if key in cls.attributes}
+            for name in ("callback", "errback"):
+                if obj.get(name):
+                    kwargs[name] = callbacks.resolve(self.spider, obj[name], public_only=False)
+            request = cls(**kwargs)
+        except RecursionError as e:
+            raise SerializationError("cannot rebuild request: nested too deeply") from e
+        except Exception as e:  # whatever the request class raises: this entry alone fails
             raise SerializationError(f"cannot rebuild request: {e}") from e
+        self.policy.check_url(request.url)
+        return request

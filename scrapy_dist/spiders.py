@@ -36,7 +36,7 @@ from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
 from scrapy.utils.misc import load_object
 
-from scrapy_dist import deadletter
+from scrapy_dist import _engine, deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
@@ -195,6 +195,7 @@ class RedisSpiderMixin(Spider):
             or settings.getint("CONCURRENT_REQUESTS")
         )
         self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
+        self.seed_allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
         if self.max_idle_time is None:
             self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
         self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
@@ -247,7 +248,10 @@ class RedisSpiderMixin(Spider):
         """
         self.open_redis()
         seed = parse_seed(
-            data, self.redis_encoding or "utf-8", extra_as_formdata=self.seeds_extra_formdata
+            data,
+            self.redis_encoding or "utf-8",
+            allowed_meta=self.seed_allowed_meta,
+            extra_as_formdata=self.seeds_extra_formdata,
         )
         if seed.dont_filter is None:
             seed = replace(seed, dont_filter=self.seeds_dont_filter)
@@ -536,11 +540,8 @@ def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N |
 
 def wake_engine(engine: Any) -> None:
     """Ask the engine to look at its scheduler now rather than at its next 5-second
-    heartbeat (which calls the same method; Scrapy has no public API for it)."""
-    slot = getattr(engine, "_slot", None)
-    nextcall = getattr(slot, "nextcall", None)
-    if nextcall is not None:
-        nextcall.schedule()
+    heartbeat (see :func:`scrapy_dist._engine.wake`)."""
+    _engine.wake(engine)
 
 
 class RedisSpider(RedisSpiderMixin, Spider):

@@ -828,3 +828,51 @@ def test_chain_and_guard_constants() -> None:
     assert [s.capacity for s in stages[:3]] == [1_000, 2_000, 4_000]
     assert [s.error_rate for s in stages[:3]] == [0.01, 0.005, 0.0025]
     assert GROWTH_GUARD >= 2 * 5.0
+
+
+# --- Bloom stages are pre-sized outside enqueue calls -------------------------------
+
+
+def _push(client: redis.Redis, name: str, backend: DupefilterBackend, fps: list[bytes]) -> None:
+    queue_for(client, name).push([(b"p", 0.0, fp) for fp in fps], backend)
+
+
+def test_enqueue_never_allocates_a_bloom_stage(client: redis.Redis, name: str) -> None:
+    """An enqueue that fills a stage grows only into a stage the worker pre-sized in a
+    call of its own; it never creates a segment (which blocks the server for seconds
+    at large capacities)."""
+    backend = make_backend("bitmap", client, name, capacity=100, **GROW_NOW)
+    assert isinstance(backend, BitmapBloomBackend)
+    keys = RedisKeys.build(name)
+    stage1 = keys.bloom_segment(1, 0)
+    _push(client, name, backend, fingerprints(40, 40))
+    backend.script_keys()  # the worker's view re-read: stage 0 under half full
+    assert not client.exists(stage1)
+    # one enqueue takes the stage past its capacity: it may not open an unprepared stage
+    backend._viewed_at = time.monotonic() + 3600  # no re-read before this call
+    _push(client, name, backend, fingerprints(41, 100))
+    assert not client.exists(stage1), "the enqueue allocated the next stage"
+    state = backend.state()  # re-reads: stage 0 is past half full, stage 1 is pre-sized
+    assert (state.stages, state.count) == (1, 140)  # the excess is counted, not lost
+    assert client.strlen(stage1) == backend.stages[1].bits // 8 + (backend.stages[1].bits % 8 > 0)
+    _push(client, name, backend, fingerprints(42, 10))
+    assert backend.state().stages == 2  # grew into the pre-sized stage
+    assert all(backend.contains_many(fingerprints(41, 100) + fingerprints(42, 10)))
+
+
+def test_enqueue_into_a_vanished_chain_waits_for_stage_zero(
+    client: redis.Redis, name: str
+) -> None:
+    """A chain deleted (or expired) under a worker is recreated only once the worker
+    has pre-sized its first stage; the enqueue before that is refused as stale and
+    writes nothing."""
+    backend = make_backend("bitmap", client, name, capacity=100, view_interval=3600.0)
+    assert isinstance(backend, BitmapBloomBackend)
+    client.delete(*backend.keys())
+    with pytest.raises(redis.ResponseError, match="DUPEFILTER_STALE"):
+        _push(client, name, backend, fingerprints(43, 5))
+    assert not client.exists(*backend.keys())
+    assert len(queue_for(client, name)) == 0
+    assert backend.add_many(fingerprints(43, 5)) == [True] * 5  # retried after a re-read
+    _push(client, name, backend, fingerprints(44, 5))
+    assert len(queue_for(client, name)) == 5

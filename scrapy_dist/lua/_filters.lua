@@ -44,10 +44,16 @@
 -- could take the count past the capacity with DUPEFILTER_FULL. A call that passed
 -- fewer stages than are open is refused with DUPEFILTER_STALE (the worker re-reads
 -- and retries), one whose parameters differ from sig with DUPEFILTER_MISMATCH.
--- Opening a stage creates its segments at their full size (setting their last bit to
--- 0), as BF.RESERVE does: a string grown bit by bit would be over-allocated by up to
--- 1 MB each time. Segments expire with the hash, whose expiry they copy when created
--- (or when the hash first gets one).
+-- A stage's segments are created at their full size (setting their last bit to 0),
+-- as BF.RESERVE does (a string grown bit by bit would be over-allocated by up to 1 MB
+-- each time), but never here: allocating hundreds of MB inside an enqueue would block
+-- the server for seconds. The worker pre-sizes them in separate calls, one segment per
+-- call (lua/dupefilter.lua "prepare"): stage 0 before the chain opens, the next stage
+-- once the last is half full. A stage whose segments are missing is never opened
+-- here: the chain does not grow into it (the last stage takes the excess, which the
+-- counts show), and a chain with no stage yet refuses with DUPEFILTER_STALE (the
+-- worker re-reads, which prepares stage 0, and retries). Segments expire with the
+-- hash, whose expiry they copy when the stage opens (or when the hash first gets one).
 --
 -- The functions take their state as a table rather than closing over many locals:
 -- a script defines them anew on every call, and closures over many upvalues are what
@@ -195,17 +201,25 @@ local function bloom_segments(chain, s, each)
   end
 end
 
--- Create the segments of stage s at full size, expiring with the chain's hash.
-local function bloom_open_stage(chain, s)
-  local pttl = redis.call("PTTL", chain.meta)
-  bloom_segments(chain, s, function(key, size)
-    if redis.call("EXISTS", key) == 0 then
-      redis.call("SETBIT", key, size - 1, 0)
-    end
-    if pttl > 0 then
-      redis.call("PEXPIRE", key, pttl)
+-- Whether every segment of stage s was pre-sized (it is never allocated here).
+local function bloom_ready(chain, s)
+  local ready = true
+  bloom_segments(chain, s, function(key)
+    if ready and redis.call("EXISTS", key) == 0 then
+      ready = false
     end
   end)
+  return ready
+end
+
+-- Give the pre-sized segments of stage s the expiry of the chain's hash.
+local function bloom_open_stage(chain, s)
+  local pttl = redis.call("PTTL", chain.meta)
+  if pttl > 0 then
+    bloom_segments(chain, s, function(key)
+      redis.call("PEXPIRE", key, pttl)
+    end)
+  end
 end
 
 local function bloom_test(chain, token)
@@ -220,7 +234,12 @@ end
 local function bloom_record(chain, token)
   local last = chain.live - 1
   if chain.count >= chain[last].capacity and chain.grow and chain.live < chain.passed
-      and chain.live < chain.most and bloom_clock(chain) - chain.opened >= chain.guard then
+      and chain.live < chain.most and bloom_clock(chain) - chain.opened >= chain.guard
+      and chain.next_ready ~= false then
+    chain.next_ready = bloom_ready(chain, chain.live)
+  end
+  if chain.next_ready then
+    chain.next_ready = nil
     last = chain.live
     chain.live, chain.count, chain.opened = last + 1, 0, chain.now
     redis.call("HSET", chain.meta, "stages", chain.live, count_field(last), 0,
@@ -274,6 +293,9 @@ local function bloom_filter(state, first_key, n, writes)
 
   if writes then
     if chain.live == 0 then
+      if not bloom_ready(chain, 0) then
+        return nil, "DUPEFILTER_STALE " .. meta .. ": its first stage is not pre-sized yet"
+      end
       redis.call("HSET", meta, "sig", sig, "stages", 1, "n0", 0, "t0", bloom_clock(chain))
       chain.live, chain.opened = 1, chain.now
       filter_expire(state, meta)

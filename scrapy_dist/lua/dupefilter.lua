@@ -4,7 +4,11 @@
 -- creates and checks the filter). The filters are lua/enqueue.lua's (lua/_filters.lua).
 --
 -- KEYS[1..] = the backend's keys (backend.script_keys())
--- ARGV[1] = op: "add" (record the new tokens) or "check" (read only)
+-- ARGV[1] = op: "add" (record the new tokens), "check" (read only), or "prepare"
+-- "prepare" (bitmap Bloom only) has its own KEYS and ARGV: KEYS[1] = the chain's hash,
+-- KEYS[2] = one segment; ARGV[2] = the segment's size in bits. It creates the segment
+-- at full size if missing, with the hash's expiry, outside any enqueue (see
+-- lua/_filters.lua). Returns 1 if it created the segment, else 0.
 -- ARGV[2] = filter kind: "set", "bloom" (bitmap) or "bf" (RedisBloom)
 -- ARGV[3] = F, the number of filter arguments that follow
 -- ARGV[4 .. 3+F] = filter arguments (backend.script_args())
@@ -15,6 +19,17 @@
 -- uses: _filters
 
 local op, filter_kind = ARGV[1], ARGV[2]
+if op == "prepare" then
+  if redis.call("EXISTS", KEYS[2]) == 1 then
+    return 0
+  end
+  redis.call("SETBIT", KEYS[2], tonumber(ARGV[2]) - 1, 0)
+  local pttl = redis.call("PTTL", KEYS[1])
+  if pttl > 0 then
+    redis.call("PEXPIRE", KEYS[2], pttl)
+  end
+  return 1
+end
 local nfilter = tonumber(ARGV[3])
 local first = 4 + nfilter
 local n = #ARGV - first + 1

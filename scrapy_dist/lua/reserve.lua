@@ -81,6 +81,26 @@ else
   end
 end
 
+-- [input] a queue entry that enqueue.lua did not write (no 16-digit entry id: pushed
+-- by hand, say) cannot be leased: it is dead-lettered whole, alone, its bytes kept
+-- readable (the record format is scrapy_dist/deadletter.py's), and the rest go on.
+if source == "q" then
+  local kept = {}
+  for _, pair in ipairs(taken) do
+    if string.match(string.sub(pair[1], 1, 16), "^" .. string.rep("%d", 16) .. "$") then
+      kept[#kept + 1] = pair
+    else
+      redis.call("RPUSH", dead, dead_json("request", pair[1],
+        "malformed queue entry: it does not start with the 16-digit entry id the "
+        .. "enqueue script writes (pushed by hand? 'scrapy-dist dead requeue' gives it one)",
+        now, worker, 0))
+      redis.call("HINCRBY", stats, "dead", 1)
+    end
+  end
+  taken = kept
+end
+-- [/input]
+
 local result = {}
 for _, pair in ipairs(taken) do
   local entry, score = pair[1], pair[2]

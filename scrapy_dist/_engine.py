@@ -1,0 +1,90 @@
+"""The only reads of Scrapy's private engine state, checked at open.
+
+Two things scrapy_dist needs have no public API in Scrapy:
+
+- which requests the engine is still working on (``engine._slot.inprogress``): a lease
+  is acknowledged only once its request has left the engine, callback output and all;
+- waking the engine to look at its scheduler now (``engine._slot.nextcall.schedule()``)
+  rather than on its 5-second heartbeat.
+
+Both live in the engine's ``_slot`` (renamed from ``slot`` in Scrapy 2.13). Should a
+Scrapy release rename them again, reading them with a default would acknowledge every
+request before its download, silently; :func:`check` refuses to start instead, naming
+the Scrapy version.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import scrapy
+
+from scrapy_dist.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+#: ``(attribute path, what it must be)`` read on a running engine.
+REQUIRED = (
+    ("_slot", "the engine's slot"),
+    ("_slot.inprogress", "a collection of the requests in progress"),
+    ("_slot.nextcall.schedule", "a callable that wakes the engine"),
+)
+
+
+def engine_of(crawler: Crawler) -> Any:
+    """The crawler's engine, or ``None`` before the crawl starts (Scrapy >= 2.14 raises)."""
+    try:
+        return crawler.engine
+    except RuntimeError:
+        return None
+
+
+def check(engine: Any) -> None:
+    """Make sure ``engine`` (an open engine) has the private state scrapy_dist reads.
+
+    Raises:
+        ConfigurationError: an attribute is missing; the message names the Scrapy
+            version and the attribute.
+    """
+    for path, meaning in REQUIRED:
+        obj = engine
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        ok = obj is not None and (
+            callable(obj) if path.endswith("schedule")
+            else hasattr(obj, "__contains__") if path.endswith("inprogress")
+            else True
+        )  # fmt: skip
+        if not ok:
+            raise ConfigurationError(
+                f"Scrapy {scrapy.__version__} has no engine.{path} ({meaning}), which "
+                "scrapy_dist reads to acknowledge a request only after Scrapy is done with "
+                "it: this Scrapy version is not supported yet; refusing to start rather "
+                "than acknowledge requests before they are downloaded"
+            )
+
+
+def in_flight(crawler: Crawler) -> Collection[Request]:
+    """The requests the crawler's engine is still working on (empty before it opens).
+
+    A request stays in the slot from the moment it is taken from the scheduler until
+    its download, callback or errback, and the processing of everything they returned
+    (new requests enqueued, items handed to the pipelines) are complete.
+    """
+    engine = engine_of(crawler)
+    slot = engine._slot if engine is not None else None
+    return slot.inprogress if slot is not None else ()
+
+
+def wake(engine: Any) -> None:
+    """Ask an open engine to look at its scheduler now rather than at its next
+    heartbeat (which calls the same method)."""
+    slot = engine._slot
+    if slot is not None:
+        slot.nextcall.schedule()
