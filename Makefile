@@ -10,7 +10,7 @@ OLDEST_PINS := scrapy==2.13.0 redis[hiredis]==5.0.0 Twisted==24.11.0
 ACCEPTANCE_WORKERS ?= 3
 
 .PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
-	typecheck demo bench bench-deps clean
+	typecheck compat demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 install: $(VENV)/.installed redis-server
@@ -55,6 +55,10 @@ lint: install
 
 typecheck: install
 	$(BIN)/mypy
+
+## compat: scrapy-redis's released test suite and example project, renamed, against scrapy_dist
+compat: install
+	$(BIN)/python scripts/compat.py
 
 ## demo: a distributed crawl of a local site by several workers sharing one Redis
 demo: install

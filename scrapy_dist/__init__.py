@@ -4,6 +4,7 @@ The names below are the public API; everything else may be imported but is not p
 """
 
 from scrapy_dist.addon import DistAddon
+from scrapy_dist.connection import get_redis, get_redis_from_settings
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import (
     ConfigurationError,
@@ -19,6 +20,8 @@ from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider, RedisSpiderMixin
 from scrapy_dist.stats import RedisStatsCollector
 
 __version__ = "0.1.0"
+__author__ = "scrapy_dist contributors"
+__email__ = "scrapy-dist@users.noreply.github.com"
 
 __all__ = [
     "ConfigurationError",
@@ -38,4 +41,6 @@ __all__ = [
     "ScrapyDistError",
     "SerializationError",
     "__version__",
+    "get_redis",
+    "get_redis_from_settings",
 ]

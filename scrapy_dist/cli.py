@@ -323,12 +323,14 @@ class SeedPusher:
         encoding: str,
         spidercls: type[Spider] | None,
         score: float,
+        extra_as_formdata: bool = True,
         allowed_meta: Sequence[str] = (),
     ) -> None:
         self.seeds = seeds
         self.allowed_meta = frozenset(allowed_meta)
         self.report = report
         self.encoding = encoding
+        self.extra_as_formdata = extra_as_formdata
         self.spidercls = spidercls
         self.score = score
         self._batch: list[bytes] = []
@@ -342,7 +344,10 @@ class SeedPusher:
             self.report.blank += 1
             return
         try:
-            seed = parse_seed(data, self.encoding, allowed_meta=self.allowed_meta)
+            seed = parse_seed(
+                data, self.encoding, allowed_meta=self.allowed_meta,
+                extra_as_formdata=self.extra_as_formdata,
+            )
             if self.spidercls is not None:
                 check_callbacks(seed, self.spidercls)
         except InvalidSeed as e:
@@ -377,8 +382,10 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
         seeds = SeedQueue(ctx.client(settings), layout.seeds, layout.seeds_kind)
         seeds.check_type()
     report = PushReport(layout.seeds, layout.seeds_kind)
+    extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
     pusher = SeedPusher(seeds, report, encoding=str(settings.get("REDIS_ENCODING")),
                         spidercls=spidercls, score=args.score,
+                        extra_as_formdata=extra_as_formdata,
                         allowed_meta=settings.getlist("SEED_ALLOWED_META"))  # fmt: skip
     size = _input_size(args)
     bar = None
@@ -706,6 +713,7 @@ class Requeuer:
         self.serializer = load_serializer(settings.get("SCHEDULER_SERIALIZER"))
         self.policy = RequestPolicy.from_settings(settings)
         self.encoding = str(settings.get("REDIS_ENCODING"))
+        self.extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
         self.allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
         self.spidercls = spidercls
         self.kind = kind
@@ -734,7 +742,10 @@ class Requeuer:
             plan.skipped.append((index, f"{kind} record without data"))
         elif kind == "seed":
             try:
-                seed = parse_seed(data, self.encoding, allowed_meta=self.allowed_meta)
+                seed = parse_seed(
+                    data, self.encoding, allowed_meta=self.allowed_meta,
+                    extra_as_formdata=self.extra_as_formdata,
+                )
                 if self.spidercls is not None:
                     check_callbacks(seed, self.spidercls)
             except InvalidSeed as e:

@@ -9,6 +9,7 @@ server with its password masked.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 from weakref import WeakKeyDictionary
@@ -22,6 +23,18 @@ from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+#: scrapy-redis's map of connection settings to client arguments (for code that reads it).
+SETTINGS_PARAMS_MAP = {
+    "REDIS_URL": "url",
+    "REDIS_HOST": "host",
+    "REDIS_PORT": "port",
+    "REDIS_DB": "db",
+    "REDIS_ENCODING": "encoding",
+    "REDIS_DECODE_RESPONSES": "decode_responses",
+}
 
 #: Client options applied unless ``REDIS_PARAMS`` overrides them.
 DEFAULT_PARAMS: dict[str, Any] = {
@@ -66,11 +79,20 @@ def _params(settings: BaseSettings) -> tuple[str | None, dict[str, Any]]:
             [f"REDIS_{name.upper()}" for name in explicit]
             + [f"REDIS_PARAMS[{name!r}]" for name in ("host", "port") if name in user_params]
         )
-        if both:
+        if both and not settings.getbool("REDIS_URL_PRECEDENCE", True):
             raise ConfigurationError(
                 f"REDIS_URL is set together with {', '.join(both)}; put the whole address "
                 "in REDIS_URL or use the separate settings, not both"
             )
+        if both:
+            logger.warning(
+                "REDIS_URL is set together with %(others)s: connecting to %(url)s and "
+                "ignoring %(others)s (REDIS_URL_PRECEDENCE = False makes this an error)",
+                {"others": ", ".join(both), "url": mask_url(url)},
+            )
+            explicit = {}
+            params.pop("host", None)
+            params.pop("port", None)
         if urlsplit(url).scheme not in URL_SCHEMES:
             raise ConfigurationError(
                 f"REDIS_URL {mask_url(url)!r} must start with redis://, rediss:// or unix://"
@@ -106,6 +128,47 @@ def client_from_settings(settings: BaseSettings) -> redis.Redis:
         return redis_cls(**params)
     except (TypeError, ValueError) as e:
         raise ConfigurationError(f"invalid Redis connection settings: {e}") from e
+
+
+def get_redis(**kwargs: Any) -> Any:
+    """Build a client from keyword arguments, as scrapy-redis's ``get_redis`` does.
+
+    Args:
+        **kwargs: ``redis_cls`` (default :class:`redis.Redis`), ``url`` (then
+            ``redis_cls.from_url(url, **rest)``), and any client arguments.
+
+    Returns:
+        The client (no I/O).
+    """
+    redis_cls = kwargs.pop("redis_cls", redis.Redis)
+    url = kwargs.pop("url", None)
+    if url:
+        return redis_cls.from_url(url, **kwargs)
+    return redis_cls(**kwargs)
+
+
+def get_redis_from_settings(settings: BaseSettings) -> Any:
+    """Build a client from Scrapy settings (scrapy-redis's name for :func:`client_from_settings`).
+
+    ``REDIS_PARAMS`` extends :data:`DEFAULT_PARAMS`; ``REDIS_URL``, ``REDIS_HOST``,
+    ``REDIS_PORT`` and ``REDIS_DB`` name the server (the URL wins, with a warning);
+    ``REDIS_PARAMS["redis_cls"]`` may be a class or its import path. Components of a
+    crawl should share the crawler's client instead (:func:`client_for`).
+
+    Raises:
+        ConfigurationError: contradictory or invalid connection settings.
+    """
+    url, params = _params(settings)  # (a copy of the settings would copy redis_cls)
+    cls = params.get("redis_cls")
+    if isinstance(cls, str):
+        params["redis_cls"] = load_object(cls)
+    if url:
+        params["url"] = url
+    return get_redis(**params)
+
+
+#: scrapy-redis's older name of :func:`get_redis_from_settings`.
+from_settings = get_redis_from_settings
 
 
 def client_for(crawler: Crawler) -> redis.Redis:

@@ -50,6 +50,11 @@ DUPEFILTER_LOCAL_CACHE = None
 #: Fingerprints the local cache holds before it starts over.
 DUPEFILTER_LOCAL_CACHE_SIZE = 100_000
 
+#: ``RFPDupeFilter`` under a scheduler other than scrapy_dist's (Scrapy's own): ``True``
+#: keeps fingerprints in a per-run key ``dupefilter:<timestamp>`` deleted at close, as
+#: scrapy-redis does; ``False`` uses the crawl's ``<spider>:dupefilter``, kept across runs.
+DUPEFILTER_STANDALONE_PER_RUN = True
+
 #: Seconds after which the dupefilter forgets everything, so a recurring crawl visits
 #: pages again: its keys get this expiry when they are created, never extended.
 #: ``None`` or ``0``: never.
@@ -115,6 +120,17 @@ REDIS_PORT = None
 #: Seeds taken from Redis in one call; ``None`` means ``CONCURRENT_REQUESTS``.
 REDIS_START_URLS_BATCH_SIZE = None
 
+#: Seeds that do not say ``"dont_filter"`` skip the dupefilter, as in scrapy-redis, so a
+#: recurring crawl that pushes the same URLs again crawls them again (their fingerprints
+#: are still recorded, so links back to a seed do not crawl it twice). ``False``: seeds
+#: are filtered like any request.
+REDIS_START_URLS_DONT_FILTER = True
+
+#: A JSON seed's fields other than scrapy_dist's (``url``, ``method``, ``meta``...)
+#: are form data, as in scrapy-redis's ``{"url", "meta", "url_cookie_key": ...}``
+#: (query string for its default GET). ``False``: such a seed is invalid (dead-lettered).
+REDIS_START_URLS_EXTRA_FORMDATA = True
+
 #: Read seeds from a set (``SPOP``) instead of a list.
 REDIS_START_URLS_AS_SET = False
 
@@ -127,6 +143,11 @@ REDIS_START_URLS_KEY = "%(name)s:start_urls"
 #: Redis URL (``redis://``, ``rediss://`` or ``unix://``). ``None`` means use
 #: ``REDIS_HOST``/``REDIS_PORT``/``REDIS_DB``, or ``redis://localhost:6379/0``.
 REDIS_URL = None
+
+#: ``REDIS_URL`` set together with ``REDIS_HOST``/``REDIS_PORT``/``REDIS_DB``: ``True``
+#: connects to the URL and logs a warning (scrapy-redis's behaviour); ``False`` stops
+#: at start-up with a ``ConfigurationError``.
+REDIS_URL_PRECEDENCE = True
 
 #: Template of the dupefilter key.
 SCHEDULER_DUPEFILTER_KEY = "%(spider)s:dupefilter"
@@ -165,6 +186,12 @@ SCHEDULER_JOB_ID = None
 #: server's clock so all workers agree) inserted into every crawl key, e.g.
 #: ``"%Y%m%d"``. Exclusive with ``SCHEDULER_JOB_ID``.
 SCHEDULER_JOB_TIMESTAMP = None
+
+#: Start requests of a spider that does not read seeds from Redis (Scrapy marks them
+#: ``dont_filter``) are crawled once per crawl: by the first worker, which records them
+#: as seen; workers joining a running crawl filter theirs. ``False``: every worker
+#: crawls its start requests, as in scrapy-redis.
+SCHEDULER_START_ONCE = True
 
 #: Seconds a worker holds a request it took before it must renew the lease; a dead
 #: worker's requests return to the queue this long after its last renewal.

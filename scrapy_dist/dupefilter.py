@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 import mmh3
 import redis
 from scrapy.dupefilters import BaseDupeFilter
-from scrapy.utils.request import referer_str
+from scrapy.utils.misc import load_object
+from scrapy.utils.request import RequestFingerprinter, referer_str
 
-from scrapy_dist.addon import settings_for
+from scrapy_dist.addon import settings_for, with_defaults
 from scrapy_dist.bloom import (
     HASH_SEED,
     SEGMENT_BITS,
@@ -45,7 +46,7 @@ from scrapy_dist.bloom import (
     LocalBloom,
     chain_false_positive_rate,
 )
-from scrapy_dist.connection import client_for
+from scrapy_dist.connection import client_for, get_redis_from_settings
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError
 from scrapy_dist.keys import keys_for
 from scrapy_dist.scripts import scripts_for
@@ -67,6 +68,22 @@ logger = logging.getLogger(__name__)
 
 #: Values of ``DUPEFILTER_BACKEND``.
 BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto")
+
+#: Key of a standalone filter (under Scrapy's own scheduler): one per run.
+STANDALONE_KEY = "dupefilter:%(timestamp)s"
+
+
+def _dist_scheduler(settings: BaseSettings) -> bool:
+    """Whether ``SCHEDULER`` is scrapy_dist's scheduler (or a subclass)."""
+    from scrapy_dist.scheduler import Scheduler
+
+    try:
+        cls = load_object(settings["SCHEDULER"]) if settings.get("SCHEDULER") else None
+    except (ImportError, NameError, ValueError):
+        return False
+    # not issubclass(): Scrapy's scheduler metaclass answers it by duck typing
+    return isinstance(cls, type) and Scheduler in cls.__mro__
+
 
 #: Values of ``BLOOM_ON_FULL``.
 ON_FULL = ("grow", "refuse")
@@ -1169,19 +1186,38 @@ class RFPDupeFilter(BaseDupeFilter):
         stats_interval: seconds between refreshes of the filter's stats.
     """
 
+    #: The logger :meth:`log` writes to (scrapy-redis's attribute).
+    logger = logger
+
     def __init__(
         self,
-        backend: DupefilterBackend,
-        fingerprinter: RequestFingerprinterProtocol,
-        *,
+        backend: DupefilterBackend | redis.Redis,
+        fingerprinter: RequestFingerprinterProtocol | str | None = None,
         debug: bool = False,
+        *,
+        key: str | None = None,
         stats: StatsCollector | None = None,
         local: LocalBloom | LocalSet | None = None,
         local_exact_off: bool = False,
         ttl: float | None = None,
         stats_interval: float = STATS_INTERVAL,
+        clear_on_close: bool = False,
     ) -> None:
+        if isinstance(fingerprinter, str) or key is not None:
+            # scrapy-redis's RFPDupeFilter(server, key, debug): a set at ``key``, which
+            # close() deletes, as there
+            key = key if key is not None else cast("str", fingerprinter)
+            backend = SetBackend(cast("redis.Redis", backend), key)
+            fingerprinter = None
+            clear_on_close = True
+        backend = cast("DupefilterBackend", backend)
+        if fingerprinter is None or isinstance(fingerprinter, str):
+            fingerprinter = RequestFingerprinter()
         self.backend = backend
+        #: The Redis client and the fingerprints key (scrapy-redis's attributes).
+        self.server: redis.Redis | None = getattr(backend, "client", None)
+        self.key: str | None = getattr(backend, "key", None)
+        self.clear_on_close = clear_on_close
         self.local = local
         self.fingerprinter = fingerprinter
         self.debug = debug
@@ -1201,8 +1237,32 @@ class RFPDupeFilter(BaseDupeFilter):
         self._reported_rate = False
 
     @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        """A standalone filter (scrapy-redis's factory): a new client and a per-run key
+        ``dupefilter:<timestamp>``, deleted at :meth:`close`."""
+        server = get_redis_from_settings(settings)
+        key = STANDALONE_KEY % {"timestamp": int(time.time())}
+        return cls(server, key=key, debug=settings.getbool("DUPEFILTER_DEBUG"))
+
+    @classmethod
+    def from_spider(cls, spider: Spider) -> Self:
+        """A filter over the spider's ``SCHEDULER_DUPEFILTER_KEY`` set (scrapy-redis's
+        factory); like any filter built from a server and a key, :meth:`close` deletes it."""
+        settings = with_defaults(spider.settings)
+        key = settings["SCHEDULER_DUPEFILTER_KEY"] % {"spider": spider.name}
+        return cls(
+            get_redis_from_settings(settings), key=key, debug=settings.getbool("DUPEFILTER_DEBUG")
+        )
+
+    @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
+        """Under scrapy_dist's scheduler: the crawl's shared filter, never deleted by a
+        worker. Under another scheduler (Scrapy's own), with
+        ``DUPEFILTER_STANDALONE_PER_RUN`` (the default): :meth:`from_settings`'s per-run
+        filter, as in scrapy-redis; without it, the crawl's shared filter."""
         settings = settings_for(crawler)
+        if settings.getbool("DUPEFILTER_STANDALONE_PER_RUN") and not _dist_scheduler(settings):
+            return cls.from_settings(settings)
         backend = backend_from_settings(settings, client_for(crawler), keys_for(crawler))
         mode = str(settings.get("DUPEFILTER_BACKEND")).lower()
         wanted = settings.get("DUPEFILTER_LOCAL_CACHE")
@@ -1240,8 +1300,12 @@ class RFPDupeFilter(BaseDupeFilter):
         self._opened = True
         self._refresh(time.monotonic())
 
-    def close(self, reason: str) -> None:
-        """Report the filter's final state (stats); never deletes anything."""
+    def close(self, reason: str = "") -> None:
+        """Report the filter's final state (stats). Deletes the fingerprints only for a
+        filter built scrapy-redis's way (from a server and a key, or by
+        :meth:`from_settings`): the crawl's shared filter is never deleted here."""
+        if self.clear_on_close:
+            self.clear()
         if not self._opened:
             return
         try:
@@ -1250,8 +1314,18 @@ class RFPDupeFilter(BaseDupeFilter):
             logger.debug("Could not read the dupefilter's final state: %(error)s", {"error": e})
 
     def fingerprint(self, request: Request) -> bytes:
-        """The raw fingerprint of ``request``."""
-        return self.fingerprinter.fingerprint(request)
+        """The raw fingerprint of ``request``: the crawler's fingerprinter, or an
+        overridden :meth:`request_fingerprint` (scrapy-redis's hook) encoded as bytes."""
+        hook = self.request_fingerprint
+        if getattr(hook, "__func__", None) is RFPDupeFilter.request_fingerprint:
+            return self.fingerprinter.fingerprint(request)
+        value = hook(request)
+        return value.encode() if isinstance(value, str) else bytes(value)
+
+    def request_fingerprint(self, request: Request) -> str:
+        """The fingerprint of ``request`` as hex text (scrapy-redis's hook: override it,
+        in a subclass or on the instance, to change how requests are told apart)."""
+        return self.fingerprinter.fingerprint(request).hex()
 
     def seen_locally(self, fingerprint: bytes) -> bool:
         """Whether this worker already knows ``fingerprint`` is recorded in Redis.
@@ -1313,13 +1387,13 @@ class RFPDupeFilter(BaseDupeFilter):
     def log(self, request: Request, spider: Spider) -> None:
         """Log a filtered request (the first only, unless ``DUPEFILTER_DEBUG``) and count it."""
         if self.debug:
-            logger.debug(
+            self.logger.debug(
                 "Filtered duplicate request: %(request)s (referer: %(referer)s)",
                 {"request": request, "referer": referer_str(request)},
                 extra={"spider": spider},
             )
         elif self.logdupes:
-            logger.debug(
+            self.logger.debug(
                 "Filtered duplicate request: %(request)s - no more duplicates will be "
                 "shown (see DUPEFILTER_DEBUG to show all duplicates)",
                 {"request": request},

@@ -39,7 +39,14 @@ from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import filter_error
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import keys_for
-from scrapy_dist.queue import ENTRY_ID_LEN, FifoQueue, LifoQueue, PriorityQueue, RedisQueue
+from scrapy_dist.queue import (
+    ENTRY_ID_LEN,
+    FifoQueue,
+    LifoQueue,
+    PriorityQueue,
+    RedisQueue,
+    unleased_queue,
+)
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.workers import new_worker_id
@@ -261,6 +268,9 @@ class Frontier:
         client = client_for(crawler)
         keys = keys_for(crawler)
         queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        requests_key = keys.requests
+        if unleased_queue(queue_cls):  # that queue runs in the scheduler, unleased
+            queue_cls, requests_key = PriorityQueue, keys.unleased
         if not (isinstance(queue_cls, type) and issubclass(queue_cls, RedisQueue)):
             raise ConfigurationError(
                 f"SCHEDULER_QUEUE_CLASS {settings['SCHEDULER_QUEUE_CLASS']!r} is not a "
@@ -269,7 +279,7 @@ class Frontier:
         frontier = _by_crawler[crawler] = cls(
             client,
             keys,
-            queue_cls(client, keys.requests, keys.seq),
+            queue_cls(client, requests_key, keys.seq),
             SeedQueue(client, keys.start_urls, SeedQueue.kind_from_settings(settings)),
             worker_id=new_worker_id(),
             lease_timeout=settings.getfloat("SCHEDULER_LEASE_TIMEOUT"),

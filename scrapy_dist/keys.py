@@ -99,6 +99,12 @@ class RedisKeys:
     def dead(self) -> str:
         return f"{self.crawl}:dead"
 
+    @property
+    def unleased(self) -> str:
+        """The frontier's (always empty) request queue when ``SCHEDULER_QUEUE_CLASS`` is a
+        scrapy-redis style queue, which owns ``requests`` and pops without leases."""
+        return f"{self.requests}:unleased"
+
     def bloom_segment(self, stage: int, segment: int) -> str:
         """Bits of a bitmap Bloom dupefilter: stage ``stage``, segment ``segment``.
 
@@ -242,7 +248,9 @@ def keys_for(crawler: Crawler) -> RedisKeys:
     now = server_time(client_for(crawler)) if settings.get("SCHEDULER_JOB_TIMESTAMP") else None
     keys = keys_from_settings(settings, name, now)
     template = getattr(spider, "redis_key", None)
-    if template:
+    if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
+        template = template[0] if template else None
+    if template and isinstance(template, str):
         keys = replace(keys, start_urls=keys.start_urls_key(str(template)))
     _by_crawler[crawler] = keys
     return keys

@@ -68,6 +68,8 @@ class CrawlLayout:
     @classmethod
     def _make(cls, settings: BaseSettings, keys: RedisKeys, spidercls: type | None) -> CrawlLayout:
         template = getattr(spidercls, "redis_key", None) if spidercls is not None else None
+        if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
+            template = template[0] if template else None
         path = settings["SCHEDULER_QUEUE_CLASS"]
         queue_cls = load_object(path) if isinstance(path, str) else path
         if not (isinstance(queue_cls, type) and issubclass(queue_cls, RedisQueue)):

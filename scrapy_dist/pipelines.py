@@ -29,8 +29,9 @@ import redis
 from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
+from scrapy_dist import default_settings
+from scrapy_dist.addon import settings_for, with_defaults
+from scrapy_dist.connection import client_for, get_redis_from_settings
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import keys_for
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
     from scrapy import Spider
     from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ class ItemWriter:
         self.flush_interval = flush_interval
         #: Items sent to Redis so far.
         self.sent = 0
-        self._buffer: deque[bytes] = deque()
+        self._buffer: deque[tuple[str, bytes]] = deque()
         self._sending = 0
         self._cond = threading.Condition()
         #: When the oldest buffered item was put.
@@ -106,13 +108,14 @@ class ItemWriter:
         )
         self._thread.start()
 
-    def put(self, data: bytes) -> None:
-        """Buffer one serialized item (never blocks on Redis)."""
+    def put(self, data: bytes, key: str | None = None) -> None:
+        """Buffer one serialized item for ``key`` (default: the writer's list); never
+        blocks on Redis."""
         with self._cond:
             if not self._buffer:
                 self._oldest = time.monotonic()
                 self._cond.notify()
-            self._buffer.append(data)
+            self._buffer.append((key or self.key, data))
             if len(self._buffer) == self.batch_size:
                 self._cond.notify()
 
@@ -138,7 +141,7 @@ class ItemWriter:
             self._thread.join(timeout + 5)
         return self.unsent
 
-    def _next_batch(self) -> list[bytes] | None:
+    def _next_batch(self) -> list[tuple[str, bytes]] | None:
         """Wait until a batch is due: full, as old as the flush interval, or closing.
 
         Returns:
@@ -178,12 +181,21 @@ class ItemWriter:
                 self._retry_at = time.monotonic() + backoff
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def _send(self, batch: list[bytes]) -> bool:
+    def _send(self, batch: list[tuple[str, bytes]]) -> bool:
+        # one RPUSH per run of items for the same list, in order
+        runs: list[tuple[str, list[bytes]]] = []
+        for key, data in batch:
+            if runs and runs[-1][0] == key:
+                runs[-1][1].append(data)
+            else:
+                runs.append((key, [data]))
         try:
             with self.client.pipeline(transaction=False) as pipe:
-                pipe.rpush(self.key, *batch)
+                for key, items in runs:
+                    pipe.rpush(key, *items)
                 if self.maxlen:
-                    pipe.ltrim(self.key, -self.maxlen, -1)
+                    for key in dict.fromkeys(key for key, _ in runs):
+                        pipe.ltrim(key, -self.maxlen, -1)
                 pipe.execute()
         except redis.RedisError as e:
             if not self._failing:
@@ -215,9 +227,35 @@ class RedisPipeline:
         serialize: ``item -> str`` (or bytes).
     """
 
-    def __init__(self, writer: ItemWriter, serialize: Callable[[Any], str | bytes]) -> None:
+    def __init__(
+        self,
+        writer: ItemWriter | redis.Redis,
+        serialize: Callable[[Any], str | bytes] | str | None = None,
+        serialize_func: Callable[[Any], str | bytes] | None = None,
+        *,
+        key: str | None = None,
+    ) -> None:
+        if not isinstance(writer, ItemWriter):
+            # scrapy-redis's RedisPipeline(server, key=PIPELINE_KEY, serialize_func=...)
+            if isinstance(serialize, str):
+                key, serialize = serialize, None
+            writer = ItemWriter(writer, key or str(default_settings.REDIS_ITEMS_KEY))
+        serialize = serialize_func or serialize or _json_serializer()
         self.writer = writer
-        self.serialize = serialize
+        if not callable(getattr(type(self), "serialize", None)):  # not overridden
+            self.serialize = serialize
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        """scrapy-redis's factory: a new client, ``REDIS_ITEMS_KEY`` (a template filled
+        in by :meth:`item_key`) and ``REDIS_ITEMS_SERIALIZER``."""
+        settings = with_defaults(settings)
+        path = settings.get("REDIS_ITEMS_SERIALIZER")
+        return cls(
+            get_redis_from_settings(settings),
+            key=settings["REDIS_ITEMS_KEY"],
+            serialize_func=load_object(path) if path else None,
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -260,10 +298,24 @@ class RedisPipeline:
         self.writer.start()
 
     def process_item(self, item: Any, spider: Spider | None = None) -> Any:
-        """Serialize ``item`` and buffer it for Redis; return it unchanged at once."""
-        data = self.serialize(item)
-        self.writer.put(data.encode("utf-8") if isinstance(data, str) else data)
+        """Serialize ``item`` and buffer it for the list :meth:`item_key` names; return
+        it unchanged at once."""
+        data = self._serialize(item)
+        key = self.item_key(item, spider)
+        self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)
         return item
+
+    def _serialize(self, item: Any) -> str | bytes:
+        """``item`` as text or bytes (override this, or ``serialize``, to change it)."""
+        return cast("Callable[[Any], str | bytes]", self.serialize)(item)
+
+    def item_key(self, item: Any, spider: Spider | None) -> str:
+        """The list ``item`` goes to (scrapy-redis's hook: override it to send items to
+        other lists by item or spider). Default: the pipeline's list."""
+        key = self.key
+        if "%(" in key and spider is not None:
+            key = key % {"spider": spider.name}
+        return key
 
     def close_spider(self, spider: Spider | None = None) -> None:
         """Send every buffered item before returning (retrying while Redis is away,

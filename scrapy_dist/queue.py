@@ -9,17 +9,20 @@ given a dupefilter backend: dedupe and enqueue are one atomic step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+
+from scrapy import Request as _Request
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.serializers import JsonSerializer, RequestCodec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import redis
     from redis.client import Pipeline
-    from scrapy import Request
+    from scrapy import Request, Spider
 
 #: Length of the id that prefixes every entry.
 ENTRY_ID_LEN = 16
@@ -49,22 +52,110 @@ def split_entry(entry: bytes) -> tuple[bytes, bytes]:
     return entry[:ENTRY_ID_LEN], entry[ENTRY_ID_LEN:]
 
 
-class RedisQueue:
+class Base:
+    """scrapy-redis's per-spider queue interface: ``push(request)``, ``pop(timeout)``,
+    ``__len__``, ``clear``, with ``_encode_request``/``_decode_request`` around the
+    serializer.
+
+    A class written against it works as a Python queue over Redis; the scheduler only
+    runs :class:`RedisQueue` subclasses, whose entries it leases (see docs/migration.md).
+
+    Args:
+        server: a Redis client.
+        spider: the spider whose requests are queued (callbacks are stored by name).
+        key: the queue key; ``%(spider)s`` is replaced by the spider's name.
+        serializer: an object with ``dumps``/``loads``; default JSON (scrapy-redis's
+            default is pickle: name ``scrapy_dist.picklecompat`` for it).
+    """
+
+    def __init__(
+        self, server: redis.Redis, spider: Spider, key: str, serializer: Any = None
+    ) -> None:
+        serializer = JsonSerializer() if serializer is None else serializer
+        for method in ("loads", "dumps"):
+            if not hasattr(serializer, method):
+                raise TypeError(f"serializer does not implement {method!r}: {serializer!r}")
+        self.server = server
+        self.spider: Spider | None = spider
+        self.key = key % {"spider": spider.name}
+        self.serializer = serializer
+        self._codec: RequestCodec | None = RequestCodec(serializer, spider)
+
+    def _codec_or_fail(self) -> RequestCodec:
+        if self._codec is None:
+            raise TypeError(f"{type(self).__name__} built without a spider stores no requests")
+        return self._codec
+
+    def _encode_request(self, request: Request) -> bytes:
+        """Serialize ``request`` (``request.to_dict`` then ``serializer.dumps``).
+
+        Raises:
+            SerializationError: the request cannot be stored.
+        """
+        return self._codec_or_fail().encode(request)
+
+    def _decode_request(self, encoded_request: bytes) -> Request:
+        """Rebuild a request from :meth:`_encode_request`'s output.
+
+        Raises:
+            SerializationError: the data is corrupt or names a missing callback.
+        """
+        return self._codec_or_fail().decode(encoded_request)
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def push(self, request: Any, dupefilter: Any = None) -> Any:
+        """Push a request."""
+        raise NotImplementedError
+
+    def pop(self, timeout: int = 0) -> Request | None:
+        """Pop a request, or ``None``."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Delete the queue."""
+        self.server.delete(self.key)
+
+
+def unleased_queue(cls: object) -> bool:
+    """Whether ``cls`` is a queue written against scrapy-redis's :class:`Base` (its own
+    ``push``/``pop``) rather than a :class:`RedisQueue` the frontier can lease from."""
+    return isinstance(cls, type) and issubclass(cls, Base) and not issubclass(cls, RedisQueue)
+
+
+class RedisQueue(Base):
     """Base of the request queues; subclasses say how entries are stored and popped.
+
+    Built ``(client, key, seq_key)`` by the frontier, or scrapy-redis's way
+    ``(server, spider, key, serializer=None)`` for scripts that push or pop requests
+    themselves (entries are numbered from ``<key prefix>:seq``, as a worker's are from
+    the crawl's ``seq`` key, so both read each other's entries).
 
     Args:
         client: the crawl's Redis client.
-        key: the queue key.
-        seq_key: the crawl's sequence counter key.
+        key: the queue key (or the spider, scrapy-redis's way).
+        seq_key: the crawl's sequence counter key (or the queue key, scrapy-redis's way).
+        serializer: scrapy-redis's way only: the request serializer (default JSON).
     """
 
     #: Redis type of the queue key, as ``TYPE`` reports it.
     kind: ClassVar[str]
 
-    def __init__(self, client: redis.Redis, key: str, seq_key: str) -> None:
-        self.client = client
-        self.key = key
-        self.seq_key = seq_key
+    def __init__(
+        self, client: redis.Redis, key: Any, seq_key: Any = None, serializer: Any = None
+    ) -> None:
+        if isinstance(key, str):
+            self.client = self.server = client
+            self.key = key
+            self.seq_key = seq_key
+            self.spider = None
+            self._codec = None
+        else:  # scrapy-redis's (server, spider, key, serializer)
+            super().__init__(client, key, seq_key, serializer)
+            self.client = client
+            prefix = self.key[: -len(":requests")] if self.key.endswith(":requests") else self.key
+            self.seq_key = f"{prefix}:seq"
         self._enqueue = scripts_for(client).enqueue
 
     def score(self, request: Request) -> float:
@@ -105,10 +196,11 @@ class RedisQueue:
 
     def push(
         self,
-        items: Sequence[tuple[bytes, float, bytes]],
+        items: Sequence[tuple[bytes, float, bytes]] | Request,
         dupefilter: FilterBackend | None = None,
     ) -> list[bool]:
-        """Enqueue ``(payload, score, fingerprint)`` items in one atomic call.
+        """Enqueue ``(payload, score, fingerprint)`` items in one atomic call, or one
+        request (scrapy-redis's ``push(request)``, never filtered).
 
         With a ``dupefilter``, an item whose fingerprint is not empty is queued only if
         the fingerprint was new, and the fingerprint is recorded in the same step.
@@ -116,17 +208,29 @@ class RedisQueue:
         Returns:
             One flag per item: ``True`` if queued, ``False`` if filtered as seen.
         """
+        if isinstance(items, _Request):
+            items = [(self._encode_request(items), self.score(items), b"")]
         if not items:
             return []
         keys, args = self.enqueue_call(items, dupefilter)
         return [bool(flag) for flag in self._enqueue(keys=keys, args=args)]
 
-    def pop(self, count: int = 1) -> list[bytes]:
+    def pop_payloads(self, count: int = 1) -> list[bytes]:
         """Remove and return up to ``count`` payloads, in queue order."""
         raise NotImplementedError
 
-    def __len__(self) -> int:
-        raise NotImplementedError
+    def pop(self, timeout: int = 0) -> Request | None:
+        """Remove the next request and return it (scrapy-redis's ``pop``; ``timeout``
+        is accepted and ignored: it never blocks). Workers never pop: they lease.
+
+        Raises:
+            TypeError: the queue was built without a spider.
+            SerializationError: the entry cannot be rebuilt (it is gone from Redis).
+        """
+        if self.spider is None:
+            raise TypeError("pop() needs a queue built with a spider; use pop_payloads()")
+        payloads = self.pop_payloads(1)
+        return self._decode_request(payloads[0]) if payloads else None
 
     def clear(self, pipe: Pipeline | None = None) -> None:
         """Delete every entry."""
@@ -154,7 +258,7 @@ class _ListQueue(RedisQueue):
     def _pop(self, count: int) -> list[bytes] | None:
         raise NotImplementedError
 
-    def pop(self, count: int = 1) -> list[bytes]:
+    def pop_payloads(self, count: int = 1) -> list[bytes]:
         return [split_entry(entry)[1] for entry in self._pop(count) or ()]
 
     def __len__(self) -> int:
@@ -183,9 +287,15 @@ class PriorityQueue(RedisQueue):
     def score(self, request: Request) -> float:
         return float(-request.priority)
 
-    def pop(self, count: int = 1) -> list[bytes]:
+    def pop_payloads(self, count: int = 1) -> list[bytes]:
         popped = cast("list[tuple[bytes, float]]", self.client.zpopmin(self.key, count))
         return [split_entry(member)[1] for member, _ in popped]
 
     def __len__(self) -> int:
         return int(self.client.zcard(self.key))
+
+
+#: scrapy-redis's old names.
+SpiderQueue = FifoQueue
+SpiderStack = LifoQueue
+SpiderPriorityQueue = PriorityQueue

@@ -41,8 +41,10 @@ from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
 from scrapy_dist.frontier import DEAD_NOW, DONE, FINISHED, HAND_BACK, Frontier, Lease
+from scrapy_dist.queue import Base, unleased_queue
 from scrapy_dist.seeds import similar_seed_keys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
+from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.startup import fail_start, start_failure
 from scrapy_dist.workers import WorkerRegistry, crawl_started
 
@@ -128,6 +130,8 @@ class Scheduler(BaseScheduler):
         heartbeat_interval: seconds between heartbeats and lease renewals.
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
+        start_once: crawl a plain spider's start requests once per crawl, not once
+            per worker.
         crawler: the crawler, to report a failed start to (see
             :mod:`scrapy_dist.startup`); without one, :meth:`open` raises instead.
         policy: what a queue entry may decode into (request classes, URL schemes).
@@ -140,7 +144,7 @@ class Scheduler(BaseScheduler):
         fault_exit_code: exit status of a worker closed with ``frontier_lost``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 (one assignment per collaborator and setting)
         self,
         *,
         frontier: Frontier,
@@ -156,6 +160,7 @@ class Scheduler(BaseScheduler):
         prefetch: int = 1,
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
+        start_once: bool = True,
         crawler: Crawler | None = None,
         policy: RequestPolicy | None = None,
         check_engine: Callable[[], None] | None = None,
@@ -192,6 +197,8 @@ class Scheduler(BaseScheduler):
         self.in_flight = in_flight
         self.persist = persist
         self.flush_on_start = flush_on_start
+        self.start_once = start_once
+        self._joined_running = False
         self.idle_before_close = idle_before_close
         self.prefetch = prefetch
         self.heartbeat_interval = heartbeat_interval
@@ -252,6 +259,10 @@ class Scheduler(BaseScheduler):
     @classmethod
     def _build(cls, crawler: Crawler) -> Self:
         settings = settings_for(crawler)
+        queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        # (not issubclass: Scrapy's scheduler metaclass answers it by duck typing)
+        if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
+            return cast("Self", UnleasedScheduler.from_crawler(crawler))
         frontier = Frontier.for_crawler(crawler)
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(settings["DUPEFILTER_CLASS"]), crawler
@@ -284,6 +295,7 @@ class Scheduler(BaseScheduler):
             prefetch=prefetch,
             heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
             flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
+            start_once=settings.getbool("SCHEDULER_START_ONCE"),
             crawler=crawler,
             policy=RequestPolicy.from_settings(settings),
             check_engine=lambda: check_engine(crawler),
@@ -356,6 +368,8 @@ class Scheduler(BaseScheduler):
                 extra={"spider": spider},
             )
         others, flushed = self.registry.join(flush=self.flush_on_start)
+        #: Another worker was running this crawl when this one joined.
+        self._joined_running = others > 0
         self._joined = True
         if flushed:
             logger.info(
@@ -390,6 +404,9 @@ class Scheduler(BaseScheduler):
             },
             extra={"spider": spider},
         )
+        queued = len(self.queue)
+        if queued:  # scrapy-redis's message, which users grep their logs for
+            spider.logger.info("Resuming crawl (%(n)d requests scheduled)", {"n": queued})
         self._hint_misspelled_seeds(spider)
 
     def _hint_misspelled_seeds(self, spider: Spider) -> None:
@@ -419,6 +436,18 @@ class Scheduler(BaseScheduler):
         failure = start_failure(self.crawler)
         if failure is not None:
             raise CloseSpider(failure.reason)
+
+    def flush(self) -> None:
+        """Delete the crawl's queue, leases and dupefilter now (scrapy-redis's ``flush``).
+
+        Other workers of the crawl lose their queued requests too; a worker flushes at
+        start with ``SCHEDULER_FLUSH_ON_START``, and only when it runs alone.
+        """
+        self.frontier.client.unlink(*self.frontier.clear_keys)  # UNLINK: may be large
+        if self._shared_df is not None:
+            self._shared_df.forget_local()
+        elif hasattr(self.df, "clear"):
+            self.df.clear()
 
     def close(self, reason: str) -> None:
         """Settle what the engine finished, hand back what it never started, leave the
@@ -513,7 +542,13 @@ class Scheduler(BaseScheduler):
             return False
         shared = self._shared_df
         fingerprint = b""
-        if shared is not None and not request.dont_filter:
+        dont_filter = request.dont_filter
+        if dont_filter and shared is not None and self._once_per_crawl(request):
+            if self._joined_running:
+                dont_filter = False  # the crawl's first worker issued it: filter it
+            elif not self._record_start(shared, request):
+                return False
+        if shared is not None and not dont_filter:
             fingerprint = shared.fingerprint(request)
             if shared.seen_locally(fingerprint):  # known duplicate: not even serialized
                 self.df.log(request, self.spider)
@@ -524,7 +559,7 @@ class Scheduler(BaseScheduler):
             self._unserializable(request, e)
             return False
         # a local dupefilter records what it is asked about: ask only once it can be stored
-        if shared is None and not request.dont_filter and self.df.request_seen(request):
+        if shared is None and not dont_filter and self.df.request_seen(request):
             self.df.log(request, self.spider)
             return False
         outcome: list[bool] = []
@@ -545,6 +580,30 @@ class Scheduler(BaseScheduler):
         # batched (the default): Redis answers at the next flush, so duplicates it finds
         # are logged and counted then, and Scrapy is told the request was stored
         return outcome[0] if outcome else True
+
+    def _once_per_crawl(self, request: Request) -> bool:
+        """Whether ``request`` is a start request Scrapy marked ``dont_filter`` that
+        the crawl's workers should crawl once between them (``SCHEDULER_START_ONCE``):
+        the start requests of a spider that does not read its seeds from Redis."""
+        return (
+            self.start_once
+            and bool(request.meta.get("is_start_request"))
+            and not isinstance(self.spider, RedisSpiderMixin)
+        )
+
+    def _record_start(self, shared: RFPDupeFilter, request: Request) -> bool:
+        """Record a start request's fingerprint before it is queued unfiltered, so the
+        workers joining later filter theirs and links back to it are filtered.
+
+        Returns:
+            ``False`` if Redis cannot be reached (the request is not stored: Scrapy
+            drops it, and the worker's next start issues it again).
+        """
+        fingerprint = shared.fingerprint(request)
+        if self.frontier.call(lambda: shared.backend.add(fingerprint)) is None:
+            return False
+        shared.remember(fingerprint)
+        return True
 
     def next_request(self) -> Request | None:
         """Return the next request for this worker, or ``None`` if there is none now."""
@@ -823,6 +882,86 @@ class Scheduler(BaseScheduler):
                 deadletter.REQUEST, f"unserializable: {error}", repr(request), url=request.url
             )
         )
+
+
+class UnleasedScheduler(Scheduler):
+    """The scheduler for a ``SCHEDULER_QUEUE_CLASS`` written against scrapy-redis's
+    :class:`~scrapy_dist.queue.Base` (its own ``push``/``pop``/``__len__``).
+
+    Such a queue's ``pop`` removes the request from Redis, so nothing is leased: a worker
+    that dies loses the requests it took, as with scrapy-redis (a warning says so at
+    open). The dupefilter is asked before each push (``request_seen``); seeds, workers,
+    dead letters and stats work as with the leasing scheduler; nothing is deleted when a
+    worker closes. Built by :meth:`Scheduler.from_crawler` when the queue class is one.
+    """
+
+    _queue_cls: type[Base]
+    _queue_key: str
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        settings = settings_for(crawler)
+        scheduler = super().from_crawler(crawler)
+        if UnleasedScheduler not in type(scheduler).__mro__:
+            return scheduler  # a failed start (FailedScheduler)
+        scheduler._queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        scheduler._queue_key = settings["SCHEDULER_QUEUE_KEY"]
+        scheduler._shared_df = None  # asked with request_seen() before each push
+        scheduler.persist = True  # the crawl's progress cannot see into that queue
+        return scheduler
+
+    def open(self, spider: Spider) -> None:
+        """Build the queue for ``spider``, then open as the leasing scheduler does."""
+        key = self.frontier.keys.custom(self._queue_key, "SCHEDULER_QUEUE_KEY")
+        self.custom: Base = self._queue_cls(
+            server=self.frontier.client, spider=spider, key=key, serializer=self.serializer
+        )
+        logger.warning(
+            "SCHEDULER_QUEUE_CLASS %(cls)s pops requests out of Redis (scrapy-redis's "
+            "queue API): requests a worker has taken are lost if it dies. Subclass "
+            "scrapy_dist.queue.FifoQueue, LifoQueue or PriorityQueue to have them leased",
+            {"cls": self._queue_cls.__name__},
+            extra={"spider": spider},
+        )
+        super().open(spider)
+
+    def enqueue_request(self, request: Request) -> bool:
+        """Push ``request`` with the queue's ``push`` unless the dupefilter saw it."""
+        assert self.spider is not None, "scheduler not open"
+        if not request.dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            return False
+        try:
+            self.custom.push(request)
+        except SerializationError as e:
+            self._unserializable(request, e)
+            return False
+        self.stats.inc_value("scheduler/enqueued/redis")
+        self.stats.inc_value("scheduler/enqueued")
+        return True
+
+    def next_request(self) -> Request | None:
+        """The queue's next request (``pop``), or ``None``."""
+        try:
+            request = self.custom.pop(0)
+        except SerializationError as e:
+            logger.error(
+                "Dropped a queued request that cannot be rebuilt: %(error)s",
+                {"error": e},
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("scheduler/undecodable")
+            return None
+        if request is not None:
+            self.stats.inc_value("scheduler/dequeued/redis")
+            self.stats.inc_value("scheduler/dequeued")
+        return request
+
+    def has_pending_requests(self) -> bool:
+        return len(self) > 0
+
+    def __len__(self) -> int:
+        return len(self.custom)
 
 
 class FailedScheduler(BaseScheduler):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
     from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
 
 #: URL schemes a seed may use.
 SCHEMES = frozenset(("http", "https"))
@@ -78,7 +81,8 @@ class Seed:
     priority: int = 0
     callback: str | None = None
     errback: str | None = None
-    dont_filter: bool = False
+    #: ``None``: the seed does not say (the spider applies ``REDIS_START_URLS_DONT_FILTER``).
+    dont_filter: bool | None = None
 
 
 def _check_url(value: Any) -> str:
@@ -206,8 +210,16 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
 FIELDS = frozenset(_VALIDATORS)
 
 
-def _from_object(obj: dict[str, Any]) -> Seed:
+def _from_object(obj: dict[str, Any], extra_as_formdata: bool = True) -> Seed:
     unknown = sorted(set(obj) - FIELDS)
+    if unknown and extra_as_formdata and not any(f in obj for f in BODY_FIELDS):
+        # scrapy-redis's schema: {"url", "method", "meta", ...}, every other key is form
+        # data (in the query string for its default GET)
+        formdata = {k: obj[k] for k in unknown}
+        obj = {k: v for k, v in obj.items() if k in FIELDS}
+        obj["formdata"] = formdata
+        obj.setdefault("method", "GET")
+        unknown = []
     if unknown:
         names = ", ".join(map(repr, unknown))
         raise InvalidSeed(f"unknown field(s) {names}; allowed: {', '.join(sorted(FIELDS))}")
@@ -220,27 +232,35 @@ def _from_object(obj: dict[str, Any]) -> Seed:
 
 
 def parse_seed(
-    data: bytes | str, encoding: str = "utf-8", *, allowed_meta: Collection[str] = ()
+    data: bytes | str,
+    encoding: str = "utf-8",
+    *,
+    allowed_meta: Collection[str] = (),
+    extra_as_formdata: bool = True,
 ) -> Seed:
     """Validate raw seed data.
+
+    With ``extra_as_formdata`` (``REDIS_START_URLS_EXTRA_FORMDATA``), a JSON seed's
+    unknown fields are form data, as in scrapy-redis; without, they make it invalid.
 
     Args:
         data: the raw seed.
         encoding: ``REDIS_ENCODING``.
         allowed_meta: ``SEED_ALLOWED_META``, connection ``meta`` keys allowed anyway.
+        extra_as_formdata: ``REDIS_START_URLS_EXTRA_FORMDATA``.
 
     Raises:
         InvalidSeed: the data is not a URL or a valid JSON seed; the message says why.
     """
     try:
-        seed = _parse(data, encoding)
+        seed = _parse(data, encoding, extra_as_formdata)
     except RecursionError as e:
         raise InvalidSeed("seed is nested too deeply") from e
     check_meta(seed.meta, allowed_meta)
     return seed
 
 
-def _parse(data: bytes | str, encoding: str) -> Seed:
+def _parse(data: bytes | str, encoding: str, extra_as_formdata: bool = True) -> Seed:
     if isinstance(data, bytes):
         try:
             data = data.decode(encoding)
@@ -256,7 +276,7 @@ def _parse(data: bytes | str, encoding: str) -> Seed:
             raise InvalidSeed(f"seed is not valid JSON: {e}") from e
         if not isinstance(obj, dict):
             raise InvalidSeed(f"a JSON seed must be an object, not {type(obj).__name__}")
-        return _from_object(obj)
+        return _from_object(obj, extra_as_formdata)
     return Seed(url=_check_url(text))
 
 
@@ -292,7 +312,7 @@ def request_from_seed(seed: Seed, spider: object) -> Request:
         "meta": seed.meta or None,
         "cb_kwargs": seed.cb_kwargs or None,
         "priority": seed.priority,
-        "dont_filter": seed.dont_filter,
+        "dont_filter": bool(seed.dont_filter),
         "callback": _spider_method(spider, seed.callback, "callback"),
         "errback": _spider_method(spider, seed.errback, "errback"),
     }
@@ -339,9 +359,9 @@ class SeedQueue:
         as_set = settings.getbool("REDIS_START_URLS_AS_SET")
         as_zset = settings.getbool("REDIS_START_URLS_AS_ZSET")
         if as_set and as_zset:
-            raise ConfigurationError(
-                "REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET are both set; "
-                "choose one"
+            logger.warning(
+                "REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET are both set: reading "
+                "seeds from a set, as scrapy-redis does; unset one of them"
             )
         return "set" if as_set else "zset" if as_zset else "list"
 

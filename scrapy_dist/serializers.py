@@ -189,7 +189,7 @@ def load_serializer(spec: Any) -> Serializer:
             f"SCHEDULER_SERIALIZER {spec!r} has no dumps()/loads(); use 'json', 'pickle' "
             "or an object that has both"
         )
-    if isinstance(obj, PickleSerializer) or getattr(obj, "__name__", "").endswith("pickle"):
+    if isinstance(obj, PickleSerializer) or "pickle" in getattr(obj, "__name__", ""):
         logger.warning(
             "SCHEDULER_SERIALIZER uses pickle: anyone who can write to this Redis can run "
             "code in every worker. Use the default JSON serializer unless Redis is private."

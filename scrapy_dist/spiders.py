@@ -27,27 +27,33 @@ import codecs
 import logging
 import math
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
+from scrapy.utils.misc import load_object
 
 from scrapy_dist import _engine, deadletter
 from scrapy_dist.addon import settings_for
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
-from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier
-from scrapy_dist.seeds import parse_seed, request_from_seed
+from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
+from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
+from scrapy_dist.queue import unleased_queue
+from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.startup import fail_start, start_failure
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
 
     from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
+
+    from scrapy_dist.dupefilter import DupefilterBackend
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +69,12 @@ class RedisSpiderMixin(Spider):
     """Reads seeds from Redis; see the module docstring for when.
 
     Class attributes a spider may set (each falls back to its setting):
-    ``redis_key`` (a key template, default ``REDIS_START_URLS_KEY``),
+    ``redis_key`` (a key template, default ``REDIS_START_URLS_KEY``; or a list of
+    them, read in that order: a key is read only while the ones before it are empty),
     ``redis_batch_size``, ``redis_encoding``, ``max_idle_time``.
     """
 
-    redis_key: str | None = None
+    redis_key: str | list[str] | None = None
     redis_batch_size: int | None = None
     redis_encoding: str | None = None
     max_idle_time: float | None = None
@@ -87,7 +94,12 @@ class RedisSpiderMixin(Spider):
         ``spider_opened``). An invalid attribute is a start-up failure (see
         :mod:`scrapy_dist.startup`).
         """
-        crawler = crawler or self.crawler
+        if getattr(self, "_redis_set_up", False):
+            return  # a second call does nothing (scrapy-redis's contract)
+        crawler = crawler or getattr(self, "crawler", None)
+        if crawler is None:
+            raise ValueError("crawler is required")
+        self._redis_set_up = True
         self._redis_open = False
         self._idle_ticker: LoopingCall | None = None
         self._idle_since: float | None = None
@@ -100,11 +112,19 @@ class RedisSpiderMixin(Spider):
             self._check_attributes()
         except ConfigurationError as e:
             fail_start(crawler, "configuration_error", f"Cannot start: {e}", self)
-        crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
         crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
         crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
         crawler.signals.connect(self._on_closed, signal=signals.spider_closed)
+        # the public hook, so a spider that overrides spider_idle() is called (as in
+        # scrapy-redis)
+        crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+
+    def start_requests(self) -> Iterable[Request]:
+        """One batch of seed requests (scrapy-redis's entry point; Scrapy >= 2.13 calls
+        :meth:`start`, which also waits for the requests to be enqueued before it
+        acknowledges their seeds)."""
+        return self.next_requests()
 
     def _check_attributes(self) -> None:
         """Coerce the Redis attributes a spider argument may set, or explain why not.
@@ -112,8 +132,9 @@ class RedisSpiderMixin(Spider):
         Raises:
             ConfigurationError: a value of the wrong kind.
         """
+        keys = self.redis_key if isinstance(self.redis_key, (list, tuple)) else [self.redis_key]
         if self.redis_key is not None and (
-            not isinstance(self.redis_key, str) or not self.redis_key.strip()
+            not keys or not all(isinstance(k, str) and k.strip() for k in keys)
         ):
             raise ConfigurationError(
                 f"spider attribute redis_key={self.redis_key!r} must be a non-empty key "
@@ -144,11 +165,30 @@ class RedisSpiderMixin(Spider):
         crawler = self.crawler
         settings = settings_for(crawler)
         self.frontier = Frontier.for_crawler(crawler)
-        #: The crawl's Redis client (scrapy-redis's attribute name).
-        self.server = self.frontier.client
         self.seeds = self.frontier.seeds
-        #: The seeds key, expanded (scrapy-redis's attribute).
-        self.redis_key = self.seeds.key
+        #: One seed queue per key of ``redis_key``, in priority order (the frontier's
+        #: own seeds key first).
+        self.seed_queues = [self.seeds] + [
+            SeedQueue(self.frontier.client, self.frontier.keys.start_urls_key(t), self.seeds.kind)
+            for t in (self.redis_key[1:] if isinstance(self.redis_key, (list, tuple)) else [])
+        ]
+        #: The seeds key last read.
+        self._seeds_read = self.seeds.key
+        #: The seeds key(s), expanded (scrapy-redis's attribute).
+        self.redis_key = (
+            [q.key for q in self.seed_queues]
+            if isinstance(self.redis_key, (list, tuple))
+            else self.seeds.key
+        )
+        #: Seeds that do not say ``dont_filter`` get this (``REDIS_START_URLS_DONT_FILTER``).
+        self.seeds_dont_filter = settings.getbool("REDIS_START_URLS_DONT_FILTER")
+        #: scrapy-redis's JSON seeds: unknown fields are form data
+        #: (``REDIS_START_URLS_EXTRA_FORMDATA``).
+        self.seeds_extra_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
+        #: Where seed fingerprints are recorded, so links back to a seed are filtered
+        #: even though the seed itself was not (``None``: not a scrapy_dist dupefilter).
+        self._seed_filter = _seed_filter(settings, self.frontier)
+        self._seed_filter_open = False
         self.redis_batch_size = int(
             self.redis_batch_size
             or settings.getint("REDIS_START_URLS_BATCH_SIZE")
@@ -160,17 +200,28 @@ class RedisSpiderMixin(Spider):
             self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
         self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
         self.done_grace = settings.getfloat("CRAWL_DONE_GRACE")
-        self.persist = settings.getbool("SCHEDULER_PERSIST")
+        # an unleased (scrapy-redis style) queue is invisible to the crawl's progress:
+        # never delete the crawl's keys on its account
+        self.persist = settings.getbool("SCHEDULER_PERSIST") or unleased_queue(
+            load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        )
         self.idle_poll = settings.getfloat("SCHEDULER_IDLE_POLL")
         self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
         self._wake_pause = self.idle_poll
         frontier = self.frontier
-        self.dead_letters = DeadLetters(self.server, frontier.keys.dead, frontier.worker_id)
+        self.dead_letters = DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id)
         self._redis_open = True
         if self.redis_batch_size < 1:
             raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
         if self.idle_poll <= 0:
             raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
+
+    @property
+    def server(self) -> redis.Redis:
+        """The crawl's Redis client (scrapy-redis's attribute); reading it sets the
+        spider up from the final settings if it is not yet (see :meth:`open_redis`)."""
+        self.open_redis()
+        return self.frontier.client
 
     @property
     def _failed(self) -> bool:
@@ -195,9 +246,15 @@ class RedisSpiderMixin(Spider):
         (or any exception) to send the seed to the dead-letter list, return ``None`` to
         skip it.
         """
+        self.open_redis()
         seed = parse_seed(
-            data, self.redis_encoding or "utf-8", allowed_meta=self.seed_allowed_meta
+            data,
+            self.redis_encoding or "utf-8",
+            allowed_meta=self.seed_allowed_meta,
+            extra_as_formdata=self.seeds_extra_formdata,
         )
+        if seed.dont_filter is None:
+            seed = replace(seed, dont_filter=self.seeds_dont_filter)
         return request_from_seed(seed, self)
 
     def take_seeds(self) -> tuple[list[Request], list[tuple[str, str]]]:
@@ -209,8 +266,7 @@ class RedisSpiderMixin(Spider):
             already in the dead-letter list.
         """
         self.open_redis()
-        assert self.redis_batch_size is not None
-        leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
+        leases = self._reserve_seeds()
         requests: list[Request] = []
         settled: list[tuple[str, str]] = []
         for lease in leases:
@@ -224,14 +280,55 @@ class RedisSpiderMixin(Spider):
                 settled.append((lease.id, self._reject_seed(lease.data, e)))
             else:
                 settled.append((lease.id, DONE))
+        self._record_seeds([r for r in requests if r.dont_filter])
         if leases:
             self.crawler.stats.inc_value("seeds/fetched", len(leases))
             logger.debug(
                 "Read %(n)d seed(s) from %(key)s",
-                {"n": len(leases), "key": self.redis_key},
+                {"n": len(leases), "key": self._seeds_read},
                 extra={"spider": self},
             )
         return requests, settled
+
+    def _reserve_seeds(self) -> list[Lease]:
+        """Lease a batch of seeds from the first key of ``redis_key`` that has any.
+
+        A seed handed back or expired returns to the first key.
+        """
+        assert self.redis_batch_size is not None
+        leases: list[Lease] = []
+        try:
+            for seeds in self.seed_queues:
+                self.frontier.seeds = seeds
+                self._seeds_read = seeds.key
+                leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
+                if leases:
+                    break
+        finally:
+            self.frontier.seeds = self.seeds
+        return leases
+
+    def _record_seeds(self, requests: list[Request]) -> None:
+        """Record the fingerprints of seed requests that skip the dupefilter
+        (``dont_filter``), so the pages linking back to a seed do not crawl it again.
+
+        A failure only means such a link may crawl the seed once more: it is logged.
+        """
+        backend = self._seed_filter
+        if backend is None or not requests:
+            return
+        fingerprint = self.crawler.request_fingerprinter.fingerprint
+        try:
+            if not self._seed_filter_open:
+                self._seed_filter = backend = backend.open()
+                self._seed_filter_open = True
+            backend.add_many([fingerprint(r) for r in requests])
+        except (redis.RedisError, ScrapyDistError) as e:
+            logger.warning(
+                "Could not record %(n)d seed fingerprint(s) in the dupefilter: %(error)s",
+                {"n": len(requests), "error": e},
+                extra={"spider": self},
+            )
 
     def next_requests(self) -> list[Request]:
         """Take one batch of seeds and return their requests (scrapy-redis's name).
@@ -262,7 +359,7 @@ class RedisSpiderMixin(Spider):
             extra={"spider": self},
         )
         self.crawler.stats.inc_value("seeds/invalid")
-        record = self.dead_letters.record(deadletter.SEED, reason, data, key=self.redis_key)
+        record = self.dead_letters.record(deadletter.SEED, reason, data, key=self._seeds_read)
         return DEAD_NOW + record.decode("utf-8")
 
     def schedule_next_requests(self) -> int:
@@ -345,12 +442,17 @@ class RedisSpiderMixin(Spider):
             self._poll_pause = min(self._poll_pause * 2, SEED_POLL_MAX)
         return scheduled
 
-    def _on_idle(self) -> None:
+    def spider_idle(self) -> None:
         """``spider_idle``: fetch seeds; close when the crawl is finished (with
         ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open.
         A spider whose start failed closes with the failure's reason. A Redis error
         never closes the spider: it is logged, counted, and the spider stays open; so
-        does a crawl found gone (the scheduler rejoins or closes it with its reason)."""
+        does a crawl found gone (the scheduler rejoins or closes it with its reason).
+
+        Raises:
+            DontCloseSpider: the spider stays open.
+            CloseSpider: the crawl is finished, or the start failed.
+        """
         failure = start_failure(self.crawler)
         if failure is not None:
             raise CloseSpider(failure.reason)
@@ -402,6 +504,29 @@ class RedisSpiderMixin(Spider):
             )
             return
         raise DontCloseSpider
+
+    #: The former name of :meth:`spider_idle`.
+    _on_idle = spider_idle
+
+
+#: scrapy-redis's name of :class:`RedisSpiderMixin`.
+RedisMixin = RedisSpiderMixin
+
+
+def _seed_filter(settings: BaseSettings, frontier: Frontier) -> DupefilterBackend | None:
+    """The crawl's dupefilter backend, if the crawl uses scrapy_dist's scheduler and
+    dupefilter (no I/O)."""
+    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_settings
+
+    try:
+        df_cls = load_object(settings["DUPEFILTER_CLASS"])
+    except (ImportError, NameError, ValueError):
+        return None
+    if not (isinstance(df_cls, type) and issubclass(df_cls, RFPDupeFilter)):
+        return None
+    if not _dist_scheduler(settings):
+        return None
+    return backend_from_settings(settings, frontier.client, frontier.keys)
 
 
 _N = TypeVar("_N", int, float)

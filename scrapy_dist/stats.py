@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from twisted.internet.task import LoopingCall
+    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -311,11 +312,14 @@ class RedisStatsCollector(StatsCollector):
     def __init__(
         self,
         crawler: Crawler,
+        spider: Spider | None = None,
         *,
         shared: SharedStats | None = None,
         flush_interval: float | None = None,
     ) -> None:
         super().__init__(crawler)
+        #: The spider (scrapy-redis's optional second argument; set at open otherwise).
+        self.spider = spider
         #: The crawler (Scrapy < 2.14 keeps no reference to it).
         self.crawler = crawler
         if shared is None or flush_interval is None:
@@ -334,6 +338,11 @@ class RedisStatsCollector(StatsCollector):
         self._lock = threading.Lock()
         self._ticker: LoopingCall | None = None
         self._failing = False
+
+    @classmethod
+    def from_spider(cls, spider: Spider) -> Self:
+        """scrapy-redis's factory: the collector of the spider's crawler."""
+        return cls(spider.crawler, spider)
 
     # -- Scrapy's interface: local value, plus the change for the crawl ------------
 
@@ -364,6 +373,8 @@ class RedisStatsCollector(StatsCollector):
         """Start flushing every ``flush_interval`` seconds."""
         from twisted.internet.task import LoopingCall
 
+        if spider is not None:
+            self.spider = spider
         self._ticker = LoopingCall(self._tick)
         self._ticker.start(self.flush_interval, now=False)
 

@@ -79,7 +79,8 @@ def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp
 #: Invalid seed lines, and a fragment of the reason each must be reported with.
 INVALID = [
     ("ftp://example.com/file", "must start with http:// or https://"),
-    ('{"url": "https://example.com/a", "colour": "red"}', "unknown field(s) 'colour'"),
+    # an unknown field is form data (scrapy-redis's seeds), which must be text
+    ('{"url": "https://example.com/a", "colour": 5}', "formdata['colour']"),
     ('{"url": "https://example.com/a", "priority": "high"}', "'priority' must be an integer"),
     ('{"url": "https://example.com/a"', "not valid JSON"),
     ("[1, 2]", "must be an object"),

@@ -42,13 +42,33 @@ def test_defaults_to_localhost_without_io() -> None:
     assert describe(client) == "redis://localhost:6379/0"
 
 
+#: REDIS_URL together with a host or port: the URL wins with a warning, as in scrapy-redis
+#: (this used to stop at start-up, as it still does with REDIS_URL_PRECEDENCE = False).
+URL_AND_HOST = [
+    {"REDIS_URL": "redis://h:7/3", "REDIS_HOST": "other"},
+    {"REDIS_URL": "redis://h:7/3", "REDIS_PORT": 1},
+    {"REDIS_URL": "redis://h:7/3", "REDIS_PARAMS": {"host": "x"}},
+]
+
+
+@pytest.mark.parametrize("values", URL_AND_HOST)
+def test_url_wins_over_host_with_a_warning(
+    values: dict[str, object], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert describe(build(**values)) == "redis://h:7/3"
+    assert "REDIS_URL is set together with" in caplog.text
+
+
+@pytest.mark.parametrize("values", URL_AND_HOST)
+def test_url_and_host_stop_without_url_precedence(values: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        build(**values, REDIS_URL_PRECEDENCE=False)
+
+
 @pytest.mark.parametrize(
     "values",
     [
-        {"REDIS_URL": "redis://h/0", "REDIS_HOST": "other"},
-        {"REDIS_URL": "redis://h/0", "REDIS_PORT": 1},
         {"REDIS_URL": "redis://h/0", "REDIS_PARAMS": {"url": "redis://elsewhere/0"}},
-        {"REDIS_URL": "redis://h/0", "REDIS_PARAMS": {"host": "x"}},
         {"REDIS_HOST": "a", "REDIS_PARAMS": {"host": "b"}},
         {"REDIS_URL": "http://h/0"},
         {"REDIS_PARAMS": {"decode_responses": True}},

@@ -26,13 +26,13 @@ def push(queue: RedisQueue, *payloads: bytes, priority: int = 0) -> None:
 
 def test_empty(queue: RedisQueue) -> None:
     assert len(queue) == 0
-    assert queue.pop(5) == []
+    assert queue.pop_payloads(5) == []
 
 
 def test_push_pop_keeps_every_entry(queue: RedisQueue) -> None:
     push(queue, b"a", b"b", b"c")
     assert len(queue) == 3
-    assert sorted(queue.pop(10)) == [b"a", b"b", b"c"]
+    assert sorted(queue.pop_payloads(10)) == [b"a", b"b", b"c"]
     assert len(queue) == 0
 
 
@@ -40,18 +40,18 @@ def test_identical_payloads_never_collapse(queue: RedisQueue) -> None:
     push(queue, b"same", b"same")
     push(queue, b"same")
     assert len(queue) == 3
-    assert queue.pop(10) == [b"same"] * 3
+    assert queue.pop_payloads(10) == [b"same"] * 3
 
 
 def test_binary_payloads(queue: RedisQueue) -> None:
     payload = bytes(range(256))
     push(queue, payload)
-    assert queue.pop(1) == [payload]
+    assert queue.pop_payloads(1) == [payload]
 
 
 def test_pop_count(queue: RedisQueue) -> None:
     push(queue, *[str(i).encode() for i in range(10)])
-    assert len(queue.pop(4)) == 4
+    assert len(queue.pop_payloads(4)) == 4
     assert len(queue) == 6
 
 
@@ -64,7 +64,7 @@ def test_clear(queue: RedisQueue) -> None:
 def test_order(queue: RedisQueue) -> None:
     push(queue, b"1", b"2")
     push(queue, b"3")
-    popped = [queue.pop(1)[0] for _ in range(3)]
+    popped = [queue.pop_payloads(1)[0] for _ in range(3)]
     expected = [b"3", b"2", b"1"] if isinstance(queue, LifoQueue) else [b"1", b"2", b"3"]
     assert popped == expected
 
@@ -76,7 +76,7 @@ def test_priority_order_fifo_among_equals(client: redis.Redis, name: str) -> Non
     push(queue, b"high1", priority=10)
     push(queue, b"mid3", priority=0)
     push(queue, b"high2", priority=10)
-    assert queue.pop(10) == [b"high1", b"high2", b"mid1", b"mid2", b"mid3", b"low1"]
+    assert queue.pop_payloads(10) == [b"high1", b"high2", b"mid1", b"mid2", b"mid3", b"low1"]
 
 
 def test_dedupe_is_atomic_with_the_push(queue: RedisQueue, name: str) -> None:

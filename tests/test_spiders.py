@@ -12,7 +12,6 @@ from scrapy import Request
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.utils.misc import build_from_crawler
 
-from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
 from scrapy_dist.startup import start_failure
@@ -94,8 +93,9 @@ def test_set_and_zset_modes(spider: Callable[..., Spider], client: redis.Redis) 
     z = spider({"REDIS_START_URLS_AS_ZSET": True, "REDIS_START_URLS_BATCH_SIZE": 1})
     client.zadd(z.redis_key, {"https://e.com/low": 1, "https://e.com/high": 9})
     assert [r.url for r in z.next_requests()] == ["https://e.com/high"]
-    with pytest.raises(ConfigurationError):
-        spider({"REDIS_START_URLS_AS_SET": True, "REDIS_START_URLS_AS_ZSET": True})
+    # both set: the set wins, with a warning, as in scrapy-redis (this used to stop)
+    both = spider({"REDIS_START_URLS_AS_SET": True, "REDIS_START_URLS_AS_ZSET": True})
+    assert both.seeds.kind == "set"
 
 
 def test_user_override_errors_are_dead_lettered(

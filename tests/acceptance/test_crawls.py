@@ -99,7 +99,11 @@ def test_seeds_of_every_kind(project: Project, kind: str) -> None:
     """Seeds in a list, set or zset, pushed with redis commands and ``scrapy-dist push``."""
     settings = {"list": "", "set": "REDIS_START_URLS_AS_SET = True\n",
                 "zset": "REDIS_START_URLS_AS_ZSET = True\n"}[kind]  # fmt: skip
-    project.add_settings(settings_block(project) + DONE + settings)
+    # seeds pushed after their pages were crawled through links are filtered here: seeds
+    # skip the dupefilter by default now (scrapy-redis's REDIS_START_URLS_DONT_FILTER)
+    project.add_settings(
+        settings_block(project) + DONE + settings + "REDIS_START_URLS_DONT_FILTER = False\n"
+    )
     pushed = project.cli("push", "books", project.page(5))
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     workers = project.crawl(2)
