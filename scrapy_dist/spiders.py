@@ -381,6 +381,7 @@ class RedisSpiderMixin(Spider):
         if spider is not self or self._failed:
             return
         try:
+            _engine.check_crawler(self.crawler)  # before the idle ticker wakes the engine
             self.open_redis()
         except ConfigurationError as e:
             fail_start(self.crawler, "configuration_error", f"Cannot start: {e}", self)
@@ -414,7 +415,7 @@ class RedisSpiderMixin(Spider):
         if now - self._starved_since > IDLE_LONG:
             self._wake_pause = min(self._wake_pause * 2, self.idle_poll_max)
         self.crawler.stats.inc_value("scheduler/idle/wakeups")
-        wake_engine(self.crawler.engine)
+        _engine.wake(self.crawler.engine)
 
     def _on_scheduler_empty(self) -> None:
         if self._failed or not self._redis_open:
@@ -551,12 +552,6 @@ def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N |
             f"spider attribute {name}={value!r} must be {what} of at least {least}"
         )
     return number
-
-
-def wake_engine(engine: Any) -> None:
-    """Ask the engine to look at its scheduler now rather than at its next 5-second
-    heartbeat (see :func:`scrapy_dist._engine.wake`)."""
-    _engine.wake(engine)
 
 
 class RedisSpider(RedisSpiderMixin, Spider):
