@@ -63,6 +63,10 @@ SEED_POLL_MIN, SEED_POLL_MAX = 0.05, 0.25
 TICK = 0.1
 #: Seconds without work after which the pause may grow to ``SCHEDULER_IDLE_POLL_MAX``.
 IDLE_LONG = 300.0
+#: Most seeds one call may lease (``redis_batch_size``): a batch is popped by one
+#: server-side step, which blocks Redis for every worker while it runs, and becomes
+#: requests in this worker's memory at once; far larger counts Redis refuses outright.
+BATCH_SIZE_MAX = 100_000
 
 
 class RedisSpiderMixin(Spider):
@@ -140,7 +144,9 @@ class RedisSpiderMixin(Spider):
                 f"spider attribute redis_key={self.redis_key!r} must be a non-empty key "
                 "name or template such as '%(name)s:start_urls'"
             )
-        self.redis_batch_size = _number(self.redis_batch_size, "redis_batch_size", int, 1)
+        self.redis_batch_size = _number(
+            self.redis_batch_size, "redis_batch_size", int, 1, most=BATCH_SIZE_MAX
+        )
         self.max_idle_time = _number(self.max_idle_time, "max_idle_time", float, 0.0)
         if self.redis_encoding is not None:
             try:
@@ -229,9 +235,19 @@ class RedisSpiderMixin(Spider):
 
     async def start(self) -> AsyncIterator[Any]:
         """Yield the requests of the seeds waiting in Redis now; later ones are fetched
-        as the worker has room (see the module docstring). Nothing if the start failed.
+        as the worker has room (see the module docstring). A spider that defines its
+        own ``start_requests()`` gets what that yields instead (each worker yields it;
+        the shared dupefilter keeps one of each request that does not say
+        ``dont_filter``), and its seeds only as it has room. Nothing if the start
+        failed. (A spider that defines its own ``start()`` gets that, from Scrapy.)
         """
         if self._failed:
+            return
+        if type(self).start_requests is not RedisSpiderMixin.start_requests:
+            # the spider's own start requests, as scrapy-redis (and Scrapy < 2.13)
+            # crawl them; seeds come as the worker has room and when it is idle
+            for request in self.start_requests():
+                yield request
             return
         requests, settled = self.take_seeds()
         for request in requests:
@@ -533,9 +549,11 @@ def _seed_filter(settings: BaseSettings, frontier: Frontier) -> DupefilterBacken
 _N = TypeVar("_N", int, float)
 
 
-def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N | None:
-    """A spider attribute that must be a number of at least ``least`` (``None``: unset);
-    ``-a`` arguments arrive as strings.
+def _number(
+    value: Any, name: str, kind: Callable[[str], _N], least: _N, most: _N | None = None
+) -> _N | None:
+    """A spider attribute that must be a number of at least ``least`` (and at most
+    ``most``, if given; ``None``: unset); ``-a`` arguments arrive as strings.
 
     Raises:
         ConfigurationError: not such a number.
@@ -545,12 +563,17 @@ def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N |
     what = "an integer" if kind is int else "a number"
     try:
         number = kind(str(value).strip()) if isinstance(value, str) else kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = None
-    if number is None or isinstance(value, bool) or math.isnan(number) or number < least:
-        raise ConfigurationError(
-            f"spider attribute {name}={value!r} must be {what} of at least {least}"
-        )
+    if (
+        number is None
+        or isinstance(value, bool)
+        or math.isnan(number)
+        or number < least
+        or (most is not None and number > most)
+    ):
+        bounds = f"at least {least}" + (f" and at most {most}" if most is not None else "")
+        raise ConfigurationError(f"spider attribute {name}={value!r} must be {what} of {bounds}")
     return number
 
 

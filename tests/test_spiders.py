@@ -170,7 +170,8 @@ def test_spider_arguments_are_coerced(
 @pytest.mark.parametrize(
     ("argument", "value"),
     [("max_idle_time", "soon"), ("max_idle_time", "-1"), ("redis_batch_size", "0"),
-     ("redis_batch_size", "2.5"), ("redis_encoding", "klingon"), ("redis_key", " ")],
+     ("redis_batch_size", "2.5"), ("redis_batch_size", "1000000000"),
+     ("redis_encoding", "klingon"), ("redis_key", " ")],
 )  # fmt: skip
 def test_bad_spider_arguments_fail_the_start(
     make_crawler: Callable[..., Crawler], argument: str, value: str
