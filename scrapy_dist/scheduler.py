@@ -267,7 +267,27 @@ class Scheduler(BaseScheduler):
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
         return scheduler
 
-    # -- what tests and tools reach into ----------------------------------------------
+    # -- scrapy-redis's attributes, and what tests reach into ------------------------
+
+    @property
+    def persist(self) -> bool:
+        """Keep the queue and dupefilter when the crawl finishes (``SCHEDULER_PERSIST``;
+        settable before :meth:`close`, as with scrapy-redis)."""
+        return self.membership.persist
+
+    @persist.setter
+    def persist(self, persist: bool) -> None:
+        self.membership.persist = persist or not self.leased
+
+    @property
+    def flush_on_start(self) -> bool:
+        """Clear the crawl at open if no other worker runs (``SCHEDULER_FLUSH_ON_START``;
+        settable before :meth:`open`, as with scrapy-redis)."""
+        return self.membership.flush_on_start
+
+    @flush_on_start.setter
+    def flush_on_start(self, flush_on_start: bool) -> None:
+        self.membership.flush_on_start = flush_on_start
 
     @property
     def in_flight(self) -> Callable[[], Collection[Request]]:
