@@ -5,16 +5,17 @@ default; a set or sorted set by setting) in batches of ``redis_batch_size``. See
 leased like requests: a seed leaves Redis only once the requests made from it are
 enqueued (or it was recorded as invalid), so a worker killed mid-batch loses none.
 
-Seeds are fetched at start, whenever the worker has spare capacity and nothing queued
-(Scrapy's ``scheduler_empty`` signal, rate-limited), and when it is idle
-(``spider_idle``, where the spider refuses to close with
+Seeds are fetched at start (unless the spider defines its own ``start_requests()`` or
+``start()``: then those are its start requests), whenever the worker has spare capacity
+and nothing queued (Scrapy's ``scheduler_empty`` signal, rate-limited), and when it is
+idle (``spider_idle``, where the spider refuses to close with
 :class:`~scrapy.exceptions.DontCloseSpider`). While idle, the worker looks for new work in
 Redis every ``SCHEDULER_IDLE_POLL`` seconds (after five minutes without work, backing off
 to ``SCHEDULER_IDLE_POLL_MAX``), so requests queued by other workers, expired leases and
-seeds pushed by a user start within about a second. A
-worker closes after ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness
-(measured from the last moment it had work; ``0`` waits forever), or, with
-``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a whole is finished.
+seeds pushed by a user start within about a second. A worker closes after
+``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness (measured from the last moment it
+had work; ``0`` waits forever), or, with ``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a
+whole is finished.
 
 A seed that cannot become a request is logged with the reason, counted
 (``seeds/invalid``) and appended to the crawl's dead-letter list; the rest of its batch
@@ -75,7 +76,8 @@ class RedisSpiderMixin(Spider):
     Class attributes a spider may set (each falls back to its setting):
     ``redis_key`` (a key template, default ``REDIS_START_URLS_KEY``; or a list of
     them, read in that order: a key is read only while the ones before it are empty),
-    ``redis_batch_size``, ``redis_encoding``, ``max_idle_time``.
+    ``redis_batch_size`` (at most :data:`BATCH_SIZE_MAX`), ``redis_encoding``,
+    ``max_idle_time``.
     """
 
     redis_key: str | list[str] | None = None
