@@ -20,6 +20,12 @@ whole is finished.
 A seed that cannot become a request is logged with the reason, counted
 (``seeds/invalid``) and appended to the crawl's dead-letter list; the rest of its batch
 is still processed.
+
+Over ~500 lines on purpose: :class:`RedisSpiderMixin` is scrapy-redis's spider API in one
+class (users subclass it and override its hooks: ``start_requests``, ``next_requests``,
+``make_request_from_data``, ``schedule_next_requests``, ``spider_idle``), and its seed
+reading and idle handling share one state (when seeds were last polled, when the worker
+last had work).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistEr
 from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
-from scrapy_dist.startup import fail_start, start_failure
+from scrapy_dist.startup import fail_start, raise_if_failed, start_failure
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -472,9 +478,7 @@ class RedisSpiderMixin(Spider):
             DontCloseSpider: the spider stays open.
             CloseSpider: the crawl is finished, or the start failed.
         """
-        failure = start_failure(self.crawler)
-        if failure is not None:
-            raise CloseSpider(failure.reason)
+        raise_if_failed(self.crawler)
         if self.frontier.lost is not None:
             raise DontCloseSpider
         try:
