@@ -12,14 +12,15 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 import redis
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.testing.redis_server import RedisServer, RedisServerNotFound
+from scrapy_dist.testing.redis_server import KIND_VARIABLE, RedisServer, RedisServerNotFound
+from scrapy_dist.testing.server_kinds import KINDS
 
 if not hasattr(__import__("scrapy.crawler").crawler, "AsyncCrawlerProcess"):
     # Scrapy 2.13's get_crawler() asks which reactor is installed and raises when none
@@ -42,6 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=os.environ.get("SCRAPY_DIST_TEST_REDIS_URL"),
         help="use this Redis instead of starting a throwaway redis-server",
     )
+    _add_server_options(parser)
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +118,38 @@ def make_crawler(
         return crawler
 
     return make
+
+
+# Other servers (issue 14): the kind of server the session runs, a Cluster, a Sentinel set.
+
+
+def _add_server_options(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--redis-kind",
+        choices=KINDS,
+        default=os.environ.get(KIND_VARIABLE) or "redis",
+        help=(
+            "kind of server every throwaway server of the session runs: redis-server, "
+            f"valkey-server, or redis-server with the RedisBloom module (env {KIND_VARIABLE})"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # RedisServer() reads the kind from the environment, so the servers that tests and
+    # their worker processes start themselves follow the option too.
+    os.environ[KIND_VARIABLE] = config.getoption("--redis-kind")
+
+
+def server_missing(reason: str) -> NoReturn:
+    """Skip the test for want of a server binary or module; fail instead under ``CI``."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI needs this server: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_kind(request: pytest.FixtureRequest) -> str:
+    """The kind of server the session runs (``--redis-kind``): redis, valkey or redisbloom."""
+    kind: str = request.config.getoption("--redis-kind")
+    return kind
