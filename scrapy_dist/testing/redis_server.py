@@ -155,9 +155,9 @@ class RedisServer:
             raise ValueError(f"refusing to run a throwaway redis-server on port {port}")
         if binary is None:
             # server_kinds builds on this module: import it when it is needed.
-            from scrapy_dist.testing.server_kinds import server_kind
+            from scrapy_dist.testing.server_kinds import default_kind
 
-            kind = server_kind(os.environ.get(KIND_VARIABLE) or "redis")
+            kind = default_kind()
             binary, extra_args = kind.binary, (*kind.extra_args, *extra_args)
         self.binary = binary
         self.appendonly = appendonly

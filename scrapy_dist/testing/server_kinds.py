@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.testing.redis_server import RedisServer, RedisServerNotFound, find_redis_server
+from scrapy_dist.testing.redis_server import (
+    KIND_VARIABLE,
+    RedisServer,
+    RedisServerNotFound,
+    find_redis_server,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KINDS",
     "ServerKind",
+    "default_kind",
     "find_redisbloom_module",
     "find_valkey_server",
     "server_kind",
@@ -85,6 +91,16 @@ def server_kind(name: str) -> ServerKind:
         module = find_redisbloom_module()
         return ServerKind(name, find_redis_server(), ("--loadmodule", module))
     raise ValueError(f"unknown server kind {name!r}: expected one of {', '.join(KINDS)}")
+
+
+def default_kind() -> ServerKind:
+    """The kind named by ``$SCRAPY_DIST_TEST_REDIS_KIND``, ``redis`` when unset.
+
+    Raises:
+        ValueError: The variable names no known kind.
+        RedisServerNotFound: Its binary or module is not installed.
+    """
+    return server_kind(os.environ.get(KIND_VARIABLE) or "redis")
 
 
 def _package_dir(package: str) -> Path | None:
