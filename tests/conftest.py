@@ -199,3 +199,17 @@ def redis_sentinel() -> Iterator[SentinelServers]:
         server_missing(str(e))
     with sentinels:
         yield sentinels
+
+
+@pytest.fixture(scope="session")
+def redisbloom_loaded(redis_url: str) -> bool:
+    """Whether the session's Redis has the RedisBloom module (``bf``) loaded."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as conn:
+        return "bf" in {module["name"] for module in conn.module_list()}
+
+
+@pytest.fixture
+def without_redisbloom(redisbloom_loaded: bool) -> None:
+    """Skip a test that assumes the session's Redis has no RedisBloom module."""
+    if redisbloom_loaded:
+        pytest.skip("assumes a Redis without the RedisBloom module; the session's has it")
