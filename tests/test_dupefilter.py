@@ -3,7 +3,8 @@
 The contract runs over the exact set and the bitmap Bloom filter on the session's
 real redis-server (one bitmap in one key, one cut into many segments), and over
 RedisBloom's ``BF.*`` on fakeredis, which implements them (no RedisBloom module is
-needed locally). Atomicity across workers, the false-positive rate on a million
+needed locally), or on the real module when the session's Redis has it
+(``--redis-kind=redisbloom``). Atomicity across workers, the false-positive rate on a million
 fingerprints, split bitmaps, expiry and growth run on the real server.
 """
 
@@ -99,11 +100,16 @@ def make_backend(
 
 
 @pytest.fixture
-def fake() -> Iterator[redis.Redis]:
-    """A fresh fakeredis server, which implements RedisBloom's BF.* commands."""
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    yield client
-    client.close()
+def fake(redisbloom_loaded: bool, client: redis.Redis) -> Iterator[redis.Redis]:
+    """The server of the RedisBloom tests: the session's Redis when it has the RedisBloom
+    module (``--redis-kind=redisbloom``), else a fresh fakeredis server, which implements
+    RedisBloom's BF.* commands."""
+    if redisbloom_loaded:
+        yield client
+        return
+    fake_client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    yield fake_client
+    fake_client.close()
 
 
 @pytest.fixture(params=BACKENDS)
