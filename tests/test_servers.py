@@ -7,8 +7,12 @@ The failover tests wait on real timeouts and are marked ``slow``.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import subprocess
+import sys
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -102,6 +106,44 @@ def test_redisbloom_module_answers_bf_add(kind_of: Callable[[str], ServerKind]) 
         assert client.execute_command("BF.ADD", "bloom", "a") == 1
         assert client.execute_command("BF.ADD", "bloom", "a") == 0
         assert client.execute_command("BF.EXISTS", "bloom", "a") == 1
+
+
+# Cleanup
+
+_FORGETFUL_OWNER = """
+import json
+from scrapy_dist.testing import ClusterServers, SentinelServers
+cluster = ClusterServers(masters=1, replicas_per_master=1).start()
+sentinels = SentinelServers(replicas=0, sentinels=1, quorum=1).start()
+servers = cluster.nodes + sentinels.servers + sentinels.sentinels
+print(json.dumps([[server.pid, str(server.directory)] for server in servers]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_servers_are_stopped_at_exit_when_the_owner_forgets() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _FORGETFUL_OWNER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    started = json.loads(done.stdout.splitlines()[-1])
+    pids = [pid for pid, _ in started]
+    assert len(pids) == 4
+    deadline = time.monotonic() + 5
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, pids))
+    assert not any(os.path.exists(directory) for _, directory in started)
 
 
 # Cluster

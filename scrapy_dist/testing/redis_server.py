@@ -126,7 +126,7 @@ class RedisServer:
             ``SCRAPY_DIST_TEST_REDIS_KIND``, ``redis`` (:func:`find_redis_server`) when unset;
             that kind's arguments (RedisBloom's ``--loadmodule``) then come first.
         directory: Working directory of the server (log, AOF). Default: a fresh
-            temporary directory, deleted by :meth:`stop`.
+            temporary directory, deleted by :meth:`stop` (or at interpreter exit).
         appendonly: Enable the append-only file with ``appendfsync always``, so data
             written before :meth:`kill` survives :meth:`restart`.
         port: Fixed port. Default: a free port, chosen by :meth:`start`.
@@ -166,7 +166,8 @@ class RedisServer:
         self._fixed_port = port
         self._port = port
         self._directory = Path(directory) if directory is not None else None
-        self._own_directory = False
+        # Deletes a temporary directory this object made: called by stop(), or at exit.
+        self._remove_directory: weakref.finalize[..., RedisServer] | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes], float], RedisServer] | None
         self._finalizer = None
@@ -250,7 +251,10 @@ class RedisServer:
             return self
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="scrapy-dist-redis-"))
-            self._own_directory = True
+            # Made before the process's finalizer, so run after it at interpreter exit.
+            self._remove_directory = weakref.finalize(
+                self, shutil.rmtree, self._directory, ignore_errors=True
+            )
         self._directory.mkdir(parents=True, exist_ok=True)
         if self.config:
             text = "".join(f"{line}\n" for line in self.config)
@@ -373,10 +377,10 @@ class RedisServer:
         Idempotent. A directory given to the constructor is kept.
         """
         self._stop_process(graceful=True)
-        if self._own_directory and self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
+        if self._remove_directory is not None:
+            self._remove_directory()
+            self._remove_directory = None
             self._directory = None
-            self._own_directory = False
         self._port = self._fixed_port
 
     def kill(self) -> None:
