@@ -182,8 +182,7 @@ class ClusterServers:
     ) -> None:
         if masters < 1 or masters > _SLOTS or replicas_per_master < 0:
             raise ValueError(f"bad cluster shape: {masters} masters x {replicas_per_master}")
-        self.masters_wanted = masters
-        self.replicas_per_master = replicas_per_master
+        self._master_count = masters
         self.nodes: list[ClusterNodeServer] = [
             ClusterNodeServer(
                 node_timeout_ms=node_timeout_ms,
@@ -219,7 +218,7 @@ class ClusterServers:
         return self
 
     def _create(self, timeout: float) -> None:
-        masters = self.nodes[: self.masters_wanted]
+        masters = self.nodes[: self._master_count]
         for epoch, node in enumerate(self.nodes, start=1):
             with node.client() as client:
                 client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
@@ -240,13 +239,16 @@ class ClusterServers:
         self.wait_ok(max(deadline - time.monotonic(), 1.0))
 
     def _all_met(self, ids: Sequence[str]) -> bool:
+        """Whether every node knows exactly ``ids``, each handshake done and link up."""
         for node in self.nodes:
             views = self.view(node)
             if set(views) != set(ids):
                 return False
-            if any(v.flags & {"handshake", "noaddr"} or not v.connected for v in views.values()
-                   if "myself" not in v.flags):  # fmt: skip
-                return False
+            for view in views.values():
+                if "myself" in view.flags:
+                    continue
+                if view.flags & {"handshake", "noaddr"} or not view.connected:
+                    return False
         return True
 
     def stop(self) -> None:
