@@ -5,8 +5,14 @@ built once per crawler (by :func:`scrapy_dist.assembly.assemble`) from the crawl
 *final* settings with every unset scrapy_dist setting at its default
 (:mod:`scrapy_dist.default_settings`), or from a :class:`~scrapy.settings.Settings`
 object for code without a crawler (the CLI: :meth:`Config.from_settings`). Every
-setting is parsed and every :class:`~scrapy_dist.exceptions.ConfigurationError` about
-a setting's value is raised in this module; components receive plain values.
+setting is read and parsed here, and every check of a setting's value raises its
+:class:`~scrapy_dist.exceptions.ConfigurationError` here (the ``check_*`` functions also
+serve components built directly); components receive plain values. What only another
+module can judge stays there: whether a class is a leasable queue
+(:func:`scrapy_dist.queue.leasable_queue`), a serializer or request class imports
+(:mod:`scrapy_dist.serializers`), a Bloom size is feasible (:mod:`scrapy_dist.dupefilter`),
+a key template expands (:func:`scrapy_dist.keys.expand`), redis-py accepts the client
+options (:mod:`scrapy_dist.connection`).
 
 Sections group the settings of one concept (``config.connection``, ``config.keys``,
 ``config.components``, ``config.queue``, ``config.frontier``, ``config.workers``,
