@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.addon import DistAddon, with_defaults
+from scrapy_dist.addon import DistAddon
 from scrapy_dist.assembly import assemble
 from scrapy_dist.metrics import PrometheusMetrics
 
@@ -32,11 +31,3 @@ def test_defaults_without_the_addon() -> None:
     assert config.frontier.lease_timeout == 120
     assert crawler.settings.get("SCHEDULER_LEASE_TIMEOUT") is None  # not written back
 
-
-def test_with_defaults_leaves_frozen_settings_alone() -> None:
-    settings = Settings({"REDIS_URL": "redis://h/1"})
-    settings.freeze()
-    resolved = with_defaults(settings)
-    assert resolved["REDIS_URL"] == "redis://h/1"
-    assert resolved["REDIS_ENCODING"] == "utf-8"
-    assert "REDIS_ENCODING" not in settings.attributes

@@ -63,11 +63,6 @@ def test_job_timestamp_isolates_every_crawl_key() -> None:
         assert a.startswith("books:20261122:")
 
 
-def test_job_id_and_timestamp_are_exclusive() -> None:
-    with pytest.raises(ConfigurationError, match="both set"):
-        keys_from_settings(settings(SCHEDULER_JOB_ID="a", SCHEDULER_JOB_TIMESTAMP="%Y"), "x")
-
-
 def test_job_id() -> None:
     keys = keys_from_settings(settings(SCHEDULER_JOB_ID="run7"), "books")
     assert keys.crawl == "books:run7"

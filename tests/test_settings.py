@@ -13,7 +13,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.addon import DistAddon
 from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.settings import SECTIONS, Config, check_seed_batch_size
+from scrapy_dist.keys import keys_from_settings
+from scrapy_dist.settings import SECTIONS, Config, check_seed_batch_size, with_defaults
 
 
 def config(**values: object) -> Config:
@@ -57,6 +58,23 @@ def test_the_source_settings_are_not_written() -> None:
     c = Config.from_settings(settings)
     assert c.connection.url == "redis://h/1"
     assert "REDIS_ENCODING" not in settings.attributes
+
+
+def test_with_defaults_leaves_frozen_settings_alone() -> None:
+    settings = Settings({"REDIS_URL": "redis://h/1"})
+    settings.freeze()
+    resolved = with_defaults(settings)
+    assert resolved["REDIS_URL"] == "redis://h/1"
+    assert resolved["REDIS_ENCODING"] == "utf-8"
+    assert "REDIS_ENCODING" not in settings.attributes
+
+
+def test_job_id_and_timestamp_are_exclusive() -> None:
+    with pytest.raises(ConfigurationError, match="both set"):
+        keys_from_settings(
+            with_defaults(Settings({"SCHEDULER_JOB_ID": "a", "SCHEDULER_JOB_TIMESTAMP": "%Y"})),
+            "x",
+        )
 
 
 def test_built_once_per_crawler() -> None:
