@@ -29,7 +29,7 @@ from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist import _engine, deadletter
-from scrapy_dist.addon import settings_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.connection import describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.deliveries import Deliveries
@@ -41,6 +41,7 @@ from scrapy_dist.heartbeat import Heartbeat
 from scrapy_dist.membership import FRONTIER_LOST, Membership, exit_with
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
+from scrapy_dist.settings import check_scheduler
 from scrapy_dist.startup import FailedScheduler, fail_start, raise_if_failed, start_failure
 from scrapy_dist.workers import WorkerRegistry, crawl_started
 
@@ -61,36 +62,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds for which a reserve that found the queue empty answers "nothing pending".
 EMPTY_FRESH = 0.25
-
-
-def check_options(
-    *, prefetch: int, idle_before_close: float, flush_interval: float,
-    heartbeat_interval: float, worker_timeout: float, lease_timeout: float,
-) -> None:  # fmt: skip
-    """Refuse scheduler settings that contradict each other.
-
-    Raises:
-        ConfigurationError: names the setting(s) to change.
-    """
-    if prefetch < 1:
-        raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
-    if idle_before_close < 0:
-        raise ConfigurationError(
-            f"SCHEDULER_IDLE_BEFORE_CLOSE cannot be negative ({idle_before_close})"
-        )
-    if worker_timeout < 2 * heartbeat_interval:
-        raise ConfigurationError(
-            f"SCHEDULER_WORKER_TIMEOUT ({worker_timeout}s) must be at least twice "
-            f"SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s)"
-        )
-    if lease_timeout < 3 * heartbeat_interval:
-        raise ConfigurationError(
-            f"SCHEDULER_LEASE_TIMEOUT ({lease_timeout}s) must be at least three "
-            f"times SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s), which is how "
-            "often leases are renewed"
-        )
-    if flush_interval < 0:
-        raise ConfigurationError(f"SCHEDULER_FLUSH_INTERVAL cannot be negative ({flush_interval})")
 
 
 class Scheduler(BaseScheduler):
@@ -127,7 +98,8 @@ class Scheduler(BaseScheduler):
         fault_exit_code: exit status of a worker closed with ``frontier_lost``.
 
     Raises:
-        ConfigurationError: the options contradict each other (:func:`check_options`).
+        ConfigurationError: the options contradict each other
+            (:func:`scrapy_dist.settings.check_scheduler`).
     """
 
     #: Whether requests are leased (``False``: :class:`UnleasedScheduler`).
@@ -157,7 +129,7 @@ class Scheduler(BaseScheduler):
         close_when_done: bool = False,
         fault_exit_code: int = 0,
     ) -> None:
-        check_options(
+        check_scheduler(
             prefetch=prefetch, idle_before_close=idle_before_close, flush_interval=flush_interval,
             heartbeat_interval=heartbeat_interval, worker_timeout=registry.timeout,
             lease_timeout=frontier.lease_timeout,
@@ -218,30 +190,28 @@ class Scheduler(BaseScheduler):
     def _build(cls, crawler: Crawler) -> Self:
         from scrapy_dist.unleased import UnleasedScheduler
 
-        settings = settings_for(crawler)
-        queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        config = assemble(crawler).config
+        queue_cls = config.queue.cls
         # (not issubclass: Scrapy's scheduler metaclass answers it by duck typing)
         if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
             return cast("Self", UnleasedScheduler.from_crawler(crawler))
         frontier = Frontier.for_crawler(crawler)
         dupefilter: BaseDupeFilter = build_from_crawler(
-            load_object(settings["DUPEFILTER_CLASS"]), crawler
+            load_object(config.components.dupefilter), crawler
         )
         if isinstance(dupefilter, RFPDupeFilter):
             owned = dupefilter.backend.keys()
             frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
-        prefetch = settings.getint("SCHEDULER_PREFETCH") or max(
-            1, settings.getint("CONCURRENT_REQUESTS") // 2
-        )
+        settings = config.scheduler
         scheduler = cls(
             frontier=frontier,
             dupefilter=dupefilter,
-            serializer=load_serializer(settings.get("SCHEDULER_SERIALIZER")),
+            serializer=load_serializer(config.requests.serializer),
             registry=WorkerRegistry(
                 frontier.client,
                 frontier.keys.workers,
                 frontier.worker_id,
-                timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
+                timeout=config.workers.worker_timeout,
                 frontier=frontier.clear_keys,
                 progress=frontier.keys.progress,
                 started=crawl_started(),
@@ -249,19 +219,19 @@ class Scheduler(BaseScheduler):
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,
             in_flight=lambda: _engine.in_flight(crawler),
-            persist=settings.getbool("SCHEDULER_PERSIST"),
-            flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START"),
-            idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE"),
-            prefetch=prefetch,
-            heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
-            flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
-            start_once=settings.getbool("SCHEDULER_START_ONCE"),
+            persist=settings.persist,
+            flush_on_start=settings.flush_on_start,
+            idle_before_close=settings.idle_before_close,
+            prefetch=settings.prefetch,
+            heartbeat_interval=config.workers.heartbeat_interval,
+            flush_interval=settings.flush_interval,
+            start_once=settings.start_once,
             crawler=crawler,
-            policy=RequestPolicy.from_settings(settings),
+            policy=RequestPolicy.build(config.requests.classes, config.requests.schemes),
             check_engine=lambda: _engine.check_crawler(crawler),
-            close_when_done=settings.getbool("CLOSE_WHEN_CRAWL_DONE"),
-            fault_exit_code=settings.getint("SCHEDULER_FAULT_EXIT_CODE"),
-            max_held=settings.getint("CONCURRENT_REQUESTS") + 2 * prefetch,
+            close_when_done=settings.close_when_done,
+            fault_exit_code=settings.fault_exit_code,
+            max_held=settings.max_held,
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)

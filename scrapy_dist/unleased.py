@@ -12,9 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, ClassVar
 
-from scrapy.utils.misc import load_object
-
-from scrapy_dist.addon import settings_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import SerializationError
 from scrapy_dist.scheduler import Scheduler
 
@@ -45,12 +43,12 @@ class UnleasedScheduler(Scheduler):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = settings_for(crawler)
         scheduler = super().from_crawler(crawler)
         if UnleasedScheduler not in type(scheduler).__mro__:
             return scheduler  # a failed start (FailedScheduler)
-        scheduler._queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
-        scheduler._queue_key = settings["SCHEDULER_QUEUE_KEY"]
+        config = assemble(crawler).config
+        scheduler._queue_cls = config.queue.cls
+        scheduler._queue_key = config.keys.requests
         return scheduler
 
     def open(self, spider: Spider) -> None:
