@@ -34,10 +34,10 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist import deadletter
 from scrapy_dist.addon import settings_for
+from scrapy_dist.backends import filter_error
 from scrapy_dist.connection import client_for, describe
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.dupefilter import filter_error
-from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
 from scrapy_dist.keys import keys_for
 from scrapy_dist.queue import (
     ENTRY_ID_LEN,
@@ -724,7 +724,7 @@ class Frontier:
         translated = (
             filter_error(error) if isinstance(error, redis.exceptions.ResponseError) else None
         )
-        if translated is not None and type(translated).__name__ == "_StaleView":
+        if isinstance(translated, StaleFilterView):
             self._items, self._replies = items + self._items, replies + self._replies
             self.stats.inc_value("scheduler/redis/stale_filter_retries")
             return False
