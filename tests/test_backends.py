@@ -39,7 +39,7 @@ from scrapy_dist.backends import (
 from scrapy_dist.backends.bitmap import GROWTH_GUARD
 from scrapy_dist.bloom import MAX_STAGES, BloomParams, bloom_chain
 from scrapy_dist.dupefilter import RFPDupeFilter, backend_from_settings
-from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.scripts import source
@@ -456,6 +456,21 @@ def test_refuse_when_full_writes_nothing(kind: str, server: redis.Redis, name: s
     assert len(queue) == 0
     assert len(backend) == before
     assert backend.add_many(fingerprints(25, 5)) == [True] * 5  # what still fits
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("DUPEFILTER_FULL k holds 10 of its 10 fingerprints", DupefilterFull),
+        ("DUPEFILTER_MISMATCH k was written with v1 ...", ConfigurationError),
+        ("DUPEFILTER_STALE k has 3 stages, the call passed the keys of 2", StaleFilterView),
+    ],
+)
+def test_filter_errors_become_the_package_exceptions(reply: str, expected: type) -> None:
+    translated = filter_error(redis.ResponseError(reply))
+    assert type(translated) is expected
+    assert str(translated) == reply
+    assert filter_error(redis.ResponseError("WRONGTYPE Operation against a key")) is None
 
 
 def test_a_full_chain_refuses_even_when_growing(client: redis.Redis, name: str) -> None:
