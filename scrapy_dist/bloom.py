@@ -2,15 +2,17 @@
 of stages a filter grows into, and the signature a bitmap filter stores. No I/O.
 
 This module is over 500 lines on purpose: it is one concept, the Bloom filter's
-arithmetic and stored format, and most of it is the docstrings that specify the
-formulas every worker (and the Lua of ``lua/_filters.lua``) must compute alike.
+arithmetic and stored format, in about 200 lines of code; the rest is the docstrings
+that specify the formulas every worker (and the Lua of ``lua/_filters.lua``) must
+compute alike.
 
 Two users share it:
 
-* the Redis bitmap dupefilter, whose bits live in one or more Redis string keys
-  ("segments", each at most :data:`SEGMENT_BITS` bits, the 512 MiB limit of a Redis
-  string). Offsets are computed here, client-side, and handed to a Lua script that
-  runs ``SETBIT``/``GETBIT`` (see :meth:`BloomParams.locate_flat`);
+* the Redis bitmap dupefilter (:mod:`scrapy_dist.backends.bitmap`), whose bits live
+  in one or more Redis string keys ("segments", each at most :data:`SEGMENT_BITS`
+  bits, the 512 MiB limit of a Redis string). Its Lua (``lua/_filters.lua``) derives
+  the offsets below from the fingerprint's MurmurHash3, which the worker sends;
+  :meth:`BloomParams.offsets` is their Python reference;
 * :class:`LocalBloom`, a small in-memory filter over a :class:`bitarray.bitarray`.
 
 The offsets of a fingerprint are part of the stored format: a filter already in Redis
@@ -26,8 +28,9 @@ which is *enhanced double hashing* (Kirsch & Mitzenmacher 2006; Dillinger & Mano
 term keeps the ``k`` offsets distinct even when ``h2 mod m`` shares a factor with
 ``m`` (e.g. ``m`` a power of two), the degenerate case of plain double hashing.
 ``segment_bits`` is not part of that format: it only decides how the ``m`` bits are
-cut into keys. A bitmap filter in Redis records all of them, and the chain's growth
-factors, in its signature (:func:`signature`, read back by :func:`parse_signature`).
+cut into keys. A bitmap chain in Redis records its first stage's numbers (segment
+size included) and its growth factors in a signature (:func:`signature`, read back by
+:func:`parse_signature`).
 """
 
 from __future__ import annotations

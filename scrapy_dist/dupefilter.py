@@ -69,6 +69,13 @@ BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto")
 #: Key of a standalone filter (under Scrapy's own scheduler): one per run.
 STANDALONE_KEY = "dupefilter:%(timestamp)s"
 
+#: Seconds between refreshes of the filter's stats (one round trip each).
+STATS_INTERVAL = 10.0
+
+#: The local cache's false-positive rate, as a share of the Bloom error rate: the
+#: cache adds at most this fraction to the crawl's error budget.
+LOCAL_ERROR_SHARE = 0.01
+
 
 def _dist_scheduler(settings: BaseSettings) -> bool:
     """Whether ``SCHEDULER`` is scrapy_dist's scheduler (or a subclass)."""
@@ -80,14 +87,6 @@ def _dist_scheduler(settings: BaseSettings) -> bool:
         return False
     # not issubclass(): Scrapy's scheduler metaclass answers it by duck typing
     return isinstance(cls, type) and Scheduler in cls.__mro__
-
-
-#: Seconds between refreshes of the filter's stats (one round trip each).
-STATS_INTERVAL = 10.0
-
-#: The local cache's false-positive rate, as a share of the Bloom error rate: the
-#: cache adds at most this fraction to the crawl's error budget.
-LOCAL_ERROR_SHARE = 0.01
 
 
 def bloom_params_from_settings(settings: BaseSettings) -> BloomParams:
