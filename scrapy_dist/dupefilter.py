@@ -338,6 +338,11 @@ class RFPDupeFilter(BaseDupeFilter):
         still to be chosen, every candidate's). No I/O."""
         return self._configured.keys()
 
+    def _current(self) -> UnopenedBackend:
+        """The backend if known, else the choice (never tested for truth: a backend's
+        ``__len__`` is a round trip)."""
+        return self._backend if self._backend is not None else self._configured
+
     def open(self) -> None:
         """Open the backend (choosing it, for ``"bloom"``/``"auto"``) and read its state.
 
@@ -345,7 +350,7 @@ class RFPDupeFilter(BaseDupeFilter):
             ConfigurationError: the dupefilter key holds another backend's data, or a
                 Bloom filter with other parameters, or RedisBloom is missing.
         """
-        self._backend = (self._backend or self._configured).open()
+        self._backend = self._current().open()
         if self._local_exact_off and self.backend.kind == "set" and self.local is not None:
             self.local = LocalSet(self._local_capacity())  # "auto" chose the exact set
         self._opened = True
@@ -432,7 +437,7 @@ class RFPDupeFilter(BaseDupeFilter):
     def clear(self) -> None:
         """Forget every fingerprint of this crawl (every candidate's keys, if the
         backend is still to be chosen)."""
-        (self._backend or self._configured).clear()
+        self._current().clear()
         if self.local is not None:
             self.local.clear()
 

@@ -15,7 +15,7 @@ from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.backends import BitmapBloomBackend, DupefilterFull
+from scrapy_dist.backends import BitmapBloomBackend, DupefilterFull, SetBackend
 from scrapy_dist.bloom import BloomParams, LocalBloom
 from scrapy_dist.dupefilter import LocalSet, RFPDupeFilter
 from scrapy_dist.keys import RedisKeys
@@ -185,6 +185,23 @@ def test_local_cache_defaults(open_dupefilter: Callable[..., RFPDupeFilter]) -> 
     assert open_dupefilter({"DUPEFILTER_BACKEND": "bitmap"}).local is not None
     off = {"DUPEFILTER_BACKEND": "bitmap", "DUPEFILTER_LOCAL_CACHE": False}
     assert open_dupefilter(off).local is None
+
+
+def test_the_filter_never_asks_a_backend_its_size(client: redis.Redis, name: str) -> None:
+    """A backend's ``len()`` is a round trip (and scrapy-redis's tests pass a mock
+    client): opening, clearing and closing never test a backend for truth."""
+
+    class Sizeless(SetBackend):
+        def __len__(self) -> int:
+            raise AssertionError("asked the backend its size")
+
+    backend = Sizeless(client, RedisKeys.build(name).dupefilter)
+    dupefilter = RFPDupeFilter(backend, get_crawler().request_fingerprinter, clear_on_close=True)
+    dupefilter.open()
+    assert not dupefilter.request_seen(Request("https://example.com/a"))
+    dupefilter.clear()
+    dupefilter.close("finished")
+    assert dupefilter.backend is backend
 
 
 def test_scheduler_dedupes_with_the_bloom_backend(make_crawler: Callable[..., Crawler]) -> None:
