@@ -4,8 +4,9 @@ add; choosing a backend; the Lua filter library.
 The contract runs over the exact set and the bitmap Bloom filter on the session's
 real redis-server (one bitmap in one key, one cut into many segments), and over
 RedisBloom's ``BF.*`` on fakeredis, which implements them (no RedisBloom module is
-needed locally). Atomicity across workers, the false-positive rate on a million
-fingerprints, split bitmaps, expiry and growth run on the real server.
+needed locally), or on the real module when the session's Redis has it
+(``--redis-kind=redisbloom``). Atomicity across workers, the false-positive rate on a
+million fingerprints, split bitmaps, expiry and growth run on the real server.
 """
 
 from __future__ import annotations
@@ -90,11 +91,16 @@ def make_backend(
 
 
 @pytest.fixture
-def fake() -> Iterator[redis.Redis]:
-    """A fresh fakeredis server, which implements RedisBloom's BF.* commands."""
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    yield client
-    client.close()
+def fake(redisbloom_loaded: bool, client: redis.Redis) -> Iterator[redis.Redis]:
+    """The server of the RedisBloom tests: the session's Redis when it has the RedisBloom
+    module (``--redis-kind=redisbloom``), else a fresh fakeredis server, which implements
+    RedisBloom's BF.* commands."""
+    if redisbloom_loaded:
+        yield client
+        return
+    fake_client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    yield fake_client
+    fake_client.close()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -587,6 +593,7 @@ def test_invalid_settings(values: dict[str, Any], client: redis.Redis, name: str
         backend_from_settings(settings(**values), client, RedisKeys.build(name))
 
 
+@pytest.mark.usefixtures("without_redisbloom")
 def test_detection_without_redisbloom(client: redis.Redis, name: str) -> None:
     keys = RedisKeys.build(name)
     bloom = backend_from_settings(settings(DUPEFILTER_BACKEND="bloom"), client, keys)
@@ -598,6 +605,7 @@ def test_detection_without_redisbloom(client: redis.Redis, name: str) -> None:
         backend_from_settings(settings(DUPEFILTER_BACKEND="redisbloom"), client, fresh).open()
 
 
+@pytest.mark.usefixtures("without_redisbloom")
 def test_auto_without_redisbloom_is_the_set(client: redis.Redis, name: str) -> None:
     keys = RedisKeys.build(name)
     assert isinstance(
@@ -619,7 +627,9 @@ def test_detection_with_redisbloom(fake: redis.Redis, name: str) -> None:
     assert isinstance(choice.choose(), BitmapBloomBackend)
 
 
-def test_unopened_choice_refuses_to_filter(client: redis.Redis, name: str) -> None:
+def test_unopened_choice_refuses_to_filter(
+    client: redis.Redis, name: str, redisbloom_loaded: bool
+) -> None:
     keys = RedisKeys.build(name)
     choice = backend_from_settings(settings(DUPEFILTER_BACKEND="bloom"), client, keys)
     assert isinstance(choice, BackendChoice)
@@ -630,7 +640,9 @@ def test_unopened_choice_refuses_to_filter(client: redis.Redis, name: str) -> No
     with pytest.raises(RuntimeError, match="open"):
         dupefilter.request_seen(Request("https://example.com/x"))
     dupefilter.open()
-    assert isinstance(dupefilter.backend, BitmapBloomBackend)
+    # "bloom" is RedisBloom where the server has the module, else the bitmap
+    bloom = RedisBloomBackend if redisbloom_loaded else BitmapBloomBackend
+    assert isinstance(dupefilter.backend, bloom)
     assert not dupefilter.request_seen(Request("https://example.com/x"))
 
 

@@ -15,7 +15,7 @@ from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.backends import BitmapBloomBackend, DupefilterFull, SetBackend
+from scrapy_dist.backends import BitmapBloomBackend, DupefilterFull, RedisBloomBackend, SetBackend
 from scrapy_dist.bloom import BloomParams, LocalBloom
 from scrapy_dist.dupefilter import LocalSet, RFPDupeFilter
 from scrapy_dist.keys import RedisKeys
@@ -79,7 +79,9 @@ def test_memory_per_fingerprint(
 
 
 @pytest.mark.parametrize("mode", ["set", "bloom"])
-def test_request_seen(mode: str, open_dupefilter: Callable[..., RFPDupeFilter]) -> None:
+def test_request_seen(
+    mode: str, open_dupefilter: Callable[..., RFPDupeFilter], redisbloom_loaded: bool
+) -> None:
     dupefilter = open_dupefilter({"DUPEFILTER_BACKEND": mode, "BLOOM_CAPACITY": 10_000})
     first = Request("https://example.com/a")
     assert not dupefilter.request_seen(first)
@@ -92,7 +94,10 @@ def test_request_seen(mode: str, open_dupefilter: Callable[..., RFPDupeFilter]) 
         assert stats["dupefilter/set/count"] == 0  # read at open, before any request
         assert isinstance(dupefilter.local, LocalSet)  # exact, like the set itself
     else:
-        assert stats["dupefilter/bloom/backend"] == "bitmap"
+        # "bloom" is RedisBloom where the server has the module, else the bitmap
+        assert stats["dupefilter/bloom/backend"] == (
+            "redisbloom" if redisbloom_loaded else "bitmap"
+        )
         assert stats["dupefilter/bloom/capacity"] == 10_000
         assert dupefilter.local is not None
 
@@ -177,6 +182,7 @@ def test_local_cache_is_cleared_when_the_filter_may_expire(client: redis.Redis, 
     assert backend.add(fp)
 
 
+@pytest.mark.usefixtures("without_redisbloom")
 def test_local_cache_defaults(open_dupefilter: Callable[..., RFPDupeFilter]) -> None:
     # "auto" without RedisBloom became the exact set: its cache is exact too
     assert isinstance(open_dupefilter({"DUPEFILTER_BACKEND": "auto"}).local, LocalSet)
@@ -204,7 +210,9 @@ def test_the_filter_never_asks_a_backend_its_size(client: redis.Redis, name: str
     assert dupefilter.backend is backend
 
 
-def test_scheduler_dedupes_with_the_bloom_backend(make_crawler: Callable[..., Crawler]) -> None:
+def test_scheduler_dedupes_with_the_bloom_backend(
+    make_crawler: Callable[..., Crawler], redisbloom_loaded: bool
+) -> None:
     crawler = make_crawler(
         {
             "DUPEFILTER_BACKEND": "bloom",
@@ -220,6 +228,7 @@ def test_scheduler_dedupes_with_the_bloom_backend(make_crawler: Callable[..., Cr
         assert scheduler.enqueue_request(Request("https://example.com/b"))
         assert scheduler.enqueue_request(Request("https://example.com/a", dont_filter=True))
         assert isinstance(scheduler._shared_df, RFPDupeFilter)
-        assert isinstance(scheduler._shared_df.backend, BitmapBloomBackend)
+        bloom = RedisBloomBackend if redisbloom_loaded else BitmapBloomBackend
+        assert isinstance(scheduler._shared_df.backend, bloom)
     finally:
         scheduler.close("finished")
