@@ -35,11 +35,12 @@ from scrapy_dist.backends import (
     DupefilterFull,
     RedisBloomBackend,
     SetBackend,
+    backend_from_settings,
     filter_error,
 )
 from scrapy_dist.backends.bitmap import GROWTH_GUARD
 from scrapy_dist.bloom import MAX_STAGES, BloomParams, bloom_chain
-from scrapy_dist.dupefilter import RFPDupeFilter, backend_from_settings
+from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue

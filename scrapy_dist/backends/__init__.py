@@ -16,12 +16,15 @@
   choice of one when the dupefilter opens (RedisBloom if the server has it, else the
   bitmap or the set; an existing filter is adopted).
 
+:func:`backend_from_config` builds the one the crawl's config names (no I/O).
+
 Every backend follows :class:`DupefilterBackend` (:mod:`.base`, with
 :class:`FilterState`, :class:`DupefilterFull` and :func:`filter_error`); its filter
 code runs inside the enqueue script (``lua/enqueue.lua``) and, for the dupefilter's
 own calls, ``lua/dupefilter.lua``, both over ``lua/_filters.lua``. To add a backend:
 a module here with a :class:`~.base.ScriptedBackend` subclass, its ``kind`` in
-``lua/_filters.lua``'s ``filter_for``, and its name in ``DUPEFILTER_BACKEND``.
+``lua/_filters.lua``'s ``filter_for``, its name in ``DUPEFILTER_BACKEND`` (validated by
+:mod:`scrapy_dist.settings`) and a branch in :func:`backend_from_config`.
 """
 
 from scrapy_dist.backends.base import (
@@ -32,7 +35,12 @@ from scrapy_dist.backends.base import (
     filter_error,
 )
 from scrapy_dist.backends.bitmap import BitmapBloomBackend
-from scrapy_dist.backends.choice import BackendChoice
+from scrapy_dist.backends.choice import (
+    BackendChoice,
+    backend_from_config,
+    backend_from_settings,
+    bloom_params_from_config,
+)
 from scrapy_dist.backends.exact import SetBackend
 from scrapy_dist.backends.redisbloom import RedisBloomBackend, has_redisbloom
 
@@ -45,6 +53,9 @@ __all__ = [
     "RedisBloomBackend",
     "SetBackend",
     "UnopenedBackend",
+    "backend_from_config",
+    "backend_from_settings",
+    "bloom_params_from_config",
     "filter_error",
     "has_redisbloom",
 ]

@@ -21,9 +21,6 @@ if TYPE_CHECKING:
 
     from redis.client import Pipeline
 
-#: Values of ``BLOOM_ON_FULL``.
-ON_FULL = ("grow", "refuse")
-
 #: ``TYPE`` of a RedisBloom filter key (RedisBloom, valkey-bloom).
 REDISBLOOM_TYPES = frozenset({"MBbloom--", "bloomfltr"})
 
@@ -62,12 +59,6 @@ def filter_error(error: redis.ResponseError) -> ScrapyDistError | None:
     code = str(error).split(" ", 1)[0]
     cls = _SCRIPT_ERRORS.get(code)
     return cls(str(error)) if cls is not None else None
-
-
-def check_on_full(on_full: str) -> None:
-    """Raise :class:`ConfigurationError` unless ``on_full`` is one of :data:`ON_FULL`."""
-    if on_full not in ON_FULL:
-        raise ConfigurationError(f"BLOOM_ON_FULL must be 'grow' or 'refuse', not {on_full!r}")
 
 
 def ttl_ms(ttl: float | None) -> int:

@@ -17,7 +17,6 @@ import mmh3
 from scrapy_dist.backends.base import (
     FilterState,
     ScriptedBackend,
-    check_on_full,
     expires_in,
     text,
     ttl_ms,
@@ -27,6 +26,7 @@ from scrapy_dist.backends.base import (
 from scrapy_dist.bloom import HASH_SEED, bloom_chain, chain_false_positive_rate, signature
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.settings import check_on_full
 
 if TYPE_CHECKING:
     import redis
@@ -89,7 +89,7 @@ class BitmapBloomBackend(ScriptedBackend):
 
     Raises:
         ConfigurationError: ``on_full`` is not one of
-            :data:`~scrapy_dist.backends.base.ON_FULL`.
+            :data:`scrapy_dist.settings.ON_FULL`.
     """
 
     kind: ClassVar[str] = "bloom"

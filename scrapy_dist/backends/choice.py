@@ -1,4 +1,5 @@
-"""The backend of ``DUPEFILTER_BACKEND = "bloom"`` or ``"auto"``, chosen when it opens."""
+"""The backend ``DUPEFILTER_BACKEND`` names (:func:`backend_from_config`), or for
+``"bloom"`` and ``"auto"`` the choice of one when it opens (:class:`BackendChoice`)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,21 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy_dist.backends.base import REDISBLOOM_TYPES, type_of, wrong_type
-from scrapy_dist.backends.redisbloom import has_redisbloom
+from scrapy_dist.backends.bitmap import BitmapBloomBackend
+from scrapy_dist.backends.exact import SetBackend
+from scrapy_dist.backends.redisbloom import RedisBloomBackend, has_redisbloom
+from scrapy_dist.bloom import BloomParams, fit_segments
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
+    from scrapy.settings import BaseSettings
 
     from scrapy_dist.backends.base import DupefilterBackend
-    from scrapy_dist.backends.bitmap import BitmapBloomBackend
-    from scrapy_dist.backends.exact import SetBackend
-    from scrapy_dist.backends.redisbloom import RedisBloomBackend
+    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.settings import BloomSize, DupefilterConfig
 
 logger = logging.getLogger(__name__)
 
@@ -103,3 +109,60 @@ class BackendChoice:
     def clear(self, pipe: Pipeline | None = None) -> None:
         """Delete every candidate's keys."""
         (pipe or self.client).delete(*self.keys())
+
+
+def bloom_params_from_config(size: BloomSize) -> BloomParams:
+    """The first Bloom stage: ``BLOOMFILTER_BIT``/``BLOOMFILTER_HASH_NUMBER`` if the
+    former is set (scrapy-redis-bloomfilter's settings), else ``BLOOM_CAPACITY`` at
+    ``BLOOM_ERROR_RATE``.
+
+    Raises:
+        ConfigurationError: values out of range.
+    """
+    try:
+        if size.bits is not None:
+            return BloomParams.from_bits(size.bits, size.hash_number)
+        return BloomParams.from_capacity(size.capacity, size.error_rate)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"invalid Bloom dupefilter size: {e}") from e
+
+
+def backend_from_config(
+    config: DupefilterConfig, client: redis.Redis, keys: RedisKeys
+) -> DupefilterBackend | BackendChoice:
+    """Build the backend ``DUPEFILTER_BACKEND`` names, or the choice of one (no I/O).
+
+    Args:
+        config: the dupefilter's settings.
+        client: the crawl's client.
+        keys: the crawl's keys.
+
+    Raises:
+        ConfigurationError: invalid Bloom sizes.
+    """
+    mode, ttl, on_full = config.backend, config.ttl, config.on_full
+    exact = SetBackend(client, keys.dupefilter, ttl=ttl)
+    if mode == "set" or config.bloom is None:
+        return exact
+    params = bloom_params_from_config(config.bloom)
+    bitmap = BitmapBloomBackend(client, keys, fit_segments(params), ttl=ttl, on_full=on_full)
+    redisbloom = RedisBloomBackend(client, keys.dupefilter, params, ttl=ttl, on_full=on_full)
+    if mode == "bitmap":
+        return bitmap
+    if mode == "redisbloom":
+        return redisbloom
+    return BackendChoice(
+        client,
+        mode,
+        exact=exact if mode == "auto" else None,
+        bitmap=bitmap,
+        redisbloom=redisbloom,
+    )
+
+
+def backend_from_settings(
+    settings: BaseSettings, client: redis.Redis, keys: RedisKeys
+) -> DupefilterBackend | BackendChoice:
+    """:func:`backend_from_config` from settings (for tests and tools; components get
+    the crawler's config)."""
+    return backend_from_config(Config.from_settings(settings).dupefilter, client, keys)

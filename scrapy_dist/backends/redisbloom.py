@@ -12,7 +12,6 @@ from scrapy_dist.backends.base import (
     REDISBLOOM_TYPES,
     FilterState,
     ScriptedBackend,
-    check_on_full,
     command,
     expires_in,
     text,
@@ -22,6 +21,7 @@ from scrapy_dist.backends.base import (
 )
 from scrapy_dist.bloom import GROWTH, bloom_chain, chain_false_positive_rate
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.settings import check_on_full
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
@@ -69,7 +69,7 @@ class RedisBloomBackend(ScriptedBackend):
 
     Raises:
         ConfigurationError: ``on_full`` is not one of
-            :data:`~scrapy_dist.backends.base.ON_FULL`.
+            :data:`scrapy_dist.settings.ON_FULL`.
     """
 
     kind: ClassVar[str] = "bf"
