@@ -132,8 +132,8 @@ class Membership:
         queue.check_type()
         self.frontier.seeds.check_type()
         shared = self.shared_df
-        ttl = getattr(getattr(shared, "backend", None), "ttl", None)
-        self.frontier.check_eviction_policy(shared.backend.keys() if ttl and shared else [])
+        expiring = shared.keys() if shared is not None and shared.ttl else []
+        self.frontier.check_eviction_policy(expiring)
         self.df.open()
         if shared is None:
             logger.warning(

@@ -200,7 +200,7 @@ class Scheduler(BaseScheduler):
             load_object(config.components.dupefilter), crawler
         )
         if isinstance(dupefilter, RFPDupeFilter):
-            owned = dupefilter.backend.keys()
+            owned = dupefilter.keys()
             frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
         settings = config.scheduler
         scheduler = cls(
