@@ -339,12 +339,17 @@ class _ScriptedBackend:
         """
         token = self.token
         tokens = [token(fingerprint) for fingerprint in fingerprints]
-        script = scripts_for(self.client).dupefilter
+        scripts = scripts_for(self.client)
         for attempt in range(_STALE_RETRIES + 1):
-            keys = self.script_keys()
-            extra = self.script_args()
+            call = scripts.dupefilter(
+                filter_keys=self.script_keys(),
+                op=op,
+                filter_kind=self.kind,
+                filter_args=self.script_args(),
+                tokens=tokens,
+            )
             try:
-                flags = script(keys=keys, args=[op, self.kind, len(extra), *extra, *tokens])
+                flags = call.run()
             except redis.ResponseError as e:
                 translated = filter_error(e)
                 if isinstance(translated, _StaleView) and attempt < _STALE_RETRIES:
@@ -666,12 +671,12 @@ class BitmapBloomBackend(_ScriptedBackend):
         Returns:
             The number of segments created.
         """
-        script = scripts_for(self.client).dupefilter
+        scripts = scripts_for(self.client)
         spec = self.stages[stage]
         created = 0
         for i, key in enumerate(self._segment_keys[stage]):
             size = min(self.params.segment_bits, spec.bits - i * self.params.segment_bits)
-            created += int(script(keys=[self.key, key], args=["prepare", size]))
+            created += int(scripts.dupefilter_prepare(chain=self.key, segment=key, bits=size).run())
         return created
 
     def _refresh_view(self) -> None:

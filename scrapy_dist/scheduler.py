@@ -144,7 +144,7 @@ class Scheduler(BaseScheduler):
         fault_exit_code: exit status of a worker closed with ``frontier_lost``.
     """
 
-    def __init__(  # noqa: PLR0915 (one assignment per collaborator and setting)
+    def __init__(
         self,
         *,
         frontier: Frontier,
@@ -207,7 +207,6 @@ class Scheduler(BaseScheduler):
                 f"SCHEDULER_FLUSH_INTERVAL cannot be negative ({flush_interval})"
             )
         self.flush_interval = flush_interval
-        frontier.eager = flush_interval == 0
         self._next_beat = 0.0
         #: The dupefilter, when its test-and-set runs inside the enqueue script.
         self._shared_df = dupefilter if isinstance(dupefilter, RFPDupeFilter) else None
@@ -239,7 +238,6 @@ class Scheduler(BaseScheduler):
         #: The error the timer last logged (each kind is logged once in a row).
         self._tick_error = ""
         self._closing = False
-        frontier.held = self._held
         frontier.on_lost.append(self._crawl_lost)
 
     @classmethod
@@ -267,9 +265,6 @@ class Scheduler(BaseScheduler):
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(settings["DUPEFILTER_CLASS"]), crawler
         )
-        if isinstance(dupefilter, RFPDupeFilter):
-            owned = dupefilter.backend.keys()
-            frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
         prefetch = settings.getint("SCHEDULER_PREFETCH") or max(
             1, settings.getint("CONCURRENT_REQUESTS") // 2
         )

@@ -297,15 +297,11 @@ class RedisSpiderMixin(Spider):
         """
         assert self.redis_batch_size is not None
         leases: list[Lease] = []
-        try:
-            for seeds in self.seed_queues:
-                self.frontier.seeds = seeds
-                self._seeds_read = seeds.key
-                leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
-                if leases:
-                    break
-        finally:
-            self.frontier.seeds = self.seeds
+        for seeds in self.seed_queues:
+            self._seeds_read = seeds.key
+            leases = self.frontier.reserve(self.redis_batch_size, seeds=seeds)
+            if leases:
+                break
         return leases
 
     def _record_seeds(self, requests: list[Request]) -> None:

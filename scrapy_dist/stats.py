@@ -236,11 +236,15 @@ class SharedStats:
         """
         if not ops:
             return 0
-        args: list[str | int] = [PAGES_STAT, ITEMS_STAT, self.window]
-        for op in ops:
-            args += op
-        script = scripts_for(self.client).stats
-        return int(cast("int", script(keys=[self.key, self.timeline], args=args)))
+        call = scripts_for(self.client).stats(
+            stats=self.key,
+            timeline=self.timeline,
+            pages_stat=PAGES_STAT,
+            items_stat=ITEMS_STAT,
+            window=self.window,
+            ops=ops,
+        )
+        return int(cast("int", call.run()))
 
     def read(self) -> dict[str, Any]:
         """The crawl's stats, decoded (one round trip)."""
