@@ -16,7 +16,6 @@ flushed or evicted refuses the write, and the frontier reports the crawl
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from weakref import WeakKeyDictionary
@@ -25,8 +24,10 @@ import redis
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for, describe
+from scrapy_dist.connection import client_for
 from scrapy_dist.deadletter import DeadLetters
+from scrapy_dist.epoch import FINISHED, REPLACED, VANISHED, fenced, join, log_gone, why_gone
+from scrapy_dist.eviction import CHECKS, check_eviction_policy
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import keys_for
 from scrapy_dist.leases import DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
@@ -51,22 +52,6 @@ __all__ = ["DEAD_NOW", "DONE", "FINISHED", "HAND_BACK", "REPLACED", "VANISHED", 
            "Lease", "Progress", "fenced"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
-
-#: States of a crawl whose epoch is gone: it finished (its keys deleted), it vanished
-#: (flushed, evicted, rolled back by a failover), or another crawl replaced it.
-FINISHED, VANISHED, REPLACED = "finished", "vanished", "replaced"
-#: Eviction policies that may delete frontier keys (they hold no TTL).
-EVICTING = ("allkeys-",)
-
-
-def fenced(error: BaseException) -> str | None:
-    """The epoch Redis found (``"none"`` if gone) when a script refused a write for
-    another epoch (``lua/_fence.lua``), else ``None``."""
-    if isinstance(error, redis.exceptions.ResponseError):
-        words = str(error).split()
-        if len(words) >= 2 and words[0] == "EPOCH":
-            return words[1]
-    return None
 
 
 def _shared_filter_keys(settings: BaseSettings, client: redis.Redis, keys: RedisKeys) -> list[str]:
@@ -146,7 +131,7 @@ class Frontier:
         eager: bool = False,
         clear_keys: Iterable[str] = (),
     ) -> None:
-        if eviction_check not in ("refuse", "warn", "off"):
+        if eviction_check not in CHECKS:
             raise ConfigurationError(
                 f"REDIS_EVICTION_POLICY_CHECK must be 'refuse', 'warn' or 'off', "
                 f"not {eviction_check!r}"
@@ -286,67 +271,46 @@ class Frontier:
         """
         if self.flush() is None:
             return None
-        try:
-            result = func()
-        except UNREACHABLE as e:
-            self.outbox.failed(e)
-            return None
-        except redis.exceptions.ResponseError as e:
-            if self._gone(e):
-                return None
-            if refusal(e) is None:
-                raise
-            self.outbox.failed(e)
+        done, result = self._now(func)
+        if not done:
             return None
         self.outbox.recovered()
         self.stats.inc_value("scheduler/redis/round_trips")
         return result
 
+    def _now(self, func: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run one call now: ``(True, its result)``, or ``(False, None)`` when Redis is
+        unreachable or refuses (noted for the backoff) or the crawl is gone.
+
+        Raises:
+            redis.RedisError: an error that is neither an outage nor a refusal.
+        """
+        try:
+            return True, func()
+        except UNREACHABLE as e:
+            self.outbox.failed(e)
+        except redis.exceptions.ResponseError as e:
+            if self._gone(e):
+                return False, None
+            if refusal(e) is None:
+                raise
+            self.outbox.failed(e)
+        return False, None
+
     # -- the crawl's epoch ------------------------------------------------------------
 
     def check_eviction_policy(self, expiring: Sequence[str] = ()) -> None:
-        """Refuse (or warn about) a ``maxmemory-policy`` that may delete frontier keys:
-        ``allkeys-*``, or ``volatile-*`` when some of them expire (``expiring``, e.g.
-        a dupefilter with ``DUPEFILTER_TTL``).
+        """Refuse (or warn about) a server that may evict frontier keys, as
+        ``eviction_check`` says (see :func:`scrapy_dist.eviction.check_eviction_policy`).
 
         Raises:
-            ConfigurationError: the policy may delete frontier keys and
-                ``REDIS_EVICTION_POLICY_CHECK`` is ``"refuse"``.
+            ConfigurationError: it may, and ``eviction_check`` is ``"refuse"``.
         """
-        if self.eviction_check == "off":
-            return
-        try:
-            reply = cast("dict[str, str]", self.client.config_get("maxmemory-policy"))
-        except redis.exceptions.ResponseError as e:  # CONFIG renamed or not allowed
-            logger.warning(
-                "Cannot read Redis's maxmemory-policy (%(error)s): make sure it is "
-                "noeviction or a volatile-* policy, or frontier keys may be evicted",
-                {"error": e},
-            )
-            return
-        policy = next(iter(reply.values()), "")
-        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
-        if policy.startswith(EVICTING):
-            what = "frontier keys (queue, leases, dupefilter)"
-        elif policy.startswith("volatile-") and expiring:
-            what = f"the keys with an expiry ({', '.join(expiring)})"
-        else:
-            return
-        message = (
-            f"Redis at {describe(self.client)} has maxmemory-policy {policy}: at maxmemory "
-            f"it evicts {what} and requests are lost or crawled again. Set it to "
-            f"noeviction (a full server then refuses writes and the crawl waits), or set "
-            f"REDIS_EVICTION_POLICY_CHECK = 'warn' to run anyway"
-        )
-        if self.eviction_check == "refuse":
-            raise ConfigurationError(message)
-        logger.warning("%(message)s", {"message": message})
+        check_eviction_policy(self.client, self.eviction_check, expiring)
 
     def join_epoch(self) -> str:
         """Join the crawl's epoch, creating it if the crawl has none; clear :attr:`lost`."""
-        self.client.set(self.keys.epoch, secrets.token_hex(8), nx=True)
-        raw = self.client.get(self.keys.epoch)
-        self.epoch = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        self.epoch = join(self.client, self.keys.epoch)
         self.lost = None
         return self.epoch
 
@@ -362,43 +326,12 @@ class Frontier:
             return False
         if self.lost is not None:
             return True
-        if found == "none":
-            try:
-                finished = self.client.hexists(self.keys.progress, "finished_at")
-            except redis.RedisError:
-                finished = False
-            state = FINISHED if finished else VANISHED
-        else:
-            state = REPLACED
+        state = why_gone(self.client, self.keys, found)
         dropped = self.outbox.drop()
         self.leases.forget_all()
         self.lost = state
-        args = {"crawl": self.keys.crawl, "key": self.keys.epoch, "epoch": self.epoch,
-                "found": found, "n": dropped}  # fmt: skip
-        if state == FINISHED:
-            logger.log(
-                logging.WARNING if dropped else logging.INFO,
-                "Crawl %(crawl)s finished without this worker (its epoch %(epoch)s is gone "
-                "with its keys, e.g. while this worker was paused): dropped %(n)d pending "
-                "write(s) for it",
-                args,
-            )
-        elif state == VANISHED:
-            logger.error(
-                "The frontier of crawl %(crawl)s vanished: its epoch key %(key)s is gone "
-                "although the crawl never finished (FLUSHDB, eviction, or a failover that "
-                "lost writes); its queue, leases and dupefilter are gone with it. Dropped "
-                "%(n)d pending write(s); this worker stops rather than re-create the crawl "
-                "silently",
-                args,
-            )
-        else:
-            logger.error(
-                "Crawl %(crawl)s is not the crawl this worker joined: its epoch changed "
-                "from %(epoch)s to %(found)s (the crawl finished or was flushed, and "
-                "another started). Dropped %(n)d pending write(s) for the old one",
-                args,
-            )
+        log_gone(state, {"crawl": self.keys.crawl, "key": self.keys.epoch, "epoch": self.epoch,
+                         "found": found, "n": dropped})  # fmt: skip
         self.stats.inc_value(f"scheduler/crawl_lost/{state}")
         for listener in self.on_lost:
             listener(state)
@@ -546,22 +479,11 @@ class Frontier:
         the next call, when every reply received so far has been handed over). Leases
         this worker holds anywhere (buffer, engine, outbox) are not handed back."""
         self.leases.reply_lost = False
-        call = self.leases.release_call(self.epoch)
-        try:
-            reply = call.run()
-        except UNREACHABLE as e:
+        done, reply = self._now(self.leases.release_call(self.epoch).run)
+        if done:
+            self.leases.released(reply)
+        elif self.lost is None:  # an outage: try again with the next call
             self.leases.reply_lost = True
-            self.outbox.failed(e)
-            return
-        except redis.exceptions.ResponseError as e:
-            if self._gone(e):
-                return
-            if refusal(e) is None:
-                raise
-            self.leases.reply_lost = True
-            self.outbox.failed(e)
-            return
-        self.leases.released(reply)
 
     # -- reads ----------------------------------------------------------------------
 
