@@ -84,9 +84,9 @@ class LeaseClient:
         self.lease_timeout = lease_timeout
         self.max_deliveries = max_deliveries
         self._stats = stats
-        #: The ids of the leases this client received and whose settlement Redis has
-        #: not answered yet (buffered, in Scrapy's engine, or in the outbox): the
-        #: leases this worker knows it holds, which a release never hands back.
+        #: The ids of the leases this client received, until Redis answers their
+        #: settlement or a renewal finds them taken back (buffered, in Scrapy's engine,
+        #: or settled in the outbox): what a release never hands back.
         self.held: set[str] = set()
         #: A reply was lost: Redis may have leased entries this worker never received.
         self.reply_lost = False
