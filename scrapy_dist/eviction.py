@@ -24,8 +24,6 @@ logger = logging.getLogger(__name__)
 
 #: Eviction policies that may delete frontier keys (they hold no TTL).
 EVICTING = ("allkeys-",)
-#: Values of ``REDIS_EVICTION_POLICY_CHECK``.
-CHECKS = ("refuse", "warn", "off")
 
 
 def check_eviction_policy(client: redis.Redis, check: str, expiring: Sequence[str] = ()) -> None:

@@ -23,30 +23,30 @@ from weakref import WeakKeyDictionary
 import redis
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.epoch import FINISHED, REPLACED, VANISHED, fenced, join, log_gone, why_gone
-from scrapy_dist.eviction import CHECKS, check_eviction_policy
+from scrapy_dist.eviction import check_eviction_policy
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import keys_for
 from scrapy_dist.leases import DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
 from scrapy_dist.outbox import UNREACHABLE, Batch, Outbox, refusal
-from scrapy_dist.queue import PriorityQueue, RedisQueue, unleased_queue
+from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.seeds import SeedQueue
+from scrapy_dist.settings import check_frontier
 from scrapy_dist.workers import new_worker_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_dist.dupefilter import DupefilterBackend
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend
     from scrapy_dist.scripts import ScriptCall
+    from scrapy_dist.settings import Config
 
 __all__ = ["DEAD_NOW", "DONE", "FINISHED", "HAND_BACK", "REPLACED", "VANISHED", "Frontier",
            "Lease", "Progress", "fenced"]  # fmt: skip
@@ -54,20 +54,21 @@ __all__ = ["DEAD_NOW", "DONE", "FINISHED", "HAND_BACK", "REPLACED", "VANISHED", 
 logger = logging.getLogger(__name__)
 
 
-def _shared_filter_keys(settings: BaseSettings, client: redis.Redis, keys: RedisKeys) -> list[str]:
-    """The keys of the crawl's shared dupefilter, if the crawl has one (scrapy_dist's
-    scheduler and dupefilter; no I/O)."""
-    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_settings
+def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> DupefilterBackend | None:
+    """The backend of the crawl's shared dupefilter, if the crawl has one (scrapy_dist's
+    scheduler and dupefilter; no I/O): a crawl that does not persist deletes its keys
+    with the frontier's, and a spider records its seeds' fingerprints there."""
+    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_config
 
     try:
-        df_cls = load_object(settings["DUPEFILTER_CLASS"])
+        df_cls = load_object(config.components.dupefilter)
     except (ImportError, NameError, ValueError):
-        return []
+        return None
     if not (isinstance(df_cls, type) and issubclass(df_cls, RFPDupeFilter)):
-        return []
-    if not _dist_scheduler(settings):
-        return []
-    return backend_from_settings(settings, client, keys).keys()
+        return None
+    if not _dist_scheduler(config.components.scheduler):
+        return None
+    return backend_from_config(config.dupefilter, client, keys)
 
 
 _by_crawler: WeakKeyDictionary[Crawler, Frontier] = WeakKeyDictionary()
@@ -131,17 +132,7 @@ class Frontier:
         eager: bool = False,
         clear_keys: Iterable[str] = (),
     ) -> None:
-        if eviction_check not in CHECKS:
-            raise ConfigurationError(
-                f"REDIS_EVICTION_POLICY_CHECK must be 'refuse', 'warn' or 'off', "
-                f"not {eviction_check!r}"
-            )
-        if lease_timeout <= 0:
-            raise ConfigurationError(f"SCHEDULER_LEASE_TIMEOUT must be positive ({lease_timeout})")
-        if max_deliveries < 1:
-            raise ConfigurationError(
-                f"SCHEDULER_MAX_DELIVERIES must be at least 1 ({max_deliveries})"
-            )
+        check_frontier(eviction_check, lease_timeout, max_deliveries)
         if not getattr(queue, "take", None):
             raise ConfigurationError(f"{type(queue).__name__} is not a queue scrapy_dist can lease")
         self.client = client
@@ -203,31 +194,27 @@ class Frontier:
             return _by_crawler[crawler]
         except KeyError:
             pass
-        settings = settings_for(crawler)
-        client = client_for(crawler)
-        keys = keys_for(crawler)
-        queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        parts = assemble(crawler)
+        client, keys, config = parts.client, parts.keys, parts.config
+        queue_cls = config.queue.cls
         requests_key = keys.requests
         if unleased_queue(queue_cls):  # that queue runs in the scheduler, unleased
             queue_cls, requests_key = PriorityQueue, keys.unleased
-        if not (isinstance(queue_cls, type) and issubclass(queue_cls, RedisQueue)):
-            raise ConfigurationError(
-                f"SCHEDULER_QUEUE_CLASS {settings['SCHEDULER_QUEUE_CLASS']!r} is not a "
-                "scrapy_dist.queue.RedisQueue subclass (FifoQueue, LifoQueue, PriorityQueue)"
-            )
+        queue_cls = leasable_queue(queue_cls, config.queue.path)
+        shared = shared_filter(config, client, keys)  # its keys go with the frontier's
         frontier = _by_crawler[crawler] = cls(
             client,
             keys,
             queue_cls(client, requests_key, keys.seq),
-            SeedQueue(client, keys.start_urls, SeedQueue.kind_from_settings(settings)),
+            SeedQueue(client, keys.start_urls, config.seeds.kind),
             worker_id=new_worker_id(),
-            lease_timeout=settings.getfloat("SCHEDULER_LEASE_TIMEOUT"),
-            max_deliveries=settings.getint("SCHEDULER_MAX_DELIVERIES"),
+            lease_timeout=config.frontier.lease_timeout,
+            max_deliveries=config.frontier.max_deliveries,
             stats=lambda: crawler.stats,
-            eviction_check=str(settings.get("REDIS_EVICTION_POLICY_CHECK")),
-            wrongtype_timeout=settings.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
-            eager=settings.getfloat("SCHEDULER_FLUSH_INTERVAL") == 0,
-            clear_keys=_shared_filter_keys(settings, client, keys),
+            eviction_check=config.frontier.eviction_check,
+            wrongtype_timeout=config.frontier.wrongtype_timeout,
+            eager=config.scheduler.flush_interval == 0,
+            clear_keys=[] if shared is None else shared.keys(),
         )
         return frontier
 

@@ -38,11 +38,9 @@ import redis
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
-from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import keys_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.settings import check_stats_interval
 from scrapy_dist.startup import start_failure
 
 if TYPE_CHECKING:
@@ -52,6 +50,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
+
+    from scrapy_dist.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -213,15 +213,23 @@ class SharedStats:
         key: the stats hash.
         timeline: the timeline zset.
         window: seconds of timeline kept for rates.
+        scripts: the scripts registered on ``client`` (default: looked up here).
     """
 
     def __init__(
-        self, client: redis.Redis, key: str, timeline: str, *, window: int = RATE_WINDOW
+        self,
+        client: redis.Redis,
+        key: str,
+        timeline: str,
+        *,
+        window: int = RATE_WINDOW,
+        scripts: Scripts | None = None,
     ) -> None:
         self.client = client
         self.key = key
         self.timeline = timeline
         self.window = window
+        self._scripts = scripts or scripts_for(client)
 
     def apply(self, ops: Sequence[tuple[str, str, str, str]]) -> int:
         """Apply ``(kind, stat, value, start)`` operations atomically, in order (one round
@@ -236,7 +244,7 @@ class SharedStats:
         """
         if not ops:
             return 0
-        call = scripts_for(self.client).stats(
+        call = self._scripts.stats(
             stats=self.key,
             timeline=self.timeline,
             pages_stat=PAGES_STAT,
@@ -327,15 +335,16 @@ class RedisStatsCollector(StatsCollector):
         #: The crawler (Scrapy < 2.14 keeps no reference to it).
         self.crawler = crawler
         if shared is None or flush_interval is None:
-            settings = settings_for(crawler)
-            keys = keys_for(crawler)
-            shared = shared or SharedStats(client_for(crawler), keys.stats, keys.timeline)
+            # Scrapy builds stats collectors with cls(crawler): this is their from_crawler
+            parts = assemble(crawler)
+            if shared is None:
+                keys = parts.keys
+                shared = SharedStats(
+                    parts.client, keys.stats, keys.timeline, scripts=parts.scripts
+                )
             if flush_interval is None:
-                flush_interval = settings.getfloat("STATS_FLUSH_INTERVAL")
-        if flush_interval <= 0:
-            raise ConfigurationError(
-                f"STATS_FLUSH_INTERVAL must be a positive number of seconds ({flush_interval})"
-            )
+                flush_interval = parts.config.stats.flush_interval
+        check_stats_interval(flush_interval)
         self.shared = shared
         self.flush_interval = flush_interval
         self._pending: dict[str, list[_Op]] = {}
