@@ -8,9 +8,12 @@ settle, renew, release), and sends what they build: one flush is one round trip 
 carries the pending enqueues, the settlements they confirm and a reserve.
 
 Faults (see the README, "Delivery guarantee"): every frontier script carries the
-crawl's epoch (``<crawl>:epoch``, ``lua/_fence.lua``): a crawl that finished, was
+crawl's epoch (``<crawl>:epoch``, :mod:`scrapy_dist.epoch`): a crawl that finished, was
 flushed or evicted refuses the write, and the frontier reports the crawl
 :attr:`Frontier.lost` instead of re-creating its state.
+
+(Over 500 lines: :meth:`Frontier.flush` orders the outbox's writes, the lease client's
+calls and the epoch's fence into one round trip, and reads best with what it calls.)
 """
 
 from __future__ import annotations
@@ -222,11 +225,6 @@ class Frontier:
     def stats(self) -> StatsCollector:
         """The crawler's stats collector."""
         return self._get_stats()
-
-    @property
-    def index(self) -> str:
-        """This worker's lease index key."""
-        return self.leases.index
 
     # -- connectivity ---------------------------------------------------------------
 
