@@ -216,7 +216,7 @@ class Frontier:
             stats=lambda: crawler.stats,
             eviction_check=config.frontier.eviction_check,
             wrongtype_timeout=config.frontier.wrongtype_timeout,
-            eager=config.scheduler.flush_interval == 0,
+            eager=config.frontier.eager,
             clear_keys=[] if shared is None else shared.keys(),
         )
         return frontier
