@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.dupefilter import DupefilterBackend
+    from scrapy_dist.backends import UnopenedBackend
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend
     from scrapy_dist.scripts import ScriptCall
@@ -57,11 +57,12 @@ __all__ = ["DEAD_NOW", "DONE", "FINISHED", "HAND_BACK", "REPLACED", "VANISHED", 
 logger = logging.getLogger(__name__)
 
 
-def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> DupefilterBackend | None:
+def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> UnopenedBackend | None:
     """The backend of the crawl's shared dupefilter, if the crawl has one (scrapy_dist's
     scheduler and dupefilter; no I/O): a crawl that does not persist deletes its keys
     with the frontier's, and a spider records its seeds' fingerprints there."""
-    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_config
+    from scrapy_dist.backends import backend_from_config
+    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler
 
     try:
         df_cls = load_object(config.components.dupefilter)

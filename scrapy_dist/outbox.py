@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import redis
 
 from scrapy_dist import deadletter
+from scrapy_dist.backends import filter_error
 from scrapy_dist.connection import describe
-from scrapy_dist.dupefilter import filter_error
+from scrapy_dist.exceptions import StaleFilterView
 from scrapy_dist.scripts import DONE
 
 if TYPE_CHECKING:
@@ -281,7 +282,7 @@ class Outbox:
         translated = (
             filter_error(error) if isinstance(error, redis.exceptions.ResponseError) else None
         )
-        if translated is not None and type(translated).__name__ == "_StaleView":
+        if isinstance(translated, StaleFilterView):
             self._items = batch.items + self._items
             self._replies = batch.replies + self._replies
             self._stats().inc_value("scheduler/redis/stale_filter_retries")

@@ -336,8 +336,8 @@ class Scheduler(BaseScheduler):
         check(self.queue.client)
         self.queue.check_type()
         self.frontier.seeds.check_type()
-        ttl = getattr(getattr(self._shared_df, "backend", None), "ttl", None)
-        expiring = self._shared_df.backend.keys() if ttl and self._shared_df else []
+        shared = self._shared_df
+        expiring = shared.keys() if shared is not None and shared.ttl else []
         self.frontier.check_eviction_policy(expiring)
         self.df.open()
         if self._shared_df is None:
