@@ -158,8 +158,6 @@ class Scheduler(BaseScheduler):
             frontier, registry, self.deliveries, stats, heartbeat_interval=heartbeat_interval,
             flush_interval=flush_interval, on_lost=self.membership.after_lost,
         )  # fmt: skip
-        frontier.eager = flush_interval == 0
-        frontier.held = self.deliveries.held
         frontier.on_lost.append(self.membership.crawl_lost)
         self.spider: Spider | None = None
         self._codec: RequestCodec | None = None
@@ -199,9 +197,6 @@ class Scheduler(BaseScheduler):
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(config.components.dupefilter), crawler
         )
-        if isinstance(dupefilter, RFPDupeFilter):
-            owned = dupefilter.keys()
-            frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
         settings = config.scheduler
         scheduler = cls(
             frontier=frontier,
