@@ -6,14 +6,13 @@ spider's ``redis_key``, the queue class and the seed mode). :func:`read_status` 
 everything in one pipelined round trip (plus the dupefilter's own state) and checks
 each key's type, so a key of the wrong type is reported by name instead of failing
 halfway. :func:`find_crawls` lists the crawls present in Redis with ``SCAN``.
-:func:`prometheus_text` renders a status in Prometheus' text exposition format.
+:mod:`scrapy_dist.metrics` renders a status for Prometheus.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -31,7 +30,7 @@ from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
     import redis
     from scrapy.crawler import Crawler
@@ -89,7 +88,12 @@ class CrawlLayout:
 
     @classmethod
     def from_settings(
-        cls, settings: BaseSettings, spider: str, spidercls: type | None = None
+        cls,
+        settings: BaseSettings,
+        spider: str,
+        spidercls: type | None = None,
+        *,
+        now: datetime | None = None,
     ) -> CrawlLayout:
         """The layout of spider ``spider``'s crawl (its job from the settings).
 
@@ -97,12 +101,14 @@ class CrawlLayout:
             settings: settings with scrapy_dist's defaults.
             spider: the spider name.
             spidercls: the spider class, when known (for its ``redis_key``).
+            now: the time that fixes a ``SCHEDULER_JOB_TIMESTAMP`` stamp (UTC; the
+                local clock if ``None``); workers take it from the Redis server.
 
         Raises:
             ConfigurationError: invalid key templates or queue class, or both seed
                 modes set.
         """
-        return cls._make(settings, keys_from_settings(settings, spider), spidercls)
+        return cls._make(settings, keys_from_settings(settings, spider, now), spidercls)
 
     @classmethod
     def for_crawl(cls, settings: BaseSettings, crawl: str) -> CrawlLayout:
@@ -533,85 +539,3 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
         if segments.match(key) and key not in present:
             present.append(key)
     return present
-
-
-# -- Prometheus ---------------------------------------------------------------------
-
-#: Content type of the text exposition format.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-#: The crawl-wide gauges: name -> help text.
-GAUGES = {
-    "scrapy_dist_up": "1 if the crawl's state was read from Redis at the last refresh, else 0.",
-    "scrapy_dist_queue_depth": "Requests waiting in the crawl's shared queue.",
-    "scrapy_dist_seeds": "Seeds waiting in the crawl's seeds key.",
-    "scrapy_dist_leased": "Requests and seeds held by workers and not yet acknowledged.",
-    "scrapy_dist_dead": "Records in the crawl's dead-letter list.",
-    "scrapy_dist_workers": "Live workers (heartbeat within SCHEDULER_WORKER_TIMEOUT).",
-    "scrapy_dist_pages_per_second": "Pages the whole crawl fetched per second, last minute.",
-    "scrapy_dist_items_per_second": "Items the whole crawl scraped per second, last minute.",
-    "scrapy_dist_items_stored": "Items in the crawl's items list.",
-    "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
-    "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
-    "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
-    "dupefilter.",
-}
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _sample(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-def gauges(status: CrawlStatus | None) -> dict[str, float]:
-    """The gauge values of a status (``None``: Redis could not be read, only ``up``)."""
-    if status is None:
-        return {"scrapy_dist_up": 0}
-    values: dict[str, float] = {
-        "scrapy_dist_up": 1,
-        "scrapy_dist_queue_depth": status.queued,
-        "scrapy_dist_seeds": status.seeds,
-        "scrapy_dist_leased": status.leased,
-        "scrapy_dist_dead": status.dead,
-        "scrapy_dist_workers": len(status.live_workers()),
-        "scrapy_dist_items_stored": status.items_stored,
-        "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
-    }
-    if status.rates is not None:
-        values["scrapy_dist_pages_per_second"] = status.rates.pages_per_second
-        values["scrapy_dist_items_per_second"] = status.rates.items_per_second
-    df = status.dupefilter
-    if df is not None and df.capacity:
-        values["scrapy_dist_bloom_fill"] = df.count / df.capacity
-        values["scrapy_dist_bloom_false_positive_rate"] = df.fpr_estimate
-    return values
-
-
-def prometheus_text(
-    crawl: str,
-    values: Mapping[str, float],
-    counters: Mapping[str, tuple[str, float]] | None = None,
-) -> str:
-    """Render gauges (and counters: name -> (help, value)) for one crawl in Prometheus'
-    text exposition format, each with the label ``crawl``."""
-    label = f'{{crawl="{_label(crawl)}"}}'
-    lines: list[str] = []
-
-    def emit(name: str, kind: str, help_text: str, value: float) -> Iterator[str]:
-        yield f"# HELP {name} {help_text}"
-        yield f"# TYPE {name} {kind}"
-        yield f"{name}{label} {_sample(value)}"
-
-    for name, help_text in GAUGES.items():
-        if name in values:
-            lines += emit(name, "gauge", help_text, values[name])
-    for name, (help_text, value) in (counters or {}).items():
-        lines += emit(name, "counter", help_text, value)
-    return "\n".join(lines) + "\n"
