@@ -50,7 +50,18 @@ BYTES = "$b"
 
 
 def _text(data: bytes | str) -> str | dict[str, str]:
+    """``data`` as the record stores it: text if it is UTF-8, else tagged latin-1 text.
+    A ``str`` with lone surrogates (bytes decoded with ``surrogateescape``) is stored as
+    the bytes it stands for."""
     if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                raw = data.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raw = data.encode("utf-8", "surrogatepass")
+            return _text(raw)
         return data
     try:
         return data.decode("utf-8")
@@ -134,7 +145,9 @@ class DeadLetters:
             "deliveries": deliveries,
         }
         entry.update(extra)
-        return json.dumps(entry, ensure_ascii=False, default=repr).encode("utf-8")
+        # a lone surrogate in the reason or an extra field becomes its JSON escape
+        text = json.dumps(entry, ensure_ascii=False, default=repr)
+        return text.encode("utf-8", "backslashreplace")
 
     def add(
         self,

@@ -41,7 +41,7 @@ def lua_record(client: redis.Redis, kind: str, data: bytes, reason: str) -> byte
     return bytes(script(args=[kind, data, reason.encode(), 12.5, "w1", 3]))
 
 
-def python_record(client: redis.Redis, kind: str, data: bytes, reason: str) -> bytes:
+def python_record(client: redis.Redis, kind: str, data: bytes | str, reason: str) -> bytes:
     """The record :class:`~scrapy_dist.deadletter.DeadLetters` writes, at time 12.5."""
     return deadletter.DeadLetters(client, "unused", "w1").record(kind, reason, data, 3, now=12.5)
 
@@ -106,3 +106,14 @@ def test_url_of_a_record(client: redis.Redis) -> None:
     assert deadletter.url_of({"kind": "seed", "data": "x" * 300}) == "x" * 200 + "..."
     assert deadletter.url_of({"kind": "request", "url": "https://u/", "data": "?"}) == "https://u/"
     assert deadletter.url_of({"kind": "?"}) == ""
+
+
+def test_text_with_lone_surrogates_is_stored_readably(client: redis.Redis) -> None:
+    """A reason or data decoded with ``surrogateescape`` does not break the writer: the
+    data comes back as the bytes it stood for, the reason as the same text."""
+    data = b"https://a.example/\xff".decode("utf-8", "surrogateescape")
+    reason = "bad byte \udcff \ud800"
+    record = deadletter.parse(python_record(client, "seed", data, reason))
+    assert record["kind"] == "seed"
+    assert record["reason"] == reason
+    assert deadletter.data_of(record) == b"https://a.example/\xff"
