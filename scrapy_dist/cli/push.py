@@ -119,7 +119,8 @@ def _input_size(args: argparse.Namespace) -> int | None:
 
 @dataclass
 class PushReport:
-    """What ``push`` did."""
+    """What ``push`` did: seeds pushed (``new``: not in the set or zset already),
+    invalid lines, blank lines, and the first invalid lines' reports."""
 
     key: str
     kind: str
@@ -140,6 +141,10 @@ class SeedPusher:
         encoding: ``REDIS_ENCODING``.
         spidercls: the spider class, to check callbacks (``None`` outside a project).
         score: the seeds' score in zset mode.
+        extra_as_formdata: ``REDIS_START_URLS_EXTRA_FORMDATA``: a JSON seed's fields
+            other than scrapy_dist's are form data (scrapy-redis's seeds), not errors.
+        allowed_meta: ``SEED_ALLOWED_META``, connection-changing or private ``meta``
+            keys a seed may still carry.
     """
 
     def __init__(
