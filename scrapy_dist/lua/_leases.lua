@@ -36,8 +36,10 @@ local function return_entry(origin, score, entry, queue, qback, seeds, sback)
   end
 end
 
--- The dead-letter record of a leased entry that will not be tried again (dead_json is
--- lua/_deadletter.lua's: a script calling this lists "_deadletter" before "_leases").
+-- dead_json, below, is lua/_deadletter.lua's: a script that calls dead_record lists
+-- "_deadletter" before "_leases" on its "-- uses:" line.
+
+-- The dead-letter record of a leased entry that will not be tried again.
 local function dead_record(origin, entry, reason, now, worker, times)
   local data = entry
   if origin == "q" then
