@@ -36,7 +36,7 @@ local function return_entry(origin, score, entry, queue, qback, seeds, sback)
   end
 end
 
--- dead_json, below, is lua/_deadletter.lua's: a script that calls dead_record lists
+-- dead_record calls dead_json, which is lua/_deadletter.lua's: a script that calls dead_record lists
 -- "_deadletter" before "_leases" on its "-- uses:" line.
 
 -- The dead-letter record of a leased entry that will not be tried again.
