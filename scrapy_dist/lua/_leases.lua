@@ -36,8 +36,8 @@ local function return_entry(origin, score, entry, queue, qback, seeds, sback)
   end
 end
 
--- dead_record calls dead_json, which is lua/_deadletter.lua's: a script that calls dead_record lists
--- "_deadletter" before "_leases" on its "-- uses:" line.
+-- dead_record calls dead_json, which is lua/_deadletter.lua's: a script that calls
+-- dead_record lists "_deadletter" before "_leases" on its "-- uses:" line.
 
 -- The dead-letter record of a leased entry that will not be tried again.
 local function dead_record(origin, entry, reason, now, worker, times)
