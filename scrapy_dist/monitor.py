@@ -5,15 +5,14 @@ and the same code the workers use (:func:`~scrapy_dist.keys.keys_from_settings`,
 spider's ``redis_key``, the queue class and the seed mode). :func:`read_status` reads
 everything in one pipelined round trip (plus the dupefilter's own state) and checks
 each key's type, so a key of the wrong type is reported by name instead of failing
-halfway. :func:`find_crawls` lists the crawls present in Redis with ``SCAN``.
-:mod:`scrapy_dist.metrics` renders a status for Prometheus.
+halfway. :mod:`scrapy_dist.metrics` renders a status for Prometheus; the command
+finds the crawls present in Redis with ``SCAN`` (:mod:`scrapy_dist.cli._crawls`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -30,7 +29,7 @@ from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
 
     import redis
     from scrapy.crawler import Crawler
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
 
     from scrapy_dist.dupefilter import FilterState
 
-#: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.
-_PROBE = "\x00"
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,7 @@ class CrawlLayout:
     @classmethod
     def for_crawl(cls, settings: BaseSettings, crawl: str) -> CrawlLayout:
         """The layout of a crawl known by its full name (``<spider>`` or ``<spider>:<job>``),
-        as :func:`find_crawls` returns it, with the default seeds key."""
+        as ``scrapy-dist jobs`` finds it, with the default seeds key."""
         keys = RedisKeys.build(
             crawl,
             requests=settings["SCHEDULER_QUEUE_KEY"],
@@ -478,64 +475,3 @@ def _bitmap_as_created(
             if isinstance(backend, BitmapBloomBackend) and backend.signature == signature:
                 return backend
     return configured
-
-
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-def crawl_patterns(settings: BaseSettings) -> list[tuple[str, str]]:
-    """``(prefix, suffix)`` of the keys that reveal a crawl: queue, seeds, workers,
-    progress, dead letters, stats and items, from the settings' key templates."""
-    probe = RedisKeys.build(
-        _PROBE,
-        requests=settings["SCHEDULER_QUEUE_KEY"],
-        dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
-        start_urls=settings["REDIS_START_URLS_KEY"],
-    )
-    names = [probe.requests, probe.start_urls, probe.workers, probe.progress, probe.dead,
-             probe.stats, probe.custom(settings["REDIS_ITEMS_KEY"], "REDIS_ITEMS_KEY")]  # fmt: skip
-    patterns = []
-    for name in names:
-        prefix, sep, suffix = name.partition(_PROBE)
-        if sep and (prefix or suffix) and (prefix, suffix) not in patterns:
-            patterns.append((prefix, suffix))
-    return patterns
-
-
-def find_crawls(client: redis.Redis, settings: BaseSettings, count: int = 1000) -> list[str]:
-    """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
-
-    A crawl is any name ``<crawl>`` for which one of the keys named by
-    :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``.
-    """
-    found: set[str] = set()
-    for prefix, suffix in crawl_patterns(settings):
-        pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
-        for raw in client.scan_iter(match=pattern, count=count):
-            key = _text(raw)
-            crawl = key[len(prefix) : len(key) - len(suffix)]
-            if crawl and key.startswith(prefix) and key.endswith(suffix):
-                found.add(crawl)
-    return sorted(found)
-
-
-def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[str]) -> list[str]:
-    """The keys of this crawl that exist: those its layout and its dupefilter backend
-    name, plus Bloom segments of any size found under the dupefilter key with ``SCAN``.
-    Another crawl's keys never match, even a job's whose name starts with this crawl's
-    (``books:20261122:requests`` is not a key of crawl ``books``)."""
-    named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
-    segment = layout.keys.bloom_segment(7770777, 8880888)
-    pattern = re.escape(segment).replace("7770777", r"\d+").replace("8880888", r"\d+")
-    segments = re.compile(f"^{pattern}$")
-    with client.pipeline(transaction=False) as pipe:
-        for key in named:
-            pipe.exists(key)
-        present = [key for key, n in zip(named, pipe.execute(), strict=True) if n]
-    glob = _glob_escape(layout.keys.dupefilter) + ":*"
-    for raw in client.scan_iter(match=glob, count=1000):
-        key = _text(raw)
-        if segments.match(key) and key not in present:
-            present.append(key)
-    return present

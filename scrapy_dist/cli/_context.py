@@ -163,13 +163,13 @@ def report_absent(
     same_spider: bool = False,
 ) -> None:
     """Say on stderr that the crawl has no keys, and name the crawls that do exist
-    (found with ``SCAN``, :func:`scrapy_dist.monitor.find_crawls`): a mistyped spider or
+    (found with ``SCAN``, :func:`~scrapy_dist.cli._crawls.find_crawls`): a mistyped spider or
     job, or a ``SCHEDULER_JOB_TIMESTAMP`` stamp that is not the workers', shows at once.
 
     With ``same_spider``, only the spider's other crawls (its jobs) are named, and
     nothing is said if it has none.
     """
-    from scrapy_dist.monitor import find_crawls
+    from scrapy_dist.cli._crawls import find_crawls
 
     crawl = layout.keys.crawl
     crawls = find_crawls(client, settings)

@@ -23,6 +23,7 @@ from scrapy_dist.cli._context import (
     report_absent,
     require_crawl,
 )
+from scrapy_dist.cli._crawls import scan_owned
 
 if TYPE_CHECKING:
     import argparse
@@ -36,7 +37,6 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the crawl's keys (asks unless ``--yes``); exit 1 if refused (live workers,
     no confirmation) or the crawl has no keys."""
     from scrapy_dist.dupefilter import backend_from_settings
-    from scrapy_dist.monitor import scan_owned
 
     layout, settings, _ = ctx.layout(args.spider)
     client = ctx.client(settings)

@@ -22,6 +22,7 @@ from scrapy_dist.cli._context import (
     report_absent,
     when,
 )
+from scrapy_dist.cli._crawls import find_crawls
 from scrapy_dist.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     """Show one crawl's state, or every crawl's; a crawl with no keys is shown as
     ``absent``, reported on stderr with the crawls that exist, and exits 1 (``--watch``
     goes on: the crawl may appear)."""
-    from scrapy_dist.monitor import CrawlLayout, find_crawls, json_default, read_status
+    from scrapy_dist.monitor import CrawlLayout, json_default, read_status
 
     absent = False
     if args.spider is not None:
@@ -148,7 +149,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
     """List the crawls in Redis (``SCAN``) with their main counts."""
-    from scrapy_dist.monitor import CrawlLayout, find_crawls, read_status
+    from scrapy_dist.monitor import CrawlLayout, read_status
 
     settings, _ = ctx.settings()
     client = ctx.client(settings)
