@@ -37,10 +37,10 @@ import redis
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.monitor import CrawlLayout, read_status
+from scrapy_dist.settings import check_metrics
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT
 
 if TYPE_CHECKING:
@@ -280,10 +280,7 @@ class PrometheusMetrics:
     """
 
     def __init__(self, *, metrics: CrawlMetrics, host: str, port: int, interval: float) -> None:
-        if interval <= 0:
-            raise ConfigurationError(f"METRICS_INTERVAL must be positive ({interval})")
-        if not 0 <= port < 65536:
-            raise ConfigurationError(f"METRICS_PORT must be a TCP port number ({port})")
+        check_metrics(port, interval)
         self.metrics = metrics
         self.host = host
         self.requested_port = port
@@ -295,25 +292,26 @@ class PrometheusMetrics:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = settings_for(crawler)
-        if not settings.getbool("METRICS_ENABLED"):
+        parts = assemble(crawler)
+        config = parts.config.metrics
+        if not config.enabled:
             # off by default, also when the add-on enables it: no warning (Scrapy warns
             # about a NotConfigured only if it has a message)
             raise NotConfigured
         if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
             raise NotConfigured("PrometheusMetrics refreshes on Twisted's reactor: it needs it")
-        client = client_for(crawler)
+        client = parts.client
         layout = CrawlLayout.for_crawler(crawler)
         stats = crawler.stats
 
         def read() -> CrawlStatus:
-            return read_status(client, layout, settings)
+            return read_status(client, layout, parts.config)
 
         ext = cls(
             metrics=CrawlMetrics(layout.keys.crawl, read, counters=lambda: worker_counters(stats)),
-            host=str(settings.get("METRICS_HOST")),
-            port=settings.getint("METRICS_PORT"),
-            interval=settings.getfloat("METRICS_INTERVAL"),
+            host=config.host,
+            port=config.port,
+            interval=config.interval,
         )
         crawler.signals.connect(ext.start, signal=signals.engine_started)
         crawler.signals.connect(ext.stop, signal=signals.engine_stopped)

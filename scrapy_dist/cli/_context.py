@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from scrapy_dist.monitor import CrawlLayout
+    from scrapy_dist.settings import Config
 
 #: Exit status: the command did everything it was asked.
 EXIT_OK = 0
@@ -82,34 +83,36 @@ class Context:
             settings.set("SCHEDULER_JOB_TIMESTAMP", None, priority="cmdline")
         return settings
 
-    def settings(self, spider: str | None = None) -> tuple[BaseSettings, type[Spider] | None]:
-        """Settings with scrapy_dist's defaults and, inside a project, the spider's own
-        ``custom_settings``; and the spider class (``None`` outside a project).
+    def config(self, spider: str | None = None) -> tuple[Config, type[Spider] | None]:
+        """The config of the settings (with scrapy_dist's defaults and, inside a
+        project, the spider's own ``custom_settings``); and the spider class (``None``
+        outside a project).
 
         Raises:
             CommandError: the project has no spider of that name.
+            ConfigurationError: invalid settings.
         """
-        from scrapy_dist.addon import with_defaults
+        from scrapy_dist.settings import Config
 
         settings = self.raw_settings()
         spidercls = None
         if spider is not None and self.project:
             spidercls = _load_spider(settings, spider)
             spidercls.update_settings(settings)
-        settings = with_defaults(settings)
+        config = Config.from_settings(settings)
         if not self.project and not self._redis_given() and not self.warned:
             self.warned = True
             err(
                 "scrapy-dist: warning: not inside a Scrapy project (no scrapy.cfg here or "
                 "above), so scrapy_dist's default settings are used, with Redis at "
-                f"{_server(settings)}; run it in the project's directory, or give --redis-url"
+                f"{_server(config)}; run it in the project's directory, or give --redis-url"
             )
-        return settings, spidercls
+        return config, spidercls
 
     def layout(
         self, spider: str, *, connect: bool = True
-    ) -> tuple[CrawlLayout, BaseSettings, type[Spider] | None]:
-        """The crawl's layout, its settings and the spider class.
+    ) -> tuple[CrawlLayout, Config, type[Spider] | None]:
+        """The crawl's layout, its config and the spider class.
 
         With ``SCHEDULER_JOB_TIMESTAMP`` (and no ``--job``) the stamp is taken from the
         Redis server's clock, as a worker takes it (:func:`scrapy_dist.keys.server_time`),
@@ -122,23 +125,23 @@ class Context:
         from scrapy_dist.keys import server_time
         from scrapy_dist.monitor import CrawlLayout
 
-        settings, spidercls = self.settings(spider)
+        config, spidercls = self.config(spider)
         now = None
-        if connect and settings.get("SCHEDULER_JOB_TIMESTAMP"):
-            now = server_time(self.client(settings))
-        layout = CrawlLayout.from_settings(settings, spider, spidercls, now=now)
-        return layout, settings, spidercls
+        if connect and config.keys.job_timestamp:
+            now = server_time(self.client(config))
+        layout = CrawlLayout.from_config(config, spider, spidercls, now=now)
+        return layout, config, spidercls
 
-    def client(self, settings: BaseSettings) -> redis.Redis:
-        """A client of the settings' Redis, checked with one ``PING``.
+    def client(self, config: Config) -> redis.Redis:
+        """A client of the config's Redis, checked with one ``PING``.
 
         Raises:
             RedisUnavailable: the server cannot be reached.
         """
         if self.connected is None:
-            from scrapy_dist.connection import check, client_from_settings
+            from scrapy_dist.connection import check, client_from_config
 
-            client = client_from_settings(settings)
+            client = client_from_config(config.connection)
             check(client)
             self.connected = client
         return self.connected
@@ -157,7 +160,7 @@ def crawl_exists(client: redis.Redis, layout: CrawlLayout) -> bool:
 def report_absent(
     client: redis.Redis,
     layout: CrawlLayout,
-    settings: BaseSettings,
+    config: Config,
     *,
     label: str = "warning",
     same_spider: bool = False,
@@ -172,7 +175,7 @@ def report_absent(
     from scrapy_dist.cli._crawls import find_crawls
 
     crawl = layout.keys.crawl
-    crawls = find_crawls(client, settings)
+    crawls = find_crawls(client, config)
     if same_spider:
         spider = crawl.partition(":")[0]
         crawls = [c for c in crawls if c.partition(":")[0] == spider]
@@ -190,12 +193,12 @@ def report_absent(
     )
 
 
-def require_crawl(client: redis.Redis, layout: CrawlLayout, settings: BaseSettings) -> bool:
+def require_crawl(client: redis.Redis, layout: CrawlLayout, config: Config) -> bool:
     """``True`` if the crawl has keys; else report it (:func:`report_absent`) and return
     ``False``: the command then exits :data:`EXIT_FAILED` having changed nothing."""
     if crawl_exists(client, layout):
         return True
-    report_absent(client, layout, settings)
+    report_absent(client, layout, config)
     return False
 
 
@@ -206,11 +209,11 @@ def describe(client: redis.Redis) -> str:
     return describe_client(client)
 
 
-def _server(settings: BaseSettings) -> str:
-    """The Redis server the settings name, password masked (no I/O)."""
-    from scrapy_dist.connection import client_from_settings
+def _server(config: Config) -> str:
+    """The Redis server the config names, password masked (no I/O)."""
+    from scrapy_dist.connection import client_from_config
 
-    client = client_from_settings(settings)
+    client = client_from_config(config.connection)
     try:
         return describe(client)
     finally:

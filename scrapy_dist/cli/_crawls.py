@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import redis
-    from scrapy.settings import BaseSettings
 
     from scrapy_dist.monitor import CrawlLayout
+    from scrapy_dist.settings import Config
 
 #: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.
 _PROBE = "\x00"
@@ -28,17 +28,17 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-def crawl_patterns(settings: BaseSettings) -> list[tuple[str, str]]:
+def crawl_patterns(config: Config) -> list[tuple[str, str]]:
     """``(prefix, suffix)`` of the keys that reveal a crawl: queue, seeds, workers,
     progress, dead letters, stats and items, from the settings' key templates."""
     probe = RedisKeys.build(
         _PROBE,
-        requests=settings["SCHEDULER_QUEUE_KEY"],
-        dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
-        start_urls=settings["REDIS_START_URLS_KEY"],
+        requests=config.keys.requests,
+        dupefilter=config.keys.dupefilter,
+        start_urls=config.keys.start_urls,
     )
     names = [probe.requests, probe.start_urls, probe.workers, probe.progress, probe.dead,
-             probe.stats, probe.custom(settings["REDIS_ITEMS_KEY"], "REDIS_ITEMS_KEY")]  # fmt: skip
+             probe.stats, probe.custom(config.keys.items, "REDIS_ITEMS_KEY")]  # fmt: skip
     patterns = []
     for name in names:
         prefix, sep, suffix = name.partition(_PROBE)
@@ -47,14 +47,14 @@ def crawl_patterns(settings: BaseSettings) -> list[tuple[str, str]]:
     return patterns
 
 
-def find_crawls(client: redis.Redis, settings: BaseSettings, count: int = 1000) -> list[str]:
+def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[str]:
     """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
 
     A crawl is any name ``<crawl>`` for which one of the keys named by
     :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``.
     """
     found: set[str] = set()
-    for prefix, suffix in crawl_patterns(settings):
+    for prefix, suffix in crawl_patterns(config):
         pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
         for raw in client.scan_iter(match=pattern, count=count):
             key = _text(raw)

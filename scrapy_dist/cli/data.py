@@ -36,15 +36,15 @@ if TYPE_CHECKING:
 def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the crawl's keys (asks unless ``--yes``); exit 1 if refused (live workers,
     no confirmation) or the crawl has no keys."""
-    from scrapy_dist.dupefilter import backend_from_settings
+    from scrapy_dist.dupefilter import backend_from_config
 
-    layout, settings, _ = ctx.layout(args.spider)
-    client = ctx.client(settings)
+    layout, config, _ = ctx.layout(args.spider)
+    client = ctx.client(config)
     crawl = layout.keys.crawl
-    backend_keys = backend_from_settings(settings, client, layout.keys).keys()
+    backend_keys = backend_from_config(config.dupefilter, client, layout.keys).keys()
     present = scan_owned(client, layout, backend_keys)
     if not present:
-        report_absent(client, layout, settings)
+        report_absent(client, layout, config)
         return EXIT_FAILED
     live = _live_workers(client, layout)
     if live and not args.force:
@@ -84,9 +84,9 @@ def _live_workers(client: redis.Redis, layout: CrawlLayout) -> list[str]:
 def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
     """Copy (or move, ``--delete``) the items list to a file; exit 1 if the crawl has no
     keys (no file is written then)."""
-    layout, settings, _ = ctx.layout(args.spider)
-    client = ctx.client(settings)
-    if not require_crawl(client, layout, settings):
+    layout, config, _ = ctx.layout(args.spider)
+    client = ctx.client(config)
+    if not require_crawl(client, layout, config):
         return EXIT_FAILED
     key = layout.items
     check_key(client, key, "list", "items")

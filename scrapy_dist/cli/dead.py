@@ -29,17 +29,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy import Request, Spider
-    from scrapy.settings import BaseSettings
 
     from scrapy_dist.queue import RedisQueue
     from scrapy_dist.serializers import RequestPolicy, Serializer
+    from scrapy_dist.settings import Config
 
 
 def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
     """List the records (``--limit``, ``--kind``); exit 1 if the crawl has no keys."""
-    layout, settings, _ = ctx.layout(args.spider)
-    client = ctx.client(settings)
-    if not require_crawl(client, layout, settings):
+    layout, config, _ = ctx.layout(args.spider)
+    client = ctx.client(config)
+    if not require_crawl(client, layout, config):
         return EXIT_FAILED
     key = layout.keys.dead
     check_key(client, key, "list", "dead letters")
@@ -98,19 +98,19 @@ class RecordChecks:
         self.queue_score = queue_score
 
     @classmethod
-    def from_settings(
-        cls, settings: BaseSettings, spidercls: type[Spider] | None, queue: RedisQueue
+    def from_config(
+        cls, config: Config, spidercls: type[Spider] | None, queue: RedisQueue
     ) -> RecordChecks:
-        """The checks of settings with scrapy_dist's defaults."""
+        """The checks of a config, for a crawl with this spider class and queue."""
         from scrapy_dist.serializers import RequestPolicy, load_serializer
 
         return cls(
             spidercls=spidercls,
-            encoding=str(settings.get("REDIS_ENCODING")),
-            extra_as_formdata=settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA"),
-            allowed_meta=frozenset(settings.getlist("SEED_ALLOWED_META")),
-            serializer=load_serializer(settings.get("SCHEDULER_SERIALIZER")),
-            policy=RequestPolicy.from_settings(settings),
+            encoding=config.seeds.encoding,
+            extra_as_formdata=config.seeds.extra_formdata,
+            allowed_meta=config.seeds.allowed_meta,
+            serializer=load_serializer(config.requests.serializer),
+            policy=RequestPolicy.build(config.requests.classes, config.requests.schemes),
             queue_score=queue.score,
         )
 
@@ -168,15 +168,15 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     from scrapy_dist.scripts import scripts_for
     from scrapy_dist.seeds import SeedQueue
 
-    layout, settings, spidercls = ctx.layout(args.spider)
-    client = ctx.client(settings)
-    if not require_crawl(client, layout, settings):
+    layout, config, spidercls = ctx.layout(args.spider)
+    client = ctx.client(config)
+    if not require_crawl(client, layout, config):
         return EXIT_FAILED
     check_key(client, layout.keys.dead, "list", "dead letters")
     check_key(client, layout.keys.requests, layout.queue_kind, "queue")
     check_key(client, layout.seeds, layout.seeds_kind, "seeds")
     queue = layout.queue_cls(client, layout.keys.requests, layout.keys.seq)
-    checks = RecordChecks.from_settings(settings, spidercls, queue)
+    checks = RecordChecks.from_config(config, spidercls, queue)
     requeuer = deadletter.Requeuer(
         client, layout.keys.dead, queue=queue,
         seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
@@ -207,9 +207,9 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_dead_purge(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the list (asks unless ``--yes``); exit 1 if refused or the crawl has no keys."""
-    layout, settings, _ = ctx.layout(args.spider)
-    client = ctx.client(settings)
-    if not require_crawl(client, layout, settings):
+    layout, config, _ = ctx.layout(args.spider)
+    client = ctx.client(config)
+    if not require_crawl(client, layout, config):
         return EXIT_FAILED
     key = layout.keys.dead
     check_key(client, key, "list", "dead letters")

@@ -30,17 +30,17 @@ def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
     from scrapy_dist.metrics import CrawlMetrics, MetricsServer
     from scrapy_dist.monitor import read_status
 
-    layout, settings, _ = ctx.layout(args.spider)
-    client = ctx.client(settings)
+    layout, config, _ = ctx.layout(args.spider)
+    client = ctx.client(config)
     crawl = layout.keys.crawl
 
     def read() -> CrawlStatus:
-        return read_status(client, layout, settings)
+        return read_status(client, layout, config)
 
     metrics = CrawlMetrics(crawl, read, max_age=args.interval)
     present = crawl_exists(client, layout)
     if not present:
-        report_absent(client, layout, settings)
+        report_absent(client, layout, config)
     if args.once:
         sys.stdout.write(metrics.render())
         return EXIT_OK if present else EXIT_FAILED

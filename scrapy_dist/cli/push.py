@@ -210,21 +210,20 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
     crawls (jobs), they are named on stderr, in case the job is not the intended one."""
     from scrapy_dist.seeds import SeedQueue
 
-    layout, settings, spidercls = ctx.layout(args.spider, connect=not args.dry_run)
+    layout, config, spidercls = ctx.layout(args.spider, connect=not args.dry_run)
     _warn_not_redis_spider(spidercls, layout.seeds)
     seeds = None
     if not args.dry_run:
-        client = ctx.client(settings)
+        client = ctx.client(config)
         if not crawl_exists(client, layout):  # this push starts it: fine, unless a job
-            report_absent(client, layout, settings, label="note", same_spider=True)
+            report_absent(client, layout, config, label="note", same_spider=True)
         seeds = SeedQueue(client, layout.seeds, layout.seeds_kind)
         seeds.check_type()
     report = PushReport(layout.seeds, layout.seeds_kind)
-    extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
-    pusher = SeedPusher(seeds, report, encoding=str(settings.get("REDIS_ENCODING")),
+    pusher = SeedPusher(seeds, report, encoding=config.seeds.encoding,
                         spidercls=spidercls, score=args.score,
-                        extra_as_formdata=extra_as_formdata,
-                        allowed_meta=settings.getlist("SEED_ALLOWED_META"))  # fmt: skip
+                        extra_as_formdata=config.seeds.extra_formdata,
+                        allowed_meta=sorted(config.seeds.allowed_meta))  # fmt: skip
     size = _input_size(args)
     bar = None
     if sys.stderr.isatty() and not args.quiet and (size is None or size >= PROGRESS_BYTES):

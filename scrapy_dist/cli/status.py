@@ -103,23 +103,23 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
 
     absent = False
     if args.spider is not None:
-        layout, settings, _ = ctx.layout(args.spider)
-        client = ctx.client(settings)
+        layout, config, _ = ctx.layout(args.spider)
+        client = ctx.client(config)
 
         def read() -> list[CrawlStatus]:
             nonlocal absent
-            status = read_status(client, layout, settings)
+            status = read_status(client, layout, config)
             if not status.exists and not absent:
-                report_absent(client, layout, settings)
+                report_absent(client, layout, config)
             absent = not status.exists
             return [status]
     else:
-        settings, _ = ctx.settings()
-        client = ctx.client(settings)
+        config, _ = ctx.config()
+        client = ctx.client(config)
 
         def read() -> list[CrawlStatus]:
-            return [read_status(client, CrawlLayout.for_crawl(settings, crawl), settings)
-                    for crawl in find_crawls(client, settings)]  # fmt: skip
+            return [read_status(client, CrawlLayout.for_crawl(config, crawl), config)
+                    for crawl in find_crawls(client, config)]  # fmt: skip
 
     tty = sys.stdout.isatty()
     while True:
@@ -151,14 +151,14 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
     """List the crawls in Redis (``SCAN``) with their main counts."""
     from scrapy_dist.monitor import CrawlLayout, read_status
 
-    settings, _ = ctx.settings()
-    client = ctx.client(settings)
+    config, _ = ctx.config()
+    client = ctx.client(config)
     rows = []
-    for crawl in find_crawls(client, settings):
+    for crawl in find_crawls(client, config):
         spider, _, job = crawl.partition(":")
         row: dict[str, Any] = {"crawl": crawl, "spider": spider, "job": job or None}
         try:
-            status = read_status(client, CrawlLayout.for_crawl(settings, crawl), settings,
+            status = read_status(client, CrawlLayout.for_crawl(config, crawl), config,
                                  dupefilter=False)  # fmt: skip
         except ConfigurationError as e:
             row["error"] = str(e)
