@@ -347,26 +347,30 @@ def test_reset_refuses_live_workers_and_needs_confirmation(
 def test_a_crawl_with_no_keys_is_named_with_the_crawls_that_exist(
     run: Any, redis_url: str, client: redis.Redis, name: str, tmp_path: Path
 ) -> None:
-    """docs/cli.md: a command pointed at a crawl with no keys says so on stderr, names
-    the crawls that exist, and exits 1 having changed nothing."""
+    """docs/cli.md: a command pointed at a crawl with no keys says so on stderr and
+    names the crawls that exist; those that work on a part of the crawl exit 1 having
+    changed nothing, status and metrics report it as absent and exit 0."""
     client.rpush(f"{name}:20261122:dead", "{}")
     client.rpush(f"{name}:20261122:items", "{}")
     absent = f"crawl '{name}:20261123' has no keys at {redis_url}"
     commands = [
-        ["status", name], ["status", name, "--json"], ["dead", "list", name],
-        ["dead", "requeue", name, "--all"], ["dead", "purge", name, "--yes"],
-        ["reset", name, "--yes"], ["export", name, "-o", str(tmp_path / "items.jl")],
-        ["metrics", name, "--once"],
+        (0, ["status", name]), (0, ["status", name, "--json"]), (0, ["metrics", name, "--once"]),
+        (1, ["dead", "list", name]), (1, ["dead", "requeue", name, "--all"]),
+        (1, ["dead", "purge", name, "--yes"]), (1, ["reset", name, "--yes"]),
+        (1, ["export", name, "-o", str(tmp_path / "items.jl")]),
     ]  # fmt: skip
-    for command in commands:
+    for expected, command in commands:
         code, out, err = run(*command, "--job", "20261123", "--redis-url", redis_url)
-        assert code == 1, (command, out, err)
+        assert code == expected, (command, out, err)
         assert f"scrapy-dist: warning: {absent}" in err, (command, err)
         assert f"{name}:20261122" in err.split("crawls in Redis: ", 1)[1], (command, err)
         assert "0 records" not in out
     assert not (tmp_path / "items.jl").exists()
     code, out, _ = run("status", name, "--job", "20261123", "--json", "--redis-url", redis_url)
     assert json.loads(out)["state"] == "absent"
+    code, out, _ = run("metrics", name, "--job", "20261123", "--once", "--redis-url", redis_url)
+    assert "scrapy_dist_up{" in out
+    assert "scrapy_dist_queue_depth{" in out
     assert client.llen(f"{name}:20261122:dead") == 1  # nothing touched
     assert client.llen(f"{name}:20261122:items") == 1
 

@@ -21,10 +21,11 @@ Commands (``scrapy-dist COMMAND --help`` describes each), one module each::
 Exit codes: 0 success; 1 the command ran but did not do everything it was asked
 (invalid seed lines, dead records that cannot be requeued, a reset refused because
 workers are alive or not confirmed, a reset or purge refused without ``--yes`` when
-stdin is not a terminal, a command pointed at a crawl that has no keys: ``push``
-aside, which starts a crawl, and ``status --watch`` and the metrics server, which go
-on) or Redis is unreachable; 2 usage or configuration errors (bad arguments, unknown
-spider, a key of the wrong type); 130 interrupted.
+stdin is not a terminal, ``dead``, ``reset`` or ``export`` pointed at a crawl that has
+no keys) or Redis is unreachable; 2 usage or configuration errors (bad arguments,
+unknown spider, a key of the wrong type); 130 interrupted. A crawl with no keys is
+always reported on stderr, with the crawls that exist; ``status`` and ``metrics`` show
+it (state ``absent``) and exit 0, and ``push`` starts it.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Commands: push, status, jobs, dead list|requeue|purge, reset, export, "
         "metrics; 'scrapy-dist COMMAND --help' describes each. Exit codes: 0 ok; "
         "1 partly done, refused (also a destructive command without --yes when stdin is "
-        "not a terminal), a crawl with no keys, or Redis unreachable; 2 usage or "
+        "not a terminal), dead/reset/export of a crawl with no keys, or Redis "
+        "unreachable; 2 usage or "
         "configuration error; "
         "130 interrupted.",
     )

@@ -7,7 +7,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.cli._context import (
-    EXIT_FAILED,
     EXIT_OK,
     CommandError,
     Context,
@@ -25,8 +24,7 @@ if TYPE_CHECKING:
 
 def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
     """Print the metrics once (``--once``) or serve them until Ctrl-C. A crawl with no
-    keys is reported on stderr; ``--once`` then exits 1, the server goes on (the crawl
-    may appear)."""
+    keys is reported on stderr (its gauges are zeros, as for ``status``: exit status 0)."""
     from scrapy_dist.metrics import CrawlMetrics, MetricsServer
     from scrapy_dist.monitor import read_status
 
@@ -38,12 +36,11 @@ def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
         return read_status(client, layout, config)
 
     metrics = CrawlMetrics(crawl, read, max_age=args.interval)
-    present = crawl_exists(client, layout)
-    if not present:
+    if not crawl_exists(client, layout):
         report_absent(client, layout, config)
     if args.once:
         sys.stdout.write(metrics.render())
-        return EXIT_OK if present else EXIT_FAILED
+        return EXIT_OK
     try:
         server = MetricsServer(args.host, args.port, metrics.render)
     except OSError as e:

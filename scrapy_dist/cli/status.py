@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from scrapy_dist.cli._context import (
-    EXIT_FAILED,
     EXIT_OK,
     Context,
     out,
@@ -96,9 +95,9 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
 
 
 def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
-    """Show one crawl's state, or every crawl's; a crawl with no keys is shown as
-    ``absent``, reported on stderr with the crawls that exist, and exits 1 (``--watch``
-    goes on: the crawl may appear)."""
+    """Show one crawl's state, or every crawl's. A crawl with no keys is shown as
+    ``absent`` (a state, so the exit status is 0) and reported on stderr with the
+    crawls that exist."""
     from scrapy_dist.monitor import CrawlLayout, json_default, read_status
 
     absent = False
@@ -140,7 +139,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
             out(text)
         sys.stdout.flush()
         if not args.watch:
-            return EXIT_FAILED if absent else EXIT_OK
+            return EXIT_OK
         try:
             time.sleep(args.interval)
         except KeyboardInterrupt:  # how --watch ends
