@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from redis.client import Pipeline
-    from redis.commands.core import Script
 
     from scrapy_dist.queue import RedisQueue
     from scrapy_dist.seeds import SeedQueue
@@ -204,7 +203,6 @@ class Requeuer:
         key: the dead-letter list.
         queue: the crawl's request queue (its class from the settings).
         seeds: the crawl's seeds key.
-        enqueue: the enqueue script, registered on ``client``.
         check_seed: raises :class:`~scrapy_dist.exceptions.InvalidSeed` (or another
             ``ValueError``) for a seed a worker would dead-letter again.
         check_request: the queue score of a serialized request; raises ``ValueError``
@@ -219,7 +217,6 @@ class Requeuer:
         *,
         queue: RedisQueue,
         seeds: SeedQueue,
-        enqueue: Script,
         check_seed: Callable[[bytes], object],
         check_request: Callable[[bytes], float],
         kind: str | None = None,
@@ -232,7 +229,6 @@ class Requeuer:
         self.check_request = check_request
         self.kind = kind
         self.tombstone = f"\x00scrapy-dist requeue {secrets.token_hex(8)}"
-        self._enqueue = enqueue
         #: Requests and seeds requeued so far.
         self.requests = self.seeds_done = 0
         #: ``(index, reason)`` of the records left in the list.
@@ -280,8 +276,7 @@ class Requeuer:
                     plan = read(pipe)
                     pipe.multi()
                     if plan.requests:
-                        keys, args = self.queue.enqueue_call(plan.requests)
-                        self._enqueue(keys=keys, args=args, client=pipe)
+                        self.queue.enqueue_call(plan.requests).run(pipe)
                     if plan.seeds:
                         self.seeds.push(plan.seeds, pipe=pipe)
                     for index in plan.chosen:

@@ -34,13 +34,12 @@ import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
-from scrapy.utils.misc import load_object
 
 from scrapy_dist import _engine, deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
-from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
+from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease, shared_filter
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.settings import check_seed_batch_size
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
-    from scrapy_dist.dupefilter import DupefilterBackend
+    from scrapy_dist.backends import DupefilterBackend, UnopenedBackend
     from scrapy_dist.settings import Config
 
 logger = logging.getLogger(__name__)
@@ -189,7 +188,8 @@ class RedisSpiderMixin(Spider):
         #: Where seed fingerprints are recorded, so links back to a seed are filtered
         #: even though the seed itself was not (``None``: not a scrapy_dist dupefilter).
         self._seed_filter = _seed_filter(config, self.frontier)
-        self._seed_filter_open = False
+        #: The backend ``_seed_filter`` opened to, at the first seeds recorded.
+        self._seed_backend: DupefilterBackend | None = None
         self.redis_batch_size = int(self.redis_batch_size or config.seeds.batch_size)
         self.redis_encoding = self.redis_encoding or config.seeds.encoding
         self.seed_allowed_meta = config.seeds.allowed_meta
@@ -290,15 +290,11 @@ class RedisSpiderMixin(Spider):
         """
         assert self.redis_batch_size is not None
         leases: list[Lease] = []
-        try:
-            for seeds in self.seed_queues:
-                self.frontier.seeds = seeds
-                self._seeds_read = seeds.key
-                leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
-                if leases:
-                    break
-        finally:
-            self.frontier.seeds = self.seeds
+        for seeds in self.seed_queues:
+            self._seeds_read = seeds.key
+            leases = self.frontier.reserve(self.redis_batch_size, seeds=seeds)
+            if leases:
+                break
         return leases
 
     def _record_seeds(self, requests: list[Request]) -> None:
@@ -307,15 +303,14 @@ class RedisSpiderMixin(Spider):
 
         A failure only means such a link may crawl the seed once more: it is logged.
         """
-        backend = self._seed_filter
-        if backend is None or not requests:
+        configured = self._seed_filter
+        if configured is None or not requests:
             return
         fingerprint = self.crawler.request_fingerprinter.fingerprint
         try:
-            if not self._seed_filter_open:
-                self._seed_filter = backend = backend.open()
-                self._seed_filter_open = True
-            backend.add_many([fingerprint(r) for r in requests])
+            if self._seed_backend is None:
+                self._seed_backend = configured.open()
+            self._seed_backend.add_many([fingerprint(r) for r in requests])
         except (redis.RedisError, ScrapyDistError) as e:
             logger.warning(
                 "Could not record %(n)d seed fingerprint(s) in the dupefilter: %(error)s",
@@ -506,20 +501,10 @@ class RedisSpiderMixin(Spider):
 RedisMixin = RedisSpiderMixin
 
 
-def _seed_filter(config: Config, frontier: Frontier) -> DupefilterBackend | None:
+def _seed_filter(config: Config, frontier: Frontier) -> UnopenedBackend | None:
     """The crawl's dupefilter backend, if the crawl uses scrapy_dist's scheduler and
     dupefilter (no I/O)."""
-    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_config
-
-    try:
-        df_cls = load_object(config.components.dupefilter)
-    except (ImportError, NameError, ValueError):
-        return None
-    if not (isinstance(df_cls, type) and issubclass(df_cls, RFPDupeFilter)):
-        return None
-    if not _dist_scheduler(config.components.scheduler):
-        return None
-    return backend_from_config(config.dupefilter, frontier.client, frontier.keys)
+    return shared_filter(config, frontier.client, frontier.keys)
 
 
 _N = TypeVar("_N", int, float)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the crawl's keys (asks unless ``--yes``); exit 1 if refused (live workers,
     no confirmation) or the crawl has no keys."""
-    from scrapy_dist.dupefilter import backend_from_config
+    from scrapy_dist.backends import backend_from_config
 
     layout, config, _ = ctx.layout(args.spider)
     client = ctx.client(config)

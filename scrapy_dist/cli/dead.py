@@ -165,7 +165,6 @@ class RecordChecks:
 def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     """Requeue records (``--all`` or ``--index``); exit 1 if some stay in the list or
     the crawl has no keys, 2 for an index past the end."""
-    from scrapy_dist.scripts import scripts_for
     from scrapy_dist.seeds import SeedQueue
 
     layout, config, spidercls = ctx.layout(args.spider)
@@ -180,7 +179,7 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     requeuer = deadletter.Requeuer(
         client, layout.keys.dead, queue=queue,
         seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
-        enqueue=scripts_for(client).enqueue, check_seed=checks.seed,
+        check_seed=checks.seed,
         check_request=checks.request, kind=args.kind,
     )  # fmt: skip
     try:
