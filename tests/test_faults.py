@@ -26,16 +26,14 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy_dist.frontier import DONE
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.startup import start_failure
+from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.site import TestSite
-from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from scrapy.crawler import Crawler
-
-    from scrapy_dist.testing.workers import Worker
 
 PROJECT = Path(__file__).parent / "project"
 CONCURRENCY = 4
@@ -55,63 +53,12 @@ FAST = {
 }
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with RedisServer(directory=tmp_path / "redis", appendonly=True) as s:
-        yield s
-
-
-class Crawl:
-    """Workers of one crawl of ``site``; all stopped at teardown."""
+class Crawl(WorkerCrawl):
+    """Workers of one crawl of ``site`` (``tests/project``, FAST settings); all stopped
+    at teardown."""
 
     def __init__(self, server: RedisServer, site: TestSite, log_dir: Path) -> None:
-        self.server = server
-        self.site = site
-        self.log_dir = log_dir
-        self.workers: list[Worker] = []
-        self.client = server.client()
-
-    def start(self, count: int, **settings: Any) -> list[Worker]:
-        started = start_workers(
-            count,
-            project_dir=PROJECT,
-            spider="pages",
-            log_dir=self.log_dir,
-            settings={"REDIS_URL": self.server.url, **FAST, **settings},
-            stats_setting=None,
-            first_index=len(self.workers),
-        )
-        self.workers += started
-        return started
-
-    def seed(self) -> None:
-        self.client.lpush("pages:start_urls", self.site.page_url(0))
-
-    def wait(self, timeout: float = 90) -> list[int]:
-        try:
-            return wait_workers(self.workers, timeout)
-        except TimeoutError:
-            pytest.fail("workers did not finish:\n" + self.logs())
-
-    def logs(self) -> str:
-        return "\n".join(f"--- worker {w.index}\n{w.log_tail(40)}" for w in self.workers)
-
-    def full_logs(self) -> str:
-        return "\n".join(w.log_file.read_text(errors="replace") for w in self.workers)
-
-    def hit_when(self, fetched: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(self.site.hits().values()) < fetched:
-            if time.monotonic() > deadline:
-                pytest.fail(f"fewer than {fetched} pages fetched in {timeout}s:\n" + self.logs())
-            time.sleep(0.02)
-
-    def missing(self) -> set[str]:
-        return self.site.expected_paths() - set(self.site.hits())
-
-    def close(self) -> None:
-        stop_workers(self.workers)
-        self.client.close()
+        super().__init__(server, site, log_dir, project_dir=PROJECT, settings=FAST)
 
 
 @contextlib.contextmanager
@@ -128,10 +75,6 @@ def make_crawl(server: RedisServer, tmp_path: Path, pages: int, delay: float) ->
 def crawl(server: RedisServer, tmp_path: Path) -> Iterator[Crawl]:
     with make_crawl(server, tmp_path, pages=600, delay=0.01) as c:
         yield c
-
-
-def duplicates(hits: dict[str, int]) -> int:
-    return sum(n - 1 for n in hits.values() if n > 1)
 
 
 def assert_all_once(crawl: Crawl, allowed: int = 0) -> None:
@@ -240,6 +183,7 @@ def test_a_refusing_redis_is_an_outage_not_a_verdict(
 
 
 @pytest.mark.e2e
+@pytest.mark.redis_server
 def test_an_evicting_redis_is_refused_at_start(tmp_path: Path) -> None:
     with (
         RedisServer(
@@ -316,7 +260,7 @@ def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
 ) -> None:
     # a slow item pipeline keeps responses waiting in Scrapy's scraper: they are held
     # too, and count in the bound
-    slow = {"ITEM_PIPELINES": '{"testproject.pipelines.SlowPipeline": 100}'}
+    slow: dict[str, Any] = {"ITEM_PIPELINES": '{"testproject.pipelines.SlowPipeline": 100}'}
     with make_crawl(server, tmp_path, pages=800, delay=0.02) as crawl:
         paused, _ = crawl.start(2, **slow)
         crawl.seed()
