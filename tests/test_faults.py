@@ -23,6 +23,7 @@ import redis
 from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
+from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DONE
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.startup import start_failure
@@ -86,22 +87,22 @@ def assert_all_once(crawl: Crawl, allowed: int = 0) -> None:
 # -- 1. refusals are outages --------------------------------------------------------
 
 
-def _refuse_oom(client: redis.Redis) -> Callable[[], None]:
+def _refuse_oom(client: redis.Redis) -> Callable[[], object]:
     client.config_set("maxmemory", 1)  # noeviction (the default): every write refused
     return lambda: client.config_set("maxmemory", 0)
 
 
-def _refuse_noreplicas(client: redis.Redis) -> Callable[[], None]:
+def _refuse_noreplicas(client: redis.Redis) -> Callable[[], object]:
     client.config_set("min-replicas-to-write", 1)  # no replica: writes get NOREPLICAS
     return lambda: client.config_set("min-replicas-to-write", 0)
 
 
-def _replica(client: redis.Redis) -> Callable[[], None]:
+def _replica(client: redis.Redis) -> Callable[[], object]:
     client.replicaof("127.0.0.1", "1")  # a demoted master: writes get READONLY
     return lambda: client.replicaof("NO", "ONE")
 
 
-def _busy_script(client: redis.Redis) -> Callable[[], None]:
+def _busy_script(client: redis.Redis) -> Callable[[], object]:
     # another client's script runs too long: every other call gets BUSY
     client.config_set("busy-reply-threshold", 100)
     hog = redis.Redis(connection_pool=client.connection_pool)
@@ -120,7 +121,7 @@ def _busy_script(client: redis.Redis) -> Callable[[], None]:
     return restore
 
 
-def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], None]:
+def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], object]:
     # an operator's mistake: the queue key briefly holds a string
     pipe = client.pipeline(transaction=True)
     pipe.rename("pages:requests", "pages:requests:saved")
@@ -149,7 +150,7 @@ def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], None]:
     ids=["oom", "noreplicas", "readonly", "busy", "wrongtype"],
 )
 def test_a_refusing_redis_is_an_outage_not_a_verdict(
-    crawl: Crawl, fault: Callable[[redis.Redis], Callable[[], None]], logged: str
+    crawl: Crawl, fault: Callable[[redis.Redis], Callable[[], object]], logged: str
 ) -> None:
     crawl.start(2, SCHEDULER_LEASE_TIMEOUT=30)  # renewals are refused too
     crawl.seed()
@@ -307,6 +308,7 @@ def _scheduler(make_crawler: Callable[..., Crawler], **settings: Any) -> Schedul
     scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
     held: set[Request] = set()
     scheduler.in_flight = lambda: held
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     if scheduler._ticker is not None:
         scheduler._ticker.stop()
@@ -366,7 +368,9 @@ def test_a_finished_crawl_unlinks_its_keys(
     scheduler._settle()
     scheduler.frontier.flush()
     before = client.info("commandstats")
-    assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
+    progress = scheduler.frontier.progress(grace=0, clear=True)
+    assert progress is not None
+    assert progress.state == "finished"
     after = client.info("commandstats")
     assert after.get("cmdstat_unlink", {}).get("calls", 0) > before.get("cmdstat_unlink", {}).get(
         "calls", 0
@@ -374,7 +378,8 @@ def test_a_finished_crawl_unlinks_its_keys(
     assert after.get("cmdstat_del", {}).get("calls", 0) == before.get("cmdstat_del", {}).get(
         "calls", 0
     )
-    assert client.exists(scheduler.df.backend.key) == 0
+    assert isinstance(scheduler.df, RFPDupeFilter)
+    assert client.exists(*scheduler.df.backend.keys()) == 0
 
 
 def test_the_timer_survives_any_redis_error(make_crawler: Callable[..., Crawler]) -> None:

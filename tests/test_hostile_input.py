@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import scrapy
@@ -218,7 +218,7 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
     client.zadd(keys.requests, {good[0]: 0, bad: 0, good[1]: 1, good[2]: 1})
     leases = frontier.reserve(10)
     assert sorted(lease.data for lease in leases) == sorted(entry[16:] for entry in good)
-    records = [deadletter.parse(raw) for raw in client.lrange(keys.dead, 0, -1)]
+    records = [deadletter.parse(raw) for raw in _raw(client.lrange(keys.dead, 0, -1))]
     assert [deadletter.data_of(r) for r in records] == [bad]
     assert "malformed queue entry" in records[0]["reason"]
     assert client.zcard(keys.requests) == 0
@@ -226,6 +226,11 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
 
 def _codec(policy: RequestPolicy | None = None) -> RequestCodec:
     return RequestCodec(JsonSerializer(), UserSpider(), policy)
+
+
+def _raw(replies: list[bytes | str]) -> list[bytes]:
+    """Replies of a client without ``decode_responses``, typed as what they are."""
+    return cast("list[bytes]", replies)
 
 
 def test_queue_entry_class_is_looked_up_never_imported(
@@ -244,6 +249,7 @@ def test_queue_entry_class_is_looked_up_never_imported(
 def test_scrapy_request_classes_round_trip() -> None:
     codec = _codec()
     spider = codec.spider
+    assert isinstance(spider, UserSpider)
     for request in (
         Request("https://a.example/", callback=spider.parse_item, priority=5),
         FormRequest("https://a.example/f", formdata={"a": "1"}, callback=spider._parse_detail),
@@ -511,7 +517,7 @@ def hostile_crawl(
         proxy.close()
     workers = crawl.workers
     logs = "".join(w.log_file.read_text(errors="replace") for w in workers)
-    records = [deadletter.parse(raw) for raw in client.lrange("pages:dead", 0, -1)]
+    records = [deadletter.parse(raw) for raw in _raw(client.lrange("pages:dead", 0, -1))]
     return HostileCrawl(
         statuses=statuses, workers=workers, hits=site.hits(), marker=marker, proxy=proxy,
         secret=secret, logs=logs, records=records, hostile_seeds=hostile_seeds,
@@ -645,7 +651,8 @@ def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
     err = capsys.readouterr().err
     assert "#0: not requeued: request is still invalid: request class 'os.system'" in err
     assert "#1: not requeued: request is still invalid: URL scheme 'file'" in err
-    left = [deadletter.data_of(deadletter.parse(r)) for r in client.lrange(f"{name}:dead", 0, -1)]
+    dead_list = _raw(client.lrange(f"{name}:dead", 0, -1))
+    left = [deadletter.data_of(deadletter.parse(r)) for r in dead_list]
     assert left == [hostile.encode(), local.encode()]
     assert [e[16:] for e in client.zrange(f"{name}:requests", 0, -1)] == [fine.encode()]
 

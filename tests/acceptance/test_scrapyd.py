@@ -194,8 +194,7 @@ def test_scrapyd_two_jobs(project: Project, scrapyd: Scrapyd, deployment: str) -
             break
         assert time.monotonic() < deadline, f"jobs not finished: {listed}"
         time.sleep(0.5)
-    logs = [scrapyd.job_log(name, job) for job in jobs]
-    for log in logs:
+    for log in [scrapyd.job_log(name, job) for job in jobs]:
         assert "Spider closed (crawl_finished)" in log, log[-3000:]
         assert " ERROR: " not in log, log[-3000:]
         assert "Traceback" not in log, log[-3000:]
