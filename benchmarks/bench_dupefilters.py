@@ -70,7 +70,7 @@ class CountingConnection(redis.Connection):
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         CountingConnection.sends += 1
-        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
 def counting_client(port: int) -> redis.Redis:

@@ -6,8 +6,8 @@ Contract tests run against a ``redis-server`` the session starts itself on a fre
 when named explicitly, and even then each test touches only keys under its own prefix,
 which it deletes with ``SCAN`` (never ``KEYS`` or ``FLUSHDB``).
 
-Without a ``redis-server`` binary, a test that needs one (the ``redis_server`` marker,
-or a fixture below that starts a server) is skipped, except under ``CI`` (set by
+Without a server binary, a test that needs one (the ``redis_server`` marker, or a
+fixture below that starts a server) is skipped, except under ``CI`` (set by
 ``.ci/run``), where it fails.
 """
 
@@ -17,14 +17,17 @@ import functools
 import itertools
 import os
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 import redis
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.testing.redis_server import RedisServer, RedisServerNotFound, find_redis_server
+from scrapy_dist.testing.redis_cluster import ClusterServers
+from scrapy_dist.testing.redis_sentinel import SentinelServers
+from scrapy_dist.testing.redis_server import KIND_VARIABLE, RedisServer, RedisServerNotFound
+from scrapy_dist.testing.server_kinds import KINDS, ServerKind, server_kind
 
 if not hasattr(__import__("scrapy.crawler").crawler, "AsyncCrawlerProcess"):
     # Scrapy 2.13's get_crawler() asks which reactor is installed and raises when none
@@ -50,26 +53,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=os.environ.get("SCRAPY_DIST_TEST_REDIS_URL"),
         help="use this Redis instead of starting a throwaway redis-server",
     )
+    _add_server_options(parser)
 
 
 @functools.cache
-def _missing_redis_server() -> str | None:
-    """Why no ``redis-server`` binary can be found, or None when one can."""
+def _missing_server() -> str | None:
+    """Why the session's kind of server (``--redis-kind``) cannot be started, or None."""
     try:
-        find_redis_server()
+        server_kind(os.environ.get(KIND_VARIABLE) or "redis")
     except RedisServerNotFound as e:
         return str(e)
     return None
 
 
 def require_redis_server() -> None:
-    """Skip the running test when no ``redis-server`` binary is found; fail it under CI."""
-    missing = _missing_redis_server()
-    if missing is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI needs a redis-server: {missing}")
-    pytest.skip(missing)
+    """Skip the running test when the session's kind of server is not installed; fail
+    it under ``CI`` (:func:`server_missing`)."""
+    missing = _missing_server()
+    if missing is not None:
+        server_missing(missing)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -81,7 +83,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """URL of the session's Redis: the one given, or a throwaway redis-server."""
+    """URL of the session's Redis: the one given, or a throwaway server of ``--redis-kind``."""
     given = request.config.getoption("--redis-url")
     if given:
         yield given
@@ -171,3 +173,95 @@ def make_crawler(
         return crawler
 
     return make
+
+
+# Other servers (issue 14): the kind of server the session runs, a Cluster, a Sentinel set.
+
+
+def _add_server_options(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--redis-kind",
+        choices=KINDS,
+        default=os.environ.get(KIND_VARIABLE) or "redis",
+        help=(
+            "kind of server every throwaway server of the session runs: redis-server, "
+            f"valkey-server, or redis-server with the RedisBloom module (env {KIND_VARIABLE})"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # RedisServer() reads the kind from the environment, so the servers that tests and
+    # their worker processes start themselves follow the option too.
+    os.environ[KIND_VARIABLE] = config.getoption("--redis-kind")
+
+
+def server_missing(reason: str) -> NoReturn:
+    """Skip the test for want of a server binary or module; fail instead under ``CI``."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI needs this server: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_kind(request: pytest.FixtureRequest) -> str:
+    """The kind of server the session runs (``--redis-kind``): redis, valkey or redisbloom."""
+    kind: str = request.config.getoption("--redis-kind")
+    return kind
+
+
+@pytest.fixture(scope="session")
+def kind_of() -> Callable[[str], ServerKind]:
+    """Resolve a server kind by name; skip the test when it is not installed (fail on CI)."""
+
+    def resolve(kind: str) -> ServerKind:
+        try:
+            return server_kind(kind)
+        except RedisServerNotFound as e:
+            server_missing(str(e))
+
+    return resolve
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterServers]:
+    """A local Redis Cluster of the session's kind: 3 masters, each with one replica.
+
+    Shared by the session: a test that fails nodes over or kills them leaves it healthy
+    (:meth:`ClusterServers.wait_ok`) and deletes its keys.
+    """
+    try:
+        cluster = ClusterServers()
+    except RedisServerNotFound as e:
+        server_missing(str(e))
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelServers]:
+    """A local Sentinel set of the session's kind: a master, a replica, 3 Sentinels.
+
+    Shared by the session: a test that fails the master over leaves the set agreed
+    (:meth:`SentinelServers.wait_agreed`) and deletes its keys.
+    """
+    try:
+        sentinels = SentinelServers()
+    except RedisServerNotFound as e:
+        server_missing(str(e))
+    with sentinels:
+        yield sentinels
+
+
+@pytest.fixture(scope="session")
+def redisbloom_loaded(redis_url: str) -> bool:
+    """Whether the session's Redis has the RedisBloom module (``bf``) loaded."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as conn:
+        return "bf" in {module["name"] for module in conn.module_list()}
+
+
+@pytest.fixture
+def without_redisbloom(redisbloom_loaded: bool) -> None:
+    """Skip a test that assumes the session's Redis has no RedisBloom module."""
+    if redisbloom_loaded:
+        pytest.skip("assumes a Redis without the RedisBloom module; the session's has it")

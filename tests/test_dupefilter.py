@@ -3,7 +3,8 @@
 The contract runs over the exact set and the bitmap Bloom filter on the session's
 real redis-server (one bitmap in one key, one cut into many segments), and over
 RedisBloom's ``BF.*`` on fakeredis, which implements them (no RedisBloom module is
-needed locally). Atomicity across workers, the false-positive rate on a million
+needed locally), or on the real module when the session's Redis has it
+(``--redis-kind=redisbloom``). Atomicity across workers, the false-positive rate on a million
 fingerprints, split bitmaps, expiry and growth run on the real server.
 """
 
@@ -99,11 +100,16 @@ def make_backend(
 
 
 @pytest.fixture
-def fake() -> Iterator[redis.Redis]:
-    """A fresh fakeredis server, which implements RedisBloom's BF.* commands."""
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    yield client
-    client.close()
+def fake(redisbloom_loaded: bool, client: redis.Redis) -> Iterator[redis.Redis]:
+    """The server of the RedisBloom tests: the session's Redis when it has the RedisBloom
+    module (``--redis-kind=redisbloom``), else a fresh fakeredis server, which implements
+    RedisBloom's BF.* commands."""
+    if redisbloom_loaded:
+        yield client
+        return
+    fake_client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    yield fake_client
+    fake_client.close()
 
 
 @pytest.fixture(params=BACKENDS)
@@ -601,6 +607,7 @@ def test_invalid_settings(values: dict[str, Any], client: redis.Redis, name: str
         backend_from_settings(settings(**values), client, RedisKeys.build(name))
 
 
+@pytest.mark.usefixtures("without_redisbloom")
 def test_detection_without_redisbloom(client: redis.Redis, name: str) -> None:
     keys = RedisKeys.build(name)
     bloom = backend_from_settings(settings(DUPEFILTER_BACKEND="bloom"), client, keys)
@@ -612,6 +619,7 @@ def test_detection_without_redisbloom(client: redis.Redis, name: str) -> None:
         backend_from_settings(settings(DUPEFILTER_BACKEND="redisbloom"), client, fresh).open()
 
 
+@pytest.mark.usefixtures("without_redisbloom")
 def test_auto_without_redisbloom_is_the_set(client: redis.Redis, name: str) -> None:
     keys = RedisKeys.build(name)
     assert isinstance(
@@ -663,7 +671,9 @@ def open_dupefilter(
 
 
 @pytest.mark.parametrize("mode", ["set", "bloom"])
-def test_request_seen(mode: str, open_dupefilter: Callable[..., RFPDupeFilter]) -> None:
+def test_request_seen(
+    mode: str, open_dupefilter: Callable[..., RFPDupeFilter], redisbloom_loaded: bool
+) -> None:
     dupefilter = open_dupefilter({"DUPEFILTER_BACKEND": mode, "BLOOM_CAPACITY": 10_000})
     first = Request("https://example.com/a")
     assert not dupefilter.request_seen(first)
@@ -676,7 +686,10 @@ def test_request_seen(mode: str, open_dupefilter: Callable[..., RFPDupeFilter]) 
         assert stats["dupefilter/set/count"] == 0  # read at open, before any request
         assert isinstance(dupefilter.local, LocalSet)  # exact, like the set itself
     else:
-        assert stats["dupefilter/bloom/backend"] == "bitmap"
+        # "bloom" is RedisBloom where the server has the module, else the bitmap
+        assert stats["dupefilter/bloom/backend"] == (
+            "redisbloom" if redisbloom_loaded else "bitmap"
+        )
         assert stats["dupefilter/bloom/capacity"] == 10_000
         assert dupefilter.local is not None
 
@@ -761,6 +774,7 @@ def test_local_cache_is_cleared_when_the_filter_may_expire(client: redis.Redis, 
     assert backend.add(fp)
 
 
+@pytest.mark.usefixtures("without_redisbloom")
 def test_local_cache_defaults(open_dupefilter: Callable[..., RFPDupeFilter]) -> None:
     # "auto" without RedisBloom became the exact set: its cache is exact too
     assert isinstance(open_dupefilter({"DUPEFILTER_BACKEND": "auto"}).local, LocalSet)
@@ -771,7 +785,9 @@ def test_local_cache_defaults(open_dupefilter: Callable[..., RFPDupeFilter]) -> 
     assert open_dupefilter(off).local is None
 
 
-def test_scheduler_dedupes_with_the_bloom_backend(make_crawler: Callable[..., Crawler]) -> None:
+def test_scheduler_dedupes_with_the_bloom_backend(
+    make_crawler: Callable[..., Crawler], redisbloom_loaded: bool
+) -> None:
     crawler = make_crawler(
         {
             "DUPEFILTER_BACKEND": "bloom",
@@ -787,7 +803,8 @@ def test_scheduler_dedupes_with_the_bloom_backend(make_crawler: Callable[..., Cr
         assert scheduler.enqueue_request(Request("https://example.com/b"))
         assert scheduler.enqueue_request(Request("https://example.com/a", dont_filter=True))
         assert isinstance(scheduler._shared_df, RFPDupeFilter)
-        assert isinstance(scheduler._shared_df.backend, BitmapBloomBackend)
+        bloom = RedisBloomBackend if redisbloom_loaded else BitmapBloomBackend
+        assert isinstance(scheduler._shared_df.backend, bloom)
     finally:
         scheduler.close("finished")
 

@@ -1,6 +1,9 @@
 """Test utilities shipped with the package, like ``scrapy.utils.test``.
 
-- :class:`RedisServer`: a throwaway ``redis-server`` on a free local port.
+- :class:`RedisServer`: a throwaway ``redis-server`` on a free local port; with
+  :func:`server_kind`, a ``valkey-server`` or a ``redis-server`` with RedisBloom instead.
+- :class:`ClusterServers` and :class:`SentinelServers`: a local Redis Cluster (masters
+  with replicas) and a Sentinel set (master, replica, Sentinels), with failover helpers.
 - :class:`TestSite` and :func:`links`: a fast local website with a known link graph
   that counts how often each page is fetched.
 - :func:`start_workers` and friends: ``scrapy crawl`` worker processes.
@@ -15,12 +18,15 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scrapy_dist.testing.redis_cluster import ClusterServers
+    from scrapy_dist.testing.redis_sentinel import SentinelServers
     from scrapy_dist.testing.redis_server import (
         RedisServer,
         RedisServerNotFound,
         find_redis_server,
         free_port,
     )
+    from scrapy_dist.testing.server_kinds import ServerKind, server_kind
     from scrapy_dist.testing.site import TestSite, links
     from scrapy_dist.testing.workers import (
         Worker,
@@ -33,8 +39,11 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ClusterServers",
     "RedisServer",
     "RedisServerNotFound",
+    "SentinelServers",
+    "ServerKind",
     "TestSite",
     "Worker",
     "alive",
@@ -42,6 +51,7 @@ __all__ = [
     "find_redis_server",
     "free_port",
     "links",
+    "server_kind",
     "start_workers",
     "stop_workers",
     "wait_ready",
@@ -49,6 +59,10 @@ __all__ = [
 ]
 
 _MODULES = {
+    "ClusterServers": "redis_cluster",
+    "SentinelServers": "redis_sentinel",
+    "ServerKind": "server_kinds",
+    "server_kind": "server_kinds",
     "RedisServer": "redis_server",
     "RedisServerNotFound": "redis_server",
     "find_redis_server": "redis_server",

@@ -29,20 +29,31 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-__all__ = ["MIN_REDIS_VERSION", "RedisServer", "RedisServerNotFound", "find_redis_server"]
+__all__ = [
+    "KIND_VARIABLE",
+    "MIN_REDIS_VERSION",
+    "RedisServer",
+    "RedisServerNotFound",
+    "find_redis_server",
+    "free_port",
+]
 
 #: Oldest server version the package supports (``LPOP key count``, ``ZRANGE ... REV``...).
 MIN_REDIS_VERSION = (6, 2)
+
+#: Environment variable naming the kind of server ``RedisServer()`` runs by default.
+KIND_VARIABLE = "SCRAPY_DIST_TEST_REDIS_KIND"
 
 _HOST = "127.0.0.1"
 _FORBIDDEN_PORTS = frozenset({6379})
 _START_ATTEMPTS = 5
 _LOG_NAME = "redis.log"
+_CONFIG_NAME = "redis.conf"
 _LOG_TAIL_LINES = 20
 
 
 class RedisServerNotFound(RuntimeError):
-    """No ``redis-server`` binary could be found."""
+    """A server binary (or server module) the caller needs could not be found."""
 
 
 def find_redis_server() -> str:
@@ -110,17 +121,24 @@ class RedisServer:
     stops it. Use it as a context manager, or call :meth:`start` and :meth:`stop`.
 
     Args:
-        binary: Path of ``redis-server``; default :func:`find_redis_server`.
+        binary: Path of the server binary. Default: the binary of the kind of server
+            (:mod:`scrapy_dist.testing.server_kinds`) named by the environment variable
+            ``SCRAPY_DIST_TEST_REDIS_KIND``, ``redis`` (:func:`find_redis_server`) when unset;
+            that kind's arguments (RedisBloom's ``--loadmodule``) then come first.
         directory: Working directory of the server (log, AOF). Default: a fresh
-            temporary directory, deleted by :meth:`stop`.
+            temporary directory, deleted by :meth:`stop` (or at interpreter exit).
         appendonly: Enable the append-only file with ``appendfsync always``, so data
             written before :meth:`kill` survives :meth:`restart`.
         port: Fixed port. Default: a free port, chosen by :meth:`start`.
         extra_args: More ``redis-server`` command-line arguments, appended last.
+        config: Lines of a configuration file, written to ``redis.conf`` in the
+            directory by :meth:`start` and named first on the command line; a server
+            that rewrites its file (a Sentinel) finds it again at :meth:`restart`.
 
     Raises:
-        RedisServerNotFound: ``binary`` is None and no server binary is found.
-        ValueError: ``port`` is 6379 (reserved for a real server).
+        RedisServerNotFound: ``binary`` is None and no server binary (or module) is found.
+        ValueError: ``port`` is 6379 (reserved for a real server), or
+            ``SCRAPY_DIST_TEST_REDIS_KIND`` names no known kind.
     """
 
     def __init__(
@@ -131,16 +149,25 @@ class RedisServer:
         appendonly: bool = False,
         port: int | None = None,
         extra_args: Sequence[str] = (),
+        config: Sequence[str] = (),
     ) -> None:
         if port is not None and port in _FORBIDDEN_PORTS:
             raise ValueError(f"refusing to run a throwaway redis-server on port {port}")
-        self.binary = binary if binary is not None else find_redis_server()
+        if binary is None:
+            # server_kinds builds on this module: import it when it is needed.
+            from scrapy_dist.testing.server_kinds import default_kind
+
+            kind = default_kind()
+            binary, extra_args = kind.binary, (*kind.extra_args, *extra_args)
+        self.binary = binary
         self.appendonly = appendonly
         self.extra_args = tuple(extra_args)
+        self.config = tuple(config)
         self._fixed_port = port
         self._port = port
         self._directory = Path(directory) if directory is not None else None
-        self._own_directory = False
+        # Deletes a temporary directory this object made: called by stop(), or at exit.
+        self._remove_directory: weakref.finalize[..., RedisServer] | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes], float], RedisServer] | None
         self._finalizer = None
@@ -224,8 +251,14 @@ class RedisServer:
             return self
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="scrapy-dist-redis-"))
-            self._own_directory = True
+            # Made before the process's finalizer, so run after it at interpreter exit.
+            self._remove_directory = weakref.finalize(
+                self, shutil.rmtree, self._directory, ignore_errors=True
+            )
         self._directory.mkdir(parents=True, exist_ok=True)
+        if self.config:
+            text = "".join(f"{line}\n" for line in self.config)
+            (self._directory / _CONFIG_NAME).write_text(text, encoding="utf-8")
         for attempt in range(_START_ATTEMPTS):
             port = self._port if self._port is not None else free_port()
             if self._launch(port, timeout):
@@ -241,8 +274,10 @@ class RedisServer:
         return self
 
     def _command(self, port: int) -> list[str]:
-        command = [
-            self.binary,
+        command = [self.binary]
+        if self.config:
+            command.append(str(self.directory / _CONFIG_NAME))
+        command += [
             "--port", str(port),
             "--bind", _HOST,
             "--dir", str(self.directory),
@@ -342,10 +377,10 @@ class RedisServer:
         Idempotent. A directory given to the constructor is kept.
         """
         self._stop_process(graceful=True)
-        if self._own_directory and self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
+        if self._remove_directory is not None:
+            self._remove_directory()
+            self._remove_directory = None
             self._directory = None
-            self._own_directory = False
         self._port = self._fixed_port
 
     def kill(self) -> None:
