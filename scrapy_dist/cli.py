@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.monitor import CrawlLayout, CrawlStatus
     from scrapy_dist.seeds import SeedQueue
+    from scrapy_dist.settings import Config
 
 #: Exit status: the command did everything it was asked.
 EXIT_OK = 0
@@ -122,47 +123,48 @@ class Context:
             settings.set("SCHEDULER_JOB_TIMESTAMP", None, priority="cmdline")
         return settings
 
-    def settings(self, spider: str | None = None) -> tuple[BaseSettings, type[Spider] | None]:
-        """Settings with scrapy_dist's defaults and, inside a project, the spider's own
-        ``custom_settings``; and the spider class (``None`` outside a project).
+    def settings(self, spider: str | None = None) -> tuple[Config, type[Spider] | None]:
+        """The config of the settings (with scrapy_dist's defaults and, inside a project,
+        the spider's own ``custom_settings``); and the spider class (``None`` outside a
+        project).
 
         Raises:
             CommandError: the project has no spider of that name.
         """
-        from scrapy_dist.addon import with_defaults
+        from scrapy_dist.settings import Config
 
         settings = self.raw_settings()
         spidercls = None
         if spider is not None and self.project:
             spidercls = _load_spider(settings, spider)
             spidercls.update_settings(settings)
-        settings = with_defaults(settings)
+        config = Config.from_settings(settings)
         if not self.project and not self._redis_given() and not self.warned:
             self.warned = True
             _err(
                 "scrapy-dist: warning: not inside a Scrapy project (no scrapy.cfg here or "
                 "above), so scrapy_dist's default settings are used, with Redis at "
-                f"{_server(settings)}; run it in the project's directory, or give --redis-url"
+                f"{_server(config)}; run it in the project's directory, or give --redis-url"
             )
-        return settings, spidercls
+        return config, spidercls
 
-    def layout(self, spider: str) -> tuple[CrawlLayout, BaseSettings, type[Spider] | None]:
-        """The crawl's layout, its settings and the spider class."""
+    def layout(self, spider: str) -> tuple[CrawlLayout, Config, type[Spider] | None]:
+        """The crawl's layout, its config and the spider class."""
         from scrapy_dist.monitor import CrawlLayout
 
-        settings, spidercls = self.settings(spider)
-        return CrawlLayout.from_settings(settings, spider, spidercls), settings, spidercls
+        config, spidercls = self.settings(spider)
+        return CrawlLayout.from_config(config, spider, spidercls), config, spidercls
 
-    def client(self, settings: BaseSettings) -> redis.Redis:
+    def client(self, config: Config) -> redis.Redis:
         """A client of the settings' Redis, checked with one ``PING``.
 
         Raises:
             RedisUnavailable: the server cannot be reached.
         """
         if self.connected is None:
-            from scrapy_dist.connection import check, client_from_settings
+            from scrapy_dist.connection import check, client_from_config
 
-            client = client_from_settings(settings)
+            client = client_from_config(config.connection)
             check(client)
             self.connected = client
         return self.connected
@@ -173,11 +175,11 @@ class Context:
         return bool(self.args.redis_url) or any(name.startswith("REDIS_") for name in named)
 
 
-def _server(settings: BaseSettings) -> str:
+def _server(config: Config) -> str:
     """The Redis server the settings name, password masked (no I/O)."""
-    from scrapy_dist.connection import client_from_settings, describe
+    from scrapy_dist.connection import client_from_config, describe
 
-    client = client_from_settings(settings)
+    client = client_from_config(config.connection)
     try:
         return describe(client)
     finally:
@@ -382,11 +384,11 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
         seeds = SeedQueue(ctx.client(settings), layout.seeds, layout.seeds_kind)
         seeds.check_type()
     report = PushReport(layout.seeds, layout.seeds_kind)
-    extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
-    pusher = SeedPusher(seeds, report, encoding=str(settings.get("REDIS_ENCODING")),
+    extra_as_formdata = settings.seeds.extra_formdata
+    pusher = SeedPusher(seeds, report, encoding=settings.seeds.encoding,
                         spidercls=spidercls, score=args.score,
                         extra_as_formdata=extra_as_formdata,
-                        allowed_meta=settings.getlist("SEED_ALLOWED_META"))  # fmt: skip
+                        allowed_meta=sorted(settings.seeds.allowed_meta))  # fmt: skip
     size = _input_size(args)
     bar = None
     if sys.stderr.isatty() and not args.quiet and (size is None or size >= PROGRESS_BYTES):
@@ -689,7 +691,7 @@ class Requeuer:
     Args:
         client: the crawl's Redis client.
         layout: the crawl's keys and types.
-        settings: settings with defaults (serializer, encoding).
+        settings: the config (serializer, encoding).
         spidercls: the spider class if known (to check seed callbacks).
         kind: requeue only records of this kind (``"request"``, ``"seed"``), or all.
     """
@@ -698,7 +700,7 @@ class Requeuer:
         self,
         client: redis.Redis,
         layout: CrawlLayout,
-        settings: BaseSettings,
+        settings: Config,
         spidercls: type[Spider] | None,
         kind: str | None,
     ) -> None:
@@ -710,11 +712,11 @@ class Requeuer:
         self.key = layout.keys.dead
         self.queue = layout.queue_cls(client, layout.keys.requests, layout.keys.seq)
         self.seeds = SeedQueue(client, layout.seeds, layout.seeds_kind)
-        self.serializer = load_serializer(settings.get("SCHEDULER_SERIALIZER"))
-        self.policy = RequestPolicy.from_settings(settings)
-        self.encoding = str(settings.get("REDIS_ENCODING"))
-        self.extra_as_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
-        self.allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
+        self.serializer = load_serializer(settings.requests.serializer)
+        self.policy = RequestPolicy.build(settings.requests.classes, settings.requests.schemes)
+        self.encoding = settings.seeds.encoding
+        self.extra_as_formdata = settings.seeds.extra_formdata
+        self.allowed_meta = settings.seeds.allowed_meta
         self.spidercls = spidercls
         self.kind = kind
         self.tombstone = f"\x00scrapy-dist requeue {secrets.token_hex(8)}"
@@ -921,13 +923,13 @@ def cmd_dead_purge(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
-    from scrapy_dist.dupefilter import backend_from_settings
+    from scrapy_dist.dupefilter import backend_from_config
     from scrapy_dist.monitor import scan_owned
 
     layout, settings, _ = ctx.layout(args.spider)
     client = ctx.client(settings)
     crawl = layout.keys.crawl
-    backend_keys = backend_from_settings(settings, client, layout.keys).keys()
+    backend_keys = backend_from_config(settings.dupefilter, client, layout.keys).keys()
     present = scan_owned(client, layout, backend_keys)
     if not present:
         _out(f"crawl {crawl!r} has no keys at {_describe(client)}")

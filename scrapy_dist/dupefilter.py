@@ -38,7 +38,7 @@ from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.misc import load_object
 from scrapy.utils.request import RequestFingerprinter, referer_str
 
-from scrapy_dist.addon import settings_for, with_defaults
+from scrapy_dist.assembly import assemble
 from scrapy_dist.bloom import (
     HASH_SEED,
     SEGMENT_BITS,
@@ -46,10 +46,10 @@ from scrapy_dist.bloom import (
     LocalBloom,
     chain_false_positive_rate,
 )
-from scrapy_dist.connection import client_for, get_redis_from_settings
+from scrapy_dist.connection import get_redis_from_settings
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError
-from scrapy_dist.keys import keys_for
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.settings import BloomSize, Config, DupefilterConfig, check_on_full
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -66,33 +66,27 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Values of ``DUPEFILTER_BACKEND``.
-BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto")
+#: scrapy_dist's scheduler, by import path.
+DIST_SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 
 #: Key of a standalone filter (under Scrapy's own scheduler): one per run.
 STANDALONE_KEY = "dupefilter:%(timestamp)s"
 
 
-def _dist_scheduler(settings: BaseSettings) -> bool:
-    """Whether ``SCHEDULER`` is scrapy_dist's scheduler (or a subclass)."""
-    from scrapy_dist.scheduler import Scheduler
-
+def _dist_scheduler(scheduler: Any) -> bool:
+    """Whether ``scheduler`` (the ``SCHEDULER`` setting) is scrapy_dist's scheduler (or a
+    subclass)."""
     try:
-        cls = load_object(settings["SCHEDULER"]) if settings.get("SCHEDULER") else None
+        cls = load_object(scheduler) if scheduler else None
     except (ImportError, NameError, ValueError):
         return False
-    # not issubclass(): Scrapy's scheduler metaclass answers it by duck typing
-    return isinstance(cls, type) and Scheduler in cls.__mro__
+    # not issubclass(): Scrapy's scheduler metaclass answers it by duck typing; by name,
+    # so that this module does not import the scheduler (which imports it)
+    return isinstance(cls, type) and any(
+        f"{c.__module__}.{c.__qualname__}" == DIST_SCHEDULER for c in cls.__mro__
+    )
 
 
-#: Values of ``BLOOM_ON_FULL``.
-ON_FULL = ("grow", "refuse")
-
-
-def _check_on_full(on_full: str) -> None:
-    """Raise :class:`ConfigurationError` unless ``on_full`` is one of :data:`ON_FULL`."""
-    if on_full not in ON_FULL:
-        raise ConfigurationError(f"BLOOM_ON_FULL must be 'grow' or 'refuse', not {on_full!r}")
 
 #: Most stages a bitmap Bloom chain grows to: 255 times its first capacity in all
 #: (fewer when a stage would exceed :data:`scrapy_dist.bloom.MAX_BITS`).
@@ -568,7 +562,7 @@ class BitmapBloomBackend(_ScriptedBackend):
             twice ``view_interval`` for the guarantee above.
 
     Raises:
-        ConfigurationError: ``on_full`` is not one of :data:`ON_FULL`.
+        ConfigurationError: ``on_full`` is not one of :data:`scrapy_dist.settings.ON_FULL`.
     """
 
     kind: ClassVar[str] = "bloom"
@@ -584,7 +578,7 @@ class BitmapBloomBackend(_ScriptedBackend):
         view_interval: float = VIEW_INTERVAL,
         growth_guard: float = GROWTH_GUARD,
     ) -> None:
-        _check_on_full(on_full)
+        check_on_full(on_full)
         self.client = client
         self.key = keys.dupefilter
         self.params = params
@@ -799,7 +793,7 @@ class RedisBloomBackend(_ScriptedBackend):
         on_full: ``"grow"`` or ``"refuse"``.
 
     Raises:
-        ConfigurationError: ``on_full`` is not one of :data:`ON_FULL`.
+        ConfigurationError: ``on_full`` is not one of :data:`scrapy_dist.settings.ON_FULL`.
     """
 
     kind: ClassVar[str] = "bf"
@@ -813,7 +807,7 @@ class RedisBloomBackend(_ScriptedBackend):
         ttl: float | None = None,
         on_full: str = "grow",
     ) -> None:
-        _check_on_full(on_full)
+        check_on_full(on_full)
         self.client = client
         self.key = key
         self.params = params
@@ -1060,69 +1054,48 @@ class BackendChoice:
         raise self._unopened()
 
 
-def bloom_params_from_settings(settings: BaseSettings) -> BloomParams:
+def bloom_params_from_config(size: BloomSize) -> BloomParams:
     """The first Bloom stage: ``BLOOMFILTER_BIT``/``BLOOMFILTER_HASH_NUMBER`` if the
     former is set (scrapy-redis-bloomfilter's settings), else ``BLOOM_CAPACITY`` at
     ``BLOOM_ERROR_RATE``.
 
     Raises:
-        ConfigurationError: values out of range or of the wrong type.
+        ConfigurationError: values out of range.
     """
-    bit = settings.get("BLOOMFILTER_BIT")
     try:
-        if bit is not None and bit != "":
-            return BloomParams.from_bits(int(bit), settings.getint("BLOOMFILTER_HASH_NUMBER"))
-        return BloomParams.from_capacity(
-            settings.getint("BLOOM_CAPACITY"), settings.getfloat("BLOOM_ERROR_RATE")
-        )
+        if size.bits is not None:
+            return BloomParams.from_bits(size.bits, size.hash_number)
+        return BloomParams.from_capacity(size.capacity, size.error_rate)
     except (TypeError, ValueError) as e:
         raise ConfigurationError(f"invalid Bloom dupefilter size: {e}") from e
-
-
-def ttl_from_settings(settings: BaseSettings) -> float | None:
-    """``DUPEFILTER_TTL`` in seconds, or ``None`` when unset or 0.
-
-    Raises:
-        ConfigurationError: a negative or non-numeric value.
-    """
-    raw = settings.get("DUPEFILTER_TTL")
-    if raw is None or raw == "":
-        return None
-    try:
-        ttl = float(raw)
-    except (TypeError, ValueError) as e:
-        raise ConfigurationError(f"DUPEFILTER_TTL must be a number of seconds: {raw!r}") from e
-    if ttl < 0 or math.isnan(ttl):
-        raise ConfigurationError(f"DUPEFILTER_TTL cannot be negative: {raw!r}")
-    return ttl or None
 
 
 def backend_from_settings(
     settings: BaseSettings, client: redis.Redis, keys: RedisKeys
 ) -> DupefilterBackend:
+    """Build the backend ``DUPEFILTER_BACKEND`` names from settings (no I/O); see
+    :func:`backend_from_config`."""
+    return backend_from_config(Config.from_settings(settings).dupefilter, client, keys)
+
+
+def backend_from_config(
+    config: DupefilterConfig, client: redis.Redis, keys: RedisKeys
+) -> DupefilterBackend:
     """Build the backend ``DUPEFILTER_BACKEND`` names (no I/O).
 
     Args:
-        settings: settings with scrapy_dist's defaults.
+        config: the dupefilter's settings.
         client: the crawl's client.
         keys: the crawl's keys.
 
     Raises:
-        ConfigurationError: an unknown backend or full policy, or invalid sizes.
+        ConfigurationError: invalid Bloom sizes.
     """
-    mode = str(settings.get("DUPEFILTER_BACKEND")).lower()
-    if mode not in BACKENDS:
-        raise ConfigurationError(
-            f"DUPEFILTER_BACKEND must be one of {', '.join(map(repr, BACKENDS))}, not {mode!r}"
-        )
-    ttl = ttl_from_settings(settings)
+    mode, ttl, on_full = config.backend, config.ttl, config.on_full
     exact = SetBackend(client, keys.dupefilter, ttl=ttl)
-    if mode == "set":
+    if mode == "set" or config.bloom is None:
         return exact
-    on_full = str(settings.get("BLOOM_ON_FULL")).lower()
-    if on_full not in ON_FULL:
-        raise ConfigurationError(f"BLOOM_ON_FULL must be 'grow' or 'refuse', not {on_full!r}")
-    params = bloom_params_from_settings(settings)
+    params = bloom_params_from_config(config.bloom)
     bitmap = BitmapBloomBackend(client, keys, fit_segments(params), ttl=ttl, on_full=on_full)
     redisbloom = RedisBloomBackend(client, keys.dupefilter, params, ttl=ttl, on_full=on_full)
     if mode == "bitmap":
@@ -1242,16 +1215,16 @@ class RFPDupeFilter(BaseDupeFilter):
         ``dupefilter:<timestamp>``, deleted at :meth:`close`."""
         server = get_redis_from_settings(settings)
         key = STANDALONE_KEY % {"timestamp": int(time.time())}
-        return cls(server, key=key, debug=settings.getbool("DUPEFILTER_DEBUG"))
+        return cls(server, key=key, debug=Config.from_settings(settings).dupefilter.debug)
 
     @classmethod
     def from_spider(cls, spider: Spider) -> Self:
         """A filter over the spider's ``SCHEDULER_DUPEFILTER_KEY`` set (scrapy-redis's
         factory); like any filter built from a server and a key, :meth:`close` deletes it."""
-        settings = with_defaults(spider.settings)
-        key = settings["SCHEDULER_DUPEFILTER_KEY"] % {"spider": spider.name}
+        config = Config.from_settings(spider.settings)
+        key = config.keys.dupefilter % {"spider": spider.name}
         return cls(
-            get_redis_from_settings(settings), key=key, debug=settings.getbool("DUPEFILTER_DEBUG")
+            get_redis_from_settings(config.settings), key=key, debug=config.dupefilter.debug
         )
 
     @classmethod
@@ -1260,19 +1233,20 @@ class RFPDupeFilter(BaseDupeFilter):
         worker. Under another scheduler (Scrapy's own), with
         ``DUPEFILTER_STANDALONE_PER_RUN`` (the default): :meth:`from_settings`'s per-run
         filter, as in scrapy-redis; without it, the crawl's shared filter."""
-        settings = settings_for(crawler)
-        if settings.getbool("DUPEFILTER_STANDALONE_PER_RUN") and not _dist_scheduler(settings):
-            return cls.from_settings(settings)
-        backend = backend_from_settings(settings, client_for(crawler), keys_for(crawler))
-        mode = str(settings.get("DUPEFILTER_BACKEND")).lower()
-        wanted = settings.get("DUPEFILTER_LOCAL_CACHE")
-        size = settings.getint("DUPEFILTER_LOCAL_CACHE_SIZE")
+        parts = assemble(crawler)
+        config = parts.config.dupefilter
+        if config.standalone_per_run and not _dist_scheduler(parts.config.components.scheduler):
+            return cls.from_settings(parts.config.settings)
+        backend = backend_from_config(config, parts.client, parts.keys)
+        mode = config.backend
+        wanted = config.local_cache
+        size = config.local_cache_size
         local: LocalBloom | LocalSet | None = None
-        enabled = wanted is None or settings.getbool("DUPEFILTER_LOCAL_CACHE")
-        if enabled and size > 0 and mode == "set":
+        enabled = wanted is None or wanted
+        if enabled and size > 0 and (mode == "set" or config.bloom is None):
             local = LocalSet(size)
-        elif enabled and size > 0:
-            rate = bloom_params_from_settings(settings).error_rate * LOCAL_ERROR_SHARE
+        elif enabled and size > 0 and config.bloom is not None:
+            rate = bloom_params_from_config(config.bloom).error_rate * LOCAL_ERROR_SHARE
             try:
                 local = LocalBloom(BloomParams.from_capacity(size, rate))
             except ValueError as e:
@@ -1280,11 +1254,11 @@ class RFPDupeFilter(BaseDupeFilter):
         return cls(
             backend,
             crawler.request_fingerprinter,
-            debug=settings.getbool("DUPEFILTER_DEBUG"),
+            debug=config.debug,
             stats=crawler.stats,
             local=local,
             local_exact_off=wanted is None,
-            ttl=ttl_from_settings(settings),
+            ttl=config.ttl,
         )
 
     def open(self) -> None:

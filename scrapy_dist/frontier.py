@@ -30,25 +30,25 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from weakref import WeakKeyDictionary
 
 import redis
-from scrapy.utils.misc import load_object
 
 from scrapy_dist import deadletter
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for, describe
+from scrapy_dist.assembly import assemble
+from scrapy_dist.connection import describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import filter_error
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import keys_for
 from scrapy_dist.queue import (
     ENTRY_ID_LEN,
     FifoQueue,
     LifoQueue,
     PriorityQueue,
     RedisQueue,
+    leasable_queue,
     unleased_queue,
 )
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.seeds import SeedQueue
+from scrapy_dist.settings import check_frontier
 from scrapy_dist.workers import new_worker_id
 
 if TYPE_CHECKING:
@@ -193,17 +193,7 @@ class Frontier:
         eviction_check: str = "refuse",
         wrongtype_timeout: float = 300.0,
     ) -> None:
-        if eviction_check not in ("refuse", "warn", "off"):
-            raise ConfigurationError(
-                f"REDIS_EVICTION_POLICY_CHECK must be 'refuse', 'warn' or 'off', "
-                f"not {eviction_check!r}"
-            )
-        if lease_timeout <= 0:
-            raise ConfigurationError(f"SCHEDULER_LEASE_TIMEOUT must be positive ({lease_timeout})")
-        if max_deliveries < 1:
-            raise ConfigurationError(
-                f"SCHEDULER_MAX_DELIVERIES must be at least 1 ({max_deliveries})"
-            )
+        check_frontier(eviction_check, lease_timeout, max_deliveries)
         take = next((v for cls, v in _QUEUE_TAKE.items() if isinstance(queue, cls)), None)
         if take is None:
             raise ConfigurationError(f"{type(queue).__name__} is not a queue scrapy_dist can lease")
@@ -264,29 +254,24 @@ class Frontier:
             return _by_crawler[crawler]
         except KeyError:
             pass
-        settings = settings_for(crawler)
-        client = client_for(crawler)
-        keys = keys_for(crawler)
-        queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        parts = assemble(crawler)
+        client, keys, config = parts.client, parts.keys, parts.config
+        queue_cls = config.queue.cls
         requests_key = keys.requests
         if unleased_queue(queue_cls):  # that queue runs in the scheduler, unleased
             queue_cls, requests_key = PriorityQueue, keys.unleased
-        if not (isinstance(queue_cls, type) and issubclass(queue_cls, RedisQueue)):
-            raise ConfigurationError(
-                f"SCHEDULER_QUEUE_CLASS {settings['SCHEDULER_QUEUE_CLASS']!r} is not a "
-                "scrapy_dist.queue.RedisQueue subclass (FifoQueue, LifoQueue, PriorityQueue)"
-            )
+        queue_cls = leasable_queue(queue_cls, config.queue.path)
         frontier = _by_crawler[crawler] = cls(
             client,
             keys,
             queue_cls(client, requests_key, keys.seq),
-            SeedQueue(client, keys.start_urls, SeedQueue.kind_from_settings(settings)),
+            SeedQueue(client, keys.start_urls, config.seeds.kind),
             worker_id=new_worker_id(),
-            lease_timeout=settings.getfloat("SCHEDULER_LEASE_TIMEOUT"),
-            max_deliveries=settings.getint("SCHEDULER_MAX_DELIVERIES"),
+            lease_timeout=config.frontier.lease_timeout,
+            max_deliveries=config.frontier.max_deliveries,
             stats=lambda: crawler.stats,
-            eviction_check=str(settings.get("REDIS_EVICTION_POLICY_CHECK")),
-            wrongtype_timeout=settings.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
+            eviction_check=config.frontier.eviction_check,
+            wrongtype_timeout=config.frontier.wrongtype_timeout,
         )
         return frontier
 

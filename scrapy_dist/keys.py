@@ -43,22 +43,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
-from weakref import WeakKeyDictionary
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.settings import Config, KeysConfig
 
 if TYPE_CHECKING:
-    from scrapy.crawler import Crawler
+    from collections.abc import Callable
+
     from scrapy.settings import BaseSettings
 
 logger = logging.getLogger(__name__)
-
-_by_crawler: WeakKeyDictionary[Crawler, RedisKeys] = WeakKeyDictionary()
 
 
 def expand(template: str, crawl: str, *, setting: str = "key template") -> str:
@@ -193,67 +190,51 @@ class RedisKeys:
         )
 
 
-def job_from_settings(settings: BaseSettings, now: datetime | None = None) -> str | None:
-    """Return the job part of the crawl name, fixed from the settings at ``now`` (UTC).
+def job_name(config: KeysConfig, now: datetime | None = None) -> str | None:
+    """Return the job part of the crawl name (``SCHEDULER_JOB_ID``, or
+    ``SCHEDULER_JOB_TIMESTAMP`` at ``now``, UTC), or ``None`` for none."""
+    if config.job_timestamp:
+        return (now or datetime.now(timezone.utc)).strftime(config.job_timestamp)
+    return config.job_id
 
-    Raises:
-        ConfigurationError: both ``SCHEDULER_JOB_ID`` and ``SCHEDULER_JOB_TIMESTAMP`` are set.
+
+def keys_from_config(
+    config: KeysConfig, spider: str, now: datetime | None = None, *, redis_key: Any = None
+) -> RedisKeys:
+    """Build the keys of spider ``spider``'s crawl from the key settings.
+
+    Args:
+        config: the key settings.
+        spider: the spider name.
+        now: when the job stamp is taken (``SCHEDULER_JOB_TIMESTAMP``); default: now.
+        redis_key: the spider's ``redis_key`` (a template, or a list of them whose first
+            is the main one), naming its seeds key instead of ``REDIS_START_URLS_KEY``.
     """
-    job_id = settings.get("SCHEDULER_JOB_ID")
-    pattern = settings.get("SCHEDULER_JOB_TIMESTAMP")
-    if job_id and pattern:
-        raise ConfigurationError(
-            "SCHEDULER_JOB_ID and SCHEDULER_JOB_TIMESTAMP are both set; use one of them"
-        )
-    if pattern:
-        return (now or datetime.now(timezone.utc)).strftime(str(pattern))
-    return str(job_id) if job_id else None
+    keys = RedisKeys.build(
+        spider,
+        job=job_name(config, now),
+        requests=config.requests,
+        dupefilter=config.dupefilter,
+        start_urls=config.start_urls,
+    )
+    template = redis_key
+    if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
+        template = template[0] if template else None
+    if template and isinstance(template, str):
+        keys = replace(keys, start_urls=keys.start_urls_key(str(template)))
+    return keys
 
 
 def keys_from_settings(
     settings: BaseSettings, spider: str, now: datetime | None = None
 ) -> RedisKeys:
-    """Build a crawl's keys from (already defaulted) settings; used by the CLI and crawlers."""
-    return RedisKeys.build(
-        spider,
-        job=job_from_settings(settings, now),
-        requests=settings["SCHEDULER_QUEUE_KEY"],
-        dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
-        start_urls=settings["REDIS_START_URLS_KEY"],
-    )
-
-
-def keys_for(crawler: Crawler) -> RedisKeys:
-    """Return the crawler's keys, computed once from its final settings, so every
-    component and every later call agrees on the job stamp even if the crawl runs past
-    a stamp boundary.
-
-    The crawl is named after the spider *instance* (a spider may set its ``name`` in
-    ``__init__``), and a spider's ``redis_key`` (a class attribute or ``-a redis_key=``)
-    names its seeds key. With ``SCHEDULER_JOB_TIMESTAMP``, the stamp is taken from the
-    Redis server's clock (one ``TIME`` call, here, the first time the keys are needed),
-    so workers whose clocks disagree still join the same crawl.
+    """Build a crawl's keys from settings (for code without a crawler; a crawler's
+    components share its keys, :func:`scrapy_dist.assembly.assemble`).
 
     Raises:
-        RuntimeError: the settings are not final yet (see
-            :func:`scrapy_dist.addon.settings_for`).
+        ConfigurationError: invalid key settings.
     """
-    try:
-        return _by_crawler[crawler]
-    except KeyError:
-        pass
-    settings = settings_for(crawler)
-    spider = getattr(crawler, "spider", None)
-    name = spider.name if spider is not None else crawler.spidercls.name
-    now = server_time(client_for(crawler)) if settings.get("SCHEDULER_JOB_TIMESTAMP") else None
-    keys = keys_from_settings(settings, name, now)
-    template = getattr(spider, "redis_key", None)
-    if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
-        template = template[0] if template else None
-    if template and isinstance(template, str):
-        keys = replace(keys, start_urls=keys.start_urls_key(str(template)))
-    _by_crawler[crawler] = keys
-    return keys
+    return keys_from_config(Config.from_settings(settings).keys, spider, now)
 
 
 def server_time(client: redis.Redis) -> datetime | None:
@@ -270,3 +251,23 @@ def server_time(client: redis.Redis) -> datetime | None:
         )
         return None
     return datetime.fromtimestamp(seconds + micros / 1e6, timezone.utc)
+
+
+def key_type(client: redis.Redis, key: str) -> str:
+    """The Redis type of ``key`` (``"none"`` when it does not exist)."""
+    actual = client.type(key)
+    return actual.decode() if isinstance(actual, bytes) else str(actual)
+
+
+def expect_type(
+    key: str, actual: str, expected: str | tuple[str, ...], explain: Callable[[str], str]
+) -> None:
+    """Make sure ``key``, of type ``actual`` (see :func:`key_type`), is absent or of an
+    ``expected`` type.
+
+    Raises:
+        ConfigurationError: it holds another type; the message is ``explain(actual)``.
+    """
+    wanted = (expected,) if isinstance(expected, str) else expected
+    if actual not in ("none", *wanted):
+        raise ConfigurationError(explain(actual))

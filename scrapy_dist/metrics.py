@@ -32,17 +32,16 @@ from twisted.internet.error import CannotListenError
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.monitor import CONTENT_TYPE, CrawlLayout, gauges, prometheus_text, read_status
+from scrapy_dist.settings import Config, check_metrics
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
     from twisted.internet.task import LoopingCall
     from twisted.web import http
@@ -89,7 +88,7 @@ class PrometheusMetrics:
     Args:
         client: the crawl's Redis client.
         layout: the crawl's keys and types.
-        settings: settings with scrapy_dist's defaults (for the dupefilter backend).
+        config: the settings (for the dupefilter backend).
         stats: this worker's stats collector (for its own counters).
         host: address to listen on.
         port: TCP port (0: any free port; :attr:`port` says which after it started).
@@ -104,19 +103,16 @@ class PrometheusMetrics:
         *,
         client: redis.Redis,
         layout: CrawlLayout,
-        settings: BaseSettings,
+        config: Config,
         stats: StatsCollector,
         host: str,
         port: int,
         interval: float,
     ) -> None:
-        if interval <= 0:
-            raise ConfigurationError(f"METRICS_INTERVAL must be positive ({interval})")
-        if not 0 <= port < 65536:
-            raise ConfigurationError(f"METRICS_PORT must be a TCP port number ({port})")
+        check_metrics(port, interval)
         self.client = client
         self.layout = layout
-        self.settings = settings
+        self.config = config
         self.stats = stats
         self.host = host
         self.requested_port = port
@@ -130,21 +126,22 @@ class PrometheusMetrics:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = settings_for(crawler)
-        if not settings.getbool("METRICS_ENABLED"):
+        parts = assemble(crawler)
+        metrics = parts.config.metrics
+        if not metrics.enabled:
             # off by default, also when the add-on enables it: no warning (Scrapy warns
             # about a NotConfigured only if it has a message)
             raise NotConfigured
         if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
             raise NotConfigured("PrometheusMetrics serves with Twisted: it needs its reactor")
         ext = cls(
-            client=client_for(crawler),
+            client=parts.client,
             layout=CrawlLayout.for_crawler(crawler),
-            settings=settings,
+            config=parts.config,
             stats=crawler.stats,
-            host=str(settings.get("METRICS_HOST")),
-            port=settings.getint("METRICS_PORT"),
-            interval=settings.getfloat("METRICS_INTERVAL"),
+            host=metrics.host,
+            port=metrics.port,
+            interval=metrics.interval,
         )
         crawler.signals.connect(ext.start, signal=signals.engine_started)
         crawler.signals.connect(ext.stop, signal=signals.engine_stopped)
@@ -153,7 +150,7 @@ class PrometheusMetrics:
     def refresh(self) -> None:
         """Read the crawl's state from Redis now (one round trip, plus the dupefilter's)."""
         try:
-            status = read_status(self.client, self.layout, self.settings)
+            status = read_status(self.client, self.layout, self.config)
         except (redis.RedisError, ConfigurationError, ValueError) as e:
             if not self._failing:
                 logger.warning(

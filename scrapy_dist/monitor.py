@@ -1,7 +1,7 @@
 """Read a crawl's state from Redis: what ``scrapy-dist status`` shows and the metrics export.
 
 :class:`CrawlLayout` names a crawl's keys and their Redis types from the same settings
-and the same code the workers use (:func:`~scrapy_dist.keys.keys_from_settings`, the
+and the same code the workers use (:func:`~scrapy_dist.keys.keys_from_config`, the
 spider's ``redis_key``, the queue class and the seed mode). :func:`read_status` reads
 everything in one pipelined round trip (plus the dupefilter's own state) and checks
 each key's type, so a key of the wrong type is reported by name instead of failing
@@ -19,15 +19,13 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from scrapy.utils.misc import load_object
-
-from scrapy_dist.addon import settings_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.connection import describe
-from scrapy_dist.dupefilter import BitmapBloomBackend, backend_from_settings
+from scrapy_dist.dupefilter import BitmapBloomBackend, backend_from_config
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import RedisKeys, keys_for, keys_from_settings
-from scrapy_dist.queue import RedisQueue
-from scrapy_dist.seeds import SeedQueue
+from scrapy_dist.keys import RedisKeys, keys_from_config
+from scrapy_dist.queue import RedisQueue, leasable_queue
+from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
 
 if TYPE_CHECKING:
@@ -66,35 +64,29 @@ class CrawlLayout:
     worker_timeout: float
 
     @classmethod
-    def _make(cls, settings: BaseSettings, keys: RedisKeys, spidercls: type | None) -> CrawlLayout:
+    def _make(cls, config: Config, keys: RedisKeys, spidercls: type | None) -> CrawlLayout:
         template = getattr(spidercls, "redis_key", None) if spidercls is not None else None
         if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
             template = template[0] if template else None
-        path = settings["SCHEDULER_QUEUE_CLASS"]
-        queue_cls = load_object(path) if isinstance(path, str) else path
-        if not (isinstance(queue_cls, type) and issubclass(queue_cls, RedisQueue)):
-            raise ConfigurationError(
-                f"SCHEDULER_QUEUE_CLASS {path!r} is not a scrapy_dist.queue.RedisQueue "
-                "subclass (FifoQueue, LifoQueue, PriorityQueue)"
-            )
+        queue_cls = leasable_queue(config.queue.cls, config.queue.path)
         return cls(
             keys=keys,
             seeds=keys.start_urls_key(template) if template else keys.start_urls,
-            seeds_kind=SeedQueue.kind_from_settings(settings),
+            seeds_kind=config.seeds.kind,
             queue_kind=queue_cls.kind,
             queue_cls=queue_cls,
-            items=keys.custom(settings["REDIS_ITEMS_KEY"], "REDIS_ITEMS_KEY"),
-            worker_timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
+            items=keys.custom(config.keys.items, "REDIS_ITEMS_KEY"),
+            worker_timeout=config.workers.worker_timeout,
         )
 
     @classmethod
-    def from_settings(
-        cls, settings: BaseSettings, spider: str, spidercls: type | None = None
+    def from_config(
+        cls, config: Config, spider: str, spidercls: type | None = None
     ) -> CrawlLayout:
         """The layout of spider ``spider``'s crawl (its job from the settings).
 
         Args:
-            settings: settings with scrapy_dist's defaults.
+            config: the settings.
             spider: the spider name.
             spidercls: the spider class, when known (for its ``redis_key``).
 
@@ -102,24 +94,32 @@ class CrawlLayout:
             ConfigurationError: invalid key templates or queue class, or both seed
                 modes set.
         """
-        return cls._make(settings, keys_from_settings(settings, spider), spidercls)
+        return cls._make(config, keys_from_config(config.keys, spider), spidercls)
 
     @classmethod
-    def for_crawl(cls, settings: BaseSettings, crawl: str) -> CrawlLayout:
+    def from_settings(
+        cls, settings: BaseSettings, spider: str, spidercls: type | None = None
+    ) -> CrawlLayout:
+        """:meth:`from_config` for code that has settings (the CLI's before issue 13)."""
+        return cls.from_config(Config.from_settings(settings), spider, spidercls)
+
+    @classmethod
+    def for_crawl(cls, config: Config, crawl: str) -> CrawlLayout:
         """The layout of a crawl known by its full name (``<spider>`` or ``<spider>:<job>``),
         as :func:`find_crawls` returns it, with the default seeds key."""
         keys = RedisKeys.build(
             crawl,
-            requests=settings["SCHEDULER_QUEUE_KEY"],
-            dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
-            start_urls=settings["REDIS_START_URLS_KEY"],
+            requests=config.keys.requests,
+            dupefilter=config.keys.dupefilter,
+            start_urls=config.keys.start_urls,
         )
-        return cls._make(settings, keys, None)
+        return cls._make(config, keys, None)
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> CrawlLayout:
         """The layout of a running crawler's crawl."""
-        return cls._make(settings_for(crawler), keys_for(crawler), crawler.spidercls)
+        parts = assemble(crawler)
+        return cls._make(parts.config, parts.keys, crawler.spidercls)
 
     def owned(self) -> list[str]:
         """Every key of the crawl named by its layout (the dupefilter backend's extra
@@ -325,7 +325,7 @@ def check_type(key: str, actual: str, expected: str, role: str) -> None:
 def read_status(
     client: redis.Redis,
     layout: CrawlLayout,
-    settings: BaseSettings,
+    config: Config,
     *,
     dupefilter: bool = True,
 ) -> CrawlStatus:
@@ -334,7 +334,7 @@ def read_status(
     Args:
         client: a client of the crawl's Redis.
         layout: the crawl's keys and types.
-        settings: settings with scrapy_dist's defaults (for the dupefilter backend).
+        config: the settings (for the dupefilter backend).
         dupefilter: also read the dupefilter's state (one or two more round trips).
 
     Raises:
@@ -396,7 +396,7 @@ def read_status(
     df_state = None
     df_kind = _text(df_type)
     if dupefilter and df_kind != "none":
-        df_state = dupefilter_state(client, settings, k)
+        df_state = dupefilter_state(client, config, k)
     return CrawlStatus(
         crawl=k.crawl,
         redis=describe(client),
@@ -422,7 +422,7 @@ def read_status(
     )
 
 
-def dupefilter_state(client: redis.Redis, settings: BaseSettings, keys: RedisKeys) -> FilterState:
+def dupefilter_state(client: redis.Redis, config: Config, keys: RedisKeys) -> FilterState:
     """The state of the crawl's dupefilter, whatever backend wrote it.
 
     A bitmap Bloom filter's fill and error rate depend on its size: the filter's own
@@ -432,10 +432,8 @@ def dupefilter_state(client: redis.Redis, settings: BaseSettings, keys: RedisKey
     Raises:
         ConfigurationError: the dupefilter key holds a type no backend uses.
     """
-    adopting = settings.copy()
-    adopting.frozen = False
-    adopting.set("DUPEFILTER_BACKEND", "auto", priority=100)
-    choice = backend_from_settings(adopting, client, keys)
+    adopting = config.with_values({"DUPEFILTER_BACKEND": "auto"})
+    choice = backend_from_config(adopting.dupefilter, client, keys)
     chooser = getattr(choice, "choose", None)
     backend = chooser() if chooser is not None else choice
     if isinstance(backend, BitmapBloomBackend):
@@ -444,7 +442,7 @@ def dupefilter_state(client: redis.Redis, settings: BaseSettings, keys: RedisKey
 
 
 def _bitmap_as_created(
-    client: redis.Redis, settings: BaseSettings, keys: RedisKeys, configured: BitmapBloomBackend
+    client: redis.Redis, config: Config, keys: RedisKeys, configured: BitmapBloomBackend
 ) -> BitmapBloomBackend:
     """A bitmap backend with the parameters the filter in Redis was created with."""
     raw = client.hget(keys.dupefilter, "sig")
@@ -462,11 +460,8 @@ def _bitmap_as_created(
             candidates.append({"BLOOMFILTER_BIT": bits.bit_length() - 1,
                                "BLOOMFILTER_HASH_NUMBER": int(fields["hashes"])})  # fmt: skip
     for values in candidates:
-        adopted = settings.copy()
-        adopted.frozen = False
-        adopted.update(values, priority=100)
         with contextlib.suppress(ConfigurationError):
-            backend = backend_from_settings(adopted, client, keys)
+            backend = backend_from_config(config.with_values(values).dupefilter, client, keys)
             chooser = getattr(backend, "choose", None)
             backend = chooser() if chooser is not None else backend
             if isinstance(backend, BitmapBloomBackend) and backend.signature == signature:
@@ -478,17 +473,17 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-def crawl_patterns(settings: BaseSettings) -> list[tuple[str, str]]:
+def crawl_patterns(config: Config) -> list[tuple[str, str]]:
     """``(prefix, suffix)`` of the keys that reveal a crawl: queue, seeds, workers,
     progress, dead letters, stats and items, from the settings' key templates."""
     probe = RedisKeys.build(
         _PROBE,
-        requests=settings["SCHEDULER_QUEUE_KEY"],
-        dupefilter=settings["SCHEDULER_DUPEFILTER_KEY"],
-        start_urls=settings["REDIS_START_URLS_KEY"],
+        requests=config.keys.requests,
+        dupefilter=config.keys.dupefilter,
+        start_urls=config.keys.start_urls,
     )
     names = [probe.requests, probe.start_urls, probe.workers, probe.progress, probe.dead,
-             probe.stats, probe.custom(settings["REDIS_ITEMS_KEY"], "REDIS_ITEMS_KEY")]  # fmt: skip
+             probe.stats, probe.custom(config.keys.items, "REDIS_ITEMS_KEY")]  # fmt: skip
     patterns = []
     for name in names:
         prefix, sep, suffix = name.partition(_PROBE)
@@ -497,14 +492,14 @@ def crawl_patterns(settings: BaseSettings) -> list[tuple[str, str]]:
     return patterns
 
 
-def find_crawls(client: redis.Redis, settings: BaseSettings, count: int = 1000) -> list[str]:
+def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[str]:
     """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
 
     A crawl is any name ``<crawl>`` for which one of the keys named by
     :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``.
     """
     found: set[str] = set()
-    for prefix, suffix in crawl_patterns(settings):
+    for prefix, suffix in crawl_patterns(config):
         pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
         for raw in client.scan_iter(match=pattern, count=count):
             key = _text(raw)

@@ -30,10 +30,10 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist import default_settings
-from scrapy_dist.addon import settings_for, with_defaults
-from scrapy_dist.connection import client_for, get_redis_from_settings
-from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import keys_for
+from scrapy_dist.assembly import assemble
+from scrapy_dist.connection import get_redis_from_settings
+from scrapy_dist.keys import expect_type, key_type
+from scrapy_dist.settings import Config, check_items
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -75,14 +75,7 @@ class ItemWriter:
         batch_size: int = 100,
         flush_interval: float = 1.0,
     ) -> None:
-        if maxlen < 0:
-            raise ConfigurationError(f"REDIS_ITEMS_MAXLEN cannot be negative ({maxlen})")
-        if batch_size < 1:
-            raise ConfigurationError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1 ({batch_size})")
-        if flush_interval <= 0:
-            raise ConfigurationError(
-                f"REDIS_ITEMS_FLUSH_INTERVAL must be positive ({flush_interval})"
-            )
+        check_items(maxlen, batch_size, flush_interval)
         self.client = client
         self.key = key
         self.maxlen = maxlen
@@ -249,28 +242,25 @@ class RedisPipeline:
     def from_settings(cls, settings: BaseSettings) -> Self:
         """scrapy-redis's factory: a new client, ``REDIS_ITEMS_KEY`` (a template filled
         in by :meth:`item_key`) and ``REDIS_ITEMS_SERIALIZER``."""
-        settings = with_defaults(settings)
-        path = settings.get("REDIS_ITEMS_SERIALIZER")
+        config = Config.from_settings(settings)
+        path = config.settings.get("REDIS_ITEMS_SERIALIZER")
         return cls(
-            get_redis_from_settings(settings),
-            key=settings["REDIS_ITEMS_KEY"],
+            get_redis_from_settings(config.settings),
+            key=config.keys.items,
             serialize_func=load_object(path) if path else None,
         )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = settings_for(crawler)
-        keys = keys_for(crawler)
-        path = settings.get("REDIS_ITEMS_SERIALIZER")
-        serialize = load_object(path) if path else _json_serializer()
-        if not callable(serialize):
-            raise ConfigurationError(f"REDIS_ITEMS_SERIALIZER {path!r} is not a function")
+        parts = assemble(crawler)
+        items = parts.config.items
+        serialize = items.serializer or _json_serializer()
         writer = ItemWriter(
-            client_for(crawler),
-            keys.custom(settings["REDIS_ITEMS_KEY"], "REDIS_ITEMS_KEY"),
-            maxlen=settings.getint("REDIS_ITEMS_MAXLEN"),
-            batch_size=settings.getint("REDIS_ITEMS_BATCH_SIZE"),
-            flush_interval=settings.getfloat("REDIS_ITEMS_FLUSH_INTERVAL"),
+            parts.client,
+            parts.keys.custom(parts.config.keys.items, "REDIS_ITEMS_KEY"),
+            maxlen=items.maxlen,
+            batch_size=items.batch_size,
+            flush_interval=items.flush_interval,
         )
         return cls(writer, cast("Callable[[Any], str | bytes]", serialize))
 
@@ -286,15 +276,18 @@ class RedisPipeline:
             ConfigurationError: the key holds something other than a list.
         """
         try:
-            actual = self.writer.client.type(self.key)
+            actual = key_type(self.writer.client, self.key)
         except redis.RedisError:
-            actual = b"none"  # unreachable: the scheduler reports it; the writer retries
-        kind = actual.decode() if isinstance(actual, bytes) else str(actual)
-        if kind not in ("none", "list"):
-            raise ConfigurationError(
+            actual = "none"  # unreachable: the scheduler reports it; the writer retries
+        expect_type(
+            self.key,
+            actual,
+            "list",
+            lambda kind: (
                 f"Redis key {self.key!r} holds a {kind}, but RedisPipeline appends items to "
                 "a list: delete it or set REDIS_ITEMS_KEY to another key"
-            )
+            ),
+        )
         self.writer.start()
 
     def process_item(self, item: Any, spider: Spider | None = None) -> Any:

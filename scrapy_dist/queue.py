@@ -252,6 +252,21 @@ class RedisQueue(Base):
             )
 
 
+def leasable_queue(cls: object, path: object) -> type[RedisQueue]:
+    """Return ``cls``, the class ``SCHEDULER_QUEUE_CLASS`` (set as ``path``) names, if the
+    frontier can lease from it.
+
+    Raises:
+        ConfigurationError: it is not a :class:`RedisQueue` subclass.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, RedisQueue)):
+        raise ConfigurationError(
+            f"SCHEDULER_QUEUE_CLASS {path!r} is not a scrapy_dist.queue.RedisQueue "
+            "subclass (FifoQueue, LifoQueue, PriorityQueue)"
+        )
+    return cls
+
+
 class _ListQueue(RedisQueue):
     kind = "list"
 

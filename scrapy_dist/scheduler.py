@@ -35,7 +35,7 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist import _engine, deadletter
-from scrapy_dist.addon import settings_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.connection import check, describe
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
@@ -44,6 +44,7 @@ from scrapy_dist.frontier import DEAD_NOW, DONE, FINISHED, HAND_BACK, Frontier, 
 from scrapy_dist.queue import Base, unleased_queue
 from scrapy_dist.seeds import similar_seed_keys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
+from scrapy_dist.settings import check_scheduler
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.startup import fail_start, start_failure
 from scrapy_dist.workers import WorkerRegistry, crawl_started
@@ -144,7 +145,7 @@ class Scheduler(BaseScheduler):
         fault_exit_code: exit status of a worker closed with ``frontier_lost``.
     """
 
-    def __init__(  # noqa: PLR0915 (one assignment per collaborator and setting)
+    def __init__(
         self,
         *,
         frontier: Frontier,
@@ -168,23 +169,14 @@ class Scheduler(BaseScheduler):
         close_when_done: bool = False,
         fault_exit_code: int = 0,
     ) -> None:
-        if prefetch < 1:
-            raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
-        if idle_before_close < 0:
-            raise ConfigurationError(
-                f"SCHEDULER_IDLE_BEFORE_CLOSE cannot be negative ({idle_before_close})"
-            )
-        if registry.timeout < 2 * heartbeat_interval:
-            raise ConfigurationError(
-                f"SCHEDULER_WORKER_TIMEOUT ({registry.timeout}s) must be at least twice "
-                f"SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s)"
-            )
-        if frontier.lease_timeout < 3 * heartbeat_interval:
-            raise ConfigurationError(
-                f"SCHEDULER_LEASE_TIMEOUT ({frontier.lease_timeout}s) must be at least three "
-                f"times SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s), which is how "
-                "often leases are renewed"
-            )
+        check_scheduler(
+            prefetch=prefetch,
+            idle_before_close=idle_before_close,
+            worker_timeout=registry.timeout,
+            heartbeat_interval=heartbeat_interval,
+            lease_timeout=frontier.lease_timeout,
+            flush_interval=flush_interval,
+        )
         self.frontier = frontier
         self.queue = frontier.queue
         self.df = dupefilter
@@ -202,10 +194,6 @@ class Scheduler(BaseScheduler):
         self.idle_before_close = idle_before_close
         self.prefetch = prefetch
         self.heartbeat_interval = heartbeat_interval
-        if flush_interval < 0:
-            raise ConfigurationError(
-                f"SCHEDULER_FLUSH_INTERVAL cannot be negative ({flush_interval})"
-            )
         self.flush_interval = flush_interval
         frontier.eager = flush_interval == 0
         self._next_beat = 0.0
@@ -258,30 +246,28 @@ class Scheduler(BaseScheduler):
 
     @classmethod
     def _build(cls, crawler: Crawler) -> Self:
-        settings = settings_for(crawler)
-        queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
+        config = assemble(crawler).config
+        queue_cls = config.queue.cls
         # (not issubclass: Scrapy's scheduler metaclass answers it by duck typing)
         if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
             return cast("Self", UnleasedScheduler.from_crawler(crawler))
         frontier = Frontier.for_crawler(crawler)
         dupefilter: BaseDupeFilter = build_from_crawler(
-            load_object(settings["DUPEFILTER_CLASS"]), crawler
+            load_object(config.components.dupefilter), crawler
         )
         if isinstance(dupefilter, RFPDupeFilter):
             owned = dupefilter.backend.keys()
             frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
-        prefetch = settings.getint("SCHEDULER_PREFETCH") or max(
-            1, settings.getint("CONCURRENT_REQUESTS") // 2
-        )
+        settings = config.scheduler
         scheduler = cls(
             frontier=frontier,
             dupefilter=dupefilter,
-            serializer=load_serializer(settings.get("SCHEDULER_SERIALIZER")),
+            serializer=load_serializer(config.requests.serializer),
             registry=WorkerRegistry(
                 frontier.client,
                 frontier.keys.workers,
                 frontier.worker_id,
-                timeout=settings.getfloat("SCHEDULER_WORKER_TIMEOUT"),
+                timeout=config.workers.worker_timeout,
                 frontier=frontier.clear_keys,
                 progress=frontier.keys.progress,
                 started=crawl_started(),
@@ -289,19 +275,19 @@ class Scheduler(BaseScheduler):
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,
             in_flight=lambda: engine_in_flight(crawler),
-            persist=settings.getbool("SCHEDULER_PERSIST"),
-            flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START"),
-            idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE"),
-            prefetch=prefetch,
-            heartbeat_interval=settings.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
-            flush_interval=settings.getfloat("SCHEDULER_FLUSH_INTERVAL"),
-            start_once=settings.getbool("SCHEDULER_START_ONCE"),
+            persist=settings.persist,
+            flush_on_start=settings.flush_on_start,
+            idle_before_close=settings.idle_before_close,
+            prefetch=settings.prefetch,
+            heartbeat_interval=config.workers.heartbeat_interval,
+            flush_interval=settings.flush_interval,
+            start_once=settings.start_once,
             crawler=crawler,
-            policy=RequestPolicy.from_settings(settings),
+            policy=RequestPolicy.build(config.requests.classes, config.requests.schemes),
             check_engine=lambda: check_engine(crawler),
-            close_when_done=settings.getbool("CLOSE_WHEN_CRAWL_DONE"),
-            fault_exit_code=settings.getint("SCHEDULER_FAULT_EXIT_CODE"),
-            max_held=settings.getint("CONCURRENT_REQUESTS") + 2 * prefetch,
+            close_when_done=settings.close_when_done,
+            fault_exit_code=settings.fault_exit_code,
+            max_held=settings.max_held,
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
@@ -900,12 +886,12 @@ class UnleasedScheduler(Scheduler):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = settings_for(crawler)
         scheduler = super().from_crawler(crawler)
         if UnleasedScheduler not in type(scheduler).__mro__:
             return scheduler  # a failed start (FailedScheduler)
-        scheduler._queue_cls = load_object(settings["SCHEDULER_QUEUE_CLASS"])
-        scheduler._queue_key = settings["SCHEDULER_QUEUE_KEY"]
+        config = assemble(crawler).config
+        scheduler._queue_cls = config.queue.cls
+        scheduler._queue_key = config.keys.requests
         scheduler._shared_df = None  # asked with request_seen() before each push
         scheduler.persist = True  # the crawl's progress cannot see into that queue
         return scheduler

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
     import redis
     from redis.client import Pipeline
-    from scrapy.settings import BaseSettings
 
 logger = logging.getLogger(__name__)
 
@@ -348,22 +347,6 @@ class SeedQueue:
         self.client = client
         self.key = key
         self.kind = kind
-
-    @classmethod
-    def kind_from_settings(cls, settings: BaseSettings) -> str:
-        """The seed mode named by ``REDIS_START_URLS_AS_SET`` / ``REDIS_START_URLS_AS_ZSET``.
-
-        Raises:
-            ConfigurationError: both are set.
-        """
-        as_set = settings.getbool("REDIS_START_URLS_AS_SET")
-        as_zset = settings.getbool("REDIS_START_URLS_AS_ZSET")
-        if as_set and as_zset:
-            logger.warning(
-                "REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET are both set: reading "
-                "seeds from a set, as scrapy-redis does; unset one of them"
-            )
-        return "set" if as_set else "zset" if as_zset else "list"
 
     def pop(self, count: int) -> list[bytes]:
         """Remove and return up to ``count`` seeds in one command."""

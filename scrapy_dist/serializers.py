@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from scrapy import Spider
-    from scrapy.settings import BaseSettings
 
 
 logger = logging.getLogger(__name__)
@@ -260,14 +259,6 @@ class RequestPolicy:
                 classes[spec] = obj
         allowed = frozenset(s.lower() for s in schemes) or frozenset(("http", "https"))
         return cls(classes, allowed)
-
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> RequestPolicy:
-        """The policy of ``SCHEDULER_REQUEST_CLASSES`` and ``SCHEDULER_URL_SCHEMES``."""
-        return cls.build(
-            settings.getlist("SCHEDULER_REQUEST_CLASSES"),
-            settings.getlist("SCHEDULER_URL_SCHEMES", ["http", "https"]),
-        )
 
     def check_url(self, url: Any) -> None:
         """Refuse a URL whose scheme is not allowed.

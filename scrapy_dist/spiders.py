@@ -37,23 +37,24 @@ from scrapy.spiders import CrawlSpider
 from scrapy.utils.misc import load_object
 
 from scrapy_dist import _engine, deadletter
-from scrapy_dist.addon import settings_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
 from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
+from scrapy_dist.settings import check_seed_batch_size
 from scrapy_dist.startup import fail_start, start_failure
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
 
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
     from scrapy_dist.dupefilter import DupefilterBackend
+    from scrapy_dist.settings import Config
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class RedisSpiderMixin(Spider):
         if self._redis_open or self._failed:
             return
         crawler = self.crawler
-        settings = settings_for(crawler)
+        config = assemble(crawler).config
         self.frontier = Frontier.for_crawler(crawler)
         self.seeds = self.frontier.seeds
         #: One seed queue per key of ``redis_key``, in priority order (the frontier's
@@ -181,40 +182,32 @@ class RedisSpiderMixin(Spider):
             else self.seeds.key
         )
         #: Seeds that do not say ``dont_filter`` get this (``REDIS_START_URLS_DONT_FILTER``).
-        self.seeds_dont_filter = settings.getbool("REDIS_START_URLS_DONT_FILTER")
+        self.seeds_dont_filter = config.seeds.dont_filter
         #: scrapy-redis's JSON seeds: unknown fields are form data
         #: (``REDIS_START_URLS_EXTRA_FORMDATA``).
-        self.seeds_extra_formdata = settings.getbool("REDIS_START_URLS_EXTRA_FORMDATA")
+        self.seeds_extra_formdata = config.seeds.extra_formdata
         #: Where seed fingerprints are recorded, so links back to a seed are filtered
         #: even though the seed itself was not (``None``: not a scrapy_dist dupefilter).
-        self._seed_filter = _seed_filter(settings, self.frontier)
+        self._seed_filter = _seed_filter(config, self.frontier)
         self._seed_filter_open = False
-        self.redis_batch_size = int(
-            self.redis_batch_size
-            or settings.getint("REDIS_START_URLS_BATCH_SIZE")
-            or settings.getint("CONCURRENT_REQUESTS")
-        )
-        self.redis_encoding = self.redis_encoding or settings.get("REDIS_ENCODING")
-        self.seed_allowed_meta = frozenset(settings.getlist("SEED_ALLOWED_META"))
+        self.redis_batch_size = int(self.redis_batch_size or config.seeds.batch_size)
+        self.redis_encoding = self.redis_encoding or config.seeds.encoding
+        self.seed_allowed_meta = config.seeds.allowed_meta
+        spider = config.spider
         if self.max_idle_time is None:
-            self.max_idle_time = settings.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE")
-        self.close_when_done = settings.getbool("CLOSE_WHEN_CRAWL_DONE")
-        self.done_grace = settings.getfloat("CRAWL_DONE_GRACE")
+            self.max_idle_time = spider.max_idle_time
+        self.close_when_done = spider.close_when_done
+        self.done_grace = spider.done_grace
         # an unleased (scrapy-redis style) queue is invisible to the crawl's progress:
         # never delete the crawl's keys on its account
-        self.persist = settings.getbool("SCHEDULER_PERSIST") or unleased_queue(
-            load_object(settings["SCHEDULER_QUEUE_CLASS"])
-        )
-        self.idle_poll = settings.getfloat("SCHEDULER_IDLE_POLL")
-        self.idle_poll_max = max(self.idle_poll, settings.getfloat("SCHEDULER_IDLE_POLL_MAX"))
+        self.persist = spider.persist or unleased_queue(config.queue.cls)
+        self.idle_poll = spider.idle_poll
+        self.idle_poll_max = spider.idle_poll_max
         self._wake_pause = self.idle_poll
         frontier = self.frontier
         self.dead_letters = DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id)
         self._redis_open = True
-        if self.redis_batch_size < 1:
-            raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
-        if self.idle_poll <= 0:
-            raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
+        check_seed_batch_size(self.redis_batch_size)
 
     @property
     def server(self) -> redis.Redis:
@@ -513,20 +506,20 @@ class RedisSpiderMixin(Spider):
 RedisMixin = RedisSpiderMixin
 
 
-def _seed_filter(settings: BaseSettings, frontier: Frontier) -> DupefilterBackend | None:
+def _seed_filter(config: Config, frontier: Frontier) -> DupefilterBackend | None:
     """The crawl's dupefilter backend, if the crawl uses scrapy_dist's scheduler and
     dupefilter (no I/O)."""
-    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_settings
+    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_config
 
     try:
-        df_cls = load_object(settings["DUPEFILTER_CLASS"])
+        df_cls = load_object(config.components.dupefilter)
     except (ImportError, NameError, ValueError):
         return None
     if not (isinstance(df_cls, type) and issubclass(df_cls, RFPDupeFilter)):
         return None
-    if not _dist_scheduler(settings):
+    if not _dist_scheduler(config.components.scheduler):
         return None
-    return backend_from_settings(settings, frontier.client, frontier.keys)
+    return backend_from_config(config.dupefilter, frontier.client, frontier.keys)
 
 
 _N = TypeVar("_N", int, float)

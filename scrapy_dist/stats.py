@@ -38,16 +38,15 @@ import redis
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
-from scrapy_dist.addon import settings_for
-from scrapy_dist.connection import client_for
-from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import keys_for
+from scrapy_dist.assembly import assemble
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.settings import check_stats_interval
 from scrapy_dist.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
+    from redis.commands.core import Script
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from twisted.internet.task import LoopingCall
@@ -213,15 +212,23 @@ class SharedStats:
         key: the stats hash.
         timeline: the timeline zset.
         window: seconds of timeline kept for rates.
+        script: ``lua/stats.lua`` registered on ``client`` (default: registered here).
     """
 
     def __init__(
-        self, client: redis.Redis, key: str, timeline: str, *, window: int = RATE_WINDOW
+        self,
+        client: redis.Redis,
+        key: str,
+        timeline: str,
+        *,
+        window: int = RATE_WINDOW,
+        script: Script | None = None,
     ) -> None:
         self.client = client
         self.key = key
         self.timeline = timeline
         self.window = window
+        self._script = script or scripts_for(client).stats
 
     def apply(self, ops: Sequence[tuple[str, str, str, str]]) -> int:
         """Apply ``(kind, stat, value, start)`` operations atomically, in order (one round
@@ -239,8 +246,7 @@ class SharedStats:
         args: list[str | int] = [PAGES_STAT, ITEMS_STAT, self.window]
         for op in ops:
             args += op
-        script = scripts_for(self.client).stats
-        return int(cast("int", script(keys=[self.key, self.timeline], args=args)))
+        return int(cast("int", self._script(keys=[self.key, self.timeline], args=args)))
 
     def read(self) -> dict[str, Any]:
         """The crawl's stats, decoded (one round trip)."""
@@ -323,15 +329,16 @@ class RedisStatsCollector(StatsCollector):
         #: The crawler (Scrapy < 2.14 keeps no reference to it).
         self.crawler = crawler
         if shared is None or flush_interval is None:
-            settings = settings_for(crawler)
-            keys = keys_for(crawler)
-            shared = shared or SharedStats(client_for(crawler), keys.stats, keys.timeline)
+            # Scrapy builds stats collectors with cls(crawler): this is their from_crawler
+            parts = assemble(crawler)
+            if shared is None:
+                keys = parts.keys
+                shared = SharedStats(
+                    parts.client, keys.stats, keys.timeline, script=parts.scripts.stats
+                )
             if flush_interval is None:
-                flush_interval = settings.getfloat("STATS_FLUSH_INTERVAL")
-        if flush_interval <= 0:
-            raise ConfigurationError(
-                f"STATS_FLUSH_INTERVAL must be a positive number of seconds ({flush_interval})"
-            )
+                flush_interval = parts.config.stats.flush_interval
+        check_stats_interval(flush_interval)
         self.shared = shared
         self.flush_interval = flush_interval
         self._pending: dict[str, list[_Op]] = {}

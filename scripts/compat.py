@@ -56,7 +56,7 @@ KNOWN_FAILURES: dict[str, str] = {
     "tests.test_spiders.TestRedisMixin_setup_redis::test_via_from_crawler": (
         "mocks scrapy_redis.spiders.connection to assert the spider builds its own client "
         "with connection.from_settings(); scrapy_dist's spider uses the crawler's one shared "
-        "client (connection.client_for), like every other component"
+        "client (scrapy_dist.assembly.assemble), like every other component"
     ),
     **{
         f"tests.test_spiders::test_from_crawler_with_spider_arguments[{cls}]": (

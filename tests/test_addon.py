@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.addon import DistAddon, settings_for, with_defaults
+from scrapy_dist.addon import DistAddon
+from scrapy_dist.assembly import assemble
 from scrapy_dist.metrics import PrometheusMetrics
 
 
@@ -22,17 +22,12 @@ def test_addon_installs_components_and_defaults_below_project_settings() -> None
 
 def test_defaults_without_the_addon() -> None:
     crawler = get_crawler(settings_dict={"SCHEDULER_PERSIST": True})
-    resolved = settings_for(crawler)
-    assert resolved is settings_for(crawler)  # computed once per crawler
+    config = assemble(crawler).config
+    assert config is assemble(crawler).config  # computed once per crawler
+    resolved = config.settings
     assert resolved.getbool("SCHEDULER_PERSIST")
     assert resolved.getfloat("SCHEDULER_LEASE_TIMEOUT") == 120
+    assert config.scheduler.persist
+    assert config.frontier.lease_timeout == 120
     assert crawler.settings.get("SCHEDULER_LEASE_TIMEOUT") is None  # not written back
 
-
-def test_with_defaults_leaves_frozen_settings_alone() -> None:
-    settings = Settings({"REDIS_URL": "redis://h/1"})
-    settings.freeze()
-    resolved = with_defaults(settings)
-    assert resolved["REDIS_URL"] == "redis://h/1"
-    assert resolved["REDIS_ENCODING"] == "utf-8"
-    assert "REDIS_ENCODING" not in settings.attributes

@@ -6,7 +6,8 @@ import pytest
 from scrapy.settings import Settings
 
 from scrapy_dist.addon import with_defaults
-from scrapy_dist.connection import check, client_for, client_from_settings, describe, mask_url
+from scrapy_dist.assembly import assemble
+from scrapy_dist.connection import check, client_from_settings, describe, mask_url
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.testing.redis_server import free_port
 
@@ -97,5 +98,5 @@ def test_unreachable_server_names_the_url_masked() -> None:
 
 def test_one_client_per_crawler(make_crawler) -> None:  # type: ignore[no-untyped-def]
     crawler = make_crawler()
-    assert client_for(crawler) is client_for(crawler)
-    assert client_for(crawler) is not client_for(make_crawler())
+    assert assemble(crawler).client is assemble(crawler).client
+    assert assemble(crawler).client is not assemble(make_crawler()).client

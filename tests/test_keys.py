@@ -7,8 +7,9 @@ import pytest
 from scrapy.settings import Settings
 
 from scrapy_dist.addon import with_defaults
+from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import RedisKeys, keys_for, keys_from_settings
+from scrapy_dist.keys import RedisKeys, keys_from_settings
 
 
 def settings(**values: object) -> Settings:
@@ -63,11 +64,6 @@ def test_job_timestamp_isolates_every_crawl_key() -> None:
         assert a.startswith("books:20261122:")
 
 
-def test_job_id_and_timestamp_are_exclusive() -> None:
-    with pytest.raises(ConfigurationError, match="both set"):
-        keys_from_settings(settings(SCHEDULER_JOB_ID="a", SCHEDULER_JOB_TIMESTAMP="%Y"), "x")
-
-
 def test_job_id() -> None:
     keys = keys_from_settings(settings(SCHEDULER_JOB_ID="run7"), "books")
     assert keys.crawl == "books:run7"
@@ -76,7 +72,7 @@ def test_job_id() -> None:
 
 def test_keys_fixed_once_per_crawler(make_crawler) -> None:  # type: ignore[no-untyped-def]
     crawler = make_crawler({"SCHEDULER_JOB_TIMESTAMP": "%H%M%S%f"})
-    assert keys_for(crawler) is keys_for(crawler)
+    assert assemble(crawler).keys is assemble(crawler).keys
 
 
 def test_spider_redis_key_template() -> None:
@@ -95,12 +91,12 @@ def test_the_job_stamp_comes_from_the_redis_servers_clock(  # type: ignore[no-un
         return int(client.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
 
     before = time_calls()
-    keys = keys_for(crawler)  # make_crawler built the spider, but nothing used keys yet
+    keys = assemble(crawler).keys  # make_crawler built the spider, but nothing used keys yet
     seconds, _ = client.time()
     assert time_calls() == before + 2  # the keys' call and the test's own
     stamp = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y%m%d%H%M")
     assert keys.crawl.split(":")[-1] in {stamp, str(int(stamp) - 1)}
-    keys_for(crawler)
+    assert assemble(crawler).keys is keys
     assert time_calls() == before + 2
 
 
@@ -113,7 +109,7 @@ def test_keys_are_named_after_the_spider_instance(make_crawler) -> None:  # type
             self.name = f"{self.name}-renamed"
 
     crawler = make_crawler(spidercls=Renamed)
-    keys = keys_for(crawler)
+    keys = assemble(crawler).keys
     assert keys.crawl == crawler.spider.name
     assert crawler.spider.name.endswith("-renamed")
     assert crawler.spider.redis_key == keys.start_urls == f"{crawler.spider.name}:start_urls"

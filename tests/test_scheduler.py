@@ -12,8 +12,8 @@ from scrapy import Request
 from scrapy.exceptions import CloseSpider
 from scrapy.utils.misc import build_from_crawler
 
+from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
-from scrapy_dist.keys import keys_for
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.redis_server import free_port
@@ -296,14 +296,14 @@ def test_queue_key_of_the_wrong_type(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
     crawler = make_crawler()
-    client.rpush(keys_for(crawler).requests, b"left by a FIFO crawl")
+    client.rpush(assemble(crawler).keys.requests, b"left by a FIFO crawl")
     scheduler = build_from_crawler(Scheduler, crawler)
     scheduler.open(crawler.spider)
     failure = start_failure(crawler)
     assert failure is not None
     assert failure.reason == "configuration_error"
     assert "holds a list" in failure.message
-    assert client.hlen(keys_for(crawler).workers) == 0  # never joined
+    assert client.hlen(assemble(crawler).keys.workers) == 0  # never joined
 
 
 def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(

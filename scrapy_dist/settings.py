@@ -1,0 +1,821 @@
+"""scrapy_dist's settings, read once and validated here.
+
+:class:`Config` is the one view components have of the settings: a frozen object
+built once per crawler (by :func:`scrapy_dist.assembly.assemble`) from the crawler's
+*final* settings with every unset scrapy_dist setting at its default
+(:mod:`scrapy_dist.default_settings`), or from a :class:`~scrapy.settings.Settings`
+object for code without a crawler (the CLI: :meth:`Config.from_settings`). Every
+setting is read and parsed here, and every check of a setting's value raises its
+:class:`~scrapy_dist.exceptions.ConfigurationError` here (the ``check_*`` functions also
+serve components built directly); components receive plain values. What only another
+module can judge stays there: whether a class is a leasable queue
+(:func:`scrapy_dist.queue.leasable_queue`), a serializer or request class imports
+(:mod:`scrapy_dist.serializers`), a Bloom size is feasible (:mod:`scrapy_dist.dupefilter`),
+a key template expands (:func:`scrapy_dist.keys.expand`), redis-py accepts the client
+options (:mod:`scrapy_dist.connection`).
+
+Sections group the settings of one concept (``config.connection``, ``config.keys``,
+``config.components``, ``config.queue``, ``config.frontier``, ``config.workers``,
+``config.scheduler``, ``config.requests``, ``config.seeds``, ``config.spider``,
+``config.dupefilter``, ``config.items``, ``config.stats``, ``config.metrics``). A
+section is parsed, and validated, the first time it is read, then kept: an invalid
+setting fails the component that uses it, at the moment it is built, as it always has
+(a bad ``METRICS_PORT`` does not stop a crawl whose metrics are off).
+
+Scrapy builds the spider *before* it applies add-ons, so the settings a spider sees in
+``from_crawler`` are not final: :meth:`Config.from_crawler` refuses to read them until
+they are (:func:`settings_final`).
+
+This module imports nothing else of the package but its exceptions and defaults. It is
+longer than the package's other modules on purpose: it is the one place that reads
+and checks every setting (about seventy), section by section.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import FrozenInstanceError, dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from scrapy.utils.misc import load_object
+
+from scrapy_dist import default_settings
+from scrapy_dist.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+#: Client options applied unless ``REDIS_PARAMS`` overrides them.
+DEFAULT_PARAMS: dict[str, Any] = {
+    "socket_connect_timeout": 5,
+    "socket_timeout": 10,
+    "health_check_interval": 30,
+}
+
+#: URL schemes redis-py understands.
+URL_SCHEMES = ("redis", "rediss", "unix")
+
+#: Values of ``DUPEFILTER_BACKEND``.
+BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto")
+
+#: Values of ``BLOOM_ON_FULL``.
+ON_FULL = ("grow", "refuse")
+
+#: Values of ``REDIS_EVICTION_POLICY_CHECK``.
+EVICTION_CHECKS = ("refuse", "warn", "off")
+
+
+def with_defaults(settings: BaseSettings) -> BaseSettings:
+    """Return a copy of ``settings`` in which every unset scrapy_dist setting has its default."""
+    resolved = settings.copy()
+    resolved.frozen = False  # a copy of a frozen crawler's settings starts frozen
+    resolved.setmodule(default_settings, "default")
+    return resolved
+
+
+def settings_final(crawler: Crawler) -> bool:
+    """Whether the crawler's settings are final (its add-ons applied).
+
+    Scrapy's ``Crawler.crawl()`` marks the crawler as crawling, creates the spider, then
+    applies the add-ons, builds the stats collector and the extensions, and freezes the
+    settings. So the settings are not final only while a crawling crawler has no spider
+    yet, i.e. during the spider's own ``__init__``/``from_crawler``. (A crawler that is
+    not crawling, such as one from ``scrapy.utils.test.get_crawler``, has applied its
+    add-ons already.)
+    """
+    return bool(
+        crawler.settings.frozen
+        or getattr(crawler, "spider", None) is not None
+        or not getattr(crawler, "crawling", False)
+    )
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+# -- sections ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    """Where Redis is: ``REDIS_URL``, ``REDIS_HOST``/``PORT``/``DB``, ``REDIS_PARAMS``.
+
+    Attributes:
+        url: the URL to connect to (``None``: host/port in :attr:`params`).
+        params: keyword arguments for the client (``redis_cls`` removed).
+        redis_cls: ``REDIS_PARAMS["redis_cls"]``, imported (``None``: redis-py's).
+    """
+
+    url: str | None
+    params: dict[str, Any]
+    redis_cls: Any = None
+
+
+def connection_config(settings: BaseSettings) -> ConnectionConfig:
+    """Merge ``REDIS_URL``/``REDIS_HOST``/``REDIS_PORT``/``REDIS_DB``/``REDIS_PARAMS``
+    (the settings need not have scrapy_dist's defaults).
+
+    Raises:
+        ConfigurationError: settings that name the server twice, differently.
+    """
+    params = dict(DEFAULT_PARAMS)
+    user_params = settings.getdict("REDIS_PARAMS")
+    params.update(user_params)
+    url = settings.get("REDIS_URL") or None
+    params_url = params.pop("url", None)
+    if url and params_url and url != params_url:
+        raise ConfigurationError(
+            "REDIS_URL and REDIS_PARAMS['url'] name different servers; set only one"
+        )
+    url = url or params_url
+    explicit = {
+        name: settings.get(setting)
+        for name, setting in (("host", "REDIS_HOST"), ("port", "REDIS_PORT"), ("db", "REDIS_DB"))
+        if settings.get(setting) is not None
+    }
+    if url:
+        both = sorted(
+            [f"REDIS_{name.upper()}" for name in explicit]
+            + [f"REDIS_PARAMS[{name!r}]" for name in ("host", "port") if name in user_params]
+        )
+        if both and not settings.getbool("REDIS_URL_PRECEDENCE", True):
+            raise ConfigurationError(
+                f"REDIS_URL is set together with {', '.join(both)}; put the whole address "
+                "in REDIS_URL or use the separate settings, not both"
+            )
+        if both:
+            logger.warning(
+                "REDIS_URL is set together with %(others)s: connecting to %(url)s and "
+                "ignoring %(others)s (REDIS_URL_PRECEDENCE = False makes this an error)",
+                {"others": ", ".join(both), "url": mask_url(url)},
+            )
+            explicit = {}
+            params.pop("host", None)
+            params.pop("port", None)
+        if urlsplit(url).scheme not in URL_SCHEMES:
+            raise ConfigurationError(
+                f"REDIS_URL {mask_url(url)!r} must start with redis://, rediss:// or unix://"
+            )
+    for name, value in explicit.items():
+        if name in user_params and str(user_params[name]) != str(value):
+            raise ConfigurationError(
+                f"REDIS_{name.upper()}={value!r} contradicts REDIS_PARAMS[{name!r}]="
+                f"{user_params[name]!r}"
+            )
+        params[name] = int(value) if name in ("port", "db") else value
+    if params.get("decode_responses"):
+        raise ConfigurationError(
+            "REDIS_PARAMS['decode_responses'] must be false: scrapy_dist stores raw bytes"
+        )
+    redis_cls = params.pop("redis_cls", None)
+    if isinstance(redis_cls, str):
+        redis_cls = load_object(redis_cls)
+    return ConnectionConfig(url, params, redis_cls)
+
+
+@dataclass(frozen=True)
+class KeysConfig:
+    """Key templates (``%(spider)s`` is the crawl name) and the job that isolates runs.
+
+    Attributes:
+        requests: ``SCHEDULER_QUEUE_KEY``.
+        dupefilter: ``SCHEDULER_DUPEFILTER_KEY``.
+        start_urls: ``REDIS_START_URLS_KEY``.
+        items: ``REDIS_ITEMS_KEY``.
+        job_id: ``SCHEDULER_JOB_ID`` (``None``: unset).
+        job_timestamp: ``SCHEDULER_JOB_TIMESTAMP``, a ``strftime`` pattern (``None``: unset).
+    """
+
+    requests: str
+    dupefilter: str
+    start_urls: str
+    items: str
+    job_id: str | None
+    job_timestamp: str | None
+
+
+def _keys(s: BaseSettings) -> KeysConfig:
+    job_id = s.get("SCHEDULER_JOB_ID")
+    pattern = s.get("SCHEDULER_JOB_TIMESTAMP")
+    if job_id and pattern:
+        raise ConfigurationError(
+            "SCHEDULER_JOB_ID and SCHEDULER_JOB_TIMESTAMP are both set; use one of them"
+        )
+    return KeysConfig(
+        requests=s["SCHEDULER_QUEUE_KEY"],
+        dupefilter=s["SCHEDULER_DUPEFILTER_KEY"],
+        start_urls=s["REDIS_START_URLS_KEY"],
+        items=s["REDIS_ITEMS_KEY"],
+        job_id=str(job_id) if job_id else None,
+        job_timestamp=str(pattern) if pattern else None,
+    )
+
+
+@dataclass(frozen=True)
+class ComponentsConfig:
+    """The component classes Scrapy builds, as set: ``SCHEDULER``, ``DUPEFILTER_CLASS``."""
+
+    scheduler: Any
+    dupefilter: Any
+
+
+def _components(s: BaseSettings) -> ComponentsConfig:
+    return ComponentsConfig(scheduler=s.get("SCHEDULER"), dupefilter=s.get("DUPEFILTER_CLASS"))
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """``SCHEDULER_QUEUE_CLASS``: as set (``path``, for messages) and imported (``cls``).
+    Whether the class is one the frontier can lease is :mod:`scrapy_dist.queue`'s to say."""
+
+    path: Any
+    cls: Any
+
+
+def _queue(s: BaseSettings) -> QueueConfig:
+    path = s["SCHEDULER_QUEUE_CLASS"]
+    return QueueConfig(path, load_object(path) if isinstance(path, str) else path)
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """Leases and the frontier's checks (``SCHEDULER_LEASE_TIMEOUT``,
+    ``SCHEDULER_MAX_DELIVERIES``, ``REDIS_EVICTION_POLICY_CHECK``,
+    ``SCHEDULER_WRONGTYPE_TIMEOUT``)."""
+
+    lease_timeout: float
+    max_deliveries: int
+    eviction_check: str
+    wrongtype_timeout: float
+
+
+def check_frontier(eviction_check: str, lease_timeout: float, max_deliveries: int) -> None:
+    """Check ``REDIS_EVICTION_POLICY_CHECK``, ``SCHEDULER_LEASE_TIMEOUT`` and
+    ``SCHEDULER_MAX_DELIVERIES`` (also given to a frontier built directly).
+
+    Raises:
+        ConfigurationError: a value out of range.
+    """
+    if eviction_check not in EVICTION_CHECKS:
+        raise ConfigurationError(
+            f"REDIS_EVICTION_POLICY_CHECK must be 'refuse', 'warn' or 'off', not {eviction_check!r}"
+        )
+    if lease_timeout <= 0:
+        raise ConfigurationError(f"SCHEDULER_LEASE_TIMEOUT must be positive ({lease_timeout})")
+    if max_deliveries < 1:
+        raise ConfigurationError(f"SCHEDULER_MAX_DELIVERIES must be at least 1 ({max_deliveries})")
+
+
+def _frontier(s: BaseSettings) -> FrontierConfig:
+    eviction_check = str(s.get("REDIS_EVICTION_POLICY_CHECK"))
+    lease_timeout = s.getfloat("SCHEDULER_LEASE_TIMEOUT")
+    max_deliveries = s.getint("SCHEDULER_MAX_DELIVERIES")
+    check_frontier(eviction_check, lease_timeout, max_deliveries)
+    return FrontierConfig(
+        lease_timeout=lease_timeout,
+        max_deliveries=max_deliveries,
+        eviction_check=eviction_check,
+        wrongtype_timeout=s.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
+    )
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    """The worker registry: ``SCHEDULER_HEARTBEAT_INTERVAL``, ``SCHEDULER_WORKER_TIMEOUT``."""
+
+    heartbeat_interval: float
+    worker_timeout: float
+
+
+def _workers(s: BaseSettings) -> WorkersConfig:
+    return WorkersConfig(
+        heartbeat_interval=s.getfloat("SCHEDULER_HEARTBEAT_INTERVAL"),
+        worker_timeout=s.getfloat("SCHEDULER_WORKER_TIMEOUT"),
+    )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's settings.
+
+    Attributes:
+        prefetch: requests leased per call (``SCHEDULER_PREFETCH``, or half of
+            ``CONCURRENT_REQUESTS``).
+        max_held: most requests a worker holds (``CONCURRENT_REQUESTS + 2 * prefetch``).
+    """
+
+    prefetch: int
+    max_held: int
+    persist: bool
+    flush_on_start: bool
+    idle_before_close: float
+    flush_interval: float
+    start_once: bool
+    close_when_done: bool
+    fault_exit_code: int
+
+
+def check_scheduler(
+    *,
+    prefetch: int,
+    idle_before_close: float,
+    worker_timeout: float,
+    heartbeat_interval: float,
+    lease_timeout: float,
+    flush_interval: float,
+) -> None:
+    """Check the scheduler's values (also given to a scheduler built directly).
+
+    Raises:
+        ConfigurationError: a value out of range, or timeouts too short for the
+            heartbeat.
+    """
+    if prefetch < 1:
+        raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
+    if idle_before_close < 0:
+        raise ConfigurationError(
+            f"SCHEDULER_IDLE_BEFORE_CLOSE cannot be negative ({idle_before_close})"
+        )
+    if worker_timeout < 2 * heartbeat_interval:
+        raise ConfigurationError(
+            f"SCHEDULER_WORKER_TIMEOUT ({worker_timeout}s) must be at least twice "
+            f"SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s)"
+        )
+    if lease_timeout < 3 * heartbeat_interval:
+        raise ConfigurationError(
+            f"SCHEDULER_LEASE_TIMEOUT ({lease_timeout}s) must be at least three "
+            f"times SCHEDULER_HEARTBEAT_INTERVAL ({heartbeat_interval}s), which is how "
+            "often leases are renewed"
+        )
+    if flush_interval < 0:
+        raise ConfigurationError(f"SCHEDULER_FLUSH_INTERVAL cannot be negative ({flush_interval})")
+
+
+def _scheduler(
+    s: BaseSettings, workers: WorkersConfig, frontier: FrontierConfig
+) -> SchedulerConfig:
+    concurrency = s.getint("CONCURRENT_REQUESTS")
+    prefetch = s.getint("SCHEDULER_PREFETCH") or max(1, concurrency // 2)
+    idle_before_close = s.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE")
+    flush_interval = s.getfloat("SCHEDULER_FLUSH_INTERVAL")
+    check_scheduler(
+        prefetch=prefetch,
+        idle_before_close=idle_before_close,
+        worker_timeout=workers.worker_timeout,
+        heartbeat_interval=workers.heartbeat_interval,
+        lease_timeout=frontier.lease_timeout,
+        flush_interval=flush_interval,
+    )
+    return SchedulerConfig(
+        prefetch=prefetch,
+        max_held=concurrency + 2 * prefetch,
+        persist=s.getbool("SCHEDULER_PERSIST"),
+        flush_on_start=s.getbool("SCHEDULER_FLUSH_ON_START"),
+        idle_before_close=idle_before_close,
+        flush_interval=flush_interval,
+        start_once=s.getbool("SCHEDULER_START_ONCE"),
+        close_when_done=s.getbool("CLOSE_WHEN_CRAWL_DONE"),
+        fault_exit_code=s.getint("SCHEDULER_FAULT_EXIT_CODE"),
+    )
+
+
+@dataclass(frozen=True)
+class RequestsConfig:
+    """What queue entries hold and may decode into.
+
+    Attributes:
+        serializer: ``SCHEDULER_SERIALIZER`` as set (resolved by
+            :func:`scrapy_dist.serializers.load_serializer`).
+        classes: ``SCHEDULER_REQUEST_CLASSES`` as set (import paths or classes).
+        schemes: ``SCHEDULER_URL_SCHEMES``.
+    """
+
+    serializer: Any
+    classes: tuple[Any, ...]
+    schemes: tuple[str, ...]
+
+
+def _requests(s: BaseSettings) -> RequestsConfig:
+    return RequestsConfig(
+        serializer=s.get("SCHEDULER_SERIALIZER"),
+        classes=tuple(s.getlist("SCHEDULER_REQUEST_CLASSES")),
+        schemes=tuple(s.getlist("SCHEDULER_URL_SCHEMES", ["http", "https"])),
+    )
+
+
+@dataclass(frozen=True)
+class SeedsConfig:
+    """Seeds read from Redis.
+
+    Attributes:
+        kind: ``"list"``, ``"set"`` or ``"zset"`` (``REDIS_START_URLS_AS_SET``/``_AS_ZSET``).
+        batch_size: seeds per read (``REDIS_START_URLS_BATCH_SIZE``, or
+            ``CONCURRENT_REQUESTS``); a spider's ``redis_batch_size`` overrides it.
+        encoding: ``REDIS_ENCODING``.
+        dont_filter: ``REDIS_START_URLS_DONT_FILTER``.
+        extra_formdata: ``REDIS_START_URLS_EXTRA_FORMDATA``.
+        allowed_meta: ``SEED_ALLOWED_META``.
+    """
+
+    kind: str
+    batch_size: int
+    encoding: str
+    dont_filter: bool
+    extra_formdata: bool
+    allowed_meta: frozenset[str]
+
+
+def _seeds(s: BaseSettings) -> SeedsConfig:
+    as_set = s.getbool("REDIS_START_URLS_AS_SET")
+    as_zset = s.getbool("REDIS_START_URLS_AS_ZSET")
+    if as_set and as_zset:
+        logger.warning(
+            "REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET are both set: reading "
+            "seeds from a set, as scrapy-redis does; unset one of them"
+        )
+    return SeedsConfig(
+        kind="set" if as_set else "zset" if as_zset else "list",
+        batch_size=s.getint("REDIS_START_URLS_BATCH_SIZE") or s.getint("CONCURRENT_REQUESTS"),
+        encoding=str(s.get("REDIS_ENCODING")),
+        dont_filter=s.getbool("REDIS_START_URLS_DONT_FILTER"),
+        extra_formdata=s.getbool("REDIS_START_URLS_EXTRA_FORMDATA"),
+        allowed_meta=frozenset(s.getlist("SEED_ALLOWED_META")),
+    )
+
+
+@dataclass(frozen=True)
+class SpiderConfig:
+    """A Redis spider's idle handling (``MAX_IDLE_TIME_BEFORE_CLOSE``,
+    ``CLOSE_WHEN_CRAWL_DONE``, ``CRAWL_DONE_GRACE``, ``SCHEDULER_IDLE_POLL``/``_MAX``,
+    ``SCHEDULER_PERSIST``)."""
+
+    max_idle_time: float
+    close_when_done: bool
+    done_grace: float
+    persist: bool
+    idle_poll: float
+    idle_poll_max: float
+
+
+def check_seed_batch_size(batch_size: int) -> None:
+    """Raise :class:`ConfigurationError` unless seeds are read at least one at a time
+    (``REDIS_START_URLS_BATCH_SIZE``, or the spider's ``redis_batch_size``)."""
+    if batch_size < 1:
+        raise ConfigurationError("REDIS_START_URLS_BATCH_SIZE must be at least 1")
+
+
+def _spider(s: BaseSettings) -> SpiderConfig:
+    idle_poll = s.getfloat("SCHEDULER_IDLE_POLL")
+    if idle_poll <= 0:
+        raise ConfigurationError("SCHEDULER_IDLE_POLL must be positive")
+    return SpiderConfig(
+        max_idle_time=s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE"),
+        close_when_done=s.getbool("CLOSE_WHEN_CRAWL_DONE"),
+        done_grace=s.getfloat("CRAWL_DONE_GRACE"),
+        persist=s.getbool("SCHEDULER_PERSIST"),
+        idle_poll=idle_poll,
+        idle_poll_max=max(idle_poll, s.getfloat("SCHEDULER_IDLE_POLL_MAX")),
+    )
+
+
+@dataclass(frozen=True)
+class BloomSize:
+    """The first Bloom stage as set: ``bits`` and ``hash_number`` (``BLOOMFILTER_BIT``,
+    ``BLOOMFILTER_HASH_NUMBER``) when ``bits`` is set, else ``capacity`` at
+    ``error_rate`` (``BLOOM_CAPACITY``, ``BLOOM_ERROR_RATE``)."""
+
+    bits: int | None = None
+    hash_number: int = 0
+    capacity: int = 0
+    error_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class DupefilterConfig:
+    """The dupefilter's settings.
+
+    Attributes:
+        backend: ``DUPEFILTER_BACKEND``, lower case, one of :data:`BACKENDS`.
+        ttl: ``DUPEFILTER_TTL`` in seconds (``None``: never expires).
+        on_full: ``BLOOM_ON_FULL`` (checked unless the backend is ``"set"``).
+        bloom: the Bloom size (``None`` with the ``"set"`` backend).
+        local_cache: ``DUPEFILTER_LOCAL_CACHE`` (``None``: on, exact only by choice).
+        local_cache_size: ``DUPEFILTER_LOCAL_CACHE_SIZE``.
+        debug: ``DUPEFILTER_DEBUG``.
+        standalone_per_run: ``DUPEFILTER_STANDALONE_PER_RUN``.
+    """
+
+    backend: str
+    ttl: float | None
+    on_full: str
+    bloom: BloomSize | None
+    local_cache: bool | None
+    local_cache_size: int
+    debug: bool
+    standalone_per_run: bool
+
+
+def _ttl(raw: Any) -> float | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        ttl = float(raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"DUPEFILTER_TTL must be a number of seconds: {raw!r}") from e
+    if ttl < 0 or math.isnan(ttl):
+        raise ConfigurationError(f"DUPEFILTER_TTL cannot be negative: {raw!r}")
+    return ttl or None
+
+
+def _bloom(s: BaseSettings) -> BloomSize:
+    bit = s.get("BLOOMFILTER_BIT")
+    try:
+        if bit is not None and bit != "":
+            return BloomSize(bits=int(bit), hash_number=s.getint("BLOOMFILTER_HASH_NUMBER"))
+        return BloomSize(
+            capacity=s.getint("BLOOM_CAPACITY"), error_rate=s.getfloat("BLOOM_ERROR_RATE")
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"invalid Bloom dupefilter size: {e}") from e
+
+
+def _dupefilter(s: BaseSettings) -> DupefilterConfig:
+    mode = str(s.get("DUPEFILTER_BACKEND")).lower()
+    if mode not in BACKENDS:
+        raise ConfigurationError(
+            f"DUPEFILTER_BACKEND must be one of {', '.join(map(repr, BACKENDS))}, not {mode!r}"
+        )
+    ttl = _ttl(s.get("DUPEFILTER_TTL"))
+    on_full = str(s.get("BLOOM_ON_FULL")).lower()
+    bloom = None
+    if mode != "set":
+        check_on_full(on_full)
+        bloom = _bloom(s)
+    wanted = s.get("DUPEFILTER_LOCAL_CACHE")
+    return DupefilterConfig(
+        backend=mode,
+        ttl=ttl,
+        on_full=on_full,
+        bloom=bloom,
+        local_cache=None if wanted is None else s.getbool("DUPEFILTER_LOCAL_CACHE"),
+        local_cache_size=s.getint("DUPEFILTER_LOCAL_CACHE_SIZE"),
+        debug=s.getbool("DUPEFILTER_DEBUG"),
+        standalone_per_run=s.getbool("DUPEFILTER_STANDALONE_PER_RUN"),
+    )
+
+
+def check_on_full(on_full: str) -> None:
+    """Raise :class:`ConfigurationError` unless ``on_full`` is one of :data:`ON_FULL`
+    (``BLOOM_ON_FULL``, also given to a Bloom backend built directly)."""
+    if on_full not in ON_FULL:
+        raise ConfigurationError(f"BLOOM_ON_FULL must be 'grow' or 'refuse', not {on_full!r}")
+
+
+@dataclass(frozen=True)
+class ItemsConfig:
+    """The item pipeline's settings (the items key is ``config.keys.items``).
+
+    Attributes:
+        serializer: ``REDIS_ITEMS_SERIALIZER``, imported (``None``: JSON lines).
+        serializer_path: ``REDIS_ITEMS_SERIALIZER`` as set.
+    """
+
+    maxlen: int
+    batch_size: int
+    flush_interval: float
+    serializer: Any
+    serializer_path: Any
+
+
+def check_items(maxlen: int, batch_size: int, flush_interval: float) -> None:
+    """Check ``REDIS_ITEMS_MAXLEN``, ``REDIS_ITEMS_BATCH_SIZE`` and
+    ``REDIS_ITEMS_FLUSH_INTERVAL`` (also given to an item writer built directly).
+
+    Raises:
+        ConfigurationError: a negative maxlen, a batch size below 1 or a non-positive
+            interval.
+    """
+    if maxlen < 0:
+        raise ConfigurationError(f"REDIS_ITEMS_MAXLEN cannot be negative ({maxlen})")
+    if batch_size < 1:
+        raise ConfigurationError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1 ({batch_size})")
+    if flush_interval <= 0:
+        raise ConfigurationError(f"REDIS_ITEMS_FLUSH_INTERVAL must be positive ({flush_interval})")
+
+
+def _items(s: BaseSettings) -> ItemsConfig:
+    path = s.get("REDIS_ITEMS_SERIALIZER")
+    serializer = load_object(path) if path else None
+    if serializer is not None and not callable(serializer):
+        raise ConfigurationError(f"REDIS_ITEMS_SERIALIZER {path!r} is not a function")
+    maxlen = s.getint("REDIS_ITEMS_MAXLEN")
+    batch_size = s.getint("REDIS_ITEMS_BATCH_SIZE")
+    flush_interval = s.getfloat("REDIS_ITEMS_FLUSH_INTERVAL")
+    check_items(maxlen, batch_size, flush_interval)
+    return ItemsConfig(maxlen, batch_size, flush_interval, serializer, path)
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """``STATS_FLUSH_INTERVAL``: seconds between writes of a worker's stats to Redis."""
+
+    flush_interval: float
+
+
+def check_stats_interval(flush_interval: float) -> None:
+    """Raise :class:`ConfigurationError` unless ``STATS_FLUSH_INTERVAL`` is positive."""
+    if flush_interval <= 0:
+        raise ConfigurationError(
+            f"STATS_FLUSH_INTERVAL must be a positive number of seconds ({flush_interval})"
+        )
+
+
+def _stats(s: BaseSettings) -> StatsConfig:
+    flush_interval = s.getfloat("STATS_FLUSH_INTERVAL")
+    check_stats_interval(flush_interval)
+    return StatsConfig(flush_interval)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The metrics server (``METRICS_*``); host, port and interval are checked only
+    when ``enabled``."""
+
+    enabled: bool
+    host: str
+    port: int
+    interval: float
+
+
+def check_metrics(port: int, interval: float) -> None:
+    """Check ``METRICS_PORT`` and ``METRICS_INTERVAL`` (also given to the extension
+    built directly).
+
+    Raises:
+        ConfigurationError: a non-positive interval or a port out of range.
+    """
+    if interval <= 0:
+        raise ConfigurationError(f"METRICS_INTERVAL must be positive ({interval})")
+    if not 0 <= port < 65536:
+        raise ConfigurationError(f"METRICS_PORT must be a TCP port number ({port})")
+
+
+def _metrics(s: BaseSettings) -> MetricsConfig:
+    enabled = s.getbool("METRICS_ENABLED")
+    if not enabled:
+        return MetricsConfig(False, str(s.get("METRICS_HOST")), 0, 0.0)
+    port = s.getint("METRICS_PORT")
+    interval = s.getfloat("METRICS_INTERVAL")
+    check_metrics(port, interval)
+    return MetricsConfig(True, str(s.get("METRICS_HOST")), port, interval)
+
+
+# -- the config -------------------------------------------------------------------------
+
+
+class Config:
+    """scrapy_dist's settings of one crawler (or one CLI run), frozen.
+
+    Build it with :meth:`from_crawler` or :meth:`from_settings`; each section (see the
+    module docstring) is parsed and validated the first time it is read.
+
+    Raises (on reading a section):
+        ConfigurationError: a setting of that section is invalid; the message names it.
+    """
+
+    _settings: BaseSettings
+
+    def __init__(self, settings: BaseSettings) -> None:
+        resolved = with_defaults(settings)
+        resolved.freeze()
+        object.__setattr__(self, "_settings", resolved)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}: Config is frozen")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}: Config is frozen")
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Config:
+        """The config of ``settings`` (a project's, for the CLI), with the defaults."""
+        return cls(settings)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Config:
+        """The config of the crawler's final settings. Call it once per crawler (through
+        :func:`scrapy_dist.assembly.assemble`).
+
+        Raises:
+            RuntimeError: the settings are not final yet (read from a spider's
+                ``__init__``/``from_crawler``, before Scrapy applied the add-ons); read
+                them from ``spider_opened`` on.
+        """
+        if not settings_final(crawler):
+            raise RuntimeError(
+                "scrapy_dist settings were read before Scrapy applied the add-ons (from a "
+                "spider's __init__ or from_crawler); read them from spider_opened on"
+            )
+        return cls(crawler.settings)
+
+    def with_values(self, values: Mapping[str, Any]) -> Config:
+        """A new config of the same settings with ``values`` (setting name -> value)
+        overriding them, e.g. to read a crawl another configuration wrote."""
+        settings = self._settings.copy()
+        settings.frozen = False
+        settings.update(dict(values), priority=100)
+        return Config(settings)
+
+    @property
+    def settings(self) -> BaseSettings:
+        """The settings read, frozen, with scrapy_dist's defaults (for Scrapy's own
+        settings and code that still takes settings)."""
+        return self._settings
+
+    @cached_property
+    def connection(self) -> ConnectionConfig:
+        return connection_config(self.settings)
+
+    @cached_property
+    def keys(self) -> KeysConfig:
+        return _keys(self.settings)
+
+    @cached_property
+    def components(self) -> ComponentsConfig:
+        return _components(self.settings)
+
+    @cached_property
+    def queue(self) -> QueueConfig:
+        return _queue(self.settings)
+
+    @cached_property
+    def frontier(self) -> FrontierConfig:
+        return _frontier(self.settings)
+
+    @cached_property
+    def workers(self) -> WorkersConfig:
+        return _workers(self.settings)
+
+    @cached_property
+    def scheduler(self) -> SchedulerConfig:
+        return _scheduler(self.settings, self.workers, self.frontier)
+
+    @cached_property
+    def requests(self) -> RequestsConfig:
+        return _requests(self.settings)
+
+    @cached_property
+    def seeds(self) -> SeedsConfig:
+        return _seeds(self.settings)
+
+    @cached_property
+    def spider(self) -> SpiderConfig:
+        return _spider(self.settings)
+
+    @cached_property
+    def dupefilter(self) -> DupefilterConfig:
+        return _dupefilter(self.settings)
+
+    @cached_property
+    def items(self) -> ItemsConfig:
+        return _items(self.settings)
+
+    @cached_property
+    def stats(self) -> StatsConfig:
+        return _stats(self.settings)
+
+    @cached_property
+    def metrics(self) -> MetricsConfig:
+        return _metrics(self.settings)
+
+    def validate(self) -> Config:
+        """Parse every section now (e.g. for a CLI check); return ``self``.
+
+        Raises:
+            ConfigurationError: the first invalid setting.
+        """
+        for name in SECTIONS:
+            getattr(self, name)
+        return self
+
+
+#: The sections of :class:`Config`, in the order :meth:`Config.validate` reads them.
+SECTIONS = (
+    "connection", "keys", "components", "queue", "frontier", "workers", "scheduler",
+    "requests", "seeds", "spider", "dupefilter", "items", "stats", "metrics",
+)  # fmt: skip

@@ -1,0 +1,290 @@
+"""The config: frozen, built once per crawler from its final settings, every setting
+checked in scrapy_dist.settings with the messages users see."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
+
+from scrapy_dist.addon import DistAddon
+from scrapy_dist.assembly import assemble
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import keys_from_settings
+from scrapy_dist.settings import SECTIONS, Config, check_seed_batch_size, with_defaults
+
+
+def config(**values: object) -> Config:
+    return Config.from_settings(Settings(values))
+
+
+def test_defaults_fill_unset_settings() -> None:
+    c = config(SCHEDULER_PERSIST=True)
+    assert c.scheduler.persist
+    assert c.frontier.lease_timeout == 120
+    assert c.keys.requests == "%(spider)s:requests"
+    assert c.dupefilter.backend == "set"
+    assert c.dupefilter.bloom is None
+    assert c.seeds.kind == "list"
+    assert c.seeds.encoding == "utf-8"
+    assert c.requests.serializer == "json"
+    assert not c.metrics.enabled
+
+
+def test_the_config_and_its_sections_are_frozen() -> None:
+    c = config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.scheduler = None  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.frontier.lease_timeout = 1  # type: ignore[misc]
+    assert c.settings.frozen
+    with pytest.raises(TypeError):
+        c.settings.set("SCHEDULER_PERSIST", True)
+
+
+def test_sections_are_parsed_once() -> None:
+    c = config()
+    assert c.scheduler is c.scheduler
+    assert c.validate() is c
+    assert all(getattr(c, name) is getattr(c, name) for name in SECTIONS)
+
+
+def test_the_source_settings_are_not_written() -> None:
+    settings = Settings({"REDIS_URL": "redis://h/1"})
+    settings.freeze()
+    c = Config.from_settings(settings)
+    assert c.connection.url == "redis://h/1"
+    assert "REDIS_ENCODING" not in settings.attributes
+
+
+def test_with_defaults_leaves_frozen_settings_alone() -> None:
+    settings = Settings({"REDIS_URL": "redis://h/1"})
+    settings.freeze()
+    resolved = with_defaults(settings)
+    assert resolved["REDIS_URL"] == "redis://h/1"
+    assert resolved["REDIS_ENCODING"] == "utf-8"
+    assert "REDIS_ENCODING" not in settings.attributes
+
+
+def test_job_id_and_timestamp_are_exclusive() -> None:
+    with pytest.raises(ConfigurationError, match="both set"):
+        keys_from_settings(
+            with_defaults(Settings({"SCHEDULER_JOB_ID": "a", "SCHEDULER_JOB_TIMESTAMP": "%Y"})),
+            "x",
+        )
+
+
+def test_built_once_per_crawler() -> None:
+    crawler = get_crawler(settings_dict={"SCHEDULER_PERSIST": True})
+    parts = assemble(crawler)
+    assert parts is assemble(crawler)
+    assert parts.config is assemble(crawler).config
+    assert parts.client is parts.client
+    assert assemble(get_crawler()).config is not parts.config
+
+
+def test_built_from_the_settings_after_the_add_ons() -> None:
+    crawler = get_crawler(
+        settings_dict={"ADDONS": {DistAddon: 0}, "SCHEDULER_LEASE_TIMEOUT": 60}
+    )
+    c = assemble(crawler).config
+    assert c.frontier.lease_timeout == 60  # the project's value wins over the add-on's
+    assert c.components.scheduler == "scrapy_dist.scheduler.Scheduler"  # the add-on's
+
+
+def test_refused_before_the_add_ons_ran() -> None:
+    """A crawling crawler without its spider yet is inside the spider's from_crawler:
+    Scrapy has not applied the add-ons."""
+    crawler = get_crawler()
+    crawler.crawling = True
+    crawler.settings.frozen = False
+    with pytest.raises(RuntimeError) as info:
+        assemble(crawler)
+    assert str(info.value) == (
+        "scrapy_dist settings were read before Scrapy applied the add-ons (from a "
+        "spider's __init__ or from_crawler); read them from spider_opened on"
+    )
+    crawler.crawling = False
+    assert assemble(crawler).config.frontier.lease_timeout == 120
+
+
+def test_with_values_overrides_some_settings() -> None:
+    c = config(DUPEFILTER_BACKEND="set", BLOOM_CAPACITY=1000)
+    adopted = c.with_values({"DUPEFILTER_BACKEND": "auto"})
+    assert adopted.dupefilter.backend == "auto"
+    assert adopted.dupefilter.bloom is not None
+    assert adopted.dupefilter.bloom.capacity == 1000
+    assert c.dupefilter.backend == "set"
+
+
+def test_an_invalid_section_does_not_fail_the_others() -> None:
+    c = config(METRICS_PORT=70000, SCHEDULER_PREFETCH=-1, BLOOM_ON_FULL="explode")
+    assert not c.metrics.enabled  # checked only when enabled
+    assert c.dupefilter.backend == "set"  # BLOOM_ON_FULL matters only to Bloom backends
+    assert c.seeds.kind == "list"
+    with pytest.raises(ConfigurationError, match="SCHEDULER_PREFETCH"):
+        c.scheduler  # noqa: B018
+
+
+#: (settings, section, the exact message)
+ERRORS: list[tuple[dict[str, Any], str, str]] = [
+    (
+        {"REDIS_URL": "redis://h/0", "REDIS_PARAMS": {"url": "redis://elsewhere/0"}},
+        "connection",
+        "REDIS_URL and REDIS_PARAMS['url'] name different servers; set only one",
+    ),
+    (
+        {"REDIS_URL": "redis://h:7/3", "REDIS_HOST": "other", "REDIS_URL_PRECEDENCE": False},
+        "connection",
+        "REDIS_URL is set together with REDIS_HOST; put the whole address in REDIS_URL or "
+        "use the separate settings, not both",
+    ),
+    (
+        {"REDIS_URL": "http://h/0"},
+        "connection",
+        "REDIS_URL 'http://h/0' must start with redis://, rediss:// or unix://",
+    ),
+    (
+        {"REDIS_HOST": "a", "REDIS_PARAMS": {"host": "b"}},
+        "connection",
+        "REDIS_HOST='a' contradicts REDIS_PARAMS['host']='b'",
+    ),
+    (
+        {"REDIS_PARAMS": {"decode_responses": True}},
+        "connection",
+        "REDIS_PARAMS['decode_responses'] must be false: scrapy_dist stores raw bytes",
+    ),
+    (
+        {"SCHEDULER_JOB_ID": "a", "SCHEDULER_JOB_TIMESTAMP": "%Y"},
+        "keys",
+        "SCHEDULER_JOB_ID and SCHEDULER_JOB_TIMESTAMP are both set; use one of them",
+    ),
+    (
+        {"REDIS_EVICTION_POLICY_CHECK": "x"},
+        "frontier",
+        "REDIS_EVICTION_POLICY_CHECK must be 'refuse', 'warn' or 'off', not 'x'",
+    ),
+    (
+        {"SCHEDULER_LEASE_TIMEOUT": 0},
+        "frontier",
+        "SCHEDULER_LEASE_TIMEOUT must be positive (0.0)",
+    ),
+    (
+        {"SCHEDULER_MAX_DELIVERIES": 0},
+        "frontier",
+        "SCHEDULER_MAX_DELIVERIES must be at least 1 (0)",
+    ),
+    (
+        {"SCHEDULER_PREFETCH": -1},
+        "scheduler",
+        "SCHEDULER_PREFETCH must be at least 1, not -1",
+    ),
+    (
+        {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},
+        "scheduler",
+        "SCHEDULER_IDLE_BEFORE_CLOSE cannot be negative (-1.0)",
+    ),
+    (
+        {"SCHEDULER_WORKER_TIMEOUT": 1, "SCHEDULER_HEARTBEAT_INTERVAL": 5},
+        "scheduler",
+        "SCHEDULER_WORKER_TIMEOUT (1.0s) must be at least twice "
+        "SCHEDULER_HEARTBEAT_INTERVAL (5.0s)",
+    ),
+    (
+        {"SCHEDULER_LEASE_TIMEOUT": 10, "SCHEDULER_HEARTBEAT_INTERVAL": 5},
+        "scheduler",
+        "SCHEDULER_LEASE_TIMEOUT (10.0s) must be at least three times "
+        "SCHEDULER_HEARTBEAT_INTERVAL (5.0s), which is how often leases are renewed",
+    ),
+    (
+        {"SCHEDULER_FLUSH_INTERVAL": -1},
+        "scheduler",
+        "SCHEDULER_FLUSH_INTERVAL cannot be negative (-1.0)",
+    ),
+    (
+        {"SCHEDULER_IDLE_POLL": 0},
+        "spider",
+        "SCHEDULER_IDLE_POLL must be positive",
+    ),
+    (
+        {"DUPEFILTER_BACKEND": "x"},
+        "dupefilter",
+        "DUPEFILTER_BACKEND must be one of 'set', 'bloom', 'bitmap', 'redisbloom', 'auto', "
+        "not 'x'",
+    ),
+    (
+        {"DUPEFILTER_TTL": "abc"},
+        "dupefilter",
+        "DUPEFILTER_TTL must be a number of seconds: 'abc'",
+    ),
+    (
+        {"DUPEFILTER_TTL": -1},
+        "dupefilter",
+        "DUPEFILTER_TTL cannot be negative: -1",
+    ),
+    (
+        {"DUPEFILTER_BACKEND": "bloom", "BLOOM_ON_FULL": "explode"},
+        "dupefilter",
+        "BLOOM_ON_FULL must be 'grow' or 'refuse', not 'explode'",
+    ),
+    (
+        {"DUPEFILTER_BACKEND": "bitmap", "BLOOMFILTER_BIT": "x"},
+        "dupefilter",
+        "invalid Bloom dupefilter size: invalid literal for int() with base 10: 'x'",
+    ),
+    (
+        {"REDIS_ITEMS_MAXLEN": -1},
+        "items",
+        "REDIS_ITEMS_MAXLEN cannot be negative (-1)",
+    ),
+    (
+        {"REDIS_ITEMS_BATCH_SIZE": 0},
+        "items",
+        "REDIS_ITEMS_BATCH_SIZE must be at least 1 (0)",
+    ),
+    (
+        {"REDIS_ITEMS_FLUSH_INTERVAL": 0},
+        "items",
+        "REDIS_ITEMS_FLUSH_INTERVAL must be positive (0.0)",
+    ),
+    (
+        {"REDIS_ITEMS_SERIALIZER": "os.sep"},
+        "items",
+        "REDIS_ITEMS_SERIALIZER 'os.sep' is not a function",
+    ),
+    (
+        {"STATS_FLUSH_INTERVAL": 0},
+        "stats",
+        "STATS_FLUSH_INTERVAL must be a positive number of seconds (0.0)",
+    ),
+    (
+        {"METRICS_ENABLED": True, "METRICS_INTERVAL": 0},
+        "metrics",
+        "METRICS_INTERVAL must be positive (0.0)",
+    ),
+    (
+        {"METRICS_ENABLED": True, "METRICS_PORT": 70000},
+        "metrics",
+        "METRICS_PORT must be a TCP port number (70000)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "section", "message"), ERRORS)
+def test_every_error_message(values: dict[str, Any], section: str, message: str) -> None:
+    c = config(**values)
+    with pytest.raises(ConfigurationError) as info:
+        getattr(c, section)
+    assert str(info.value) == message
+    with pytest.raises(ConfigurationError):  # and validate() finds it
+        config(**values).validate()
+
+
+def test_seed_batch_size() -> None:
+    check_seed_batch_size(1)
+    with pytest.raises(ConfigurationError) as info:
+        check_seed_batch_size(0)
+    assert str(info.value) == "REDIS_START_URLS_BATCH_SIZE must be at least 1"
