@@ -38,17 +38,15 @@ import redis
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.bloom import BloomParams, LocalBloom
-from scrapy_dist.dupefilter import (
-    LOCAL_ERROR_SHARE,
+from scrapy_dist.backends import (
     BitmapBloomBackend,
     DupefilterBackend,
     RedisBloomBackend,
-    RFPDupeFilter,
     SetBackend,
-    fit_segments,
     has_redisbloom,
 )
+from scrapy_dist.bloom import BloomParams, LocalBloom, fit_segments
+from scrapy_dist.dupefilter import LOCAL_ERROR_SHARE, RFPDupeFilter
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.testing.redis_server import RedisServer

@@ -1,11 +1,18 @@
-"""The maths of a Bloom filter: sizes, hash offsets, segments, error rates. No I/O.
+"""The maths of a Bloom filter: sizes, hash offsets, segments, error rates, the chain
+of stages a filter grows into, and the signature a bitmap filter stores. No I/O.
+
+This module is over 500 lines on purpose: it is one concept, the Bloom filter's
+arithmetic and stored format, in about 200 lines of code; the rest is the docstrings
+that specify the formulas every worker (and the Lua of ``lua/_filters.lua``) must
+compute alike.
 
 Two users share it:
 
-* the Redis bitmap dupefilter, whose bits live in one or more Redis string keys
-  ("segments", each at most :data:`SEGMENT_BITS` bits, the 512 MiB limit of a Redis
-  string). Offsets are computed here, client-side, and handed to a Lua script that
-  runs ``SETBIT``/``GETBIT`` (see :meth:`BloomParams.locate_flat`);
+* the Redis bitmap dupefilter (:mod:`scrapy_dist.backends.bitmap`), whose bits live
+  in one or more Redis string keys ("segments", each at most :data:`SEGMENT_BITS`
+  bits, the 512 MiB limit of a Redis string). Its Lua (``lua/_filters.lua``) derives
+  the offsets below from the fingerprint's MurmurHash3, which the worker sends;
+  :meth:`BloomParams.offsets` is their Python reference;
 * :class:`LocalBloom`, a small in-memory filter over a :class:`bitarray.bitarray`.
 
 The offsets of a fingerprint are part of the stored format: a filter already in Redis
@@ -21,13 +28,15 @@ which is *enhanced double hashing* (Kirsch & Mitzenmacher 2006; Dillinger & Mano
 term keeps the ``k`` offsets distinct even when ``h2 mod m`` shares a factor with
 ``m`` (e.g. ``m`` a power of two), the degenerate case of plain double hashing.
 ``segment_bits`` is not part of that format: it only decides how the ``m`` bits are
-cut into keys.
+cut into keys. A bitmap chain in Redis records its first stage's numbers (segment
+size included) and its growth factors in a signature (:func:`signature`, read back by
+:func:`parse_signature`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import mmh3
@@ -60,6 +69,26 @@ HASH_SEED = 0
 
 #: Largest bitmap (bytes) a :class:`LocalBloom` accepts: 1 GiB.
 MAX_LOCAL_BYTES = 2**30
+
+#: Most stages a bitmap Bloom chain grows to: 255 times its first capacity in all
+#: (fewer when a stage would exceed :data:`MAX_BITS`).
+MAX_STAGES = 8
+
+#: Capacity factor between stages of a growing filter (RedisBloom's default expansion).
+GROWTH = 2
+
+#: Error-rate factor between stages (RedisBloom's tightening ratio), which keeps a
+#: chain's false-positive rate under twice the first stage's however long it grows.
+TIGHTENING = 0.5
+
+#: Version of the bitmap format (offsets, token, hash fields), part of every signature.
+BITMAP_FORMAT = "v1"
+
+#: Bytes a Redis string needs beyond its content (sds header, terminator), rounded up.
+_STRING_OVERHEAD = 64
+
+#: Bitmaps smaller than this stay in one key, whatever the allocator rounds.
+_MIN_FIT_BYTES = 64 * 1024
 
 
 def _require_int(name: str, value: object) -> None:
@@ -508,6 +537,99 @@ def chain_false_positive_rate(
         return 1.0
     # 1 - prod(1 - p) without the cancellation of tiny rates.
     return -math.expm1(math.fsum(math.log1p(-rate) for rate in rates))
+
+
+def bloom_chain(params: BloomParams, most: int = MAX_STAGES) -> tuple[BloomParams, ...]:
+    """The stages a growing Bloom filter may open: ``params.stage(i)`` for ``i < most``.
+
+    Each stage has :data:`GROWTH` times the capacity of the one before at
+    :data:`TIGHTENING` times its error rate. The chain stops early at a stage that
+    would exceed :data:`MAX_BITS` bits or :data:`MAX_HASHES` hashes.
+
+    Args:
+        params: The first stage.
+        most: Most stages, >= 1.
+
+    Returns:
+        At least ``(params,)``.
+    """
+    stages = [params]
+    for index in range(1, most):
+        try:
+            stages.append(params.stage(index, growth=GROWTH, tightening=TIGHTENING))
+        except ValueError:
+            break
+    return tuple(stages)
+
+
+def _size_class(nbytes: int) -> int:
+    """The largest jemalloc size class not above ``nbytes`` (>= 16 bytes): classes are
+    ``2**n``, ``1.25 * 2**n``, ``1.5 * 2**n`` and ``1.75 * 2**n``."""
+    n = nbytes.bit_length() - 1
+    step = 1 << (n - 2)
+    return (1 << n) + (nbytes - (1 << n)) // step * step
+
+
+def fit_segments(params: BloomParams) -> BloomParams:
+    """Cut a bitmap into segments the allocator stores without waste.
+
+    jemalloc (Redis's and Valkey's allocator) rounds a large allocation up to the next
+    of four size classes per power of two, so one string can waste up to 25%: a
+    17.1 MiB bitmap (10 million fingerprints at 0.1%) takes 20 MiB. Segments of one
+    size class (minus the string header) and a remainder waste at most a quarter of
+    the remainder, under 7% in all.
+
+    Args:
+        params: The bitmap's parameters; only ``segment_bits`` changes.
+
+    Returns:
+        ``params`` itself when the bitmap is small or fits its class, else a copy with
+        ``segment_bits`` set to a size class (at most 512 MiB) minus the header.
+    """
+    nbytes = params.memory_bytes
+    if nbytes < _MIN_FIT_BYTES:
+        return params
+    segment = _size_class(min(nbytes + _STRING_OVERHEAD, SEGMENT_BITS // 8)) - _STRING_OVERHEAD
+    if segment >= nbytes:
+        return params
+    return replace(params, segment_bits=segment * 8)
+
+
+def signature(params: BloomParams) -> str:
+    """The signature a bitmap chain stores: everything that decides where a
+    fingerprint's bits are, in readable form (the format version, the first stage's
+    numbers, :data:`GROWTH` and :data:`TIGHTENING`). Two workers may share a chain
+    only if their signatures are equal (the Lua compares them)."""
+    return (
+        f"{BITMAP_FORMAT} bits={params.bits} hashes={params.hashes} "
+        f"capacity={params.capacity} error_rate={params.error_rate!r} "
+        f"segment_bits={params.segment_bits} growth={GROWTH} tightening={TIGHTENING!r}"
+    )
+
+
+def parse_signature(text: str) -> BloomParams | None:
+    """The first stage a chain with signature ``text`` was created with.
+
+    Args:
+        text: A stored signature (untrusted: any text).
+
+    Returns:
+        The params whose :func:`signature` is exactly ``text``, or ``None`` when
+        ``text`` is not one this version writes (another format version, other growth
+        factors, missing or invalid numbers).
+    """
+    fields = dict(part.split("=", 1) for part in text.split()[1:] if "=" in part)
+    try:
+        params = BloomParams(
+            bits=int(fields["bits"]),
+            hashes=int(fields["hashes"]),
+            capacity=int(fields["capacity"]),
+            error_rate=float(fields["error_rate"]),
+            segment_bits=int(fields["segment_bits"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    return params if signature(params) == text else None
 
 
 class LocalBloom:

@@ -923,7 +923,7 @@ def cmd_dead_purge(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
-    from scrapy_dist.dupefilter import backend_from_config
+    from scrapy_dist.backends import backend_from_config
     from scrapy_dist.monitor import scan_owned
 
     layout, settings, _ = ctx.layout(args.spider)

@@ -21,3 +21,8 @@ class RedisUnavailable(ScrapyDistError):
 
 class InvalidSeed(ScrapyDistError, ValueError):
     """A seed read from Redis (or given to the CLI) that cannot become a request."""
+
+
+class StaleFilterView(ScrapyDistError):
+    """A Bloom dupefilter call passed fewer stages than are open in Redis, so it wrote
+    nothing; the backend refreshes its view (``script_keys()``) and the call is retried."""

@@ -33,10 +33,10 @@ import redis
 
 from scrapy_dist import deadletter
 from scrapy_dist.assembly import assemble
+from scrapy_dist.backends import filter_error
 from scrapy_dist.connection import describe
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.dupefilter import filter_error
-from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
 from scrapy_dist.queue import (
     ENTRY_ID_LEN,
     FifoQueue,
@@ -709,7 +709,7 @@ class Frontier:
         translated = (
             filter_error(error) if isinstance(error, redis.exceptions.ResponseError) else None
         )
-        if translated is not None and type(translated).__name__ == "_StaleView":
+        if isinstance(translated, StaleFilterView):
             self._items, self._replies = items + self._items, replies + self._replies
             self.stats.inc_value("scheduler/redis/stale_filter_retries")
             return False

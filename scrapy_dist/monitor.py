@@ -11,7 +11,6 @@ halfway. :func:`find_crawls` lists the crawls present in Redis with ``SCAN``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -20,8 +19,9 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.backends import BackendChoice, BitmapBloomBackend, backend_from_config
+from scrapy_dist.bloom import parse_signature
 from scrapy_dist.connection import describe
-from scrapy_dist.dupefilter import BitmapBloomBackend, backend_from_config
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import RedisKeys, keys_from_config
 from scrapy_dist.queue import RedisQueue, leasable_queue
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
-    from scrapy_dist.dupefilter import FilterState
+    from scrapy_dist.backends import FilterState
 
 #: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.
 _PROBE = "\x00"
@@ -426,47 +426,33 @@ def dupefilter_state(client: redis.Redis, config: Config, keys: RedisKeys) -> Fi
     """The state of the crawl's dupefilter, whatever backend wrote it.
 
     A bitmap Bloom filter's fill and error rate depend on its size: the filter's own
-    parameters (from the signature it stores) are used when they can be reproduced,
-    else the configured ones.
+    parameters (read from the signature it stores) are used when this version wrote
+    it, else the configured ones.
 
     Raises:
         ConfigurationError: the dupefilter key holds a type no backend uses.
     """
     adopting = config.with_values({"DUPEFILTER_BACKEND": "auto"})
     choice = backend_from_config(adopting.dupefilter, client, keys)
-    chooser = getattr(choice, "choose", None)
-    backend = chooser() if chooser is not None else choice
+    backend = choice.choose() if isinstance(choice, BackendChoice) else choice
     if isinstance(backend, BitmapBloomBackend):
-        backend = _bitmap_as_created(client, adopting, keys, backend)
-    return cast("FilterState", backend.state())
+        backend = _bitmap_as_created(client, keys, backend)
+    return backend.state()
 
 
 def _bitmap_as_created(
-    client: redis.Redis, config: Config, keys: RedisKeys, configured: BitmapBloomBackend
+    client: redis.Redis, keys: RedisKeys, configured: BitmapBloomBackend
 ) -> BitmapBloomBackend:
-    """A bitmap backend with the parameters the filter in Redis was created with."""
+    """A bitmap backend with the parameters the filter in Redis was created with
+    (``configured`` when it has none, or a signature this version does not write)."""
     raw = client.hget(keys.dupefilter, "sig")
     signature = _text(raw) if raw is not None else ""
     if not signature or signature == configured.signature:
         return configured
-    fields = dict(part.split("=", 1) for part in signature.split() if "=" in part)
-    candidates: list[dict[str, Any]] = []
-    with contextlib.suppress(KeyError, ValueError):
-        candidates.append({"BLOOMFILTER_BIT": None, "BLOOM_CAPACITY": int(fields["capacity"]),
-                           "BLOOM_ERROR_RATE": float(fields["error_rate"])})  # fmt: skip
-    with contextlib.suppress(KeyError, ValueError):
-        bits = int(fields["bits"])
-        if bits > 0 and bits & (bits - 1) == 0:
-            candidates.append({"BLOOMFILTER_BIT": bits.bit_length() - 1,
-                               "BLOOMFILTER_HASH_NUMBER": int(fields["hashes"])})  # fmt: skip
-    for values in candidates:
-        with contextlib.suppress(ConfigurationError):
-            backend = backend_from_config(config.with_values(values).dupefilter, client, keys)
-            chooser = getattr(backend, "choose", None)
-            backend = chooser() if chooser is not None else backend
-            if isinstance(backend, BitmapBloomBackend) and backend.signature == signature:
-                return backend
-    return configured
+    params = parse_signature(signature)
+    if params is None:
+        return configured
+    return BitmapBloomBackend(client, keys, params, ttl=configured.ttl, on_full=configured.on_full)
 
 
 def _glob_escape(text: str) -> str:

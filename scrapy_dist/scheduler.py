@@ -256,7 +256,7 @@ class Scheduler(BaseScheduler):
             load_object(config.components.dupefilter), crawler
         )
         if isinstance(dupefilter, RFPDupeFilter):
-            owned = dupefilter.backend.keys()
+            owned = dupefilter.keys()
             frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
         settings = config.scheduler
         scheduler = cls(
@@ -341,8 +341,8 @@ class Scheduler(BaseScheduler):
         check(self.queue.client)
         self.queue.check_type()
         self.frontier.seeds.check_type()
-        ttl = getattr(getattr(self._shared_df, "backend", None), "ttl", None)
-        expiring = self._shared_df.backend.keys() if ttl and self._shared_df else []
+        shared = self._shared_df
+        expiring = shared.keys() if shared is not None and shared.ttl else []
         self.frontier.check_eviction_policy(expiring)
         self.df.open()
         if self._shared_df is None:

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
-    from scrapy_dist.dupefilter import DupefilterBackend
+    from scrapy_dist.backends import DupefilterBackend, UnopenedBackend
     from scrapy_dist.settings import Config
 
 logger = logging.getLogger(__name__)
@@ -189,7 +189,8 @@ class RedisSpiderMixin(Spider):
         #: Where seed fingerprints are recorded, so links back to a seed are filtered
         #: even though the seed itself was not (``None``: not a scrapy_dist dupefilter).
         self._seed_filter = _seed_filter(config, self.frontier)
-        self._seed_filter_open = False
+        #: The backend ``_seed_filter`` opened to, at the first seeds recorded.
+        self._seed_backend: DupefilterBackend | None = None
         self.redis_batch_size = int(self.redis_batch_size or config.seeds.batch_size)
         self.redis_encoding = self.redis_encoding or config.seeds.encoding
         self.seed_allowed_meta = config.seeds.allowed_meta
@@ -307,15 +308,14 @@ class RedisSpiderMixin(Spider):
 
         A failure only means such a link may crawl the seed once more: it is logged.
         """
-        backend = self._seed_filter
-        if backend is None or not requests:
+        configured = self._seed_filter
+        if configured is None or not requests:
             return
         fingerprint = self.crawler.request_fingerprinter.fingerprint
         try:
-            if not self._seed_filter_open:
-                self._seed_filter = backend = backend.open()
-                self._seed_filter_open = True
-            backend.add_many([fingerprint(r) for r in requests])
+            if self._seed_backend is None:
+                self._seed_backend = configured.open()
+            self._seed_backend.add_many([fingerprint(r) for r in requests])
         except (redis.RedisError, ScrapyDistError) as e:
             logger.warning(
                 "Could not record %(n)d seed fingerprint(s) in the dupefilter: %(error)s",
@@ -506,10 +506,11 @@ class RedisSpiderMixin(Spider):
 RedisMixin = RedisSpiderMixin
 
 
-def _seed_filter(config: Config, frontier: Frontier) -> DupefilterBackend | None:
+def _seed_filter(config: Config, frontier: Frontier) -> UnopenedBackend | None:
     """The crawl's dupefilter backend, if the crawl uses scrapy_dist's scheduler and
     dupefilter (no I/O)."""
-    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler, backend_from_config
+    from scrapy_dist.backends import backend_from_config
+    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler
 
     try:
         df_cls = load_object(config.components.dupefilter)

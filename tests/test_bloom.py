@@ -1,4 +1,5 @@
-"""Tests of scrapy_dist.bloom: sizing formulas, offsets, segments, error rates."""
+"""Tests of scrapy_dist.bloom: sizing formulas, offsets, segments, error rates, chains
+and the stored signature."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from scrapy_dist.bloom import (
     BloomParams,
     LocalBloom,
     chain_false_positive_rate,
+    fit_segments,
+    parse_signature,
+    signature,
 )
 
 
@@ -244,6 +248,7 @@ def test_offsets_do_not_depend_on_segment_size() -> None:
         assert small_split().offsets(fingerprint) == whole.offsets(fingerprint)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize(
     "params",
     [
@@ -259,6 +264,7 @@ def test_offsets_are_k_distinct_values(params: BloomParams) -> None:
     assert distinct >= 0.999 * len(fingerprints)
 
 
+@pytest.mark.statistical
 def test_offsets_are_uniform_and_pairwise_independent() -> None:
     """Each hash function fills every segment evenly, and g_0, g_1 are uncorrelated."""
     params = small_split()
@@ -453,6 +459,62 @@ def test_chain_false_positive_rate_with_counts() -> None:
         chain_false_positive_rate(stages, [1, 2])
 
 
+def test_segments_fit_the_allocator() -> None:
+    """10M fingerprints at 0.1% (17.1 MiB) would take a 20 MiB allocation in one key;
+    cut at a 16 MiB size class, the two keys take 17.25 MiB."""
+    params = fit_segments(BloomParams.from_capacity(10_000_000, 0.001))
+    assert params.segments == 2
+    assert params.segment_bits == (16 * 2**20 - 64) * 8
+    assert fit_segments(BloomParams.from_capacity(1_000, 0.001)).segments == 1
+    huge = fit_segments(BloomParams.from_capacity(1_000_000_000, 0.001))
+    assert huge.segment_bits == (2**29 - 64) * 8  # at most 512 MiB per key
+
+
+# --- the signature a bitmap chain stores ----------------------------------------------
+
+
+def test_signature_is_readable_and_pinned() -> None:
+    """The signature is part of the stored format: a change orphans every filter."""
+    params = BloomParams.from_capacity(1_000, 0.01)
+    assert signature(params) == (
+        "v1 bits=9586 hashes=7 capacity=1000 error_rate=0.01 "
+        "segment_bits=4294967296 growth=2 tightening=0.5"
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        BloomParams.from_capacity(1_000, 0.01),
+        BloomParams.from_bits(20, 6),
+        BloomParams.from_capacity(3, 0.3, segment_bits=7),
+        fit_segments(BloomParams.from_capacity(10_000_000, 0.001)),
+    ],
+)
+def test_parse_signature_gives_back_the_params(params: BloomParams) -> None:
+    assert parse_signature(signature(params)) == params
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "x",
+        "v0 bits=9586 hashes=7 capacity=1000 error_rate=0.01 segment_bits=4294967296 growth=2 "
+        "tightening=0.5",
+        "v1 bits=9586 hashes=7 capacity=1000 error_rate=0.01 segment_bits=4294967296 growth=3 "
+        "tightening=0.5",
+        "v1 bits=9586 hashes=7 capacity=1000 error_rate=0.01",
+        "v1 bits=0 hashes=7 capacity=1000 error_rate=0.01 segment_bits=4294967296 growth=2 "
+        "tightening=0.5",
+        "v1 bits=x hashes=7 capacity=1000 error_rate=0.01 segment_bits=4294967296 growth=2 "
+        "tightening=0.5",
+    ],
+)
+def test_parse_signature_refuses_what_this_version_does_not_write(text: str) -> None:
+    assert parse_signature(text) is None
+
+
 # --- LocalBloom ---------------------------------------------------------------------
 
 
@@ -491,6 +553,7 @@ def test_local_bloom_has_no_false_negatives() -> None:
     assert 0.99 * len(fingerprints) <= bloom.count <= len(fingerprints)
 
 
+@pytest.mark.statistical
 def test_local_bloom_measured_false_positive_rate(capsys: pytest.CaptureFixture[str]) -> None:
     start = time.perf_counter()
     params = BloomParams.from_capacity(1_000_000, 0.01)

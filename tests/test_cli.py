@@ -23,8 +23,8 @@ from scrapy import Request
 from scrapy.settings import Settings
 
 from scrapy_dist.addon import with_defaults
+from scrapy_dist.backends import backend_from_settings
 from scrapy_dist.cli import ProgressBar, main
-from scrapy_dist.dupefilter import backend_from_settings
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.monitor import json_default
 from scrapy_dist.serializers import JsonSerializer

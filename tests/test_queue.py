@@ -6,7 +6,7 @@ import pytest
 import redis
 from scrapy import Request
 
-from scrapy_dist.dupefilter import SetBackend
+from scrapy_dist.backends import SetBackend
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue, RedisQueue
 

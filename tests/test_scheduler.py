@@ -289,7 +289,7 @@ def test_wrong_password_at_open(
 @pytest.mark.parametrize(
     "settings",
     [
-        {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.dupefilter.SetBackend"},
+        {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.backends.SetBackend"},
         {"SCHEDULER_PREFETCH": -1},
         {"SCHEDULER_FLUSH_INTERVAL": -1},
         {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},

@@ -1,0 +1,168 @@
+"""The backend ``DUPEFILTER_BACKEND`` names (:func:`backend_from_config`), or for
+``"bloom"`` and ``"auto"`` the choice of one when it opens (:class:`BackendChoice`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy_dist.backends.base import REDISBLOOM_TYPES, type_of, wrong_type
+from scrapy_dist.backends.bitmap import BitmapBloomBackend
+from scrapy_dist.backends.exact import SetBackend
+from scrapy_dist.backends.redisbloom import RedisBloomBackend, has_redisbloom
+from scrapy_dist.bloom import BloomParams, fit_segments
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.settings import Config
+
+if TYPE_CHECKING:
+    import redis
+    from redis.client import Pipeline
+    from scrapy.settings import BaseSettings
+
+    from scrapy_dist.backends.base import DupefilterBackend
+    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.settings import BloomSize, DupefilterConfig
+
+logger = logging.getLogger(__name__)
+
+#: The modes a choice serves (the other values of ``DUPEFILTER_BACKEND`` name a backend).
+MODES = ("bloom", "auto")
+
+
+class BackendChoice:
+    """The candidates of ``DUPEFILTER_BACKEND = "bloom"`` or ``"auto"``, one of which
+    :meth:`open` picks. Not a backend itself: it cannot filter, only name its
+    candidates' keys (:meth:`keys`, :meth:`clear`) before it is opened.
+
+    :meth:`choose` adopts what the dupefilter key already holds (a crawl keeps its
+    backend), and for a new crawl asks the server whether it has RedisBloom:
+    ``"bloom"`` then uses RedisBloom, else the bitmap; ``"auto"`` uses RedisBloom, else
+    the exact set.
+
+    Args:
+        client: the crawl's Redis client.
+        mode: ``"bloom"`` or ``"auto"``.
+        exact: the set backend (``"auto"`` only).
+        bitmap: the bitmap Bloom backend.
+        redisbloom: the RedisBloom backend.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`MODES`, or ``exact`` is given for
+            ``"bloom"`` or missing for ``"auto"``.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        mode: str,
+        *,
+        exact: SetBackend | None,
+        bitmap: BitmapBloomBackend,
+        redisbloom: RedisBloomBackend,
+    ) -> None:
+        if mode not in MODES or (mode == "auto") != (exact is not None):
+            raise ValueError(f"BackendChoice needs mode 'bloom', or 'auto' with a set: {mode!r}")
+        self.client = client
+        self.mode = mode
+        self.exact = exact
+        self.bitmap = bitmap
+        self.redisbloom = redisbloom
+        self.key = bitmap.key
+
+    def _candidates(self) -> list[DupefilterBackend]:
+        found: list[DupefilterBackend] = [self.redisbloom, self.bitmap]
+        return [*found, self.exact] if self.exact is not None else found
+
+    def choose(self) -> DupefilterBackend:
+        """Decide the backend (one or two round trips), without opening it.
+
+        Raises:
+            ConfigurationError: the key holds a set and the mode is ``"bloom"``, or a
+                type no backend uses.
+        """
+        actual = type_of(self.client, self.key)
+        if actual in REDISBLOOM_TYPES:
+            return self.redisbloom
+        if actual == "hash":
+            return self.bitmap
+        if actual == "set" and self.exact is not None:
+            return self.exact
+        if actual != "none":
+            raise wrong_type(self.key, actual, "a Bloom filter")
+        if has_redisbloom(self.client, self.key):
+            return self.redisbloom
+        return self.exact if self.exact is not None else self.bitmap
+
+    def open(self) -> DupefilterBackend:
+        """Choose the backend and open it; the dupefilter uses the result from now on."""
+        chosen = self.choose().open()
+        logger.info(
+            "Dupefilter %(key)s: %(kind)s backend (DUPEFILTER_BACKEND = %(mode)r)",
+            {"key": self.key, "kind": type(chosen).__name__, "mode": self.mode},
+        )
+        return chosen
+
+    def keys(self) -> list[str]:
+        """Every key any candidate may own."""
+        return list(dict.fromkeys(key for c in self._candidates() for key in c.keys()))  # noqa: SIM118
+
+    def clear(self, pipe: Pipeline | None = None) -> None:
+        """Delete every candidate's keys."""
+        (pipe or self.client).delete(*self.keys())
+
+
+def bloom_params_from_config(size: BloomSize) -> BloomParams:
+    """The first Bloom stage: ``BLOOMFILTER_BIT``/``BLOOMFILTER_HASH_NUMBER`` if the
+    former is set (scrapy-redis-bloomfilter's settings), else ``BLOOM_CAPACITY`` at
+    ``BLOOM_ERROR_RATE``.
+
+    Raises:
+        ConfigurationError: values out of range.
+    """
+    try:
+        if size.bits is not None:
+            return BloomParams.from_bits(size.bits, size.hash_number)
+        return BloomParams.from_capacity(size.capacity, size.error_rate)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"invalid Bloom dupefilter size: {e}") from e
+
+
+def backend_from_config(
+    config: DupefilterConfig, client: redis.Redis, keys: RedisKeys
+) -> DupefilterBackend | BackendChoice:
+    """Build the backend ``DUPEFILTER_BACKEND`` names, or the choice of one (no I/O).
+
+    Args:
+        config: the dupefilter's settings.
+        client: the crawl's client.
+        keys: the crawl's keys.
+
+    Raises:
+        ConfigurationError: invalid Bloom sizes.
+    """
+    mode, ttl, on_full = config.backend, config.ttl, config.on_full
+    exact = SetBackend(client, keys.dupefilter, ttl=ttl)
+    if mode == "set" or config.bloom is None:
+        return exact
+    params = bloom_params_from_config(config.bloom)
+    bitmap = BitmapBloomBackend(client, keys, fit_segments(params), ttl=ttl, on_full=on_full)
+    redisbloom = RedisBloomBackend(client, keys.dupefilter, params, ttl=ttl, on_full=on_full)
+    if mode == "bitmap":
+        return bitmap
+    if mode == "redisbloom":
+        return redisbloom
+    return BackendChoice(
+        client,
+        mode,
+        exact=exact if mode == "auto" else None,
+        bitmap=bitmap,
+        redisbloom=redisbloom,
+    )
+
+
+def backend_from_settings(
+    settings: BaseSettings, client: redis.Redis, keys: RedisKeys
+) -> DupefilterBackend | BackendChoice:
+    """:func:`backend_from_config` from settings (for tests and tools; components get
+    the crawler's config)."""
+    return backend_from_config(Config.from_settings(settings).dupefilter, client, keys)
