@@ -704,7 +704,6 @@ class Requeuer:
         spidercls: type[Spider] | None,
         kind: str | None,
     ) -> None:
-        from scrapy_dist.scripts import scripts_for
         from scrapy_dist.seeds import SeedQueue
         from scrapy_dist.serializers import RequestPolicy, load_serializer
 
@@ -720,7 +719,6 @@ class Requeuer:
         self.spidercls = spidercls
         self.kind = kind
         self.tombstone = f"\x00scrapy-dist requeue {secrets.token_hex(8)}"
-        self._enqueue = scripts_for(client).enqueue
         #: Requests and seeds requeued so far.
         self.requests = self.seeds_done = 0
         #: ``(index, reason)`` of the records left in the list.
@@ -800,8 +798,7 @@ class Requeuer:
                     plan = read(pipe)
                     pipe.multi()
                     if plan.requests:
-                        keys, args = self.queue.enqueue_call(plan.requests)
-                        self._enqueue(keys=keys, args=args, client=pipe)
+                        self.queue.enqueue_call(plan.requests).run(pipe)
                     if plan.seeds:
                         self.seeds.push(plan.seeds, pipe=pipe)
                     for index in plan.chosen:

@@ -1,10 +1,13 @@
 """Request queues over Redis: FIFO, LIFO and priority.
 
-A queue stores entries ``<16-digit id><payload>``. The id comes from the crawl's
-sequence counter, so two identical payloads (``dont_filter=True`` twice) are two
-entries, and in :class:`PriorityQueue` requests of equal priority come out first-in
-first-out. Pushing goes through ``lua/enqueue.lua``, which also deduplicates when
-given a dupefilter backend: dedupe and enqueue are one atomic step.
+A queue stores entries ``<16-digit id><payload>`` (:data:`ENTRY_ID_LEN` digits, a
+constant the Lua scripts share). The id comes from the crawl's sequence counter, so two
+identical payloads (``dont_filter=True`` twice) are two entries, and in
+:class:`PriorityQueue` requests of equal priority come out first-in first-out. Pushing
+goes through ``lua/enqueue.lua``, which also deduplicates when given a dupefilter
+backend: dedupe and enqueue are one atomic step. Each queue class names the commands
+that take entries from its head and put one back (:attr:`RedisQueue.take`,
+:attr:`RedisQueue.put_back`): the lease scripts run them, and so does :meth:`pop`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 from scrapy import Request as _Request
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.scripts import scripts_for
+from scrapy_dist.scripts import ENTRY_ID_LEN, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 
 if TYPE_CHECKING:
@@ -23,9 +26,6 @@ if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
     from scrapy import Request, Spider
-
-#: Length of the id that prefixes every entry.
-ENTRY_ID_LEN = 16
 
 
 class FilterBackend(Protocol):
@@ -141,6 +141,12 @@ class RedisQueue(Base):
 
     #: Redis type of the queue key, as ``TYPE`` reports it.
     kind: ClassVar[str]
+    #: The command that takes entries from the head of the queue (``lua/reserve.lua``
+    #: runs it to lease them, :meth:`pop_payloads` to pop them); lowercase.
+    take: ClassVar[str]
+    #: The command that puts an entry back at the head (a lease handed back, failed or
+    #: expired; ``lua/_leases.lua``); lowercase.
+    put_back: ClassVar[str]
 
     def __init__(
         self, client: redis.Redis, key: Any, seq_key: Any = None, serializer: Any = None
@@ -156,7 +162,7 @@ class RedisQueue(Base):
             self.client = client
             prefix = self.key[: -len(":requests")] if self.key.endswith(":requests") else self.key
             self.seq_key = f"{prefix}:seq"
-        self._enqueue = scripts_for(client).enqueue
+        self._scripts = scripts_for(client)
 
     def score(self, request: Request) -> float:
         """The zset score of ``request`` (ignored by list queues)."""
@@ -167,8 +173,8 @@ class RedisQueue(Base):
         items: Sequence[tuple[bytes, float, bytes]],
         dupefilter: FilterBackend | None = None,
         fence: tuple[str, str] | None = None,
-    ) -> tuple[list[str], list[bytes | str | int | float]]:
-        """The ``KEYS`` and ``ARGV`` of ``lua/enqueue.lua`` for these items (see :meth:`push`).
+    ) -> ScriptCall:
+        """The call of ``lua/enqueue.lua`` that pushes these items (see :meth:`push`).
 
         Args:
             items: ``(payload, score, fingerprint)`` items.
@@ -178,21 +184,29 @@ class RedisQueue(Base):
         """
         # an unfenced call passes the sequence key where the epoch key goes (not read)
         epoch_key, epoch = fence or (self.seq_key, "")
-        keys = [self.key, self.seq_key, epoch_key]
-        args: list[bytes | str | int | float]
+        enqueue = self._scripts.enqueue
         if dupefilter is None:
-            args = [self.kind, "none", 0]
-            for payload, score, _ in items:
-                args += (b"", score, payload)
-        else:
-            keys += dupefilter.script_keys()
-            extra = dupefilter.script_args()
-            args = [self.kind, dupefilter.kind, len(extra), *extra]
-            token = dupefilter.token
-            for payload, score, fingerprint in items:
-                args += (token(fingerprint) if fingerprint else b"", score, payload)
-        args.append(epoch)
-        return keys, args
+            return enqueue(
+                queue=self.key,
+                seq=self.seq_key,
+                epoch_key=epoch_key,
+                queue_kind=self.kind,
+                entries=[(b"", score, payload) for payload, score, _ in items],
+                epoch=epoch,
+            )
+        filter_keys = dupefilter.script_keys()  # (may refresh the backend's view: first)
+        token = dupefilter.token
+        return enqueue(
+            queue=self.key,
+            seq=self.seq_key,
+            epoch_key=epoch_key,
+            queue_kind=self.kind,
+            filter_kind=dupefilter.kind,
+            filter_keys=filter_keys,
+            filter_args=dupefilter.script_args(),
+            entries=[(token(fp) if fp else b"", score, payload) for payload, score, fp in items],
+            epoch=epoch,
+        )
 
     def push(
         self,
@@ -212,8 +226,7 @@ class RedisQueue(Base):
             items = [(self._encode_request(items), self.score(items), b"")]
         if not items:
             return []
-        keys, args = self.enqueue_call(items, dupefilter)
-        return [bool(flag) for flag in self._enqueue(keys=keys, args=args)]
+        return [bool(flag) for flag in self.enqueue_call(items, dupefilter).run()]
 
     def pop_payloads(self, count: int = 1) -> list[bytes]:
         """Remove and return up to ``count`` payloads, in queue order."""
@@ -268,6 +281,8 @@ def leasable_queue(cls: object, path: object) -> type[RedisQueue]:
 
 
 class _ListQueue(RedisQueue):
+    """A list: entries are pushed with ``LPUSH`` (``lua/enqueue.lua``)."""
+
     kind = "list"
 
     def _pop(self, count: int) -> list[bytes] | None:
@@ -281,23 +296,32 @@ class _ListQueue(RedisQueue):
 
 
 class FifoQueue(_ListQueue):
-    """First in, first out: ``LPUSH`` then ``RPOP``."""
+    """First in, first out: ``LPUSH`` then ``RPOP``; put back with ``RPUSH``."""
+
+    take = "rpop"
+    put_back = "rpush"
 
     def _pop(self, count: int) -> list[bytes] | None:
         return cast("list[bytes] | None", self.client.rpop(self.key, count))
 
 
 class LifoQueue(_ListQueue):
-    """Last in, first out: ``LPUSH`` then ``LPOP``."""
+    """Last in, first out: ``LPUSH`` then ``LPOP``; put back with ``LPUSH``."""
+
+    take = "lpop"
+    put_back = "lpush"
 
     def _pop(self, count: int) -> list[bytes] | None:
         return cast("list[bytes] | None", self.client.lpop(self.key, count))
 
 
 class PriorityQueue(RedisQueue):
-    """Highest ``request.priority`` first, first-in first-out among equals (a zset)."""
+    """Highest ``request.priority`` first, first-in first-out among equals (a zset):
+    ``ZADD`` then ``ZPOPMIN``; put back with ``ZADD`` and the entry's score."""
 
     kind = "zset"
+    take = "zpopmin"
+    put_back = "zadd"
 
     def score(self, request: Request) -> float:
         return float(-request.priority)

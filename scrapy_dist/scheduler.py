@@ -195,7 +195,6 @@ class Scheduler(BaseScheduler):
         self.prefetch = prefetch
         self.heartbeat_interval = heartbeat_interval
         self.flush_interval = flush_interval
-        frontier.eager = flush_interval == 0
         self._next_beat = 0.0
         #: The dupefilter, when its test-and-set runs inside the enqueue script.
         self._shared_df = dupefilter if isinstance(dupefilter, RFPDupeFilter) else None
@@ -227,7 +226,6 @@ class Scheduler(BaseScheduler):
         #: The error the timer last logged (each kind is logged once in a row).
         self._tick_error = ""
         self._closing = False
-        frontier.held = self._held
         frontier.on_lost.append(self._crawl_lost)
 
     @classmethod
@@ -255,9 +253,6 @@ class Scheduler(BaseScheduler):
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(config.components.dupefilter), crawler
         )
-        if isinstance(dupefilter, RFPDupeFilter):
-            owned = dupefilter.keys()
-            frontier.clear_keys = list(dict.fromkeys([*frontier.clear_keys, *owned]))
         settings = config.scheduler
         scheduler = cls(
             frontier=frontier,

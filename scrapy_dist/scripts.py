@@ -1,42 +1,121 @@
-"""The Lua scripts in ``scrapy_dist/lua/``, registered once per client.
+"""The Lua scripts in ``scrapy_dist/lua/``: their text, their shared constants, and one
+typed call per script.
 
-Each ``.lua`` file opens with a header naming its ``KEYS`` and ``ARGV``. Every key a
-script touches is passed in ``KEYS``; no script derives key names. Redis scripts cannot
-import each other, so code two scripts share lives in a library file (``_name.lua``,
-functions only) that :func:`source` prepends to every script whose header has a line
-``-- uses: _name``.
+Each ``.lua`` file opens with a header naming its ``KEYS`` and ``ARGV``; the method of
+:class:`Scripts` named after the script is the one place in Python that builds them, in
+that order, from named parameters. Every key a script touches is passed in ``KEYS``; no
+script derives key names.
+
+Redis scripts cannot import each other, so code two scripts share lives in a library
+file (``_name.lua``, functions only) that :func:`source` prepends to every script whose
+header has a line ``-- uses: _name``. Values both sides must agree on (the entry id
+length, the settlement outcomes, the origins of a leased entry) are defined once, here,
+and :func:`source` prepends them to every script as Lua locals of the same names
+(:data:`LUA_CONSTANTS`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
 from functools import cache
 from importlib.resources import files
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 from weakref import WeakKeyDictionary
 
 from scrapy_dist.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
     import redis
+    from redis.client import Pipeline
     from redis.commands.core import Script
 
-_registered: WeakKeyDictionary[redis.Redis, Scripts] = WeakKeyDictionary()
+# -- constants shared with the Lua side -------------------------------------------------
 
+#: Length of the zero-padded decimal id that starts every queue entry
+#: (``<id><payload>``, written by ``lua/enqueue.lua``; see :mod:`scrapy_dist.queue`).
+ENTRY_ID_LEN = 16
+#: Outcome of a lease: Scrapy is done with it.
+DONE = ""
+#: Outcome of a lease: give it back untouched (not counted as a delivery).
+HAND_BACK = "~"
+#: Outcome prefix of a lease: dead-letter it now, with the JSON record that follows.
+DEAD_NOW = "!"
+#: Origin of a leased entry: the request queue (its lease id is its entry id).
+FROM_QUEUE = "q"
+#: Origin of a leased entry: the seeds key (its lease id starts with this letter).
+FROM_SEEDS = "s"
+
+#: The constants every script sees as Lua locals of the same names.
+LUA_CONSTANTS: dict[str, int | str] = {
+    "ENTRY_ID_LEN": ENTRY_ID_LEN,
+    "DONE": DONE,
+    "HAND_BACK": HAND_BACK,
+    "DEAD_NOW": DEAD_NOW,
+    "FROM_QUEUE": FROM_QUEUE,
+    "FROM_SEEDS": FROM_SEEDS,
+}
+
+#: A script argument.
+Arg = bytes | str | int | float
 
 #: The header line naming the libraries a script uses.
 _USES = re.compile(r"^-- uses: (.+)$", re.MULTILINE)
 
-
 #: Where a copy of scrapy_dist keeps its scripts (package data, also read from a zip or egg).
 LUA_PACKAGE = "scrapy_dist.lua"
+
+#: Every script of the package (``lua/<name>.lua``), registered by :class:`Scripts`.
+NAMES = ("enqueue", "join", "leave", "heartbeat", "reserve", "settle", "renew", "progress",
+         "release", "dupefilter", "stats")  # fmt: skip
+
+
+def _lua_literal(value: int | str) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if not all(c.isprintable() and c not in '"\\' for c in value):
+        raise ValueError(f"Lua constant {value!r} needs escaping")
+    return f'"{value}"'
+
+
+def constants() -> str:
+    """The Lua text that defines :data:`LUA_CONSTANTS`, prepended to every script."""
+    lines = ["-- Constants shared with Python (scrapy_dist/scripts.py, LUA_CONSTANTS)."]
+    lines += [f"local {name} = {_lua_literal(v)}" for name, v in LUA_CONSTANTS.items()]
+    return "\n".join(lines)
+
+
+def _read(name: str) -> str:
+    """The text of ``lua/<name>.lua`` as shipped with the package."""
+    resource = files(LUA_PACKAGE) / f"{name}.lua"
+    try:
+        return resource.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ConfigurationError(
+            f"scrapy_dist's Lua script {name}.lua is missing from {files(LUA_PACKAGE)}: a copy "
+            f"of scrapy_dist bundled in an egg or zip must include its package data "
+            f"(setup.py: package_data={{'{LUA_PACKAGE}': ['*.lua']}}), or install "
+            f"scrapy-dist with pip where the crawl runs"
+        ) from e
+
+
+def _libraries(text: str, into: list[str]) -> list[str]:
+    """The libraries ``text`` uses, after the ones they use, each once, into ``into``."""
+    uses = _USES.search(text)
+    for lib in (lib.strip() for lib in uses.group(1).split(",")) if uses else ():
+        if lib not in into:
+            _libraries(_read(lib), into)
+            if lib not in into:
+                into.append(lib)
+    return into
 
 
 @cache
 def source(name: str) -> str:
     """Return the text of ``lua/<name>.lua`` shipped with the package, preceded by the
-    libraries its ``-- uses:`` line names.
+    shared constants (:func:`constants`) and the libraries its ``-- uses:`` line names
+    (each once, a library's own libraries first).
 
     The files are read with :mod:`importlib.resources`, so a copy of scrapy_dist inside
     a zipped egg (a scrapyd deployment that bundles it) works like an installed one.
@@ -45,40 +124,254 @@ def source(name: str) -> str:
         ConfigurationError: The script is not part of this copy of the package (an egg
             or zip built without scrapy_dist's package data).
     """
-    resource = files(LUA_PACKAGE) / f"{name}.lua"
-    try:
-        text = resource.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ConfigurationError(
-            f"scrapy_dist's Lua script {name}.lua is missing from {files(LUA_PACKAGE)}: a copy "
-            f"of scrapy_dist bundled in an egg or zip must include its package data "
-            f"(setup.py: package_data={{'{LUA_PACKAGE}': ['*.lua']}}), or install "
-            f"scrapy-dist with pip where the crawl runs"
-        ) from e
-    uses = _USES.search(text)
-    libraries = [lib.strip() for lib in uses.group(1).split(",")] if uses else []
-    return "\n".join([*(source(lib) for lib in libraries), text])
+    text = _read(name)
+    return "\n".join([constants(), *(_read(lib) for lib in _libraries(text, [])), text])
 
 
-@dataclass(frozen=True)
+class ScriptCall(NamedTuple):
+    """One call of a script: its ``KEYS`` and ``ARGV`` in the order its header gives."""
+
+    script: Script
+    keys: list[str]
+    args: list[Arg]
+
+    def run(self, client: redis.Redis | Pipeline | None = None) -> Any:
+        """Run it with ``EVALSHA`` on the client the script was registered on, or queue
+        it on ``client`` (a pipeline); a script missing from the server is loaded."""
+        return self.script(keys=self.keys, args=self.args, client=client)
+
+
+_registered: WeakKeyDictionary[redis.Redis, Scripts] = WeakKeyDictionary()
+
+
 class Scripts:
-    """The package's scripts bound to one client (``EVALSHA``, reloaded on ``NOSCRIPT``)."""
+    """The package's scripts bound to one client, one typed call per script.
 
-    enqueue: Script
-    join: Script
-    leave: Script
-    heartbeat: Script
-    reserve: Script
-    settle: Script
-    renew: Script
-    progress: Script
-    release: Script
-    dupefilter: Script
-    stats: Script
+    Each method returns the :class:`ScriptCall` of its script (run it, or send it in a
+    pipeline); its parameters are the script's ``KEYS`` and ``ARGV``, named as in the
+    script's header.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._scripts = {name: client.register_script(source(name)) for name in NAMES}
 
     def all(self) -> list[Script]:
         """Every script, e.g. to load them all after the server lost its script cache."""
-        return [getattr(self, f.name) for f in fields(self)]
+        return list(self._scripts.values())
+
+    def _call(self, name: str, keys: Iterable[str], args: Iterable[Arg]) -> ScriptCall:
+        return ScriptCall(self._scripts[name], list(keys), list(args))
+
+    # -- the frontier (lua/enqueue, reserve, settle, renew, release, progress) -----------
+
+    def enqueue(
+        self,
+        *,
+        queue: str,
+        seq: str,
+        epoch_key: str,
+        queue_kind: str,
+        filter_kind: str = "none",
+        filter_keys: Sequence[str] = (),
+        filter_args: Sequence[Arg] = (),
+        entries: Iterable[tuple[bytes, float, bytes]],
+        epoch: str = "",
+    ) -> ScriptCall:
+        """``lua/enqueue.lua``: dedupe and push ``(token, score, payload)`` entries.
+
+        Args:
+            queue: the request queue; ``queue_kind`` its type (``"list"``, ``"zset"``).
+            seq: the sequence counter giving entries their ids.
+            epoch_key: the crawl's epoch key (not read when ``epoch`` is ``""``).
+            filter_kind: the dupefilter backend's kind, ``"none"`` for no dedupe.
+            filter_keys: the backend's keys; ``filter_args`` its arguments.
+            entries: the token (``b""``: not filtered), score and payload of each request.
+            epoch: the crawl epoch the caller joined (``""``: unfenced).
+        """
+        args: list[Arg] = [queue_kind, filter_kind, len(filter_args), *filter_args]
+        for token, score, payload in entries:
+            args += (token, score, payload)
+        args.append(epoch)
+        return self._call("enqueue", [queue, seq, epoch_key, *filter_keys], args)
+
+    def reserve(
+        self,
+        *,
+        leases: str,
+        leased: str,
+        deliveries: str,
+        dead: str,
+        queue: str,
+        seeds: str,
+        seq: str,
+        progress: str,
+        epoch_key: str,
+        index: str,
+        origin: str,
+        take: str,
+        queue_put_back: str,
+        seeds_put_back: str,
+        count: int,
+        duration: float,
+        worker: str,
+        max_deliveries: int,
+        reclaim_limit: int,
+        epoch: str,
+    ) -> ScriptCall:
+        """``lua/reserve.lua``: reclaim expired leases, then lease up to ``count``
+        entries taken from the queue (``origin`` :data:`FROM_QUEUE`) or the seeds key
+        (:data:`FROM_SEEDS`) with the command ``take``."""
+        keys = [leases, leased, deliveries, dead, queue, seeds, seq, progress, epoch_key, index]
+        args: list[Arg] = [origin, take, queue_put_back, seeds_put_back, count, duration, worker,
+                           max_deliveries, reclaim_limit, epoch]  # fmt: skip
+        return self._call("reserve", keys, args)
+
+    def settle(
+        self,
+        *,
+        leases: str,
+        leased: str,
+        deliveries: str,
+        dead: str,
+        queue: str,
+        seeds: str,
+        progress: str,
+        epoch_key: str,
+        index: str,
+        worker: str,
+        queue_put_back: str,
+        seeds_put_back: str,
+        max_deliveries: int,
+        epoch: str,
+        outcomes: Iterable[tuple[str, str]],
+    ) -> ScriptCall:
+        """``lua/settle.lua``: settle ``(lease id, outcome)`` pairs (outcomes
+        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a record, or a reason)."""
+        keys = [leases, leased, deliveries, dead, queue, seeds, progress, epoch_key, index]
+        args: list[Arg] = [worker, queue_put_back, seeds_put_back, max_deliveries, epoch]
+        for lease_id, outcome in outcomes:
+            args += (lease_id, outcome)
+        return self._call("settle", keys, args)
+
+    def renew(
+        self,
+        *,
+        leases: str,
+        leased: str,
+        epoch_key: str,
+        index: str,
+        worker: str,
+        duration: float,
+        epoch: str,
+        lease_ids: Iterable[str],
+    ) -> ScriptCall:
+        """``lua/renew.lua``: extend the deadlines of these leases by ``duration``."""
+        keys = [leases, leased, epoch_key, index]
+        return self._call("renew", keys, [worker, duration, epoch, *lease_ids])
+
+    def release(
+        self,
+        *,
+        leases: str,
+        leased: str,
+        deliveries: str,
+        queue: str,
+        seeds: str,
+        epoch_key: str,
+        index: str,
+        worker: str,
+        queue_put_back: str,
+        seeds_put_back: str,
+        epoch: str,
+        known: Iterable[str],
+    ) -> ScriptCall:
+        """``lua/release.lua``: hand back this worker's leases other than ``known``."""
+        keys = [leases, leased, deliveries, queue, seeds, epoch_key, index]
+        args: list[Arg] = [worker, queue_put_back, seeds_put_back, epoch, *known]
+        return self._call("release", keys, args)
+
+    def progress(
+        self,
+        *,
+        queue: str,
+        seeds: str,
+        leases: str,
+        progress: str,
+        epoch_key: str,
+        clear_keys: Iterable[str],
+        queue_kind: str,
+        seeds_kind: str,
+        grace: float,
+        clear: bool,
+        keep_for: int,
+        epoch: str,
+    ) -> ScriptCall:
+        """``lua/progress.lua``: where the crawl stands; mark it finished after
+        ``grace`` seconds of emptiness, then (``clear``) delete ``clear_keys``."""
+        keys = [queue, seeds, leases, progress, epoch_key, *clear_keys]
+        args: list[Arg] = [queue_kind, seeds_kind, grace, int(clear), keep_for, epoch]
+        return self._call("progress", keys, args)
+
+    # -- the worker registry (lua/join, heartbeat, leave) --------------------------------
+
+    def join(
+        self,
+        *,
+        workers: str,
+        progress: str,
+        flush_keys: Iterable[str],
+        worker: str,
+        timeout: float,
+        flush: bool,
+        age: float,
+    ) -> ScriptCall:
+        """``lua/join.lua``: register ``worker``; with ``flush``, delete ``flush_keys``
+        if no other worker is alive."""
+        keys = [workers, progress, *flush_keys]
+        return self._call("join", keys, [worker, timeout, int(flush), age])
+
+    def heartbeat(self, *, workers: str, worker: str) -> ScriptCall:
+        """``lua/heartbeat.lua``: stamp ``worker`` alive with the server's clock."""
+        return self._call("heartbeat", [workers], [worker])
+
+    def leave(self, *, workers: str, worker: str, timeout: float) -> ScriptCall:
+        """``lua/leave.lua``: unregister ``worker``, pruning stale workers."""
+        return self._call("leave", [workers], [worker, timeout])
+
+    # -- the dupefilter and stats (lua/dupefilter, stats) --------------------------------
+
+    def dupefilter(
+        self,
+        *,
+        filter_keys: Sequence[str],
+        op: str,
+        filter_kind: str,
+        filter_args: Sequence[Arg],
+        tokens: Iterable[bytes],
+    ) -> ScriptCall:
+        """``lua/dupefilter.lua``: ``op`` ``"add"`` or ``"check"`` these tokens."""
+        args: list[Arg] = [op, filter_kind, len(filter_args), *filter_args, *tokens]
+        return self._call("dupefilter", filter_keys, args)
+
+    def dupefilter_prepare(self, *, chain: str, segment: str, bits: int) -> ScriptCall:
+        """``lua/dupefilter.lua`` ``"prepare"``: create a Bloom segment at full size."""
+        return self._call("dupefilter", [chain, segment], ["prepare", bits])
+
+    def stats(
+        self,
+        *,
+        stats: str,
+        timeline: str,
+        pages_stat: str,
+        items_stat: str,
+        window: int,
+        ops: Iterable[Sequence[Arg]],
+    ) -> ScriptCall:
+        """``lua/stats.lua``: apply a batch of stats operations (4 arguments each)."""
+        args: list[Arg] = [pages_stat, items_stat, window]
+        for op in ops:
+            args += op
+        return self._call("stats", [stats, timeline], args)
 
 
 def scripts_for(client: redis.Redis) -> Scripts:
@@ -86,17 +379,5 @@ def scripts_for(client: redis.Redis) -> Scripts:
     try:
         return _registered[client]
     except KeyError:
-        scripts = _registered[client] = Scripts(
-            enqueue=client.register_script(source("enqueue")),
-            join=client.register_script(source("join")),
-            leave=client.register_script(source("leave")),
-            heartbeat=client.register_script(source("heartbeat")),
-            reserve=client.register_script(source("reserve")),
-            settle=client.register_script(source("settle")),
-            renew=client.register_script(source("renew")),
-            progress=client.register_script(source("progress")),
-            release=client.register_script(source("release")),
-            dupefilter=client.register_script(source("dupefilter")),
-            stats=client.register_script(source("stats")),
-        )
+        scripts = _registered[client] = Scripts(client)
         return scripts

@@ -30,7 +30,7 @@ import difflib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 from urllib.parse import urlsplit
 
 from scrapy import Request
@@ -340,6 +340,14 @@ class SeedQueue:
     """
 
     KINDS = ("list", "set", "zset")
+    #: Per mode: the command that takes seeds from the head (``lua/reserve.lua`` runs it
+    #: to lease them, :meth:`pop` to pop them), and the one that puts a seed back at the
+    #: head (a lease handed back, failed or expired; ``lua/_leases.lua``).
+    COMMANDS: ClassVar[dict[str, tuple[str, str]]] = {
+        "list": ("lpop", "lpush"),
+        "set": ("spop", "sadd"),
+        "zset": ("zpopmax", "zadd"),
+    }
 
     def __init__(self, client: redis.Redis, key: str, kind: str = "list") -> None:
         if kind not in self.KINDS:
@@ -347,9 +355,14 @@ class SeedQueue:
         self.client = client
         self.key = key
         self.kind = kind
+        #: The command that takes seeds (lowercase), see :data:`COMMANDS`.
+        self.take: str
+        #: The command that puts a seed back (lowercase), see :data:`COMMANDS`.
+        self.put_back: str
+        self.take, self.put_back = self.COMMANDS[kind]
 
     def pop(self, count: int) -> list[bytes]:
-        """Remove and return up to ``count`` seeds in one command."""
+        """Remove and return up to ``count`` seeds in one command (:attr:`take`)."""
         if self.kind == "set":
             return cast("list[bytes]", self.client.spop(self.key, count)) or []
         if self.kind == "zset":

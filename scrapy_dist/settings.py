@@ -256,12 +256,14 @@ def _queue(s: BaseSettings) -> QueueConfig:
 class FrontierConfig:
     """Leases and the frontier's checks (``SCHEDULER_LEASE_TIMEOUT``,
     ``SCHEDULER_MAX_DELIVERIES``, ``REDIS_EVICTION_POLICY_CHECK``,
-    ``SCHEDULER_WRONGTYPE_TIMEOUT``)."""
+    ``SCHEDULER_WRONGTYPE_TIMEOUT``), and whether its writes are sent at once
+    (``eager``: ``SCHEDULER_FLUSH_INTERVAL`` is 0; the scheduler checks the interval)."""
 
     lease_timeout: float
     max_deliveries: int
     eviction_check: str
     wrongtype_timeout: float
+    eager: bool = False
 
 
 def check_frontier(eviction_check: str, lease_timeout: float, max_deliveries: int) -> None:
@@ -291,6 +293,7 @@ def _frontier(s: BaseSettings) -> FrontierConfig:
         max_deliveries=max_deliveries,
         eviction_check=eviction_check,
         wrongtype_timeout=s.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
+        eager=s.getfloat("SCHEDULER_FLUSH_INTERVAL") == 0,
     )
 
 

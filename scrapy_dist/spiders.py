@@ -34,13 +34,12 @@ import redis
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
-from scrapy.utils.misc import load_object
 
 from scrapy_dist import _engine, deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
-from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
+from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease, shared_filter
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.settings import check_seed_batch_size
@@ -291,15 +290,11 @@ class RedisSpiderMixin(Spider):
         """
         assert self.redis_batch_size is not None
         leases: list[Lease] = []
-        try:
-            for seeds in self.seed_queues:
-                self.frontier.seeds = seeds
-                self._seeds_read = seeds.key
-                leases = self.frontier.reserve(self.redis_batch_size, seeds=True)
-                if leases:
-                    break
-        finally:
-            self.frontier.seeds = self.seeds
+        for seeds in self.seed_queues:
+            self._seeds_read = seeds.key
+            leases = self.frontier.reserve(self.redis_batch_size, seeds=seeds)
+            if leases:
+                break
         return leases
 
     def _record_seeds(self, requests: list[Request]) -> None:
@@ -509,18 +504,7 @@ RedisMixin = RedisSpiderMixin
 def _seed_filter(config: Config, frontier: Frontier) -> UnopenedBackend | None:
     """The crawl's dupefilter backend, if the crawl uses scrapy_dist's scheduler and
     dupefilter (no I/O)."""
-    from scrapy_dist.backends import backend_from_config
-    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler
-
-    try:
-        df_cls = load_object(config.components.dupefilter)
-    except (ImportError, NameError, ValueError):
-        return None
-    if not (isinstance(df_cls, type) and issubclass(df_cls, RFPDupeFilter)):
-        return None
-    if not _dist_scheduler(config.components.scheduler):
-        return None
-    return backend_from_config(config.dupefilter, frontier.client, frontier.keys)
+    return shared_filter(config, frontier.client, frontier.keys)
 
 
 _N = TypeVar("_N", int, float)

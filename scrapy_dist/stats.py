@@ -46,11 +46,12 @@ from scrapy_dist.startup import start_failure
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from redis.commands.core import Script
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
+
+    from scrapy_dist.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class SharedStats:
         key: the stats hash.
         timeline: the timeline zset.
         window: seconds of timeline kept for rates.
-        script: ``lua/stats.lua`` registered on ``client`` (default: registered here).
+        scripts: the scripts registered on ``client`` (default: looked up here).
     """
 
     def __init__(
@@ -222,13 +223,13 @@ class SharedStats:
         timeline: str,
         *,
         window: int = RATE_WINDOW,
-        script: Script | None = None,
+        scripts: Scripts | None = None,
     ) -> None:
         self.client = client
         self.key = key
         self.timeline = timeline
         self.window = window
-        self._script = script or scripts_for(client).stats
+        self._scripts = scripts or scripts_for(client)
 
     def apply(self, ops: Sequence[tuple[str, str, str, str]]) -> int:
         """Apply ``(kind, stat, value, start)`` operations atomically, in order (one round
@@ -243,10 +244,15 @@ class SharedStats:
         """
         if not ops:
             return 0
-        args: list[str | int] = [PAGES_STAT, ITEMS_STAT, self.window]
-        for op in ops:
-            args += op
-        return int(cast("int", self._script(keys=[self.key, self.timeline], args=args)))
+        call = self._scripts.stats(
+            stats=self.key,
+            timeline=self.timeline,
+            pages_stat=PAGES_STAT,
+            items_stat=ITEMS_STAT,
+            window=self.window,
+            ops=ops,
+        )
+        return int(cast("int", call.run()))
 
     def read(self) -> dict[str, Any]:
         """The crawl's stats, decoded (one round trip)."""
@@ -334,7 +340,7 @@ class RedisStatsCollector(StatsCollector):
             if shared is None:
                 keys = parts.keys
                 shared = SharedStats(
-                    parts.client, keys.stats, keys.timeline, script=parts.scripts.stats
+                    parts.client, keys.stats, keys.timeline, scripts=parts.scripts
                 )
             if flush_interval is None:
                 flush_interval = parts.config.stats.flush_interval

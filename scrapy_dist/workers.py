@@ -90,15 +90,20 @@ class WorkerRegistry:
         others, flushed, _ = cast(
             "list[int]",
             self._scripts.join(
-                keys=[self.key, self.progress, *self.frontier],
-                args=[self.worker_id, self.timeout, int(flush), time.monotonic() - self.started],
-            ),
+                workers=self.key,
+                progress=self.progress,
+                flush_keys=self.frontier,
+                worker=self.worker_id,
+                timeout=self.timeout,
+                flush=flush,
+                age=time.monotonic() - self.started,
+            ).run(),
         )
         return int(others), bool(flushed)
 
     def heartbeat(self) -> None:
         """Tell the others this worker is alive."""
-        self._scripts.heartbeat(keys=[self.key], args=[self.worker_id])
+        self._scripts.heartbeat(workers=self.key, worker=self.worker_id).run()
 
     def leave(self) -> int:
         """Unregister this worker (shared state stays; see ``lua/leave.lua``).
@@ -106,9 +111,8 @@ class WorkerRegistry:
         Returns:
             The number of live workers remaining.
         """
-        return int(
-            cast("int", self._scripts.leave(keys=[self.key], args=[self.worker_id, self.timeout]))
-        )
+        call = self._scripts.leave(workers=self.key, worker=self.worker_id, timeout=self.timeout)
+        return int(cast("int", call.run()))
 
     def live(self) -> dict[str, float]:
         """Every registered worker and its last heartbeat (server time, seconds)."""

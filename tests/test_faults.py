@@ -324,10 +324,10 @@ def test_a_lost_reply_hands_back_only_leases_the_worker_does_not_hold(
     for i in range(3):
         scheduler.enqueue_request(Request(f"https://example.com/{i}"))
     frontier.flush()
-    done, _ = frontier.reserve(2)  # the second one: its reply is lost below
+    done, second = frontier.reserve(2)  # the second one: its reply is lost below
     frontier.settle([(done.id, DONE)])  # crawled: its ack waits in the outbox
-    frontier._reply_lost = True  # the reply bringing the second one was lost
-    frontier.held = list  # nothing in the buffer or the engine
+    frontier.leases.reply_lost = True  # the reply bringing the second one was lost:
+    frontier.leases.forget([second.id])  # the worker never knew it
     frontier.flush()
     # the waiting ack was sent, not handed back: that page is not crawled twice
     assert frontier.totals() == {"done": 1}
@@ -345,7 +345,7 @@ def test_release_reads_only_this_workers_leases(
     for _ in range(4):
         assert len(busy.frontier.reserve(5000)) == 5000
     idle = _scheduler(make_crawler)
-    idle.frontier._reply_lost = True
+    idle.frontier.leases.reply_lost = True
     client.config_set("slowlog-log-slower-than", 10000)  # 10 ms
     client.slowlog_reset()
     try:

@@ -241,10 +241,10 @@ def test_leases_granted_in_a_lost_reply_are_handed_back(
     assert kept is not None
     f = w.frontier
     # Redis runs a reserve whose reply never reaches the worker (it timed out)
-    lost = f._reserve_call(2, seeds=False)
+    lost = f.leases.reserve_call(2, f.epoch)
     client.evalsha(lost.script.sha, len(lost.keys), *lost.keys, *lost.args)
     assert client.zcard(f.keys.leases) == 3
-    f._reply_lost = True
+    f.leases.reply_lost = True
     f.flush(reserve=0)  # the next call first hands back what the worker does not know
     f.settle([])
     assert client.zcard(f.keys.leases) == 1
@@ -270,7 +270,7 @@ def test_an_ack_never_outlives_a_refused_enqueue_of_its_children(
     assert client.zcard(w.frontier.keys.leases) == 1  # the ack was not sent with it
     assert w.frontier.pending_writes == 2  # a refusal is an outage: both wait
     client.delete(w.scheduler.queue.key)  # the operator fixes the key
-    w.frontier._retry_at = 0.0  # (skip the backoff pause)
+    w.frontier.outbox._retry_at = 0.0  # (skip the backoff pause)
     w.frontier.flush()  # the child is confirmed, and its parent's ack goes next
     w.frontier.flush()
     assert w.frontier.pending_writes == 0

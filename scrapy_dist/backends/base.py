@@ -260,12 +260,17 @@ class ScriptedBackend:
         """
         token = self.token
         tokens = [token(fingerprint) for fingerprint in fingerprints]
-        script = scripts_for(self.client).dupefilter
+        scripts = scripts_for(self.client)
         for attempt in range(STALE_RETRIES + 1):
-            keys = self.script_keys()
-            extra = self.script_args()
+            call = scripts.dupefilter(
+                filter_keys=self.script_keys(),
+                op=op,
+                filter_kind=self.kind,
+                filter_args=self.script_args(),
+                tokens=tokens,
+            )
             try:
-                flags = script(keys=keys, args=[op, self.kind, len(extra), *extra, *tokens])
+                flags = call.run()
             except redis.ResponseError as e:
                 translated = filter_error(e)
                 if isinstance(translated, StaleFilterView) and attempt < STALE_RETRIES:

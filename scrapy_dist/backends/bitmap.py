@@ -187,12 +187,12 @@ class BitmapBloomBackend(ScriptedBackend):
         Returns:
             The number of segments created.
         """
-        script = scripts_for(self.client).dupefilter
+        scripts = scripts_for(self.client)
         spec = self.stages[stage]
         created = 0
         for i, key in enumerate(self._segment_keys[stage]):
             size = min(self.params.segment_bits, spec.bits - i * self.params.segment_bits)
-            created += int(script(keys=[self.key, key], args=["prepare", size]))
+            created += int(scripts.dupefilter_prepare(chain=self.key, segment=key, bits=size).run())
         return created
 
     def _refresh_view(self) -> None:

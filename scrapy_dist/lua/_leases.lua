@@ -1,8 +1,9 @@
 -- Library of the lease scripts (prepended by scrapy_dist/scripts.py to every script
 -- whose header says "-- uses: _leases"). No KEYS or ARGV of its own.
 --
--- A leased record is "<origin>|<score>|<worker>|<entry>": origin "q" for an entry of
--- the request queue ("<16-digit id><payload>"), "s" for a raw seed.
+-- A leased record is "<origin>|<score>|<worker>|<entry>": origin FROM_QUEUE ("q") for
+-- an entry of the request queue ("<ENTRY_ID_LEN-digit id><payload>"), FROM_SEEDS ("s")
+-- for a raw seed. (The constants are prepended by scrapy_dist/scripts.py.)
 
 -- Split a leased record into origin, score, worker, entry.
 local function parse_record(record)
@@ -26,10 +27,10 @@ local function put_back(key, how, score, entry)
   end
 end
 
--- Put an entry back where its origin says it came from: the seeds key ("s") or the
--- request queue ("q"), each with its own way of taking it back.
+-- Put an entry back where its origin says it came from: the seeds key (FROM_SEEDS) or
+-- the request queue (FROM_QUEUE), each with its own way of taking it back.
 local function return_entry(origin, score, entry, queue, qback, seeds, sback)
-  if origin == "s" then
+  if origin == FROM_SEEDS then
     put_back(seeds, sback, score, entry)
   else
     put_back(queue, qback, score, entry)
@@ -89,8 +90,8 @@ end
 -- The dead-letter record of a leased entry that will not be tried again.
 local function dead_record(origin, entry, reason, now, worker, times)
   local data = entry
-  if origin == "q" then
-    data = string.sub(entry, 17)
+  if origin == FROM_QUEUE then
+    data = string.sub(entry, ENTRY_ID_LEN + 1)
   end
-  return dead_json(origin == "q" and "request" or "seed", data, reason, now, worker, times)
+  return dead_json(origin == FROM_QUEUE and "request" or "seed", data, reason, now, worker, times)
 end

@@ -15,7 +15,7 @@
 --                for "set" and "bf", its 16-byte MurmurHash3 for "bloom")
 -- ARGV[#ARGV] = the crawl epoch the caller joined ("" = unfenced), after the triples
 --
--- Entries are "<16-digit id><payload>": ids keep identical payloads distinct, and in
+-- Entries are "<ENTRY_ID_LEN-digit id><payload>" (16 digits): ids keep identical payloads distinct, and in
 -- the zset they order equal scores first-in first-out.
 -- Redis does not roll a script back when a command fails, so the script writes in a
 -- safe order: it only reads while deciding, pushes the new entries, and records their
@@ -83,7 +83,7 @@ if #accepted > 0 then
   for _, i in ipairs(accepted) do
     id = id + 1
     local digits = tostring(id)
-    local entry = string.rep("0", 16 - #digits) .. digits .. ARGV[first + 3 * i + 2]
+    local entry = string.rep("0", ENTRY_ID_LEN - #digits) .. digits .. ARGV[first + 3 * i + 2]
     if queue_kind == "zset" then
       redis.call("ZADD", queue, ARGV[first + 3 * i + 1], entry)
     else

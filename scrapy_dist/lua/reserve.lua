@@ -12,7 +12,7 @@
 -- KEYS[8] = crawl stats hash (counters: dead)
 -- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
 -- KEYS[10] = this worker's lease index (set of the lease ids it was granted)
--- ARGV[1] = source to take from: "q" (request queue) or "s" (seeds)
+-- ARGV[1] = source to take from: FROM_QUEUE ("q", request queue) or FROM_SEEDS ("s")
 -- ARGV[2] = how to take: "rpop" | "lpop" | "zpopmin" | "spop" | "zpopmax"
 -- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
 -- ARGV[4] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
@@ -26,7 +26,7 @@
 -- seed); an error "EPOCH ..." if the crawl's epoch is not ARGV[10]
 --
 -- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
--- derived from its content ("s" + 15 hex digits of its SHA-1): the same seed keeps its
+-- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
 -- id, and so its delivery count, each time its lease expires and it is read again. A
 -- copy of a seed whose id is leased at that moment gets "<id>:<n>" instead.
 -- uses: _leases, _fence
@@ -75,13 +75,13 @@ if count <= 0 then
   taken = {}
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
-    source == "q" and queue or seeds, count)
+    source == FROM_QUEUE and queue or seeds, count)
   taken = {}
   for i = 1, #popped, 2 do
     taken[#taken + 1] = {popped[i], popped[i + 1]}
   end
 else
-  local popped = redis.call(string.upper(take), source == "q" and queue or seeds, count)
+  local popped = redis.call(string.upper(take), source == FROM_QUEUE and queue or seeds, count)
   taken = {}
   if popped then
     for _, entry in ipairs(popped) do
@@ -90,18 +90,19 @@ else
   end
 end
 
--- [input] a queue entry that enqueue.lua did not write (no 16-digit entry id: pushed
+-- [input] a queue entry that enqueue.lua did not write (no ENTRY_ID_LEN-digit id: pushed
 -- by hand, say) cannot be leased: it is dead-lettered whole, alone, its bytes kept
 -- readable (the record format is scrapy_dist/deadletter.py's), and the rest go on.
-if source == "q" then
-  local kept = {}
+if source == FROM_QUEUE then
+  local kept, entry_id = {}, "^" .. string.rep("%d", ENTRY_ID_LEN) .. "$"
   for _, pair in ipairs(taken) do
-    if string.match(string.sub(pair[1], 1, 16), "^" .. string.rep("%d", 16) .. "$") then
+    if string.match(string.sub(pair[1], 1, ENTRY_ID_LEN), entry_id) then
       kept[#kept + 1] = pair
     else
       redis.call("RPUSH", dead, dead_json("request", pair[1],
-        "malformed queue entry: it does not start with the 16-digit entry id the "
-        .. "enqueue script writes (pushed by hand? 'scrapy-dist dead requeue' gives it one)",
+        "malformed queue entry: it does not start with the " .. ENTRY_ID_LEN
+        .. "-digit entry id the enqueue script writes (pushed by hand? "
+        .. "'scrapy-dist dead requeue' gives it one)",
         now, worker, 0))
       redis.call("HINCRBY", stats, "dead", 1)
     end
@@ -114,10 +115,10 @@ local result = {}
 for _, pair in ipairs(taken) do
   local entry, score = pair[1], pair[2]
   local id
-  if source == "q" then
-    id = string.sub(entry, 1, 16)
+  if source == FROM_QUEUE then
+    id = string.sub(entry, 1, ENTRY_ID_LEN)
   else
-    id = "s" .. string.sub(redis.sha1hex(entry), 1, 15)
+    id = FROM_SEEDS .. string.sub(redis.sha1hex(entry), 1, 15)
     if redis.call("HEXISTS", leased, id) == 1 then
       id = id .. ":" .. redis.call("INCR", seq)
     end

@@ -11,10 +11,11 @@
 -- ARGV[3] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[4] = maximum deliveries of one entry
 -- ARGV[5] = the crawl epoch this worker joined ("" = unfenced)
--- ARGV[6..] = pairs: lease id, outcome; outcome "" = done, "~" = hand back (not
---             counted as a delivery), "!<record>" = dead-letter it now with this JSON
---             record (a seed that can never become a request), anything else = the
---             failure's reason
+-- ARGV[6..] = pairs: lease id, outcome; outcome DONE ("") = done, HAND_BACK ("~") =
+--             hand back (not counted as a delivery), DEAD_NOW .. record ("!<record>") =
+--             dead-letter it now with this JSON record (a seed that can never become a
+--             request), anything else = the failure's reason (the constants are
+--             scrapy_dist/scripts.py's)
 -- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." if the
 --          crawl's epoch is not ARGV[5]
 -- uses: _leases, _fence
@@ -44,14 +45,14 @@ for i = 6, #ARGV, 2 do
   else
     redis.call("ZREM", leases, id)
     redis.call("HDEL", leased, id)
-    if outcome == "" then
+    if outcome == DONE then
       redis.call("HDEL", deliveries, id)
       done = done + 1
-    elseif string.sub(outcome, 1, 1) == "!" then
-      redis.call("RPUSH", dead, string.sub(outcome, 2))
+    elseif string.sub(outcome, 1, #DEAD_NOW) == DEAD_NOW then
+      redis.call("RPUSH", dead, string.sub(outcome, #DEAD_NOW + 1))
       redis.call("HDEL", deliveries, id)
       buried = buried + 1
-    elseif outcome == "~" then
+    elseif outcome == HAND_BACK then
       redis.call("HINCRBY", deliveries, id, -1)
       return_entry(origin, score, entry, queue, qback, seeds, sback)
       handed = handed + 1

@@ -1,0 +1,246 @@
+"""The lease client: the calls by which one worker takes, keeps and gives back entries.
+
+Taking a request or a seed moves it into ``<crawl>:leases`` with a deadline
+(``lua/reserve.lua``). The worker renews the leases it holds (``lua/renew.lua``) and
+settles each one when Scrapy is done with it (``lua/settle.lua``): acknowledged
+(:data:`DONE`), returned for another try with the failure's reason, dead-lettered at
+once (:data:`DEAD_NOW`), or handed back untouched at shutdown (:data:`HAND_BACK`).
+Leases whose worker died expire and return to the queue with their delivery count;
+past ``SCHEDULER_MAX_DELIVERIES`` they go to the dead-letter list. Leases granted by a
+call whose reply was lost are handed back (``lua/release.lua``).
+
+:class:`LeaseClient` builds these calls (through :class:`~scrapy_dist.scripts.Scripts`)
+and reads their replies, and so tracks the leases it grants until they are settled; the
+:class:`~scrapy_dist.frontier.Frontier` sends the calls (through its outbox, or at
+once) and keeps the crawl's epoch that fences them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from scrapy_dist.scripts import DEAD_NOW, DONE, ENTRY_ID_LEN, FROM_QUEUE, FROM_SEEDS, HAND_BACK
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.queue import RedisQueue
+    from scrapy_dist.scripts import ScriptCall, Scripts
+    from scrapy_dist.seeds import SeedQueue
+
+__all__ = ["DEAD_NOW", "DONE", "HAND_BACK", "RECLAIM_LIMIT", "Lease", "LeaseClient"]
+
+logger = logging.getLogger(__name__)
+
+#: Expired leases reclaimed per reserve call, at most.
+RECLAIM_LIMIT = 100
+
+
+class Lease(NamedTuple):
+    """An entry this worker holds: its lease id, how often it was delivered, its data
+    (a request payload, or a raw seed)."""
+
+    id: str
+    deliveries: int
+    data: bytes
+
+
+class LeaseClient:
+    """The lease calls of one worker on one crawl.
+
+    Args:
+        scripts: the scripts bound to the crawl's client.
+        keys: the crawl's keys.
+        queue: the request queue (its :attr:`~scrapy_dist.queue.RedisQueue.take` and
+            ``put_back`` commands are the scripts').
+        seeds: the crawl's seeds key, where a seed handed back or failed returns.
+        worker_id: this worker's id, recorded in its leases.
+        lease_timeout: seconds a lease lasts without renewal.
+        max_deliveries: deliveries of one entry before it is dead-lettered.
+        stats: returns the crawler's stats collector.
+    """
+
+    def __init__(
+        self,
+        scripts: Scripts,
+        keys: RedisKeys,
+        queue: RedisQueue,
+        seeds: SeedQueue,
+        *,
+        worker_id: str,
+        lease_timeout: float,
+        max_deliveries: int,
+        stats: Callable[[], StatsCollector],
+    ) -> None:
+        self._scripts = scripts
+        self.keys = keys
+        self.queue = queue
+        self.seeds = seeds
+        self.worker_id = worker_id
+        self.lease_timeout = lease_timeout
+        self.max_deliveries = max_deliveries
+        self._stats = stats
+        #: The ids of the leases this client received, until Redis answers their
+        #: settlement or a renewal finds them taken back (buffered, in Scrapy's engine,
+        #: or settled in the outbox): what a release never hands back.
+        self.held: set[str] = set()
+        #: A reply was lost: Redis may have leased entries this worker never received.
+        self.reply_lost = False
+
+    @property
+    def index(self) -> str:
+        """This worker's lease index key."""
+        return self.keys.held(self.worker_id)
+
+    # -- reserve ----------------------------------------------------------------------
+
+    def reserve_call(self, count: int, epoch: str, seeds: SeedQueue | None = None) -> ScriptCall:
+        """Lease up to ``count`` requests, or seeds of ``seeds`` (reclaiming expired
+        leases first); read the reply with :meth:`leases`."""
+        k = self.keys
+        return self._scripts.reserve(
+            leases=k.leases,
+            leased=k.leased,
+            deliveries=k.deliveries,
+            dead=k.dead,
+            queue=self.queue.key,
+            seeds=(seeds or self.seeds).key,
+            seq=k.seq,
+            progress=k.progress,
+            epoch_key=k.epoch,
+            index=self.index,
+            origin=FROM_QUEUE if seeds is None else FROM_SEEDS,
+            take=self.queue.take if seeds is None else seeds.take,
+            queue_put_back=self.queue.put_back,
+            seeds_put_back=self.seeds.put_back,
+            count=count,
+            duration=self.lease_timeout,
+            worker=self.worker_id,
+            max_deliveries=self.max_deliveries,
+            reclaim_limit=RECLAIM_LIMIT,
+            epoch=epoch,
+        )
+
+    def leases(self, reply: Any, *, seeds: bool) -> list[Lease]:
+        """The leases in a reserve's reply (a request's data is its payload, without
+        the entry id), now :attr:`held`."""
+        out = []
+        for i in range(0, len(reply), 3):
+            entry: bytes = reply[i + 2]
+            data = entry if seeds else entry[ENTRY_ID_LEN:]
+            out.append(Lease(reply[i].decode(), int(reply[i + 1]), data))
+        self.held.update(lease.id for lease in out)
+        return out
+
+    def forget(self, lease_ids: Iterable[str]) -> None:
+        """These leases are no longer this worker's (settled, or taken back)."""
+        self.held.difference_update(lease_ids)
+
+    def forget_all(self) -> None:
+        """The crawl is gone, and every lease with it."""
+        self.held.clear()
+        self.reply_lost = False
+
+    # -- settle -----------------------------------------------------------------------
+
+    def settle_call(self, outcomes: Sequence[tuple[str, str]], epoch: str) -> ScriptCall:
+        """Settle ``(lease id, outcome)`` pairs; read the reply with :meth:`settled`."""
+        k = self.keys
+        return self._scripts.settle(
+            leases=k.leases,
+            leased=k.leased,
+            deliveries=k.deliveries,
+            dead=k.dead,
+            queue=self.queue.key,
+            seeds=self.seeds.key,
+            progress=k.progress,
+            epoch_key=k.epoch,
+            index=self.index,
+            worker=self.worker_id,
+            queue_put_back=self.queue.put_back,
+            seeds_put_back=self.seeds.put_back,
+            max_deliveries=self.max_deliveries,
+            epoch=epoch,
+            outcomes=outcomes,
+        )
+
+    def settled(self, reply: Any, outcomes: Sequence[tuple[str, str]]) -> None:
+        """Note a settlement's reply: these leases are no longer held; count them in
+        the stats, and warn about leases lost meanwhile."""
+        self.forget(lease_id for lease_id, _ in outcomes)
+        done, retried, dead, handed, lost = (int(x) for x in reply)
+        stats = self._stats()
+        for name, n in (("acked", done), ("retried", retried), ("dead", dead),
+                        ("handed_back", handed), ("lease_lost", lost)):  # fmt: skip
+            if n:
+                stats.inc_value(f"scheduler/leases/{name}", n)
+        if lost:
+            logger.warning(
+                "%(n)d lease(s) had expired and were taken back before this worker settled "
+                "them (raise SCHEDULER_LEASE_TIMEOUT if requests take that long): those "
+                "requests may be crawled twice",
+                {"n": lost},
+            )
+
+    # -- renew ------------------------------------------------------------------------
+
+    def renew_call(self, lease_ids: Sequence[str], epoch: str) -> ScriptCall:
+        """Extend the deadlines of these leases; read the reply with :meth:`renewed`."""
+        k = self.keys
+        return self._scripts.renew(
+            leases=k.leases,
+            leased=k.leased,
+            epoch_key=k.epoch,
+            index=self.index,
+            worker=self.worker_id,
+            duration=self.lease_timeout,
+            epoch=epoch,
+            lease_ids=lease_ids,
+        )
+
+    def renewed(self, reply: Any) -> list[str]:
+        """The ids of the leases a renewal found taken back (counted in the stats, and
+        no longer held)."""
+        lost = [i.decode() if isinstance(i, bytes) else str(i) for i in reply]
+        self.forget(lost)
+        if lost:
+            self._stats().inc_value("scheduler/leases/lost_on_renew", len(lost))
+        return lost
+
+    # -- release ----------------------------------------------------------------------
+
+    def release_call(self, epoch: str) -> ScriptCall:
+        """Hand back this worker's leases that it does not know it holds (not
+        :attr:`held`: granted by a call whose reply was lost). Read the reply with
+        :meth:`released`."""
+        k = self.keys
+        return self._scripts.release(
+            leases=k.leases,
+            leased=k.leased,
+            deliveries=k.deliveries,
+            queue=self.queue.key,
+            seeds=self.seeds.key,
+            epoch_key=k.epoch,
+            index=self.index,
+            worker=self.worker_id,
+            queue_put_back=self.queue.put_back,
+            seeds_put_back=self.seeds.put_back,
+            epoch=epoch,
+            known=self.held,
+        )
+
+    def released(self, reply: Any) -> None:
+        """Note a release's reply: the reply loss is dealt with (log and count)."""
+        self.reply_lost = False
+        released = int(reply)
+        if released:
+            logger.info(
+                "Handed back %(n)d request(s) or seed(s) leased by a call whose reply was "
+                "lost with the connection",
+                {"n": released},
+            )
+            self._stats().inc_value("scheduler/leases/released_unknown", released)

@@ -1,0 +1,412 @@
+"""The ordered write buffer of one worker: enqueues and lease settlements on their way
+to Redis, with the backoff that outlasts an outage.
+
+Writes are sent at once, in order, in one pipeline; if Redis cannot be reached they stay
+in memory and are retried with a bounded exponential backoff, so a Redis outage neither
+crashes nor closes the crawl. A server that refuses writes for now (OOM, NOREPLICAS,
+READONLY, LOADING, BUSY, MASTERDOWN, TRYAGAIN, a key of the wrong type) is an outage
+like an unreachable one. A settlement is sent only once Redis has confirmed the enqueue
+of every request added before it, so a parent's acknowledgement never overtakes the
+requests it produced. A permanent refusal of an enqueue dead-letters its requests, and
+the settlements waiting behind them report their requests as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import redis
+
+from scrapy_dist import deadletter
+from scrapy_dist.backends import filter_error
+from scrapy_dist.connection import describe
+from scrapy_dist.exceptions import StaleFilterView
+from scrapy_dist.scripts import DONE
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_dist.deadletter import DeadLetters
+    from scrapy_dist.queue import FilterBackend, RedisQueue
+    from scrapy_dist.scripts import ScriptCall, Scripts
+
+logger = logging.getLogger(__name__)
+
+#: First and longest pause between attempts to reach Redis after a failure (seconds).
+BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+#: Requests waiting in the outbox that trigger a flush without waiting for the timer.
+FLUSH_MAX = 1000
+
+#: Errors that mean "Redis is not reachable right now": keep the work, retry later.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+#: Error codes with which a reachable Redis refuses a call for now (out of memory, too
+#: few replicas, a replica or a loading server, a busy script, a cluster in transition,
+#: a key of the wrong type): keep the work, retry later.
+REFUSALS = frozenset(
+    {"OOM", "NOREPLICAS", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN",
+     "CLUSTERDOWN", "WRONGTYPE"}
+)  # fmt: skip
+
+#: An enqueue to send: ``(payload, score, fingerprint)``.
+Item = tuple[bytes, float, bytes]
+
+
+def refusal(error: BaseException) -> str | None:
+    """The code of a refusal Redis may lift by itself (:data:`REFUSALS`), else ``None``."""
+    if isinstance(error, redis.exceptions.ReadOnlyError):
+        return "READONLY"
+    if isinstance(error, redis.exceptions.BusyLoadingError):
+        return "LOADING"
+    if type(error).__name__ == "OutOfMemoryError":  # redis-py >= 5.0.1
+        return "OOM"
+    if isinstance(error, redis.exceptions.ResponseError):
+        # a pipeline's error reads "Command # 1 (...) of pipeline caused error: BUSY ..."
+        message = str(error).rsplit("caused error: ", 1)[-1]
+        code = message.split(" ", 1)[0]
+        if code in REFUSALS:
+            return code
+        if "used memory > 'maxmemory'" in message:
+            return "OOM"
+    return None
+
+
+class Batch(NamedTuple):
+    """The writes one flush sends: enqueues (with who wants their replies) and the
+    settlements whose requests are confirmed."""
+
+    items: list[Item]
+    replies: list[Callable[[bool], None]]
+    ready: list[tuple[str, str]]
+
+
+class Outbox:
+    """Writes not yet confirmed by Redis, in order, and whether Redis can be tried.
+
+    Args:
+        client: the crawl's Redis client.
+        scripts: the scripts bound to it.
+        queue: the request queue enqueues go to.
+        dead: the crawl's dead letters, for requests Redis refuses for good.
+        crawl: the crawl's name (for log messages).
+        stats: returns the crawler's stats collector.
+        wrongtype_timeout: seconds a queue key of the wrong type is waited for before
+            the requests to enqueue into it are dead-lettered.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        scripts: Scripts,
+        queue: RedisQueue,
+        dead: DeadLetters,
+        *,
+        crawl: str,
+        stats: Callable[[], StatsCollector],
+        wrongtype_timeout: float = 300.0,
+    ) -> None:
+        self.client = client
+        self._scripts = scripts
+        self.queue = queue
+        self.dead = dead
+        self.crawl = crawl
+        self._stats = stats
+        self.wrongtype_timeout = wrongtype_timeout
+        self._items: list[Item] = []
+        self._replies: list[Callable[[bool], None]] = []
+        #: Who wants the replies of the enqueue under way.
+        self._pending_replies: list[Callable[[bool], None]] = []
+        self._dupefilter: FilterBackend | None = None
+        #: Settlements queued after requests not yet confirmed enqueued.
+        self._outcomes: list[tuple[str, str]] = []
+        #: Settlements whose earlier requests Redis has confirmed: sent with the next flush.
+        self._ready: list[tuple[str, str]] = []
+        #: The scripts are loaded on the server (a restarted one has lost them).
+        self._loaded = False
+        self._down_since: float | None = None
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_MIN
+        #: The error code of the refusal under way ("" when Redis was unreachable).
+        self._refusing = ""
+        self._wrongtype_since: float | None = None
+
+    # -- what waits ---------------------------------------------------------------------
+
+    @property
+    def pending_writes(self) -> int:
+        """Requests to enqueue and leases to settle not yet sent to Redis."""
+        return len(self._items) + len(self._outcomes) + len(self._ready)
+
+    @property
+    def pending_settlements(self) -> int:
+        """Leases settled by this worker but not yet sent to Redis (still held)."""
+        return len(self._outcomes) + len(self._ready)
+
+    def add(
+        self, item: Item, dupefilter: FilterBackend | None, on_reply: Callable[[bool], None]
+    ) -> bool:
+        """Queue one enqueue; ``on_reply`` learns whether it was queued or filtered.
+
+        Returns:
+            Whether so many enqueues wait that they should be flushed now.
+        """
+        self._dupefilter = dupefilter
+        self._items.append(item)
+        self._replies.append(on_reply)
+        return len(self._items) >= FLUSH_MAX
+
+    def add_settlements(self, outcomes: Sequence[tuple[str, str]]) -> None:
+        """Queue settlements behind the enqueues queued before them."""
+        if self._items:
+            self._outcomes.extend(outcomes)
+        else:
+            self._ready.extend(outcomes)
+
+    def promote(self) -> None:
+        """With no enqueue unconfirmed, the settlements behind them are ready to send."""
+        if not self._items and self._outcomes:
+            self._ready.extend(self._outcomes)
+            self._outcomes = []
+
+    def drop(self) -> int:
+        """Forget every write (its crawl is gone).
+
+        Returns:
+            How many were dropped.
+        """
+        dropped = self.pending_writes
+        self._items, self._replies, self._pending_replies = [], [], []
+        self._outcomes, self._ready = [], []
+        return dropped
+
+    # -- one flush ----------------------------------------------------------------------
+
+    def enqueue_call(self, fence: tuple[str, str]) -> ScriptCall | None:
+        """The enqueue of every waiting request (``None`` if none), fenced by
+        ``(epoch key, epoch)``; its reply goes to :meth:`enqueued`."""
+        if not self._items:
+            return None
+        return self.queue.enqueue_call(self._items, self._dupefilter, fence=fence)
+
+    @property
+    def ready(self) -> list[tuple[str, str]]:
+        """The settlements the next flush sends."""
+        return self._ready
+
+    def take(self) -> Batch:
+        """Take the writes of the flush under way out of the buffer (see :meth:`restore`)."""
+        batch = Batch(self._items, self._replies, self._ready)
+        self._items, self._replies, self._ready = [], [], []
+        self._pending_replies = batch.replies
+        return batch
+
+    def restore(self, batch: Batch) -> None:
+        """Put a batch that was not sent back in front of what came since."""
+        self._items, self._replies = batch.items + self._items, batch.replies + self._replies
+        self._ready = batch.ready + self._ready
+
+    def enqueued(self, flags: Any) -> None:
+        """Hand an enqueue's reply (one flag per request) to who wants it."""
+        for on_reply, flag in zip(self._pending_replies, flags, strict=True):
+            on_reply(bool(flag))
+        self._pending_replies = []
+
+    def send(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script
+        support would add a ``SCRIPT EXISTS`` round trip to every flush).
+
+        Returns:
+            One answer per call, an exception for a call that failed.
+
+        Raises:
+            redis.RedisError: the pipeline as a whole failed (e.g. unreachable).
+        """
+        if not self._loaded:
+            with self.client.pipeline(transaction=False) as pipe:
+                for script in self._scripts.all():
+                    pipe.script_load(script.script)
+                pipe.execute()
+            self._loaded = True
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+            answers: list[Any] = pipe.execute(raise_on_error=False)
+        if any(isinstance(a, redis.exceptions.NoScriptError) for a in answers):
+            # someone ran SCRIPT FLUSH: load again and redo the calls that did not run
+            self._loaded = False
+            missing = [
+                i for i, a in enumerate(answers) if isinstance(a, redis.exceptions.NoScriptError)
+            ]
+            redone = self.send([calls[i] for i in missing])
+            for i, answer in zip(missing, redone, strict=True):
+                answers[i] = answer
+        return answers
+
+    def failed_call(self, kind: str, error: Exception, batch: Batch) -> bool:
+        """Handle one call's error answer: an enqueue's refusal (:meth:`_refused`), a
+        settlement refused for now (back to the outbox), or an error retrying cannot fix.
+
+        Args:
+            kind: the script called (``"enqueue"``, ``"settle"``, ``"reserve"``).
+
+        Returns:
+            Whether this is an outage (the caller backs off).
+        """
+        code = refusal(error)
+        if kind == "enqueue":
+            return self._refused(error, code, batch)
+        if code and kind == "settle":
+            self._ready = batch.ready + self._ready
+        if code:
+            return True
+        self.rejected(error)
+        return False
+
+    def _refused(self, error: Exception, code: str | None, batch: Batch) -> bool:
+        """An enqueue answered with an error, so nothing of it was written.
+
+        A refusal for now (:data:`REFUSALS`; a key of the wrong type for less than
+        ``wrongtype_timeout``) keeps the batch in the outbox, and the settlements
+        queued behind it wait with it. A Bloom filter's stale view is retried with the
+        next flush (which refreshes it). A permanent refusal (a full filter with
+        ``BLOOM_ON_FULL = "refuse"``, a filter mismatch, a key of the wrong type for
+        too long, an unknown error) dead-letters the batch with the reason, and the
+        settlements queued behind it report their requests as failed.
+
+        Returns:
+            Whether this is an outage (the caller backs off).
+        """
+        translated = (
+            filter_error(error) if isinstance(error, redis.exceptions.ResponseError) else None
+        )
+        if isinstance(translated, StaleFilterView):
+            self._items = batch.items + self._items
+            self._replies = batch.replies + self._replies
+            self._stats().inc_value("scheduler/redis/stale_filter_retries")
+            return False
+        now = time.monotonic()
+        if code == "WRONGTYPE":
+            if self._wrongtype_since is None:
+                self._wrongtype_since = now
+        else:
+            self._wrongtype_since = None
+        transient = code is not None and (
+            code != "WRONGTYPE"
+            or self._wrongtype_since is None
+            or now - self._wrongtype_since < self.wrongtype_timeout
+        )
+        if transient or not self._bury(batch.items, str(translated or error)):
+            self._items = batch.items + self._items
+            self._replies = batch.replies + self._replies
+            return True
+        self._wrongtype_since = None
+        return False
+
+    def _bury(self, items: list[Item], reason: str) -> bool:
+        """Dead-letter refused requests; the settlements waiting for them become failures.
+
+        Returns:
+            Whether the dead-letter records were written.
+        """
+        why = f"Redis refused to enqueue it: {reason}"
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for payload, _, _ in items:
+                    self.dead.add(deadletter.REQUEST, why, payload, pipe=pipe)
+                pipe.execute()
+        except redis.RedisError as e:
+            logger.error(
+                "Could not dead-letter %(n)d refused request(s) (%(error)s): keeping them",
+                {"n": len(items), "error": e},
+            )
+            return False
+        logger.error(
+            "Redis refused to enqueue %(n)d request(s) of crawl %(crawl)s for good: "
+            "%(error)s; they are in %(dead)s, and the %(m)d request(s) settled after them "
+            "are settled as failed",
+            {
+                "n": len(items),
+                "crawl": self.crawl,
+                "error": reason,
+                "dead": self.dead.key,
+                "m": len(self._outcomes),
+            },
+        )
+        self._stats().inc_value("scheduler/redis/refused_requests", len(items))
+        failure = f"its requests were refused by Redis: {reason}"[:500]
+        self._outcomes = [(i, failure if o == DONE else o) for i, o in self._outcomes]
+        return True
+
+    def rejected(self, error: Exception) -> None:
+        """Redis answered a write with an error: it cannot succeed by retrying."""
+        logger.error(
+            "Redis rejected a call for crawl %(crawl)s: %(error)s",
+            {"crawl": self.crawl, "error": error},
+        )
+        self._stats().inc_value("scheduler/redis/rejected")
+
+    # -- connectivity -------------------------------------------------------------------
+
+    @property
+    def reachable(self) -> bool:
+        """``False`` while Redis is known to be unreachable (since the last failure)."""
+        return self._down_since is None
+
+    def can_try(self) -> bool:
+        """Whether Redis may be tried now (not within a backoff pause)."""
+        return self._down_since is None or time.monotonic() >= self._retry_at
+
+    def failed(self, error: Exception) -> None:
+        """Note an outage (unreachable, or refusing with :data:`REFUSALS`): one log line
+        when it starts, then a growing pause before the next try."""
+        self._loaded = False  # a restarted server has lost its script cache
+        now = time.monotonic()
+        code = refusal(error) or ("" if isinstance(error, UNREACHABLE) else "ERR")
+        if self._down_since is None:
+            self._down_since = now
+            self._backoff = BACKOFF_MIN
+            self._refusing = code
+            args = {
+                "server": describe(self.client),
+                "code": code,
+                "error": error,
+                "n": self.pending_writes,
+                "max": BACKOFF_MAX,
+            }
+            if code:
+                logger.warning(
+                    "Redis at %(server)s refuses writes (%(code)s: %(error)s): keeping "
+                    "%(n)d pending write(s) in memory and retrying with backoff up to "
+                    "%(max)ds",
+                    args,
+                )
+            else:
+                logger.warning(
+                    "Redis at %(server)s is unreachable (%(error)s): keeping %(n)d pending "
+                    "write(s) in memory and retrying with backoff up to %(max)ds",
+                    args,
+                )
+        else:
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        self._retry_at = now + self._backoff
+        if code:
+            self._stats().inc_value(f"scheduler/redis/refused/{code}")
+        else:
+            self._stats().inc_value("scheduler/redis/unreachable")
+
+    def recovered(self) -> None:
+        """Note a call that went through: an outage under way is over (logged)."""
+        if self._down_since is not None:
+            logger.warning(
+                "Redis at %(server)s %(what)s again after %(s).1fs",
+                {
+                    "server": describe(self.client),
+                    "what": "accepts writes" if self._refusing else "is reachable",
+                    "s": time.monotonic() - self._down_since,
+                },
+            )
+            self._down_since = None
+            self._refusing = ""
