@@ -8,45 +8,50 @@ Enable with::
     METRICS_PORT = 9410
 
 Every ``METRICS_INTERVAL`` seconds the extension reads the crawl's state from Redis in
-one round trip (:func:`scrapy_dist.monitor.read_status`) and keeps the rendered text;
-``GET /metrics`` serves that text (Prometheus' text exposition format) and never waits
-for Redis. The gauges are crawl-wide, labelled ``crawl`` (every worker of a crawl
-reports the same values; aggregate with ``max``): queue depth, seeds, leased, dead,
-live workers, pages and items per second over the last minute, items stored,
-dupefilter size, Bloom fill and estimated false-positive rate, and ``scrapy_dist_up``.
-Two counters are this worker's own: ``scrapy_dist_worker_pages_total`` and
-``scrapy_dist_worker_items_total``. ``scrapy-dist metrics SPIDER`` serves the same
-gauges without a worker (to scale a crawl up from zero workers). See
-``docs/deployment.md``.
+one round trip (:func:`scrapy_dist.monitor.read_status`) and keeps the gauges;
+``GET /metrics`` serves them (Prometheus' text exposition format) from a small HTTP
+server on its own thread and never waits for Redis. The gauges are crawl-wide, labelled
+``crawl`` (every worker of a crawl reports the same values; aggregate with ``max``):
+queue depth, seeds, leased, dead, live workers, pages and items per second over the last
+minute, items stored, dupefilter size, Bloom fill and estimated false-positive rate, and
+``scrapy_dist_up``. Two counters are this worker's own:
+``scrapy_dist_worker_pages_total`` and ``scrapy_dist_worker_items_total``.
+
+``scrapy-dist metrics SPIDER`` serves the same gauges without a worker (to scale a crawl
+up from zero workers) with the same renderer (:class:`CrawlMetrics`) and server
+(:class:`MetricsServer`), reading Redis when scraped, at most every ``--interval``
+seconds. See ``docs/deployment.md``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, cast
+import math
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
 
 import redis
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
-from twisted.internet.error import CannotListenError
-from twisted.web.resource import Resource
-from twisted.web.server import Site
 
 from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.monitor import CONTENT_TYPE, CrawlLayout, gauges, prometheus_text, read_status
-from scrapy_dist.settings import Config, check_metrics
+from scrapy_dist.monitor import CrawlLayout, read_status
+from scrapy_dist.settings import check_metrics
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator, Mapping
 
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
     from twisted.internet.task import LoopingCall
-    from twisted.web import http
-    from twisted.web.server import Request
     from typing_extensions import Self
+
+    from scrapy_dist.monitor import CrawlStatus
 
 logger = logging.getLogger(__name__)
 
@@ -56,40 +61,216 @@ WORKER_COUNTERS = {
     "scrapy_dist_worker_items_total": ("Items this worker scraped.", ITEMS_STAT),
 }
 
+#: Content type of the text exposition format.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-class MetricsResource(Resource):
-    """``GET /metrics``: the text a callable renders; 404 for any other path."""
+#: The crawl-wide gauges: name -> help text.
+GAUGES = {
+    "scrapy_dist_up": "1 if the crawl's state was read from Redis at the last refresh, else 0.",
+    "scrapy_dist_queue_depth": "Requests waiting in the crawl's shared queue.",
+    "scrapy_dist_seeds": "Seeds waiting in the crawl's seeds key.",
+    "scrapy_dist_leased": "Requests and seeds held by workers and not yet acknowledged.",
+    "scrapy_dist_dead": "Records in the crawl's dead-letter list.",
+    "scrapy_dist_workers": "Live workers (heartbeat within SCHEDULER_WORKER_TIMEOUT).",
+    "scrapy_dist_pages_per_second": "Pages the whole crawl fetched per second, last minute.",
+    "scrapy_dist_items_per_second": "Items the whole crawl scraped per second, last minute.",
+    "scrapy_dist_items_stored": "Items in the crawl's items list.",
+    "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
+    "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
+    "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
+    "dupefilter.",
+}
 
-    isLeaf = True
 
-    def __init__(self, render: Callable[[], str]) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self._render = render
-
-    def render_GET(self, request: Request) -> bytes:
-        if request.path.rstrip(b"/") != b"/metrics":
-            request.setResponseCode(404)
-            return b"not found: scrape /metrics\n"
-        header = CONTENT_TYPE.encode()
-        request.setHeader(b"content-type", header)  # type: ignore[no-untyped-call]
-        return self._render().encode("utf-8")
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-class _QuietSite(Site):
-    """A site that does not log every scrape."""
+def _sample(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
 
-    def log(self, request: http.Request) -> None:
+
+def gauges(status: CrawlStatus | None) -> dict[str, float]:
+    """The gauge values of a status (``None``: Redis could not be read, only ``up``)."""
+    if status is None:
+        return {"scrapy_dist_up": 0}
+    values: dict[str, float] = {
+        "scrapy_dist_up": 1,
+        "scrapy_dist_queue_depth": status.queued,
+        "scrapy_dist_seeds": status.seeds,
+        "scrapy_dist_leased": status.leased,
+        "scrapy_dist_dead": status.dead,
+        "scrapy_dist_workers": len(status.live_workers()),
+        "scrapy_dist_items_stored": status.items_stored,
+        "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
+    }
+    if status.rates is not None:
+        values["scrapy_dist_pages_per_second"] = status.rates.pages_per_second
+        values["scrapy_dist_items_per_second"] = status.rates.items_per_second
+    df = status.dupefilter
+    if df is not None and df.capacity:
+        values["scrapy_dist_bloom_fill"] = df.count / df.capacity
+        values["scrapy_dist_bloom_false_positive_rate"] = df.fpr_estimate
+    return values
+
+
+def prometheus_text(
+    crawl: str,
+    values: Mapping[str, float],
+    counters: Mapping[str, tuple[str, float]] | None = None,
+) -> str:
+    """Render gauges (and counters: name -> (help, value)) for one crawl in Prometheus'
+    text exposition format, each with the label ``crawl``."""
+    label = f'{{crawl="{_label(crawl)}"}}'
+    lines: list[str] = []
+
+    def emit(name: str, kind: str, help_text: str, value: float) -> Iterator[str]:
+        yield f"# HELP {name} {help_text}"
+        yield f"# TYPE {name} {kind}"
+        yield f"{name}{label} {_sample(value)}"
+
+    for name, help_text in GAUGES.items():
+        if name in values:
+            lines += emit(name, "gauge", help_text, values[name])
+    for name, (help_text, value) in (counters or {}).items():
+        lines += emit(name, "counter", help_text, value)
+    return "\n".join(lines) + "\n"
+
+
+class CrawlMetrics:
+    """The metrics text of one crawl: the gauges of its last status read, and counters.
+
+    The one renderer of both the extension and ``scrapy-dist metrics``.
+
+    Args:
+        crawl: the crawl name (the ``crawl`` label).
+        read: reads the crawl's status (:func:`~scrapy_dist.monitor.read_status`, bound).
+        counters: this process's counters now, ``name -> (help, value)`` (none if
+            ``None``).
+        max_age: if a number, :meth:`render` first reads the status again when the last
+            read is that many seconds old (read when scraped); if ``None``, only
+            :meth:`refresh` reads it (on a timer).
+    """
+
+    def __init__(
+        self,
+        crawl: str,
+        read: Callable[[], CrawlStatus],
+        *,
+        counters: Callable[[], Mapping[str, tuple[str, float]]] | None = None,
+        max_age: float | None = None,
+    ) -> None:
+        self.crawl = crawl
+        self.read = read
+        self.counters = counters
+        self.max_age = max_age
+        self._values: dict[str, float] = gauges(None)
+        self._read_at = -math.inf
+        self._failing = False
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Read the crawl's state now. If Redis (or a key's type) fails, only
+        ``scrapy_dist_up`` = 0 is rendered, and a warning is logged (once, until a
+        read succeeds again)."""
+        try:
+            values = gauges(self.read())
+        except (redis.RedisError, ConfigurationError, ValueError) as e:
+            if not self._failing:
+                logger.warning(
+                    "Metrics: could not read crawl %(crawl)s from Redis: %(error)s",
+                    {"crawl": self.crawl, "error": e},
+                )
+            self._failing = True
+            values = gauges(None)
+        else:
+            self._failing = False
+        self._values = values
+        self._read_at = time.monotonic()
+
+    def render(self) -> str:
+        """The metrics text: the last read gauges (read first if older than
+        :attr:`max_age`), and the counters now."""
+        if self.max_age is not None:
+            with self._lock:  # the server answers scrapes on several threads
+                if time.monotonic() - self._read_at >= self.max_age:
+                    self.refresh()
+        counters = self.counters() if self.counters is not None else None
+        return prometheus_text(self.crawl, self._values, counters)
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    """``GET /metrics`` (query string ignored); 404 for any other path; no access log."""
+
+    server: MetricsServer
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0].rstrip("/") != "/metrics":
+            self.send_error(404, "scrape /metrics")
+            return
+        body = self.server.render().encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
         return None
+
+
+class MetricsServer(ThreadingHTTPServer):
+    """A small HTTP server of ``GET /metrics``: the text ``render`` returns, in
+    :data:`CONTENT_TYPE`; 404 for any other path. One thread per scrape.
+
+    Args:
+        host: address to listen on (an IPv6 address if it contains ``:``).
+        port: TCP port (0: any free port; :attr:`port` says which).
+        render: the metrics text now (:meth:`CrawlMetrics.render`).
+
+    Raises:
+        OSError: the address cannot be bound (a port already taken, say).
+    """
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, render: Callable[[], str]) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.render = render
+        self._thread: threading.Thread | None = None
+        super().__init__((host, port), _MetricsHandler)
+
+    @property
+    def port(self) -> int:
+        """The port listened on."""
+        return int(self.server_address[1])
+
+    def start(self) -> None:
+        """Serve on a daemon thread (returns at once); :meth:`stop` ends it."""
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.1},
+            name="scrapy-dist metrics", daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving (waiting for :meth:`start`'s thread) and close the socket."""
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+            self._thread = None
+        self.server_close()
 
 
 class PrometheusMetrics:
     """Serves the crawl's metrics over HTTP (see the module docstring).
 
     Args:
-        client: the crawl's Redis client.
-        layout: the crawl's keys and types.
-        config: the settings (for the dupefilter backend).
-        stats: this worker's stats collector (for its own counters).
+        metrics: the crawl's renderer (read by :meth:`refresh`, on a timer).
         host: address to listen on.
         port: TCP port (0: any free port; :attr:`port` says which after it started).
         interval: seconds between reads of the crawl's state.
@@ -98,50 +279,39 @@ class PrometheusMetrics:
         ConfigurationError: a non-positive ``interval`` or a port out of range.
     """
 
-    def __init__(
-        self,
-        *,
-        client: redis.Redis,
-        layout: CrawlLayout,
-        config: Config,
-        stats: StatsCollector,
-        host: str,
-        port: int,
-        interval: float,
-    ) -> None:
+    def __init__(self, *, metrics: CrawlMetrics, host: str, port: int, interval: float) -> None:
         check_metrics(port, interval)
-        self.client = client
-        self.layout = layout
-        self.config = config
-        self.stats = stats
+        self.metrics = metrics
         self.host = host
         self.requested_port = port
         self.interval = interval
         #: The port actually listened on, once started.
         self.port: int | None = None
-        self._values: dict[str, float] = gauges(None)
-        self._listening: Any = None
+        self._server: MetricsServer | None = None
         self._ticker: LoopingCall | None = None
-        self._failing = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         parts = assemble(crawler)
-        metrics = parts.config.metrics
-        if not metrics.enabled:
+        config = parts.config.metrics
+        if not config.enabled:
             # off by default, also when the add-on enables it: no warning (Scrapy warns
             # about a NotConfigured only if it has a message)
             raise NotConfigured
         if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
-            raise NotConfigured("PrometheusMetrics serves with Twisted: it needs its reactor")
+            raise NotConfigured("PrometheusMetrics refreshes on Twisted's reactor: it needs it")
+        client = parts.client
+        layout = CrawlLayout.for_crawler(crawler)
+        stats = crawler.stats
+
+        def read() -> CrawlStatus:
+            return read_status(client, layout, parts.config)
+
         ext = cls(
-            client=parts.client,
-            layout=CrawlLayout.for_crawler(crawler),
-            config=parts.config,
-            stats=crawler.stats,
-            host=metrics.host,
-            port=metrics.port,
-            interval=metrics.interval,
+            metrics=CrawlMetrics(layout.keys.crawl, read, counters=lambda: worker_counters(stats)),
+            host=config.host,
+            port=config.port,
+            interval=config.interval,
         )
         crawler.signals.connect(ext.start, signal=signals.engine_started)
         crawler.signals.connect(ext.stop, signal=signals.engine_stopped)
@@ -149,50 +319,31 @@ class PrometheusMetrics:
 
     def refresh(self) -> None:
         """Read the crawl's state from Redis now (one round trip, plus the dupefilter's)."""
-        try:
-            status = read_status(self.client, self.layout, self.config)
-        except (redis.RedisError, ConfigurationError, ValueError) as e:
-            if not self._failing:
-                logger.warning(
-                    "Metrics: could not read crawl %(crawl)s from Redis: %(error)s",
-                    {"crawl": self.layout.keys.crawl, "error": e},
-                )
-            self._failing = True
-            self._values = gauges(None)
-            return
-        self._failing = False
-        self._values = gauges(status)
+        self.metrics.refresh()
 
     def render(self) -> str:
         """The metrics text: the last read gauges, and this worker's counters now."""
-        counters = {
-            name: (help_text, float(self.stats.get_value(stat) or 0))
-            for name, (help_text, stat) in WORKER_COUNTERS.items()
-        }
-        return prometheus_text(self.layout.keys.crawl, self._values, counters)
+        return self.metrics.render()
 
     def start(self) -> None:
         """Listen on the port and start the refresh timer; a port that is taken is
         logged as an error and the crawl goes on without metrics."""
-        from twisted.internet import reactor
         from twisted.internet.task import LoopingCall
 
-        site = _QuietSite(MetricsResource(self.render))  # type: ignore[no-untyped-call]
         try:
-            self._listening = cast("Any", reactor).listenTCP(
-                self.requested_port, site, interface=self.host
-            )
-        except CannotListenError as e:
+            self._server = MetricsServer(self.host, self.requested_port, self.render)
+        except OSError as e:
             logger.error(
                 "Metrics: cannot listen on %(host)s:%(port)d (%(error)s); set METRICS_PORT "
                 "to a free port (0 picks one). Going on without metrics",
                 {"host": self.host, "port": self.requested_port, "error": e},
             )
             return
-        self.port = int(self._listening.getHost().port)
+        self._server.start()
+        self.port = self._server.port
         logger.info(
             "Metrics of crawl %(crawl)s on http://%(host)s:%(port)d/metrics",
-            {"crawl": self.layout.keys.crawl, "host": self.host, "port": self.port},
+            {"crawl": self.metrics.crawl, "host": self.host, "port": self.port},
         )
         self._ticker = LoopingCall(self.refresh)
         self._ticker.start(self.interval, now=True)
@@ -201,6 +352,14 @@ class PrometheusMetrics:
         """Stop the timer and the server."""
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
-        if self._listening is not None:
-            self._listening.stopListening()
-            self._listening = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+def worker_counters(stats: StatsCollector) -> dict[str, tuple[str, float]]:
+    """This worker's own counters now (:data:`WORKER_COUNTERS`)."""
+    return {
+        name: (help_text, float(stats.get_value(stat) or 0))
+        for name, (help_text, stat) in WORKER_COUNTERS.items()
+    }

@@ -5,15 +5,13 @@ and the same code the workers use (:func:`~scrapy_dist.keys.keys_from_config`, t
 spider's ``redis_key``, the queue class and the seed mode). :func:`read_status` reads
 everything in one pipelined round trip (plus the dupefilter's own state) and checks
 each key's type, so a key of the wrong type is reported by name instead of failing
-halfway. :func:`find_crawls` lists the crawls present in Redis with ``SCAN``.
-:func:`prometheus_text` renders a status in Prometheus' text exposition format.
+halfway. :mod:`scrapy_dist.metrics` renders a status for Prometheus; the command
+finds the crawls present in Redis with ``SCAN`` (:mod:`scrapy_dist.cli._crawls`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -29,7 +27,7 @@ from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Mapping
 
     import redis
     from scrapy.crawler import Crawler
@@ -37,8 +35,6 @@ if TYPE_CHECKING:
 
     from scrapy_dist.backends import FilterState
 
-#: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.
-_PROBE = "\x00"
 
 
 @dataclass(frozen=True)
@@ -81,7 +77,12 @@ class CrawlLayout:
 
     @classmethod
     def from_config(
-        cls, config: Config, spider: str, spidercls: type | None = None
+        cls,
+        config: Config,
+        spider: str,
+        spidercls: type | None = None,
+        *,
+        now: datetime | None = None,
     ) -> CrawlLayout:
         """The layout of spider ``spider``'s crawl (its job from the settings).
 
@@ -89,12 +90,14 @@ class CrawlLayout:
             config: the settings.
             spider: the spider name.
             spidercls: the spider class, when known (for its ``redis_key``).
+            now: the time that fixes a ``SCHEDULER_JOB_TIMESTAMP`` stamp (UTC; the
+                local clock if ``None``); workers take it from the Redis server.
 
         Raises:
             ConfigurationError: invalid key templates or queue class, or both seed
                 modes set.
         """
-        return cls._make(config, keys_from_config(config.keys, spider), spidercls)
+        return cls._make(config, keys_from_config(config.keys, spider, now), spidercls)
 
     @classmethod
     def from_settings(
@@ -106,7 +109,7 @@ class CrawlLayout:
     @classmethod
     def for_crawl(cls, config: Config, crawl: str) -> CrawlLayout:
         """The layout of a crawl known by its full name (``<spider>`` or ``<spider>:<job>``),
-        as :func:`find_crawls` returns it, with the default seeds key."""
+        as ``scrapy-dist jobs`` finds it, with the default seeds key."""
         keys = RedisKeys.build(
             crawl,
             requests=config.keys.requests,
@@ -453,146 +456,3 @@ def _bitmap_as_created(
     if params is None:
         return configured
     return BitmapBloomBackend(client, keys, params, ttl=configured.ttl, on_full=configured.on_full)
-
-
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-def crawl_patterns(config: Config) -> list[tuple[str, str]]:
-    """``(prefix, suffix)`` of the keys that reveal a crawl: queue, seeds, workers,
-    progress, dead letters, stats and items, from the settings' key templates."""
-    probe = RedisKeys.build(
-        _PROBE,
-        requests=config.keys.requests,
-        dupefilter=config.keys.dupefilter,
-        start_urls=config.keys.start_urls,
-    )
-    names = [probe.requests, probe.start_urls, probe.workers, probe.progress, probe.dead,
-             probe.stats, probe.custom(config.keys.items, "REDIS_ITEMS_KEY")]  # fmt: skip
-    patterns = []
-    for name in names:
-        prefix, sep, suffix = name.partition(_PROBE)
-        if sep and (prefix or suffix) and (prefix, suffix) not in patterns:
-            patterns.append((prefix, suffix))
-    return patterns
-
-
-def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[str]:
-    """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
-
-    A crawl is any name ``<crawl>`` for which one of the keys named by
-    :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``.
-    """
-    found: set[str] = set()
-    for prefix, suffix in crawl_patterns(config):
-        pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
-        for raw in client.scan_iter(match=pattern, count=count):
-            key = _text(raw)
-            crawl = key[len(prefix) : len(key) - len(suffix)]
-            if crawl and key.startswith(prefix) and key.endswith(suffix):
-                found.add(crawl)
-    return sorted(found)
-
-
-def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[str]) -> list[str]:
-    """The keys of this crawl that exist: those its layout and its dupefilter backend
-    name, plus Bloom segments of any size found under the dupefilter key with ``SCAN``.
-    Another crawl's keys never match, even a job's whose name starts with this crawl's
-    (``books:20261122:requests`` is not a key of crawl ``books``)."""
-    named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
-    segment = layout.keys.bloom_segment(7770777, 8880888)
-    pattern = re.escape(segment).replace("7770777", r"\d+").replace("8880888", r"\d+")
-    segments = re.compile(f"^{pattern}$")
-    with client.pipeline(transaction=False) as pipe:
-        for key in named:
-            pipe.exists(key)
-        present = [key for key, n in zip(named, pipe.execute(), strict=True) if n]
-    glob = _glob_escape(layout.keys.dupefilter) + ":*"
-    for raw in client.scan_iter(match=glob, count=1000):
-        key = _text(raw)
-        if segments.match(key) and key not in present:
-            present.append(key)
-    return present
-
-
-# -- Prometheus ---------------------------------------------------------------------
-
-#: Content type of the text exposition format.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-#: The crawl-wide gauges: name -> help text.
-GAUGES = {
-    "scrapy_dist_up": "1 if the crawl's state was read from Redis at the last refresh, else 0.",
-    "scrapy_dist_queue_depth": "Requests waiting in the crawl's shared queue.",
-    "scrapy_dist_seeds": "Seeds waiting in the crawl's seeds key.",
-    "scrapy_dist_leased": "Requests and seeds held by workers and not yet acknowledged.",
-    "scrapy_dist_dead": "Records in the crawl's dead-letter list.",
-    "scrapy_dist_workers": "Live workers (heartbeat within SCHEDULER_WORKER_TIMEOUT).",
-    "scrapy_dist_pages_per_second": "Pages the whole crawl fetched per second, last minute.",
-    "scrapy_dist_items_per_second": "Items the whole crawl scraped per second, last minute.",
-    "scrapy_dist_items_stored": "Items in the crawl's items list.",
-    "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
-    "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
-    "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
-    "dupefilter.",
-}
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _sample(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-def gauges(status: CrawlStatus | None) -> dict[str, float]:
-    """The gauge values of a status (``None``: Redis could not be read, only ``up``)."""
-    if status is None:
-        return {"scrapy_dist_up": 0}
-    values: dict[str, float] = {
-        "scrapy_dist_up": 1,
-        "scrapy_dist_queue_depth": status.queued,
-        "scrapy_dist_seeds": status.seeds,
-        "scrapy_dist_leased": status.leased,
-        "scrapy_dist_dead": status.dead,
-        "scrapy_dist_workers": len(status.live_workers()),
-        "scrapy_dist_items_stored": status.items_stored,
-        "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
-    }
-    if status.rates is not None:
-        values["scrapy_dist_pages_per_second"] = status.rates.pages_per_second
-        values["scrapy_dist_items_per_second"] = status.rates.items_per_second
-    df = status.dupefilter
-    if df is not None and df.capacity:
-        values["scrapy_dist_bloom_fill"] = df.count / df.capacity
-        values["scrapy_dist_bloom_false_positive_rate"] = df.fpr_estimate
-    return values
-
-
-def prometheus_text(
-    crawl: str,
-    values: Mapping[str, float],
-    counters: Mapping[str, tuple[str, float]] | None = None,
-) -> str:
-    """Render gauges (and counters: name -> (help, value)) for one crawl in Prometheus'
-    text exposition format, each with the label ``crawl``."""
-    label = f'{{crawl="{_label(crawl)}"}}'
-    lines: list[str] = []
-
-    def emit(name: str, kind: str, help_text: str, value: float) -> Iterator[str]:
-        yield f"# HELP {name} {help_text}"
-        yield f"# TYPE {name} {kind}"
-        yield f"{name}{label} {_sample(value)}"
-
-    for name, help_text in GAUGES.items():
-        if name in values:
-            lines += emit(name, "gauge", help_text, values[name])
-    for name, (help_text, value) in (counters or {}).items():
-        lines += emit(name, "counter", help_text, value)
-    return "\n".join(lines) + "\n"

@@ -24,7 +24,8 @@ from scrapy.settings import Settings
 
 from scrapy_dist.addon import with_defaults
 from scrapy_dist.backends import backend_from_settings
-from scrapy_dist.cli import ProgressBar, main
+from scrapy_dist.cli import main
+from scrapy_dist.cli.push import ProgressBar
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.monitor import json_default
 from scrapy_dist.serializers import JsonSerializer
@@ -343,6 +344,83 @@ def test_reset_refuses_live_workers_and_needs_confirmation(
     code, out, _ = run("reset", name, "--force", "--yes", "--redis-url", redis_url)
     assert code == 0
     assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"
+
+
+# -- a crawl that has no keys -------------------------------------------------------
+
+
+def test_a_crawl_with_no_keys_is_named_with_the_crawls_that_exist(
+    run: Any, redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """docs/cli.md: a command pointed at a crawl with no keys says so on stderr and
+    names the crawls that exist; those that work on a part of the crawl exit 1 having
+    changed nothing, status and metrics report it as absent and exit 0."""
+    client.rpush(f"{name}:20261122:dead", "{}")
+    client.rpush(f"{name}:20261122:items", "{}")
+    absent = f"crawl '{name}:20261123' has no keys at {redis_url}"
+    commands = [
+        (0, ["status", name]), (0, ["status", name, "--json"]), (0, ["metrics", name, "--once"]),
+        (1, ["dead", "list", name]), (1, ["dead", "requeue", name, "--all"]),
+        (1, ["dead", "purge", name, "--yes"]), (1, ["reset", name, "--yes"]),
+        (1, ["export", name, "-o", str(tmp_path / "items.jl")]),
+    ]  # fmt: skip
+    for expected, command in commands:
+        code, out, err = run(*command, "--job", "20261123", "--redis-url", redis_url)
+        assert code == expected, (command, out, err)
+        assert f"scrapy-dist: warning: {absent}" in err, (command, err)
+        assert f"{name}:20261122" in err.split("crawls in Redis: ", 1)[1], (command, err)
+        assert "0 records" not in out
+    assert not (tmp_path / "items.jl").exists()
+    code, out, _ = run("status", name, "--job", "20261123", "--json", "--redis-url", redis_url)
+    assert json.loads(out)["state"] == "absent"
+    code, out, _ = run("metrics", name, "--job", "20261123", "--once", "--redis-url", redis_url)
+    assert "scrapy_dist_up{" in out
+    assert "scrapy_dist_queue_depth{" in out
+    assert client.llen(f"{name}:20261122:dead") == 1  # nothing touched
+    assert client.llen(f"{name}:20261122:items") == 1
+
+    # a push starts a crawl: said only when the spider has other crawls (another job?)
+    code, out, err = run("push", name, "https://a.example/", "--job", "20261123",
+                         "--redis-url", redis_url)  # fmt: skip
+    assert code == 0, err
+    assert f"scrapy-dist: note: {absent}" in err
+    assert f"{name}:20261122" in err
+    code, _, err = run("push", f"{name}new", "https://a.example/", "--redis-url", redis_url)
+    assert code == 0
+    assert err == ""
+    code, out, err = run("dead", "list", name, "--job", "20261123", "--redis-url", redis_url)
+    assert (code, err) == (0, "")  # it exists now
+    assert out.strip() == f"{name}:20261123:dead: 0 record(s)"
+
+
+def test_the_job_timestamp_comes_from_the_redis_servers_clock(
+    run: Any, redis_url: str, client: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SCHEDULER_JOB_TIMESTAMP stamp is the server's, as the workers take it, even on
+    a machine whose clock is off; a dry run (no Redis needed) takes the local clock."""
+    import datetime as real
+
+    import scrapy_dist.keys
+
+    class Skewed(real.datetime):
+        @classmethod
+        def now(cls, tz: real.tzinfo | None = None) -> Skewed:
+            return cls(1999, 1, 1, tzinfo=tz)
+
+    monkeypatch.setattr(scrapy_dist.keys, "datetime", Skewed)
+    seconds, _ = client.time()
+    year = real.datetime.fromtimestamp(int(seconds), real.timezone.utc).year
+    stamp = ["-s", "SCHEDULER_JOB_TIMESTAMP=%Y", "--redis-url", redis_url]
+    code, out, err = run("push", name, "https://a.example/", *stamp)
+    assert code == 0, err
+    assert f"to '{name}:{year}:start_urls'" in out
+    assert client.lrange(f"{name}:{year}:start_urls", 0, -1) == [b"https://a.example/"]
+    code, out, err = run("dead", "list", name, *stamp)
+    assert (code, err) == (0, "")
+    assert out.strip() == f"{name}:{year}:dead: 0 record(s)"
+    code, out, _ = run("push", name, "https://a.example/", "--dry-run", *stamp)
+    assert code == 0
+    assert f"'{name}:1999:start_urls'" in out
 
 
 # -- dead letters (in-process) -------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from scrapy_dist.cli import main
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.monitor import gauges, prometheus_text
+from scrapy_dist.metrics import gauges, prometheus_text
 from scrapy_dist.stats import SharedStats
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.workers import start_workers, stop_workers

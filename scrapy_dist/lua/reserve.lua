@@ -29,7 +29,7 @@
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
 -- id, and so its delivery count, each time its lease expires and it is read again. A
 -- copy of a seed whose id is leased at that moment gets "<id>:<n>" instead.
--- uses: _leases, _fence
+-- uses: _deadletter, _leases, _fence
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, seq, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]

@@ -18,7 +18,7 @@
 --             scrapy_dist/scripts.py's)
 -- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." if the
 --          crawl's epoch is not ARGV[5]
--- uses: _leases, _fence
+-- uses: _deadletter, _leases, _fence
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, stats = KEYS[5], KEYS[6], KEYS[7]

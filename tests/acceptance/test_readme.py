@@ -52,6 +52,8 @@ def test_readme_use_it(project: Project) -> None:
     logs = "".join(worker.text() for worker in workers)
     assert f"<405 {site}/api>" in logs, logs[-3000:]
 
-    status = project.cli("status", "books")
+    # The project's settings name the README's server: point the CLI at the session's,
+    # as a user points it at theirs (the test never reads the machine's own Redis).
+    status = project.cli("status", "books", "--redis-url", project.redis_url)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "books" in status.stdout

@@ -1,0 +1,85 @@
+"""Which crawls, and which keys of a crawl, exist in Redis: found with ``SCAN`` (never
+``KEYS``), from the same key templates the workers use (:mod:`scrapy_dist.keys`)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from scrapy_dist.keys import RedisKeys
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import redis
+
+    from scrapy_dist.monitor import CrawlLayout
+    from scrapy_dist.settings import Config
+
+#: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.
+_PROBE = "\x00"
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def crawl_patterns(config: Config) -> list[tuple[str, str]]:
+    """``(prefix, suffix)`` of the keys that reveal a crawl: queue, seeds, workers,
+    progress, dead letters, stats and items, from the settings' key templates."""
+    probe = RedisKeys.build(
+        _PROBE,
+        requests=config.keys.requests,
+        dupefilter=config.keys.dupefilter,
+        start_urls=config.keys.start_urls,
+    )
+    names = [probe.requests, probe.start_urls, probe.workers, probe.progress, probe.dead,
+             probe.stats, probe.custom(config.keys.items, "REDIS_ITEMS_KEY")]  # fmt: skip
+    patterns = []
+    for name in names:
+        prefix, sep, suffix = name.partition(_PROBE)
+        if sep and (prefix or suffix) and (prefix, suffix) not in patterns:
+            patterns.append((prefix, suffix))
+    return patterns
+
+
+def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[str]:
+    """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
+
+    A crawl is any name ``<crawl>`` for which one of the keys named by
+    :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``.
+    """
+    found: set[str] = set()
+    for prefix, suffix in crawl_patterns(config):
+        pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
+        for raw in client.scan_iter(match=pattern, count=count):
+            key = _text(raw)
+            crawl = key[len(prefix) : len(key) - len(suffix)]
+            if crawl and key.startswith(prefix) and key.endswith(suffix):
+                found.add(crawl)
+    return sorted(found)
+
+
+def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[str]) -> list[str]:
+    """The keys of this crawl that exist: those its layout and its dupefilter backend
+    name, plus Bloom segments of any size found under the dupefilter key with ``SCAN``.
+    Another crawl's keys never match, even a job's whose name starts with this crawl's
+    (``books:20261122:requests`` is not a key of crawl ``books``)."""
+    named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
+    segment = layout.keys.bloom_segment(7770777, 8880888)
+    pattern = re.escape(segment).replace("7770777", r"\d+").replace("8880888", r"\d+")
+    segments = re.compile(f"^{pattern}$")
+    with client.pipeline(transaction=False) as pipe:
+        for key in named:
+            pipe.exists(key)
+        present = [key for key, n in zip(named, pipe.execute(), strict=True) if n]
+    glob = _glob_escape(layout.keys.dupefilter) + ":*"
+    for raw in client.scan_iter(match=glob, count=1000):
+        key = _text(raw)
+        if segments.match(key) and key not in present:
+            present.append(key)
+    return present

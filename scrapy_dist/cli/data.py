@@ -1,0 +1,174 @@
+"""``scrapy-dist reset`` and ``scrapy-dist export``: delete one crawl's keys; write its
+items out."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from scrapy_dist.cli._context import (
+    EXIT_FAILED,
+    EXIT_OK,
+    READ_CHUNK,
+    CommandError,
+    Context,
+    check_key,
+    confirm,
+    describe,
+    err,
+    iter_list,
+    out,
+    report_absent,
+    require_crawl,
+)
+from scrapy_dist.cli._crawls import scan_owned
+
+if TYPE_CHECKING:
+    import argparse
+
+    import redis
+
+    from scrapy_dist.monitor import CrawlLayout
+
+
+def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
+    """Delete the crawl's keys (asks unless ``--yes``); exit 1 if refused (live workers,
+    no confirmation) or the crawl has no keys."""
+    from scrapy_dist.backends import backend_from_config
+
+    layout, config, _ = ctx.layout(args.spider)
+    client = ctx.client(config)
+    crawl = layout.keys.crawl
+    backend_keys = backend_from_config(config.dupefilter, client, layout.keys).keys()
+    present = scan_owned(client, layout, backend_keys)
+    if not present:
+        report_absent(client, layout, config)
+        return EXIT_FAILED
+    live = _live_workers(client, layout)
+    if live and not args.force:
+        raise CommandError(
+            f"crawl {crawl!r} has {len(live)} live worker(s) ({', '.join(live[:3])}): stop "
+            "them first, or pass --force to delete their crawl under them",
+            EXIT_FAILED,
+        )
+    err(f"crawl {crawl!r} at {describe(client)}: {len(present)} key(s)")
+    for key in present[:30]:
+        err(f"  {key}")
+    if len(present) > 30:
+        err(f"  ... and {len(present) - 30} more")
+    if not confirm(f"Delete these {len(present)} key(s)?", args.yes):
+        err("nothing deleted")
+        return EXIT_FAILED
+    deleted = 0
+    for start in range(0, len(present), READ_CHUNK):
+        deleted += int(client.unlink(*present[start : start + READ_CHUNK]))
+    out(f"deleted {deleted} key(s) of crawl {crawl!r}")
+    return EXIT_OK
+
+
+def _live_workers(client: redis.Redis, layout: CrawlLayout) -> list[str]:
+    """Workers of the crawl with a recent heartbeat (none if the key is not a hash)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.hgetall(layout.keys.workers)
+        (seconds, micros), workers = pipe.execute(raise_on_error=False)
+    if isinstance(workers, Exception):
+        return []
+    now = seconds + micros / 1e6
+    return sorted(w.decode() for w, beat in workers.items()
+                  if now - float(beat) <= layout.worker_timeout)  # fmt: skip
+
+
+def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
+    """Copy (or move, ``--delete``) the items list to a file; exit 1 if the crawl has no
+    keys (no file is written then)."""
+    layout, config, _ = ctx.layout(args.spider)
+    client = ctx.client(config)
+    if not require_crawl(client, layout, config):
+        return EXIT_FAILED
+    key = layout.items
+    check_key(client, key, "list", "items")
+    to_stdout = args.output == "-"
+    if args.delete and not to_stdout and not args.append and _non_empty(args.output):
+        raise CommandError(
+            f"{args.output} exists: pass --append, or choose another file (with --delete, "
+            "overwriting it would lose the items an earlier export removed from Redis)"
+        )
+    total = int(client.llen(key))
+    with contextlib.ExitStack() as stack:
+        if to_stdout:
+            stream: IO[bytes] = sys.stdout.buffer
+        else:
+            try:
+                stream = stack.enter_context(open(args.output, "ab" if args.append else "wb"))
+            except OSError as e:
+                raise CommandError(f"cannot write {args.output}: {e.strerror}") from e
+        exported = (_export_delete if args.delete else _export_copy)(client, key, total, stream)
+    verb = "moved" if args.delete else "copied"
+    err(f"{verb} {exported} item(s) from {key!r} to {'stdout' if to_stdout else args.output}")
+    return EXIT_OK
+
+
+def _non_empty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
+def _export_copy(client: redis.Redis, key: str, total: int, stream: IO[bytes]) -> int:
+    exported = 0
+    for _, raw in iter_list(client, key, total):
+        stream.write(raw + b"\n")
+        exported += 1
+    stream.flush()
+    return exported
+
+
+def _export_delete(client: redis.Redis, key: str, total: int, stream: IO[bytes]) -> int:
+    """Write the first ``total`` items, removing each chunk from Redis only once it is
+    on disk: a crash can repeat a chunk in the file, never lose one."""
+    exported = 0
+    while exported < total:
+        count = min(READ_CHUNK, total - exported)
+        chunk = cast("list[bytes]", client.lrange(key, 0, count - 1))
+        if not chunk:
+            break
+        stream.write(b"".join(raw + b"\n" for raw in chunk))
+        stream.flush()
+        with contextlib.suppress(OSError, ValueError):
+            os.fsync(stream.fileno())
+        client.ltrim(key, len(chunk), -1)
+        exported += len(chunk)
+    return exported
+
+
+def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``reset`` and ``export`` to the subcommands."""
+    reset = commands.add_parser(
+        "reset", parents=[common], help="delete one crawl's (or job's) keys",
+        description="Delete every key of one crawl: queue, seeds, dupefilter (Bloom "
+        "segments included), leases, workers, progress, dead letters, items, stats. "
+        "Other crawls, including other jobs of the same spider, are untouched. Refused "
+        "while workers of the crawl are alive, unless --force.",
+    )  # fmt: skip
+    reset.add_argument("spider", metavar="SPIDER")
+    reset.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    reset.add_argument("--force", action="store_true", help="even with live workers")
+    reset.set_defaults(func=cmd_reset)
+
+    export = commands.add_parser(
+        "export", parents=[common], help="write the items list as JSON lines",
+        description="Write the items stored by RedisPipeline, oldest first, one per line. "
+        "With --delete, each chunk is removed from Redis once it is written and synced.",
+    )  # fmt: skip
+    export.add_argument("spider", metavar="SPIDER")
+    export.add_argument(
+        "-o", "--output", metavar="FILE", required=True, help="file to write ('-': stdout)"
+    )
+    export.add_argument("--delete", action="store_true", help="remove exported items")
+    export.add_argument("--append", action="store_true", help="append to FILE")
+    export.set_defaults(func=cmd_export)
+

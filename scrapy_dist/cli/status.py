@@ -1,0 +1,214 @@
+"""``scrapy-dist status`` and ``scrapy-dist jobs``: one crawl's state, or every crawl's.
+
+Both read through :func:`scrapy_dist.monitor.read_status`, the reader the metrics
+extension uses too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from scrapy_dist.cli._context import (
+    EXIT_OK,
+    Context,
+    out,
+    positive,
+    report_absent,
+    when,
+)
+from scrapy_dist.cli._crawls import find_crawls
+from scrapy_dist.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from scrapy_dist.monitor import CrawlStatus
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+
+def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
+    """The human-readable form of a crawl's status."""
+    lines = [f"crawl {status.crawl}  at {status.redis}  [{status.state}]"]
+    if not status.exists:
+        lines.append("  (no key of this crawl exists)")
+    elif status.state == "idle":
+        lines.append(
+            "  (empty, not marked finished: a worker with CLOSE_WHEN_CRAWL_DONE marks it "
+            "CRAWL_DONE_GRACE s after the last page, any worker when it closes)"
+        )
+    row = "  {:<11}{:>9}  {}"
+    lines.append(row.format("seeds", status.seeds,
+                            f"waiting in {status.seeds_key} ({status.seeds_kind})"))  # fmt: skip
+    lines.append(row.format("queued", status.queued,
+                            f"in {status.queue_key} ({status.queue_kind})"))  # fmt: skip
+    lines.append(row.format("leased", status.leased, "held by workers"))
+    lines.append(row.format("dead", status.dead, f"in {status.dead_key}"))
+    p = status.progress
+    done_note = f"retried {int(p.get('retried', 0))}, dead-lettered {int(p.get('dead', 0))}"
+    if p.get("finished_at"):
+        done_note += f"; finished {when(p.get('finished_at'))}"
+    lines.append(row.format("done", int(p.get("done", 0)), done_note))
+    df = status.dupefilter
+    if df is None:
+        lines.append(row.format("dupefilter", 0, "(none yet)"))
+    else:
+        note = f"fingerprints in {df.key} ({df.backend})"
+        lines.append(row.format("dupefilter", df.count, note))
+        if df.capacity:
+            lines.append(
+                f"  {'':<11}{'':>9}  Bloom: {df.count / df.capacity:.2%} of capacity "
+                f"{df.capacity}, estimated false-positive rate {df.fpr_estimate:.3g} "
+                f"(configured {df.error_rate:.3g}, {df.stages} filter(s))"
+            )
+    scraped = status.stats.get("item_scraped_count")
+    items_note = f"stored in {status.items_key}"
+    if scraped is not None:
+        items_note += f"; {scraped} scraped"
+    lines.append(row.format("items", status.items_stored, items_note))
+    if status.rates is None:
+        lines.append(f"  {'rate':<11}{'n/a':>9}  (needs STATS_CLASS = "
+                     "'scrapy_dist.stats.RedisStatsCollector')")  # fmt: skip
+    else:
+        r = status.rates
+        lines.append(f"  {'rate':<11}{r.pages_per_second:>9.1f}  pages/s, "
+                     f"{r.items_per_second:.1f} items/s over the last {r.window} s")  # fmt: skip
+    live = status.live_workers()
+    lines.append(row.format("workers", len(live), f"live (of {len(status.workers)} registered)"))
+    for worker, beat in sorted(status.workers.items()):
+        age = max(0.0, status.time - beat)
+        gone = "" if worker in live else " (gone)"
+        lines.append(f"  {'':<11}{'':>9}  {worker}  heartbeat {_ago(age)}{gone}")
+    if all_stats and status.stats:
+        lines.append("  stats:")
+        for name, value in status.stats.items():
+            lines.append(f"    {name}: {value!r}")
+    return "\n".join(lines)
+
+
+def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
+    """Show one crawl's state, or every crawl's. A crawl with no keys is shown as
+    ``absent`` (a state, so the exit status is 0) and reported on stderr with the
+    crawls that exist."""
+    from scrapy_dist.monitor import CrawlLayout, json_default, read_status
+
+    absent = False
+    if args.spider is not None:
+        layout, config, _ = ctx.layout(args.spider)
+        client = ctx.client(config)
+
+        def read() -> list[CrawlStatus]:
+            nonlocal absent
+            status = read_status(client, layout, config)
+            if not status.exists and not absent:
+                report_absent(client, layout, config)
+            absent = not status.exists
+            return [status]
+    else:
+        config, _ = ctx.config()
+        client = ctx.client(config)
+
+        def read() -> list[CrawlStatus]:
+            return [read_status(client, CrawlLayout.for_crawl(config, crawl), config)
+                    for crawl in find_crawls(client, config)]  # fmt: skip
+
+    tty = sys.stdout.isatty()
+    while True:
+        statuses = read()
+        if args.json:
+            payload: Any = (statuses[0].as_dict() if args.spider is not None
+                            else {"crawls": [s.as_dict() for s in statuses]})  # fmt: skip
+            out(json.dumps(payload, default=json_default))
+        else:
+            text = "\n\n".join(render_status(s, all_stats=args.stats) for s in statuses)
+            if not statuses:
+                text = "no crawl found in Redis"
+            if args.watch and tty:
+                sys.stdout.write("\x1b[H\x1b[2J")
+                text += f"\n\n(every {args.interval:g} s; Ctrl-C to stop)"
+            elif args.watch:
+                text += "\n"
+            out(text)
+        sys.stdout.flush()
+        if not args.watch:
+            return EXIT_OK
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:  # how --watch ends
+            return EXIT_OK
+
+
+def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
+    """List the crawls in Redis (``SCAN``) with their main counts."""
+    from scrapy_dist.monitor import CrawlLayout, read_status
+
+    config, _ = ctx.config()
+    client = ctx.client(config)
+    rows = []
+    for crawl in find_crawls(client, config):
+        spider, _, job = crawl.partition(":")
+        row: dict[str, Any] = {"crawl": crawl, "spider": spider, "job": job or None}
+        try:
+            status = read_status(client, CrawlLayout.for_crawl(config, crawl), config,
+                                 dupefilter=False)  # fmt: skip
+        except ConfigurationError as e:
+            row["error"] = str(e)
+        except redis.exceptions.NoPermissionError:
+            row["error"] = "no permission to read this crawl's keys (Redis ACL of this user)"
+        else:
+            row.update(
+                state=status.state, seeds=status.seeds, queued=status.queued,
+                leased=status.leased, dead=status.dead, workers=len(status.live_workers()),
+                done=int(status.progress.get("done", 0)), items=status.items_stored,
+            )  # fmt: skip
+        rows.append(row)
+    if args.json:
+        out(json.dumps(rows))
+        return EXIT_OK
+    if not rows:
+        out("no crawl found in Redis")
+        return EXIT_OK
+    columns = ["spider", "job", "state", "seeds", "queued", "leased", "dead", "workers",
+               "done", "items"]  # fmt: skip
+    table = [[c.upper() for c in columns]]
+    for row in rows:
+        if "error" in row:
+            table.append([row["spider"], row["job"] or "-", f"error: {row['error']}"])
+        else:
+            table.append([str(row[c]) if row[c] is not None else "-" for c in columns])
+    full = [r for r in table if len(r) == len(columns)]
+    widths = [max(len(r[i]) for r in full) for i in range(len(columns))]
+    for r in table:
+        out("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip())
+    return EXIT_OK
+
+
+def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``status`` and ``jobs`` to the subcommands."""
+    status = commands.add_parser(
+        "status", parents=[common], help="show a crawl's state (all crawls without SPIDER)",
+        description="Seeds waiting, queued, leased, dead letters, progress, dupefilter "
+        "size (Bloom fill and estimated false-positive rate), items, crawl rate over the "
+        "last minute, live workers and their heartbeats.",
+    )  # fmt: skip
+    status.add_argument("spider", metavar="SPIDER", nargs="?")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    status.add_argument(
+        "--interval", type=positive, default=2.0, metavar="SECONDS",
+        help="seconds between refreshes with --watch (default 2)",
+    )  # fmt: skip
+    status.add_argument("--stats", action="store_true", help="also list every crawl stat")
+    status.set_defaults(func=cmd_status)
+
+    jobs = commands.add_parser("jobs", parents=[common], help="list the crawls in Redis")
+    jobs.add_argument("--json", action="store_true", help="print a JSON list")
+    jobs.set_defaults(func=cmd_jobs)
