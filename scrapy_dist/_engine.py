@@ -7,10 +7,14 @@ Two things scrapy_dist needs have no public API in Scrapy:
 - waking the engine to look at its scheduler now (``engine._slot.nextcall.schedule()``)
   rather than on its 5-second heartbeat.
 
-Both live in the engine's ``_slot`` (renamed from ``slot`` in Scrapy 2.13). Should a
-Scrapy release rename them again, reading them with a default would acknowledge every
-request before its download, silently; :func:`check` refuses to start instead, naming
-the Scrapy version.
+Both live in the engine's ``_slot``: public as ``slot`` before Scrapy 2.13, private
+since (2.13 is the oldest Scrapy this package supports). Should a Scrapy release rename
+them again, reading them with a default would acknowledge every request before its
+download, silently; :func:`check` refuses to start instead, naming the Scrapy version.
+The scheduler runs it when it opens and the Redis spiders when they open
+(``spider_opened``), each before it first reads the engine;
+``tests/test_hostile_input.py`` pins the refusal. Nothing else in the package reads a
+private attribute of Scrapy's.
 """
 
 from __future__ import annotations
@@ -70,6 +74,18 @@ def check(engine: Any) -> None:
             )
 
 
+def check_crawler(crawler: Crawler) -> None:
+    """:func:`check` the crawler's engine, if it has one open.
+
+    Raises:
+        ConfigurationError: the engine is open and lacks what this module reads (the
+            message names the Scrapy version).
+    """
+    engine = engine_of(crawler)
+    if engine is not None:
+        check(engine)
+
+
 def in_flight(crawler: Crawler) -> Collection[Request]:
     """The requests the crawler's engine is still working on (empty before it opens).
 
@@ -83,8 +99,8 @@ def in_flight(crawler: Crawler) -> Collection[Request]:
 
 
 def wake(engine: Any) -> None:
-    """Ask an open engine to look at its scheduler now rather than at its next
-    heartbeat (which calls the same method)."""
+    """Ask the engine to look at its scheduler now rather than at its next heartbeat
+    (which calls the same method); nothing if it has no open slot."""
     slot = engine._slot
     if slot is not None:
         slot.nextcall.schedule()

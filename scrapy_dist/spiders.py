@@ -5,20 +5,27 @@ default; a set or sorted set by setting) in batches of ``redis_batch_size``. See
 leased like requests: a seed leaves Redis only once the requests made from it are
 enqueued (or it was recorded as invalid), so a worker killed mid-batch loses none.
 
-Seeds are fetched at start, whenever the worker has spare capacity and nothing queued
-(Scrapy's ``scheduler_empty`` signal, rate-limited), and when it is idle
-(``spider_idle``, where the spider refuses to close with
+Seeds are fetched at start (unless the spider defines its own ``start_requests()`` or
+``start()``: then those are its start requests), whenever the worker has spare capacity
+and nothing queued (Scrapy's ``scheduler_empty`` signal, rate-limited), and when it is
+idle (``spider_idle``, where the spider refuses to close with
 :class:`~scrapy.exceptions.DontCloseSpider`). While idle, the worker looks for new work in
 Redis every ``SCHEDULER_IDLE_POLL`` seconds (after five minutes without work, backing off
 to ``SCHEDULER_IDLE_POLL_MAX``), so requests queued by other workers, expired leases and
-seeds pushed by a user start within about a second. A
-worker closes after ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness
-(measured from the last moment it had work; ``0`` waits forever), or, with
-``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a whole is finished.
+seeds pushed by a user start within about a second. A worker closes after
+``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness (measured from the last moment it
+had work; ``0`` waits forever), or, with ``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a
+whole is finished.
 
 A seed that cannot become a request is logged with the reason, counted
 (``seeds/invalid``) and appended to the crawl's dead-letter list; the rest of its batch
 is still processed.
+
+Over ~500 lines on purpose: :class:`RedisSpiderMixin` is scrapy-redis's spider API in one
+class (users subclass it and override its hooks: ``start_requests``, ``next_requests``,
+``make_request_from_data``, ``schedule_next_requests``, ``spider_idle``), and its seed
+reading and idle handling share one state (when seeds were last polled, when the worker
+last had work).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease, shared_filter
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.settings import check_seed_batch_size
-from scrapy_dist.startup import fail_start, start_failure
+from scrapy_dist.startup import fail_start, raise_if_failed, start_failure
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -63,6 +70,10 @@ SEED_POLL_MIN, SEED_POLL_MAX = 0.05, 0.25
 TICK = 0.1
 #: Seconds without work after which the pause may grow to ``SCHEDULER_IDLE_POLL_MAX``.
 IDLE_LONG = 300.0
+#: Most seeds one call may lease (``redis_batch_size``): a batch is popped by one
+#: server-side step, which blocks Redis for every worker while it runs, and becomes
+#: requests in this worker's memory at once; far larger counts Redis refuses outright.
+BATCH_SIZE_MAX = 100_000
 
 
 class RedisSpiderMixin(Spider):
@@ -71,7 +82,8 @@ class RedisSpiderMixin(Spider):
     Class attributes a spider may set (each falls back to its setting):
     ``redis_key`` (a key template, default ``REDIS_START_URLS_KEY``; or a list of
     them, read in that order: a key is read only while the ones before it are empty),
-    ``redis_batch_size``, ``redis_encoding``, ``max_idle_time``.
+    ``redis_batch_size`` (at most :data:`BATCH_SIZE_MAX`), ``redis_encoding``,
+    ``max_idle_time``.
     """
 
     redis_key: str | list[str] | None = None
@@ -140,7 +152,9 @@ class RedisSpiderMixin(Spider):
                 f"spider attribute redis_key={self.redis_key!r} must be a non-empty key "
                 "name or template such as '%(name)s:start_urls'"
             )
-        self.redis_batch_size = _number(self.redis_batch_size, "redis_batch_size", int, 1)
+        self.redis_batch_size = _number(
+            self.redis_batch_size, "redis_batch_size", int, 1, most=BATCH_SIZE_MAX
+        )
         self.max_idle_time = _number(self.max_idle_time, "max_idle_time", float, 0.0)
         if self.redis_encoding is not None:
             try:
@@ -222,9 +236,19 @@ class RedisSpiderMixin(Spider):
 
     async def start(self) -> AsyncIterator[Any]:
         """Yield the requests of the seeds waiting in Redis now; later ones are fetched
-        as the worker has room (see the module docstring). Nothing if the start failed.
+        as the worker has room (see the module docstring). A spider that defines its
+        own ``start_requests()`` gets what that yields instead (each worker yields it;
+        the shared dupefilter keeps one of each request that does not say
+        ``dont_filter``), and its seeds only as it has room. Nothing if the start
+        failed. (A spider that defines its own ``start()`` gets that, from Scrapy.)
         """
         if self._failed:
+            return
+        if type(self).start_requests is not RedisSpiderMixin.start_requests:
+            # the spider's own start requests, as scrapy-redis (and Scrapy < 2.13)
+            # crawl them; seeds come as the worker has room and when it is idle
+            for request in self.start_requests():
+                yield request
             return
         requests, settled = self.take_seeds()
         for request in requests:
@@ -369,6 +393,7 @@ class RedisSpiderMixin(Spider):
         if spider is not self or self._failed:
             return
         try:
+            _engine.check_crawler(self.crawler)  # before the idle ticker wakes the engine
             self.open_redis()
         except ConfigurationError as e:
             fail_start(self.crawler, "configuration_error", f"Cannot start: {e}", self)
@@ -402,7 +427,7 @@ class RedisSpiderMixin(Spider):
         if now - self._starved_since > IDLE_LONG:
             self._wake_pause = min(self._wake_pause * 2, self.idle_poll_max)
         self.crawler.stats.inc_value("scheduler/idle/wakeups")
-        wake_engine(self.crawler.engine)
+        _engine.wake(self.crawler.engine)
 
     def _on_scheduler_empty(self) -> None:
         if self._failed or not self._redis_open:
@@ -441,9 +466,7 @@ class RedisSpiderMixin(Spider):
             DontCloseSpider: the spider stays open.
             CloseSpider: the crawl is finished, or the start failed.
         """
-        failure = start_failure(self.crawler)
-        if failure is not None:
-            raise CloseSpider(failure.reason)
+        raise_if_failed(self.crawler)
         if self.frontier.lost is not None:
             raise DontCloseSpider
         try:
@@ -510,9 +533,11 @@ def _seed_filter(config: Config, frontier: Frontier) -> UnopenedBackend | None:
 _N = TypeVar("_N", int, float)
 
 
-def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N | None:
-    """A spider attribute that must be a number of at least ``least`` (``None``: unset);
-    ``-a`` arguments arrive as strings.
+def _number(
+    value: Any, name: str, kind: Callable[[str], _N], least: _N, most: _N | None = None
+) -> _N | None:
+    """A spider attribute that must be a number of at least ``least`` (and at most
+    ``most``, if given; ``None``: unset); ``-a`` arguments arrive as strings.
 
     Raises:
         ConfigurationError: not such a number.
@@ -522,19 +547,18 @@ def _number(value: Any, name: str, kind: Callable[[str], _N], least: _N) -> _N |
     what = "an integer" if kind is int else "a number"
     try:
         number = kind(str(value).strip()) if isinstance(value, str) else kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = None
-    if number is None or isinstance(value, bool) or math.isnan(number) or number < least:
-        raise ConfigurationError(
-            f"spider attribute {name}={value!r} must be {what} of at least {least}"
-        )
+    if (
+        number is None
+        or isinstance(value, bool)
+        or math.isnan(number)
+        or number < least
+        or (most is not None and number > most)
+    ):
+        bounds = f"at least {least}" + (f" and at most {most}" if most is not None else "")
+        raise ConfigurationError(f"spider attribute {name}={value!r} must be {what} of {bounds}")
     return number
-
-
-def wake_engine(engine: Any) -> None:
-    """Ask the engine to look at its scheduler now rather than at its next 5-second
-    heartbeat (see :func:`scrapy_dist._engine.wake`)."""
-    _engine.wake(engine)
 
 
 class RedisSpider(RedisSpiderMixin, Spider):

@@ -10,6 +10,10 @@ and the spider do no further Redis work, the spider closes at its first idle mom
 with the failure's reason (``CloseSpider``), and once the engine has stopped the
 crawler reports a failed bootstrap, which Scrapy's ``crawl`` command turns into exit
 status 1 (on every Scrapy version we support).
+
+A crawler whose scheduler could not even be built (invalid scheduler settings) gets
+:class:`FailedScheduler`, the one scheduler of a crawl that did not start; a scheduler
+whose ``open`` failed behaves as one (it delegates to it).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from scrapy import signals
+from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import CloseSpider
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
@@ -62,3 +69,59 @@ def fail_start(crawler: Crawler, reason: str, message: str, spider: Any = None) 
 def start_failure(crawler: Crawler | None) -> StartFailure | None:
     """The crawler's start-up failure, if it had one."""
     return _failures.get(crawler) if crawler is not None else None
+
+
+def raise_if_failed(crawler: Crawler | None) -> None:
+    """``spider_idle``: close a spider whose start failed, with the failure's reason.
+
+    Raises:
+        CloseSpider: the start failed.
+    """
+    failure = start_failure(crawler)
+    if failure is not None:
+        raise CloseSpider(failure.reason)
+
+
+class FailedScheduler(BaseScheduler):
+    """The scheduler of a crawl that did not start: it schedules nothing and closes the
+    spider at its first idle moment with the failure's reason.
+
+    Args:
+        crawler: the crawler whose start failed (:func:`fail_start` was called).
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler) -> FailedScheduler:
+        """The scheduler Scrapy gets when the real one cannot be built: it listens to
+        ``spider_idle`` to close the spider."""
+        scheduler = cls(crawler)
+        crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
+        return scheduler
+
+    def close_if_failed(self) -> None:
+        """``spider_idle``: close the spider.
+
+        Raises:
+            CloseSpider: always, with the start failure's reason.
+        """
+        raise_if_failed(self.crawler)
+        raise CloseSpider("configuration_error")  # not reached: fail_start was called
+
+    def has_pending_requests(self) -> bool:
+        """Never: nothing is scheduled."""
+        return False
+
+    def enqueue_request(self, request: Request) -> bool:
+        """Refuse ``request``: the crawl did not start."""
+        return False
+
+    def next_request(self) -> Request | None:
+        """Nothing."""
+        return None
+
+    def __len__(self) -> int:
+        """Nothing is scheduled."""
+        return 0

@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import scrapy
 from scrapy import Request
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.utils.misc import build_from_crawler
@@ -174,7 +175,8 @@ def test_spider_arguments_are_coerced(
 @pytest.mark.parametrize(
     ("argument", "value"),
     [("max_idle_time", "soon"), ("max_idle_time", "-1"), ("redis_batch_size", "0"),
-     ("redis_batch_size", "2.5"), ("redis_encoding", "klingon"), ("redis_key", " ")],
+     ("redis_batch_size", "2.5"), ("redis_batch_size", "1000000000"),
+     ("redis_encoding", "klingon"), ("redis_key", " ")],
 )  # fmt: skip
 def test_bad_spider_arguments_fail_the_start(
     make_crawler: Callable[..., Crawler], argument: str, value: str
@@ -224,3 +226,26 @@ def test_crawl_spider(make_crawler: Callable[..., Crawler], client: redis.Redis)
     assert isinstance(s, Crawl)
     client.rpush(s.redis_key, "https://e.com/")
     assert [r.url for r in s.next_requests()] == ["https://e.com/"]
+
+
+def test_a_redis_spider_refuses_an_engine_without_its_slot(
+    spider: Callable[..., Spider],
+) -> None:
+    """The spider wakes the engine through its private slot: under a scheduler that
+    does not check the engine, the spider's own open does, and refuses to start."""
+
+    class RenamedEngine:
+        def __init__(self) -> None:
+            self.slot_v3 = object()
+
+    s = spider({"SCHEDULER": "scrapy.core.scheduler.Scheduler"})
+    s.crawler.engine = RenamedEngine()  # type: ignore[assignment]
+    s._on_opened(s)
+    failure = start_failure(s.crawler)
+    assert failure is not None
+    assert failure.reason == "configuration_error"
+    assert f"Scrapy {scrapy.__version__} has no engine._slot" in failure.message
+    assert s._idle_ticker is None  # never wakes the engine
+    with pytest.raises(CloseSpider) as info:
+        s.spider_idle()
+    assert info.value.reason == "configuration_error"

@@ -184,6 +184,68 @@ def test_a_bad_spider_argument_is_one_error_and_exit_1(
     assert "Traceback" not in text
 
 
+#: A Redis spider with start requests of its own, written the two ways Scrapy offers.
+OWN_START = {
+    "start_requests": """
+    def start_requests(self):
+        yield Request(self.first)
+""",
+    "start": """
+    async def start(self):
+        yield Request(self.first)
+""",
+}
+
+OWN_START_SPIDER = '''
+from scrapy import Request
+from scrapy_dist.spiders import RedisSpider
+
+
+class BooksSpider(RedisSpider):
+    name = "{name}"
+    first = "{first}"
+{method}
+    def parse(self, response):
+        yield {{"url": response.url}}
+        yield from response.follow_all(css="a", callback=self.parse)
+'''
+
+
+@pytest.mark.parametrize("method", sorted(OWN_START))
+def test_a_redis_spider_with_its_own_start_requests_crawls_them_and_its_seeds(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker],
+    *, method: str,
+) -> None:  # fmt: skip
+    """As with scrapy-redis, a spider's own start requests are crawled (each worker
+    issues them, the shared dupefilter keeps one), and seeds pushed to Redis still
+    arrive as the workers have room or are idle."""
+    spider = project / "books" / "spiders" / "books.py"
+    first = site.page_url(0) + "?start"  # no page links to it, unlike page 0
+    spider.write_text(OWN_START_SPIDER.format(name=name, first=first, method=OWN_START[method]))
+    client.lpush(f"{name}:start_urls", site.page_url(0) + "?seed")
+    both = run(workers, project, name)
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    hits = site.hits()
+    assert set(hits) == site.expected_paths(), logs(workers)
+    # the start request, the seed, and the links to page 0
+    assert hits.pop("/page/0") == 3, logs(workers)
+    assert set(hits.values()) == {1}, hits
+    assert client.llen(f"{name}:start_urls") == 0
+
+
+def test_a_batch_size_redis_cannot_take_is_one_error_naming_the_argument(
+    project: Path, name: str, workers: list[Worker]
+) -> None:
+    [worker] = run(workers, project, name, count=1, spider_args={"redis_batch_size": 10**9})
+    assert wait_workers([worker], RUN_TIMEOUT) == [1], logs(workers)
+    text = log_text(worker)
+    errors = [line for line in text.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, text
+    assert "redis_batch_size=" in errors[0]
+    assert "at most" in errors[0]
+    assert "Traceback" not in text
+
+
 @pytest.mark.parametrize("problem", ["unreachable", "unreachable, all in Redis", "wrong key type"])
 def test_a_start_up_failure_is_one_error_line_and_exit_1(
     project: Path, name: str, client: redis.Redis, workers: list[Worker], problem: str

@@ -1,0 +1,203 @@
+"""The requests this worker holds, from their lease to its settlement.
+
+A request leased from the crawl's queue is *buffered* here until Scrapy's engine asks
+for it, then *out* (in the engine) until it has left the engine: its download, its
+callback or errback, and the processing of everything they returned are complete (the
+engine's requests in progress, :func:`scrapy_dist._engine.in_flight`). Only then is
+its lease *settled*: acknowledged, or, when its callback raised, returned for another
+try with the error as its reason. A worker holds at most ``max_held`` leases
+(buffered, out, or settled but not yet sent), which bounds what a dead or paused
+worker makes others crawl again.
+
+:class:`Deliveries` does no Redis I/O of its own: leases, settlements and renewals go
+through the :class:`~scrapy_dist.frontier.Frontier`, which sends them in batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from scrapy_dist.exceptions import SerializationError
+from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+
+    from scrapy import Request
+    from scrapy.statscollectors import StatsCollector
+
+logger = logging.getLogger(__name__)
+
+#: Longest failure reason kept with a request (dead-letter records stay readable).
+REASON_MAX = 500
+
+
+class Deliveries:
+    """The leases this worker holds and when each is settled.
+
+    Args:
+        frontier: the crawl's frontier, through which leases are taken and settled.
+        in_flight: returns the requests the engine is still working on.
+        stats: the crawler's stats collector.
+        prefetch: requests leased per call.
+        max_held: leases this worker may hold at once (see the module docstring).
+        on_empty: called when a settlement leaves this worker holding nothing (the
+            crawl may then finish, and its dupefilter be deleted).
+    """
+
+    def __init__(
+        self,
+        frontier: Frontier,
+        *,
+        in_flight: Callable[[], Collection[Request]],
+        stats: StatsCollector,
+        prefetch: int,
+        max_held: int,
+        on_empty: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.frontier = frontier
+        self.in_flight = in_flight
+        self.stats = stats
+        self.prefetch = prefetch
+        self.max_held = max_held
+        self.on_empty = on_empty
+        #: Leased requests not yet handed to the engine.
+        self.buffer: deque[tuple[Lease, Request]] = deque()
+        #: Requests handed to the engine -> their lease id.
+        self.out: dict[Request, str] = {}
+        #: Requests whose callback raised -> the reason.
+        self.failures: dict[Request, str] = {}
+        #: When the leases were last renewed (monotonic seconds).
+        self.renewed_at = time.monotonic()
+
+    def held(self) -> list[str]:
+        """The ids of the leases this worker holds: buffered or in the engine."""
+        return [lease.id for lease, _ in self.buffer] + list(self.out.values())
+
+    def room(self) -> int:
+        """Leases this worker may still take (see ``max_held``)."""
+        held = len(self.buffer) + len(self.out) + self.frontier.pending_settlements
+        return self.max_held - held
+
+    def record_failure(self, request: Request, reason: str) -> None:
+        """Remember that ``request``'s callback failed, to settle its lease with ``reason``
+        (cut to :data:`REASON_MAX` characters); a request this worker does not hold is
+        ignored."""
+        if request in self.out:
+            self.failures[request] = reason[:REASON_MAX]
+
+    def settle(self) -> None:
+        """Settle the leases of the requests the engine is done with."""
+        if not self.out:
+            return
+        in_flight = self.in_flight()
+        finished = [request for request in self.out if request not in in_flight]
+        if not finished:
+            return
+        outcomes = []
+        for request in finished:
+            reason = self.failures.pop(request, DONE)
+            outcomes.append((self.out.pop(request), reason))
+            if reason:
+                self.stats.inc_value("scheduler/failed_callbacks")
+        if not self.out and not self.buffer:
+            self.on_empty()
+        self.frontier.settle(outcomes)
+
+    def refill(
+        self,
+        decode: Callable[[bytes], Request],
+        reject: Callable[[Lease, SerializationError], str],
+    ) -> bool:
+        """Lease up to ``prefetch`` requests into the buffer.
+
+        Args:
+            decode: rebuilds a request from a queue entry; raises
+                :class:`~scrapy_dist.exceptions.SerializationError` if it cannot.
+            reject: returns the settlement of a lease whose entry cannot be rebuilt
+                (leasing then continues until one can or the queue is empty).
+
+        Returns:
+            Whether the buffer holds a request now.
+        """
+        while not self.buffer:
+            room = self.room()
+            if room <= 0 and self.frontier.pending_settlements:
+                self.frontier.flush()  # send the acknowledgements that fill the room
+                room = self.room()
+            if room <= 0:
+                self.stats.inc_value("scheduler/held/full")
+                return False
+            leases = self.frontier.reserve(min(self.prefetch, room))
+            if not leases:
+                return False
+            bad = []
+            for lease in leases:
+                try:
+                    request = decode(lease.data)
+                except SerializationError as e:
+                    bad.append((lease.id, reject(lease, e)))
+                else:
+                    self.buffer.append((lease, request))
+            self.frontier.settle(bad)
+        return True
+
+    def take(self) -> Request | None:
+        """The next buffered request, now in the engine; ``None`` if none is buffered."""
+        if not self.buffer:
+            return None
+        lease, request = self.buffer.popleft()
+        self.out[request] = lease.id
+        return request
+
+    def renew(self, spider: object = None) -> None:
+        """Renew the leases this worker holds; drop those taken back meanwhile (this
+        worker was paused past ``SCHEDULER_LEASE_TIMEOUT``)."""
+        lost = self.frontier.renew(self.held())
+        if lost is None:
+            return
+        self.renewed_at = time.monotonic()
+        if not lost:
+            return
+        gone = set(lost)
+        buffered = len(self.buffer)
+        self.buffer = deque(item for item in self.buffer if item[0].id not in gone)
+        dropped = buffered - len(self.buffer)
+        started = [request for request, lease_id in self.out.items() if lease_id in gone]
+        for request in started:
+            del self.out[request]
+            self.failures.pop(request, None)
+        logger.warning(
+            "%(n)d lease(s) of this worker expired and were taken back (was it paused, "
+            "e.g. a stopped process, a long GC or a network partition, for longer than "
+            "SCHEDULER_LEASE_TIMEOUT?): dropped %(dropped)d buffered request(s); %(started)d "
+            "already started may be crawled twice",
+            {"n": len(lost), "dropped": dropped, "started": len(started)},
+            extra={"spider": spider},
+        )
+        self.stats.inc_value("scheduler/leases/dropped_taken_back", dropped)
+
+    def drop_buffered(self) -> int:
+        """Forget the buffered leases (their crawl is gone); returns how many."""
+        buffered = len(self.buffer)
+        self.buffer.clear()
+        return buffered
+
+    def drop_all(self) -> None:
+        """Forget every lease held (their crawl is gone: nothing to settle)."""
+        self.buffer.clear()
+        self.out.clear()
+        self.failures.clear()
+
+    def hand_back(self) -> int:
+        """Settle what the engine finished and hand back everything else held (at
+        close: the engine will not start it); returns how many were handed back."""
+        self.settle()
+        handed = [(lease.id, HAND_BACK) for lease, _ in self.buffer]
+        handed += [(lease_id, HAND_BACK) for lease_id in self.out.values()]
+        self.drop_all()
+        self.frontier.settle(handed)
+        return len(handed)

@@ -1,0 +1,172 @@
+"""The way in: from a request Scrapy schedules to an entry in the crawl's shared queue.
+
+A request is dropped before any round trip when it is a known duplicate (this worker's
+seen-cache of the shared dupefilter, or a local dupefilter), when it cannot be
+serialized (logged once, counted as ``scheduler/unserializable``, recorded in the
+dead-letter list, not marked as seen), or when its crawl is gone. Otherwise it is
+handed to the frontier, which sends it with the next batch; the dedupe and the push
+are then one server-side step.
+
+Start requests of a plain spider (``SCHEDULER_START_ONCE``) are crawled once per crawl:
+the crawl's first worker records their fingerprints and queues them unfiltered, the
+workers that join later filter theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy_dist import deadletter
+from scrapy_dist.exceptions import SerializationError
+from scrapy_dist.spiders import RedisSpiderMixin
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request, Spider
+    from scrapy.dupefilters import BaseDupeFilter
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_dist.deadletter import DeadLetters
+    from scrapy_dist.dupefilter import RFPDupeFilter
+    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.serializers import RequestCodec
+
+logger = logging.getLogger(__name__)
+
+
+class Enqueuer:
+    """Sends one spider's requests to the crawl's shared queue.
+
+    Args:
+        frontier: the crawl's frontier, which batches the writes.
+        dupefilter: the crawl's dupefilter.
+        shared_df: the dupefilter, when its test-and-set runs inside the enqueue script
+            (``None``: the dupefilter is asked locally, with ``request_seen``).
+        dead: the crawl's dead-letter list.
+        stats: the crawler's stats collector.
+        codec: turns the spider's requests into bytes.
+        spider: the spider whose requests these are.
+        start_once: crawl a plain spider's start requests once per crawl.
+        joined_running: whether another worker ran the crawl when this one joined.
+    """
+
+    def __init__(
+        self,
+        frontier: Frontier,
+        dupefilter: BaseDupeFilter,
+        *,
+        shared_df: RFPDupeFilter | None,
+        dead: DeadLetters,
+        stats: StatsCollector,
+        codec: RequestCodec,
+        spider: Spider,
+        start_once: bool,
+        joined_running: Callable[[], bool],
+    ) -> None:
+        self.frontier = frontier
+        self.df = dupefilter
+        self.shared_df = shared_df
+        self.dead = dead
+        self.stats = stats
+        self.codec = codec
+        self.spider = spider
+        self.start_once = start_once
+        self.joined_running = joined_running
+        self._logunser = True
+
+    def enqueue(self, request: Request) -> bool:
+        """Send ``request`` unless it is a known duplicate (see the module docstring).
+
+        Returns:
+            ``False`` if the request is a duplicate known before sending (or, when
+            every write is sent at once, Redis's answer) or cannot be stored; else
+            ``True``: duplicates Redis finds in a batch are logged and counted as
+            ``dupefilter/filtered`` when it answers.
+        """
+        if self.frontier.lost is not None:
+            # produced by a request of a crawl that is gone: it must not start another
+            self.stats.inc_value("scheduler/crawl_lost/dropped_requests")
+            return False
+        shared = self.shared_df
+        fingerprint = b""
+        dont_filter = request.dont_filter
+        if dont_filter and shared is not None and self._once_per_crawl(request):
+            if self.joined_running():
+                dont_filter = False  # the crawl's first worker issued it: filter it
+            elif not self._record_start(shared, request):
+                return False
+        if shared is not None and not dont_filter:
+            fingerprint = shared.fingerprint(request)
+            if shared.seen_locally(fingerprint):  # known duplicate: not even serialized
+                self.df.log(request, self.spider)
+                return False
+        try:
+            payload = self.codec.encode(request)
+        except SerializationError as e:
+            self.unserializable(request, e)
+            return False
+        # a local dupefilter records what it is asked about: ask only once it can be stored
+        if shared is None and not dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            return False
+        outcome: list[bool] = []
+
+        def on_reply(queued: bool) -> None:
+            outcome.append(queued)
+            if fingerprint and shared is not None:
+                shared.remember(fingerprint)  # recorded in Redis either way
+            if not queued:
+                self.df.log(request, self.spider)
+                return
+            self.stats.inc_value("scheduler/enqueued/redis")
+            self.stats.inc_value("scheduler/enqueued")
+
+        item = (payload, self.frontier.queue.score(request), fingerprint)
+        self.frontier.enqueue(item, shared.backend if shared else None, on_reply)
+        # batched (the default): Redis answers at the next flush, so duplicates it finds
+        # are logged and counted then, and Scrapy is told the request was stored
+        return outcome[0] if outcome else True
+
+    def _once_per_crawl(self, request: Request) -> bool:
+        """Whether ``request`` is a start request Scrapy marked ``dont_filter`` that
+        the crawl's workers should crawl once between them (``SCHEDULER_START_ONCE``):
+        the start requests of a spider that does not read its seeds from Redis."""
+        return (
+            self.start_once
+            and bool(request.meta.get("is_start_request"))
+            and not isinstance(self.spider, RedisSpiderMixin)
+        )
+
+    def _record_start(self, shared: RFPDupeFilter, request: Request) -> bool:
+        """Record a start request's fingerprint before it is queued unfiltered, so the
+        workers joining later filter theirs and links back to it are filtered.
+
+        Returns:
+            ``False`` if Redis cannot be reached (the request is not stored: Scrapy
+            drops it, and the worker's next start issues it again).
+        """
+        fingerprint = shared.fingerprint(request)
+        if self.frontier.call(lambda: shared.backend.add(fingerprint)) is None:
+            return False
+        shared.remember(fingerprint)
+        return True
+
+    def unserializable(self, request: Request, error: SerializationError) -> None:
+        """Log (once), count and dead-letter a request that cannot be serialized."""
+        if self._logunser:
+            logger.error(
+                "Unable to serialize request: %(request)s - reason: %(reason)s - it is "
+                "recorded in %(dead)s and will not be crawled (no more unserializable "
+                "requests will be logged; see the stat 'scheduler/unserializable')",
+                {"request": request, "reason": error, "dead": self.dead.key},
+                extra={"spider": self.spider},
+            )
+            self._logunser = False
+        self.stats.inc_value("scheduler/unserializable")
+        self.frontier.call(
+            lambda: self.dead.add(
+                deadletter.REQUEST, f"unserializable: {error}", repr(request), url=request.url
+            )
+        )

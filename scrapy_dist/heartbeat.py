@@ -1,0 +1,127 @@
+"""The scheduler's timer: flushes, heartbeats and lease renewals.
+
+Every flush interval the timer settles what the engine finished and sends pending
+writes; every heartbeat interval it also heartbeats in the crawl's worker registry and
+renews the leases this worker holds. A timer that did not run for longer than a lease
+lasts (the process was paused) first checks which leases it still holds. No error
+ends the timer: each is logged (once in a row) and counted as
+``scheduler/timer/errors``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import redis
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy.statscollectors import StatsCollector
+    from twisted.internet.task import LoopingCall
+
+    from scrapy_dist.deliveries import Deliveries
+    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.workers import WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Runs the scheduler's periodic work (see the module docstring).
+
+    Args:
+        frontier: the crawl's frontier (writes to send, leases to renew).
+        registry: this worker's handle on the crawl's worker registry.
+        deliveries: the leases this worker holds.
+        stats: the crawler's stats collector.
+        heartbeat_interval: seconds between heartbeats and lease renewals.
+        flush_interval: seconds between flushes; ``0`` ticks every heartbeat.
+        on_lost: called on each tick while the crawl is gone
+            (:attr:`Frontier.lost`) instead of flushing and heartbeating.
+    """
+
+    def __init__(
+        self,
+        frontier: Frontier,
+        registry: WorkerRegistry,
+        deliveries: Deliveries,
+        stats: StatsCollector,
+        *,
+        heartbeat_interval: float,
+        flush_interval: float,
+        on_lost: Callable[[], None],
+    ) -> None:
+        self.frontier = frontier
+        self.registry = registry
+        self.deliveries = deliveries
+        self.stats = stats
+        self.heartbeat_interval = heartbeat_interval
+        self.flush_interval = flush_interval
+        self.on_lost = on_lost
+        #: Runs the ticks; created by :meth:`start` (creating it imports the reactor).
+        self.ticker: LoopingCall | None = None
+        #: The spider named in log records.
+        self.spider: object = None
+        self._next_beat = 0.0
+        #: The timer's last run, to notice a pause of the whole process.
+        self._ticked_at = time.monotonic()
+        #: The error the timer last logged (each kind is logged once in a row).
+        self._error = ""
+
+    def start(self, spider: object) -> None:
+        """Start ticking (the first heartbeat is one interval from now)."""
+        from twisted.internet.task import LoopingCall
+
+        self.spider = spider
+        self._next_beat = time.monotonic() + self.heartbeat_interval
+        self.deliveries.renewed_at = self._ticked_at = time.monotonic()
+        self.ticker = LoopingCall(self.tick)
+        self.ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
+
+    def stop(self) -> None:
+        """Stop ticking (nothing if it is not running)."""
+        if self.ticker is not None and self.ticker.running:
+            self.ticker.stop()
+
+    def tick(self) -> None:
+        """One run of the timer; logs and counts any error instead of raising it (a
+        ``LoopingCall`` would stop)."""
+        try:
+            self._tick()
+        except Exception as e:  # the timer must survive anything, Redis errors first
+            self.stats.inc_value("scheduler/timer/errors")
+            kind = f"{type(e).__name__}: {e}"
+            if kind != self._error:
+                self._error = kind
+                logger.error(
+                    "Scheduler timer: %(error)s (heartbeats, renewals and flushes go on)",
+                    {"error": kind},
+                    exc_info=not isinstance(e, redis.RedisError),
+                    extra={"spider": self.spider},
+                )
+        else:
+            self._error = ""
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        gap, self._ticked_at = now - self._ticked_at, now
+        if gap > self.frontier.lease_timeout and self.frontier.lost is None:
+            logger.warning(
+                "This worker did not run for %(gap).1fs (longer than SCHEDULER_LEASE_TIMEOUT "
+                "%(lease)gs): checking which leases it still holds",
+                {"gap": gap, "lease": self.frontier.lease_timeout},
+                extra={"spider": self.spider},
+            )
+            self.deliveries.renew(self.spider)
+        self.deliveries.settle()
+        if self.frontier.lost is not None:
+            self.on_lost()
+            return
+        self.frontier.flush()
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_interval
+            self.frontier.call(self.registry.heartbeat)
+            self.deliveries.renew(self.spider)

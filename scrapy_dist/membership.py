@@ -1,0 +1,315 @@
+"""This worker's part in the shared crawl: joining it, losing it, leaving it.
+
+- **Join** (at the scheduler's open): check Redis and the crawl's keys, open the
+  dupefilter, join the crawl's worker registry (flushing the crawl first with
+  ``SCHEDULER_FLUSH_ON_START``, and only when no other worker runs), and log what this
+  worker joined.
+- **Lost** (:attr:`Frontier.lost`): the crawl's frontier is gone. The worker drops what
+  it holds of it; once the engine has finished what it had started, the worker rejoins
+  the crawl if it finished (or exits, with ``CLOSE_WHEN_CRAWL_DONE``), else closes
+  the spider with the reason ``frontier_lost``.
+- **Leave** (at the scheduler's close): settle what the engine finished, hand back
+  what it never started, send pending writes, leave the registry; if the crawl as a
+  whole is finished and does not persist, delete its shared keys (a worker that merely
+  stops never does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import redis
+from scrapy.utils.defer import deferred_from_coro
+
+from scrapy_dist.connection import check, describe
+from scrapy_dist.frontier import FINISHED
+from scrapy_dist.seeds import similar_seed_keys
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.dupefilters import BaseDupeFilter
+
+    from scrapy_dist.deliveries import Deliveries
+    from scrapy_dist.dupefilter import RFPDupeFilter
+    from scrapy_dist.frontier import Frontier, Progress
+    from scrapy_dist.workers import WorkerRegistry
+
+logger = logging.getLogger(__name__)
+
+#: Flushes tried at close (requests, then the acknowledgements they confirm, retries).
+CLOSE_FLUSHES = 5
+#: Close reason of a worker whose crawl's frontier vanished (see :attr:`Frontier.lost`).
+FRONTIER_LOST = "frontier_lost"
+
+
+def close_spider(crawler: Crawler, reason: str) -> None:
+    """Ask the crawler's engine to close its spider with ``reason``."""
+    engine = crawler.engine
+    closer = getattr(engine, "close_spider_async", None)  # Scrapy >= 2.14
+    if closer is not None:
+        deferred_from_coro(closer(reason=reason))
+    else:
+        assert crawler.spider is not None
+        engine.close_spider(crawler.spider, reason)
+
+
+def exit_with(status: int) -> None:
+    """Make this process exit with ``status`` once it ends (``scrapy crawl`` exits 0
+    whatever the close reason): logging is flushed first."""
+
+    def _exit() -> None:
+        logging.shutdown()
+        os._exit(status)
+
+    atexit.register(_exit)
+
+
+class Membership:
+    """Joins, loses and leaves the crawl for one worker (see the module docstring).
+
+    Args:
+        frontier: the crawl's frontier.
+        registry: this worker's handle on the crawl's worker registry.
+        deliveries: the leases this worker holds.
+        dupefilter: the crawl's dupefilter.
+        shared_df: the dupefilter, when its test-and-set runs inside the enqueue script
+            (its local seen-cache is dropped with the crawl).
+        crawler: the crawler whose spider a lost crawl closes (``None``: never closed).
+        persist: keep the queue and dupefilter when the crawl finishes.
+        flush_on_start: clear the queue and dupefilter at open if no other worker runs.
+        close_when_done: exit, rather than rejoin, when the crawl finished without
+            this worker (``CLOSE_WHEN_CRAWL_DONE``).
+    """
+
+    def __init__(
+        self,
+        frontier: Frontier,
+        registry: WorkerRegistry,
+        deliveries: Deliveries,
+        dupefilter: BaseDupeFilter,
+        *,
+        shared_df: RFPDupeFilter | None,
+        crawler: Crawler | None,
+        persist: bool,
+        flush_on_start: bool,
+        close_when_done: bool,
+    ) -> None:
+        self.frontier = frontier
+        self.registry = registry
+        self.deliveries = deliveries
+        self.df = dupefilter
+        self.shared_df = shared_df
+        self.crawler = crawler
+        self.persist = persist
+        self.flush_on_start = flush_on_start
+        self.close_when_done = close_when_done
+        #: Whether :meth:`join` succeeded (a failed start did not).
+        self.joined = False
+        #: Another worker was running this crawl when this one joined.
+        self.joined_running = False
+        #: The spider named in log records.
+        self.spider: Spider | None = None
+        self._closing = False
+
+    # -- join -----------------------------------------------------------------------
+
+    def join(self, spider: Spider) -> None:
+        """Check Redis and the crawl's keys, open the dupefilter and join the crawl.
+
+        Raises:
+            RedisUnavailable: Redis cannot be reached.
+            ConfigurationError: a key holds a type this crawl cannot use, or Redis may
+                evict frontier keys (``REDIS_EVICTION_POLICY_CHECK``).
+            redis.RedisError: Redis refused a command.
+        """
+        self.spider = spider
+        queue = self.frontier.queue
+        check(queue.client)
+        queue.check_type()
+        self.frontier.seeds.check_type()
+        shared = self.shared_df
+        expiring = shared.keys() if shared is not None and shared.ttl else []
+        self.frontier.check_eviction_policy(expiring)
+        self.df.open()
+        if shared is None:
+            logger.warning(
+                "DUPEFILTER_CLASS %(cls)s is not Redis-backed: each worker filters only "
+                "what it saw itself, so workers will crawl the same pages. Use "
+                "scrapy_dist.dupefilter.RFPDupeFilter.",
+                {"cls": type(self.df).__name__},
+                extra={"spider": spider},
+            )
+        others, flushed = self.registry.join(flush=self.flush_on_start)
+        self.joined_running = others > 0
+        self.joined = True
+        if flushed:
+            logger.info(
+                "Flushed crawl %(crawl)s (SCHEDULER_FLUSH_ON_START)",
+                {"crawl": self.frontier.keys.crawl},
+                extra={"spider": spider},
+            )
+        elif self.flush_on_start:
+            logger.warning(
+                "SCHEDULER_FLUSH_ON_START is set but %(n)d other worker(s) of this crawl "
+                "are running: joining their crawl instead of flushing it",
+                {"n": others},
+                extra={"spider": spider},
+            )
+        self.frontier.join_epoch()
+        self._log_joined(spider, others)
+        self._hint_misspelled_seeds(spider)
+
+    def _log_joined(self, spider: Spider, others: int) -> None:
+        keys, queue, seeds = self.frontier.keys, self.frontier.queue, self.frontier.seeds
+        logger.info(
+            "Worker %(worker)s joined crawl %(crawl)s at %(server)s (%(size)d queued "
+            "requests; %(others)d other worker(s)); seeds key %(seeds)s (%(kind)s), "
+            "queue %(queue)s, dupefilter %(df)s, dead letters %(dead)s",
+            {
+                "worker": self.registry.worker_id,
+                "crawl": keys.crawl,
+                "server": describe(queue.client),
+                "size": len(queue),
+                "others": others,
+                "seeds": seeds.key,
+                "kind": seeds.kind,
+                "queue": queue.key,
+                "df": keys.dupefilter,
+                "dead": keys.dead,
+            },
+            extra={"spider": spider},
+        )
+        queued = len(queue)
+        if queued:  # scrapy-redis's message, which users grep their logs for
+            spider.logger.info("Resuming crawl (%(n)d requests scheduled)", {"n": queued})
+
+    def _hint_misspelled_seeds(self, spider: Spider) -> None:
+        """If the seeds key is empty, name keys with a similar name that hold seeds (one
+        ``SCAN`` of at most :data:`~scrapy_dist.seeds.HINT_SCAN_COUNT` keys, at open only)."""
+        seeds = self.frontier.seeds
+        try:
+            similar = [] if len(seeds) else similar_seed_keys(self.frontier.queue.client, seeds.key)
+        except redis.RedisError as e:  # e.g. an ACL user without SCAN: only a hint lost
+            logger.debug("No seeds key hint: %(error)s", {"error": e})
+            return
+        if similar:
+            logger.warning(
+                "Seeds key %(key)s is empty, but %(similar)s exist(s): were seeds pushed to "
+                "the wrong key? (the seeds key is REDIS_START_URLS_KEY or the spider's "
+                "redis_key)",
+                {"key": seeds.key, "similar": ", ".join(similar)},
+                extra={"spider": spider},
+            )
+
+    # -- a crawl that is gone --------------------------------------------------------
+
+    def crawl_lost(self, state: str) -> None:
+        """The crawl is gone (a :attr:`Frontier.on_lost` listener): drop what this worker
+        holds of it (buffer, seen-cache); what the engine still runs finishes, and the
+        requests it produces are dropped."""
+        started = len(self.deliveries.out)
+        buffered = self.deliveries.drop_buffered()
+        if self.shared_df is not None:
+            self.shared_df.forget_local()
+        if buffered or started:
+            logger.warning(
+                "Crawl %(crawl)s is %(state)s: dropped the %(buffered)d buffered request(s) "
+                "this worker still held; %(started)d already started finish, and what they "
+                "produce is dropped",
+                {
+                    "crawl": self.frontier.keys.crawl,
+                    "state": state,
+                    "buffered": buffered,
+                    "started": started,
+                },
+                extra={"spider": self.spider},
+            )
+        self._closing = False
+
+    def after_lost(self) -> None:
+        """Once the engine finished what it held of a lost crawl: rejoin the crawl if
+        it finished (or exit, with ``CLOSE_WHEN_CRAWL_DONE``), else close the spider
+        with the reason ``frontier_lost``."""
+        if self.deliveries.out or self._closing or self.crawler is None:
+            return
+        if self.frontier.lost == FINISHED and not self.close_when_done:
+            epoch = self.frontier.join_epoch()
+            logger.info(
+                "Rejoined crawl %(crawl)s (epoch %(epoch)s)",
+                {"crawl": self.frontier.keys.crawl, "epoch": epoch},
+                extra={"spider": self.spider},
+            )
+            return
+        self._closing = True
+        reason = "crawl_finished" if self.frontier.lost == FINISHED else FRONTIER_LOST
+        close_spider(self.crawler, reason)
+
+    # -- leave ----------------------------------------------------------------------
+
+    def leave(self, reason: str) -> None:
+        """Settle, hand back, send what is pending and leave the crawl (see the module
+        docstring); nothing if this worker never joined."""
+        if not self.joined:
+            return  # a failed start: nothing was taken, nothing to leave
+        if self.frontier.lost is not None:
+            # nothing it holds belongs to a crawl that is there: leave, send nothing
+            self.deliveries.drop_all()
+            try:
+                self.registry.leave()
+            except redis.RedisError as e:
+                logger.warning("Could not leave the worker registry: %(error)s", {"error": e})
+            self.df.close(reason)
+            return
+        handed = self.deliveries.hand_back()
+        if handed:
+            logger.info(
+                "Handed %(n)d unstarted request(s) back to the shared queue",
+                {"n": handed},
+                extra={"spider": self.spider},
+            )
+        self._send_pending()
+        self.frontier.call(self.registry.leave)
+        progress = self.frontier.progress(grace=0, clear=not self.persist)
+        if progress is not None:
+            self._log_close(progress.state, progress)
+        self.df.close(reason)
+
+    def _send_pending(self) -> None:
+        """Send the pending writes: requests first, then the acknowledgements Redis has
+        confirmed them for."""
+        for _ in range(CLOSE_FLUSHES):
+            if not self.frontier.pending_writes or self.frontier.flush() is None:
+                break
+        if self.frontier.pending_writes:
+            logger.error(
+                "Redis is unreachable: %(n)d write(s) could not be sent before closing; "
+                "the leases they would have settled expire after SCHEDULER_LEASE_TIMEOUT "
+                "and their requests are crawled again",
+                {"n": self.frontier.pending_writes},
+                extra={"spider": self.spider},
+            )
+
+    def _log_close(self, state: str, progress: Progress) -> None:
+        if state == "finished" and not self.persist:
+            logger.info(
+                "Crawl %(crawl)s is finished: deleted its queue, leases and dupefilter "
+                "(SCHEDULER_PERSIST is off)",
+                {"crawl": self.frontier.keys.crawl},
+                extra={"spider": self.spider},
+            )
+        elif state == "busy":
+            logger.info(
+                "Crawl %(crawl)s goes on without this worker: %(queued)d queued, "
+                "%(leased)d leased, %(seeds)d seeds waiting",
+                {
+                    "crawl": self.frontier.keys.crawl,
+                    "queued": progress.queued,
+                    "leased": progress.leased,
+                    "seeds": progress.seeds,
+                },
+                extra={"spider": self.spider},
+            )
