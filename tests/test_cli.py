@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request
@@ -42,6 +42,11 @@ if TYPE_CHECKING:
     from scrapy_dist.testing.workers import Worker
 
 PROJECT = Path(__file__).parent / "project"
+
+
+def _bytes_hash(reply: dict[bytes | str, bytes | str]) -> dict[bytes, bytes]:
+    """An ``HGETALL`` reply of a client without ``decode_responses``, typed as it is."""
+    return cast("dict[bytes, bytes]", reply)
 
 
 def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -461,7 +466,7 @@ def test_dead_list_requeue_and_purge(
     assert "1 seed(s)" in out
     queued = client.zrange(keys.requests, 0, -1, withscores=True)
     assert len(queued) == 1
-    entry, score = queued[0]
+    entry, score = cast("tuple[bytes, float]", queued[0])
     assert score == -5.0  # the request's priority, as the priority queue scores it
     assert json.loads(entry[16:])["url"] == "https://a.example/"
     assert client.lrange(keys.start_urls, 0, -1) == [b"https://b.example/"]
@@ -581,7 +586,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
                 "leased": client.zcard(k.leases), "dead": client.llen(k.dead),
                 "done": int(client.hget(k.progress, "done") or 0),
                 "dupefilter": client.scard(k.dupefilter), "items": client.llen(k.items),
-                "stats": json.loads(json.dumps(decode_stats(client.hgetall(k.stats)),
+                "stats": json.loads(json.dumps(decode_stats(_bytes_hash(client.hgetall(k.stats))),
                                                default=json_default)),
             }  # fmt: skip
         finally:
@@ -602,7 +607,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
         assert status["items"]["stored"] == truth["items"]
         assert status["stats"] == truth["stats"]
         assert status["items"]["scraped"] == truth["stats"].get("item_scraped_count")
-        beats = {w.decode(): float(b) for w, b in raw_workers.items()}
+        beats = {w.decode(): float(b) for w, b in _bytes_hash(raw_workers).items()}
         assert {w["id"]: w["heartbeat"] for w in status["workers"]["list"]} == beats
         assert status["workers"]["live"] == 2 == len(beats)
         assert status["rates"]["pages_per_second"] > 0
@@ -612,7 +617,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
         assert set(hits) == reachable_without(PAGES, POISON)
         assert set(hits.values()) == {1}
         # two workers' stats add up exactly; every item is stored once
-        stats = decode_stats(client.hgetall(job_keys.stats))
+        stats = decode_stats(_bytes_hash(client.hgetall(job_keys.stats)))
         assert stats["response_received_count"] == sum(hits.values())
         items = [json.loads(i)["url"] for i in client.lrange(job_keys.items, 0, -1)]
         assert len(items) == len(set(items)) == stats["item_scraped_count"] == len(hits) - 1
@@ -647,7 +652,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
         assert hits[f"/page/{POISON}"] == 2
         assert {n for path, n in hits.items() if path != f"/page/{POISON}"} == {1}
         assert client.llen(job_keys.dead) == 0
-        stats = decode_stats(client.hgetall(job_keys.stats))
+        stats = decode_stats(_bytes_hash(client.hgetall(job_keys.stats)))
         assert stats["response_received_count"] == sum(hits.values())
 
         out_file = tmp_path / "items.jl"

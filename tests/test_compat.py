@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request, Spider, signals
@@ -271,6 +271,7 @@ def test_request_fingerprint_hook_is_used_by_the_scheduler(
     globals()["NoQuery"] = NoQuery
     crawler = make_crawler({"DUPEFILTER_CLASS": path, "SCHEDULER_FLUSH_INTERVAL": 0})
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert scheduler.enqueue_request(Request("https://e.com/a?x=1"))
@@ -302,6 +303,7 @@ def test_queue_pushed_the_scrapy_redis_way_is_leased_by_a_worker(
 ) -> None:
     crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0})
     spider = crawler.spider
+    assert spider is not None
     queue = PriorityQueue(client, spider, "%(spider)s:requests")
     queue.push(Request("https://e.com/low", priority=1, callback=spider.parse))
     queue.push(Request("https://e.com/high", priority=5, callback=spider.parse))
@@ -325,7 +327,7 @@ class ListQueue(Base):
         self.server.lpush(self.key, self._encode_request(request))
 
     def pop(self, timeout: int = 0) -> Request | None:
-        data = self.server.rpop(self.key)
+        data = cast("bytes | None", self.server.rpop(self.key))  # bytes replies
         return self._decode_request(data) if data else None
 
     def __len__(self) -> int:
@@ -348,6 +350,7 @@ def test_custom_queue_class_runs_unleased(
 ) -> None:
     crawler = make_crawler({"SCHEDULER_QUEUE_CLASS": f"{__name__}.ListQueue"})
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert "requests a worker has taken are lost if it dies" in caplog.text
@@ -357,6 +360,8 @@ def test_custom_queue_class_runs_unleased(
         assert client.llen(f"{crawler.spider.name}:requests") == 2  # the user's own list
         assert scheduler.has_pending_requests()
         first, second = scheduler.next_request(), scheduler.next_request()
+        assert first is not None
+        assert second is not None
         assert [first.url, second.url] == ["https://e.com/1", "https://e.com/2"]
         assert not scheduler.has_pending_requests()
     finally:
@@ -366,6 +371,7 @@ def test_custom_queue_class_runs_unleased(
 def test_scheduler_flush(make_crawler: Callable[..., Crawler], client: redis.Redis) -> None:
     crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0})
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert scheduler.enqueue_request(Request("https://e.com/"))
@@ -386,22 +392,31 @@ class _IdleSpider(RedisSpider):
 def test_overridden_spider_idle_is_called(make_crawler: Callable[..., Crawler]) -> None:
     crawler = make_crawler(spidercls=_IdleSpider)
     crawler.signals.send_catch_log(signals.spider_idle, spider=crawler.spider)
+    assert isinstance(crawler.spider, _IdleSpider)
     assert crawler.spider.idled
+
+
+def _seed(spider: Spider | None, data: bytes) -> Request:
+    """The one request a Redis spider makes of the seed ``data``."""
+    assert isinstance(spider, RedisSpider)
+    request = spider.make_request_from_data(data)
+    assert isinstance(request, Request)
+    return request
 
 
 def test_seeds_skip_the_dupefilter_by_default(make_crawler: Callable[..., Crawler]) -> None:
     spider = make_crawler(spidercls=RedisSpider).spider
-    assert spider.make_request_from_data(b"https://e.com/").dont_filter
+    assert _seed(spider, b"https://e.com/").dont_filter
     json_seed = b'{"url": "https://e.com/", "dont_filter": false}'
-    assert not spider.make_request_from_data(json_seed).dont_filter
+    assert not _seed(spider, json_seed).dont_filter
     off = make_crawler({"REDIS_START_URLS_DONT_FILTER": False}, spidercls=RedisSpider).spider
-    assert not off.make_request_from_data(b"https://e.com/").dont_filter
+    assert not _seed(off, b"https://e.com/").dont_filter
 
 
 def test_scrapy_redis_json_seed(make_crawler: Callable[..., Crawler]) -> None:
     spider = make_crawler(spidercls=RedisSpider).spider
     seed = {"url": "https://e.com/", "meta": {"job-id": "1"}, "url_cookie_key": "k"}
-    request = spider.make_request_from_data(json.dumps(seed).encode())
+    request = _seed(spider, json.dumps(seed).encode())
     assert (request.method, request.url) == ("GET", "https://e.com/?url_cookie_key=k")
     assert request.meta["job-id"] == "1"
 
@@ -431,6 +446,7 @@ def test_redis_key_list_is_read_in_priority_order(
     make_crawler: Callable[..., Crawler], client: redis.Redis, name: str
 ) -> None:
     spider = make_crawler({"REDIS_START_URLS_BATCH_SIZE": 2}, spidercls=_TwoKeys).spider
+    assert isinstance(spider, _TwoKeys)
     assert spider.redis_key == [f"{name}:urgent", f"{name}:start_urls"]
     client.rpush(f"{name}:start_urls", "https://e.com/n1", "https://e.com/n2")
     client.rpush(f"{name}:urgent", "https://e.com/u1")

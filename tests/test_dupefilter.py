@@ -154,7 +154,7 @@ def test_local_cache_skips_round_trips_and_never_hides_a_page(
 ) -> None:
     dupefilter = open_dupefilter({"DUPEFILTER_BACKEND": "bitmap", "BLOOM_CAPACITY": 10_000})
     local = dupefilter.local
-    assert local is not None
+    assert isinstance(local, LocalBloom)
     assert local.params.error_rate == pytest.approx(0.001 * 0.01)  # 1% of the budget
     requests = [Request(f"https://example.com/{i}") for i in range(200)]
     assert not any(dupefilter.request_seen(r) for r in requests)
@@ -221,6 +221,7 @@ def test_scheduler_dedupes_with_the_bloom_backend(
         }
     )
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert scheduler.enqueue_request(Request("https://example.com/a"))

@@ -20,8 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import scrapy
@@ -37,16 +38,8 @@ from scrapy_dist.seeds import check_callbacks, parse_seed, request_from_seed
 from scrapy_dist.serializers import PRIORITY_MAX, JsonSerializer, RequestCodec, RequestPolicy
 from scrapy_dist.spiders import RedisSpider
 from scrapy_dist.startup import start_failure
-from scrapy_dist.testing import (
-    RedisServer,
-    RedisServerNotFound,
-    TestSite,
-    find_redis_server,
-    start_workers,
-    stop_workers,
-    wait_ready,
-    wait_workers,
-)
+from scrapy_dist.testing import TestSite
+from scrapy_dist.testing.crawl import WorkerCrawl, worker_logs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -54,14 +47,10 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
-try:
-    find_redis_server()
-except RedisServerNotFound:
-    HAVE_REDIS = False
-else:
-    HAVE_REDIS = True
+    from scrapy_dist.testing import RedisServer, Worker
 
-pytestmark_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
+#: Skipped without a redis-server binary, a failure under CI (see conftest.py).
+pytestmark_redis = pytest.mark.redis_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = ROOT / "example"
@@ -229,7 +218,7 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
     client.zadd(keys.requests, {good[0]: 0, bad: 0, good[1]: 1, good[2]: 1})
     leases = frontier.reserve(10)
     assert sorted(lease.data for lease in leases) == sorted(entry[16:] for entry in good)
-    records = [deadletter.parse(raw) for raw in client.lrange(keys.dead, 0, -1)]
+    records = [deadletter.parse(raw) for raw in _raw(client.lrange(keys.dead, 0, -1))]
     assert [deadletter.data_of(r) for r in records] == [bad]
     assert "malformed queue entry" in records[0]["reason"]
     assert client.zcard(keys.requests) == 0
@@ -237,6 +226,11 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
 
 def _codec(policy: RequestPolicy | None = None) -> RequestCodec:
     return RequestCodec(JsonSerializer(), UserSpider(), policy)
+
+
+def _raw(replies: list[bytes | str]) -> list[bytes]:
+    """Replies of a client without ``decode_responses``, typed as what they are."""
+    return cast("list[bytes]", replies)
 
 
 def test_queue_entry_class_is_looked_up_never_imported(
@@ -255,6 +249,7 @@ def test_queue_entry_class_is_looked_up_never_imported(
 def test_scrapy_request_classes_round_trip() -> None:
     codec = _codec()
     spider = codec.spider
+    assert isinstance(spider, UserSpider)
     for request in (
         Request("https://a.example/", callback=spider.parse_item, priority=5),
         FormRequest("https://a.example/f", formdata={"a": "1"}, callback=spider._parse_detail),
@@ -346,7 +341,7 @@ def test_engine_check_refuses_an_engine_without_its_slot() -> None:
     _engine.check(_Engine())
 
 
-@pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
+@pytestmark_redis
 def test_scheduler_refuses_to_open_on_an_engine_without_its_slot(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
@@ -408,14 +403,6 @@ def site() -> Iterator[TestSite]:
         yield test_site
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    if not HAVE_REDIS:
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as redis_server:
-        yield redis_server
-
-
 class _Listener:
     """A TCP port that counts the connections made to it (an attacker's proxy)."""
 
@@ -445,29 +432,47 @@ class _Listener:
         self.sock.close()
 
 
-def _logs(workers: list[Any]) -> str:
-    return "\n".join(f"worker {w.index}:\n{w.log_tail(25)}" for w in workers)
-
-
+@dataclass
 class HostileCrawl:
     """What a crawl with hostile seeds and queue entries left behind."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        self.__dict__.update(kwargs)
+    statuses: list[int]
+    workers: list[Worker]
+    hits: dict[str, int]
+    marker: Path
+    proxy: _Listener
+    secret: Path
+    logs: str
+    records: list[dict[str, Any]]
+    hostile_seeds: list[bytes]
+    hostile_entries: list[bytes]
+    malformed: list[bytes]
 
 
 @pytest.fixture(scope="module")
 def hostile_crawl(
-    server: RedisServer, site: TestSite, tmp_path_factory: pytest.TempPathFactory
+    module_server: RedisServer, site: TestSite, tmp_path_factory: pytest.TempPathFactory
 ) -> HostileCrawl:
     """Two workers crawl the site; hostile seeds and queue entries arrive meanwhile."""
     tmp_path = tmp_path_factory.mktemp("hostile")
-    client = server.client()
+    marker = tmp_path / "imported"
+    modules = tmp_path / "modules"
+    crawl = WorkerCrawl(
+        module_server,
+        site,
+        tmp_path,
+        project_dir=EXAMPLE_DIR,
+        settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "SCHEDULER_PREFETCH": 8},
+        stats_setting="DEMO_STATS_FILE",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(modules)]),
+            "HOSTILE_MARKER": str(marker),
+        },
+    )
+    client = crawl.client
     client.flushdb()
     site.reset_hits()
     site.delay = 0.02
-    marker = tmp_path / "imported"
-    modules = tmp_path / "modules"
     modules.mkdir()
     (modules / "hostile_marker.py").write_text(MARKER_MODULE)
     secret = tmp_path / "secret.txt"
@@ -494,25 +499,10 @@ def hostile_crawl(
     ]  # fmt: skip
     # an entry without the 16-digit id enqueue.lua writes, and not UTF-8 either
     malformed = [b"\xff\xfe not an entry", b'{"url": "' + off_site[11].encode() + b'"}']
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(modules)]),
-        "HOSTILE_MARKER": str(marker),
-    }
-    workers = start_workers(
-        2,
-        project_dir=EXAMPLE_DIR,
-        spider="pages",
-        log_dir=tmp_path,
-        settings={
-            "REDIS_URL": server.url,
-            "MAX_IDLE_TIME_BEFORE_CLOSE": 2,
-            "SCHEDULER_PREFETCH": 8,
-        },
-        env=env,
-    )
     try:
-        client.lpush("pages:start_urls", site.page_url(0))
-        wait_ready(workers, timeout=CRAWL_TIMEOUT)
+        crawl.start(2)
+        crawl.seed()
+        crawl.wait_ready(timeout=CRAWL_TIMEOUT)
         deadline = time.monotonic() + 20
         while client.zcard("pages:requests") < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -521,14 +511,13 @@ def hostile_crawl(
         for n, payload in enumerate(hostile_entries):
             client.zadd("pages:requests", {b"%016d" % (10**12 + n) + payload: 0})
         client.zadd("pages:requests", dict.fromkeys(malformed, 0))
-        statuses = wait_workers(workers, timeout=CRAWL_TIMEOUT)
-    except (RuntimeError, TimeoutError) as e:
-        pytest.fail(f"{e}\n{_logs(workers)}")
+        statuses = crawl.wait(timeout=CRAWL_TIMEOUT)
     finally:
-        stop_workers(workers, timeout=5.0)
+        crawl.stop(timeout=5.0)
         proxy.close()
+    workers = crawl.workers
     logs = "".join(w.log_file.read_text(errors="replace") for w in workers)
-    records = [deadletter.parse(raw) for raw in client.lrange("pages:dead", 0, -1)]
+    records = [deadletter.parse(raw) for raw in _raw(client.lrange("pages:dead", 0, -1))]
     return HostileCrawl(
         statuses=statuses, workers=workers, hits=site.hits(), marker=marker, proxy=proxy,
         secret=secret, logs=logs, records=records, hostile_seeds=hostile_seeds,
@@ -539,7 +528,7 @@ def hostile_crawl(
 def test_hostile_crawl_finishes_with_every_good_page_once(
     hostile_crawl: HostileCrawl, site: TestSite
 ) -> None:
-    assert hostile_crawl.statuses == [0, 0], _logs(hostile_crawl.workers)
+    assert hostile_crawl.statuses == [0, 0], worker_logs(hostile_crawl.workers, 25)
     hits = hostile_crawl.hits
     assert set(hits) == site.expected_paths(), sorted(set(hits) ^ site.expected_paths())[:10]
     assert set(hits.values()) == {1}, {p: n for p, n in hits.items() if n > 1}
@@ -662,7 +651,8 @@ def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
     err = capsys.readouterr().err
     assert "#0: not requeued: request is still invalid: request class 'os.system'" in err
     assert "#1: not requeued: request is still invalid: URL scheme 'file'" in err
-    left = [deadletter.data_of(deadletter.parse(r)) for r in client.lrange(f"{name}:dead", 0, -1)]
+    dead_list = _raw(client.lrange(f"{name}:dead", 0, -1))
+    left = [deadletter.data_of(deadletter.parse(r)) for r in dead_list]
     assert left == [hostile.encode(), local.encode()]
     assert [e[16:] for e in client.zrange(f"{name}:requests", 0, -1)] == [fine.encode()]
 

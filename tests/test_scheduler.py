@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request
@@ -13,6 +13,7 @@ from scrapy.exceptions import CloseSpider
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.startup import start_failure
@@ -23,8 +24,24 @@ if TYPE_CHECKING:
 
     import redis
     from scrapy.crawler import Crawler
+    from scrapy.http.request import CallbackT as Callback
+
+    from scrapy_dist.frontier import Progress
 
 URL = "https://example.com/"
+
+
+def _progress(progress: Progress | None) -> Progress:
+    """A progress report; None would mean Redis did not answer."""
+    assert progress is not None
+    return progress
+
+
+def _set_key(scheduler: Scheduler) -> str:
+    """The key of the crawl's dupefilter set (the default backend)."""
+    assert isinstance(scheduler.df, RFPDupeFilter)
+    [key] = scheduler.df.backend.keys()
+    return key
 
 
 @pytest.fixture
@@ -38,12 +55,14 @@ def open_scheduler(
         # send each write at once, so return values reflect Redis's answers
         crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0, **(settings or {})})
         scheduler = build_from_crawler(Scheduler, crawler)
+        assert crawler.spider is not None
         scheduler.open(crawler.spider)
         opened.append(scheduler)
         return scheduler
 
     yield make
     for scheduler in opened:
+        assert scheduler._ticker is not None
         if scheduler._ticker.running:
             scheduler.close("finished")
 
@@ -103,7 +122,7 @@ def test_unserializable_request_is_counted_kept_aside_and_not_seen(
     open_scheduler: Callable[..., Scheduler], client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     scheduler = open_scheduler()
-    bad = Request(URL + "bad", callback=lambda response: None)
+    bad = Request(URL + "bad", callback=cast("Callback", lambda response: None))
     with caplog.at_level(logging.ERROR):
         assert not scheduler.enqueue_request(bad)
         assert not scheduler.enqueue_request(Request(URL + "bad2", meta={"o": object()}))
@@ -114,7 +133,7 @@ def test_unserializable_request_is_counted_kept_aside_and_not_seen(
     assert all(d["kind"] == "request" and "unserializable" in d["reason"] for d in dead)
     # not marked as seen: a serializable request for the same URL still goes through
     assert scheduler.enqueue_request(Request(URL + "bad"))
-    assert client.scard(scheduler.df.backend.key) == 1
+    assert client.scard(_set_key(scheduler)) == 1
 
 
 def test_undecodable_entry_goes_to_dead_letters(
@@ -138,13 +157,13 @@ def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     a.enqueue_request(Request(URL + "1"))
     a.enqueue_request(Request(URL + "2"))
     a.close("finished")  # b still has work: nothing may be deleted under it
-    assert client.exists(a.queue.key, a.df.backend.key) == 2
+    assert client.exists(a.queue.key, _set_key(a)) == 2
     assert [r.url for r in drain(b)] == [URL + "1", URL + "2"]
     b.enqueue_request(Request(URL + "3"))
     assert [r.url for r in drain(b)] == [URL + "3"]
     b.close("finished")  # nothing queued, leased or waiting: the crawl is finished
     keys = a.frontier.keys
-    assert client.exists(a.queue.key, a.df.backend.key, keys.seq, keys.leases) == 0
+    assert client.exists(a.queue.key, _set_key(a), keys.seq, keys.leases) == 0
     assert client.exists(a.registry.key) == 0
 
 
@@ -155,7 +174,7 @@ def test_persist_true_keeps_everything(
     a.enqueue_request(Request(URL + "1"))
     drain(a)
     a.close("finished")
-    assert client.exists(a.df.backend.key) == 1
+    assert client.exists(_set_key(a)) == 1
 
 
 def test_an_unfinished_crawl_is_never_deleted(
@@ -166,7 +185,7 @@ def test_an_unfinished_crawl_is_never_deleted(
     a.enqueue_request(Request(URL + "1"))
     client.hset(a.registry.key, "ghost:1:dead", "1000.0")  # heartbeat from long ago
     a.close("shutdown")
-    assert client.exists(a.queue.key, a.df.backend.key) == 2
+    assert client.exists(a.queue.key, _set_key(a)) == 2
     assert client.hlen(a.registry.key) == 0  # the stale worker was pruned
 
 
@@ -225,6 +244,7 @@ def test_unreachable_redis_at_open(
     crawler = make_crawler({"REDIS_URL": f"redis://:pw@127.0.0.1:{free_port()}/0"})
     scheduler = build_from_crawler(Scheduler, crawler)
     with caplog.at_level(logging.WARNING):
+        assert crawler.spider is not None
         scheduler.open(crawler.spider)  # a failed start, reported, not raised
         assert not scheduler.has_pending_requests()
         with pytest.raises(CloseSpider) as info:
@@ -239,6 +259,7 @@ def test_unreachable_redis_at_open(
     scheduler = Scheduler(frontier=scheduler.frontier, dupefilter=scheduler.df,
                           serializer=scheduler.serializer, registry=scheduler.registry,
                           dead=scheduler.dead, stats=scheduler.stats, in_flight=tuple)  # fmt: skip
+    assert crawler.spider is not None
     with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as raised:
         scheduler.open(crawler.spider)
     assert "pw" not in str(raised.value)
@@ -254,6 +275,7 @@ def test_wrong_password_at_open(
         crawler = make_crawler({"REDIS_URL": f"redis://{name}:secret@127.0.0.1:{port}/0"})
         scheduler = build_from_crawler(Scheduler, crawler)
         with caplog.at_level(logging.WARNING):
+            assert crawler.spider is not None
             scheduler.open(crawler.spider)
     finally:
         client.acl_deluser(name)
@@ -283,7 +305,7 @@ def test_misconfiguration(
     with caplog.at_level(logging.ERROR):
         scheduler = build_from_crawler(Scheduler, crawler)
     assert isinstance(scheduler, FailedScheduler)
-    assert start_failure(crawler).reason == "configuration_error"  # type: ignore[union-attr]
+    assert start_failure(crawler).reason == "configuration_error"
     [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert record.getMessage().startswith("Cannot start: ")
     assert not scheduler.has_pending_requests()
@@ -298,6 +320,7 @@ def test_queue_key_of_the_wrong_type(
     crawler = make_crawler()
     client.rpush(assemble(crawler).keys.requests, b"left by a FIFO crawl")
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     failure = start_failure(crawler)
     assert failure is not None
@@ -313,6 +336,7 @@ def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
     scheduler = build_from_crawler(Scheduler, crawler)
     holding: set[Request] = set()
     scheduler.in_flight = lambda: holding
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     stats = scheduler.stats
     assert scheduler.enqueue_request(Request(URL))
@@ -347,6 +371,7 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     scheduler = build_from_crawler(Scheduler, crawler)
     holding: set[Request] = set()
     scheduler.in_flight = lambda: holding
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     assert scheduler.enqueue_request(Request(URL))
     request = scheduler.next_request()
@@ -355,7 +380,7 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     assert not scheduler.enqueue_request(Request(URL))  # known locally, no round trip
     holding.clear()
     assert scheduler.next_request() is None  # holds nothing now
-    assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
+    assert _progress(scheduler.frontier.progress(grace=0, clear=True)).state == "finished"
     assert scheduler.enqueue_request(Request(URL))  # a new run crawls it again
     scheduler.close("finished")
 

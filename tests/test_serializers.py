@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request, Spider
@@ -14,6 +14,9 @@ from scrapy_dist.serializers import (
     RequestCodec,
     load_serializer,
 )
+
+if TYPE_CHECKING:
+    from scrapy.http.request import CallbackT as Callback
 
 
 class MySpider(Spider):
@@ -74,7 +77,7 @@ def test_json_is_text_not_pickle() -> None:
 def test_lambda_callback_is_unserializable() -> None:
     codec = RequestCodec(JsonSerializer(), MySpider())
     with pytest.raises(SerializationError) as info:
-        codec.encode(Request("https://e.com/", callback=lambda r: None))
+        codec.encode(Request("https://e.com/", callback=cast("Callback", lambda r: None)))
     assert isinstance(info.value, ValueError)
     assert info.value.__cause__ is not None
 

@@ -37,7 +37,7 @@ def test_defaults_fill_unset_settings() -> None:
 def test_the_config_and_its_sections_are_frozen() -> None:
     c = config()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        c.scheduler = None  # type: ignore[misc]
+        c.scheduler = None  # type: ignore[assignment]  # the point: it is refused
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.frontier.lease_timeout = 1  # type: ignore[misc]
     assert c.settings.frozen

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import DONE_SETTINGS as DONE
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -40,15 +41,11 @@ def settings_block(project: Project) -> str:
     return block.replace("redis://localhost:6379/0", project.redis_url)
 
 
-DONE = "CLOSE_WHEN_CRAWL_DONE = True\nCRAWL_DONE_GRACE = 1\n"
-
-
 def test_readme_settings_block(project: Project) -> None:
     """The README's settings block and spider: two workers, each page once, one item each."""
     project.add_settings(settings_block(project) + DONE)
     workers = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()
     assert project.items() == len(project.site.expected_paths(0))
@@ -63,8 +60,7 @@ def test_addon_alone(project: Project) -> None:
         f'ADDONS = {{"scrapy_dist.addon.DistAddon": 0}}\nREDIS_URL = "{project.redis_url}"\n' + DONE
     )
     workers = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()
     for worker in workers:
@@ -86,8 +82,7 @@ def test_redis_crawl_spider_with_rules(project: Project) -> None:
         '        yield {"url": response.url}\n',
     )
     workers = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()
     # The seed's own response goes to the rules (parse), the others to parse_page.
@@ -159,8 +154,7 @@ def test_rerun_of_a_finished_persisted_crawl(project: Project) -> None:
 
     project.add_settings(settings_block(project) + DONE)
     first = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(first)
     project.assert_each_page_once()
 
@@ -181,8 +175,7 @@ def test_spider_argument_max_idle_time(project: Project) -> None:
     """``-a max_idle_time=4``: the workers crawl, then close by themselves after 4 idle seconds."""
     project.add_settings(settings_block(project))
     workers = project.crawl(2, spider_args={"max_idle_time": 4})
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     started = time.monotonic()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()
