@@ -56,6 +56,7 @@ pytest-oldest: install-oldest
 
 lint: install
 	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 
 ## format: apply ruff format (configured in pyproject.toml)
 format: install

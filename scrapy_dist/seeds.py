@@ -56,11 +56,19 @@ BODY_FIELDS = ("body", "json", "formdata")
 #: credentials, local address, download slot and its concurrency/delay, timeouts and
 #: size limits, robots.txt): refused in seeds unless ``SEED_ALLOWED_META`` lists them.
 #: Keys starting with ``_`` (Scrapy's and middlewares' private state) are refused too.
-CONNECTION_META = frozenset((
-    "proxy", "dont_proxy", "bindaddress", "download_slot", "download_timeout",
-    "download_maxsize", "download_warnsize", "download_fail_on_dataloss",
-    "dont_obey_robotstxt",
-))  # fmt: skip
+CONNECTION_META = frozenset(
+    (
+        "proxy",
+        "dont_proxy",
+        "bindaddress",
+        "download_slot",
+        "download_timeout",
+        "download_maxsize",
+        "download_warnsize",
+        "download_fail_on_dataloss",
+        "dont_obey_robotstxt",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -158,10 +166,11 @@ def check_meta(meta: dict[str, Any], allowed: Collection[str] = ()) -> None:
             ``allowed`` (``SEED_ALLOWED_META``) does not list.
     """
     refused = sorted(
-        k for k in meta
+        k
+        for k in meta
         if (k in CONNECTION_META or not isinstance(k, str) or k.startswith("_"))
         and k not in allowed
-    )  # fmt: skip
+    )
     if refused:
         names = ", ".join(repr(k)[:60] for k in refused)
         raise InvalidSeed(
@@ -268,7 +277,7 @@ def _parse(data: bytes | str, encoding: str, extra_as_formdata: bool = True) -> 
     text = data.strip()
     if not text:
         raise InvalidSeed("seed is empty")
-    if text[0] in "{[\"":
+    if text[0] in '{["':
         try:
             obj = json.loads(text)
         except (ValueError, RecursionError) as e:

@@ -145,9 +145,7 @@ class _TestSpider(Spider):
 
 
 @pytest.fixture
-def make_crawler(
-    redis_url: str, name: str, client: redis.Redis
-) -> Callable[..., Crawler]:
+def make_crawler(redis_url: str, name: str, client: redis.Redis) -> Callable[..., Crawler]:
     """Build a crawler with a spider named ``name`` against the session's Redis.
 
     Call as ``make_crawler({"SETTING": value}, spidercls=...)``; the spider instance is

@@ -105,9 +105,13 @@ def crawl(
     """Run ``count`` workers of ``spider`` to the end; return their logs."""
     logs.mkdir(parents=True, exist_ok=True)
     workers = start_workers(
-        count, project_dir=project, spider=spider, log_dir=logs, settings=settings,
+        count,
+        project_dir=project,
+        spider=spider,
+        log_dir=logs,
+        settings=settings,
         stats_setting=None,
-    )  # fmt: skip
+    )
     try:
         assert wait_workers(workers, timeout=60) == [0] * count, workers[0].log_tail()
     finally:
@@ -123,13 +127,20 @@ def test_scrapy_redis_project_runs_unchanged(
     and a seed pushed again by a recurring crawl: all as in scrapy-redis."""
     project = make_project(tmp_path / "project")
     # REDIS_HOST/REDIS_PORT point nowhere: the URL wins, with a warning
-    settings = {"REDIS_URL": redis_url, "REDIS_HOST": "unreachable.invalid", "REDIS_PORT": 1,
-                "SCHEDULER_JOB_ID": name}  # fmt: skip
+    settings = {
+        "REDIS_URL": redis_url,
+        "REDIS_HOST": "unreachable.invalid",
+        "REDIS_PORT": 1,
+        "SCHEDULER_JOB_ID": name,
+    }
     seeds = f"follow:{name}:start_urls"
     with TestSite(pages=30) as site:
-        client.lpush(seeds, json.dumps(
-            {"url": site.page_url(0), "meta": {"job-id": "j1"}, "url_cookie_key": "abc"}
-        ))  # fmt: skip
+        client.lpush(
+            seeds,
+            json.dumps(
+                {"url": site.page_url(0), "meta": {"job-id": "j1"}, "url_cookie_key": "abc"}
+            ),
+        )
         (log,) = crawl(project, "follow", tmp_path / "run1", settings)
         assert "REDIS_URL is set together with REDIS_HOST, REDIS_PORT" in log
         assert "SCHEDULER_SERIALIZER uses pickle" in log
@@ -173,8 +184,12 @@ def test_custom_base_queue_crawls_unleased_with_two_workers(
 ) -> None:
     project = make_project(tmp_path / "project")
     (project / "legacy" / "queues.py").write_text(QUEUES)
-    settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name, "SCHEDULER_PERSIST": False,
-                "SCHEDULER_QUEUE_CLASS": "legacy.queues.ListQueue"}  # fmt: skip
+    settings = {
+        "REDIS_URL": redis_url,
+        "SCHEDULER_JOB_ID": name,
+        "SCHEDULER_PERSIST": False,
+        "SCHEDULER_QUEUE_CLASS": "legacy.queues.ListQueue",
+    }
     with TestSite(pages=60, delay=0.05) as site:
         client.lpush(f"follow:{name}:start_urls", site.page_url(0))
         logs = crawl(project, "follow", tmp_path / "logs", settings, count=2)
@@ -193,8 +208,7 @@ def test_plain_spider_start_url_once_with_two_workers(
     # slow pages, so the crawl lasts longer than the gap between the workers' starts
     with TestSite(pages=60, delay=1.0) as site:
         set_start_url(project, site.page_url(0))
-        settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name,
-                    "CLOSE_WHEN_CRAWL_DONE": True}  # fmt: skip
+        settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name, "CLOSE_WHEN_CRAWL_DONE": True}
         crawl(project, "plain", tmp_path / "logs", settings, count=2)
         hits = site.hits()
     assert set(hits) == site.expected_paths()
@@ -236,8 +250,10 @@ def test_scrapy_redis_names() -> None:
     assert (SpiderQueue, SpiderStack, SpiderPriorityQueue) == (FifoQueue, LifoQueue, PriorityQueue)
     assert RedisMixin is RedisSpiderMixin
     assert list(inspect.signature(RFPDupeFilter).parameters)[:3] == [
-        "backend", "fingerprinter", "debug"
-    ]  # fmt: skip
+        "backend",
+        "fingerprinter",
+        "debug",
+    ]
     assert callable(Scheduler.flush)
 
 
@@ -456,7 +472,7 @@ def test_redis_key_list_is_read_in_priority_order(
 
 def test_status_reads_the_first_of_several_seed_keys() -> None:
     from scrapy_dist.addon import with_defaults
-    from scrapy_dist.monitor import CrawlLayout
+    from scrapy_dist.status import CrawlLayout
 
     layout = CrawlLayout.from_settings(with_defaults(Settings()), "books", _TwoKeys)
     assert layout.seeds == "books:urgent"

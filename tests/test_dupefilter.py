@@ -1,6 +1,6 @@
 """The dupefilter: fingerprints, the local cache, stats and logs, under both schedulers.
 
-The backends it stores fingerprints in have their own tests (``test_backends.py``).
+The backends it stores fingerprints in have their own tests (``test_filters.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.backends import BitmapBloomBackend, DupefilterFull, RedisBloomBackend, SetBackend
 from scrapy_dist.bloom import BloomParams, LocalBloom
 from scrapy_dist.dupefilter import LocalSet, RFPDupeFilter
+from scrapy_dist.filters import BitmapBloomBackend, DupefilterFull, RedisBloomBackend, SetBackend
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.scheduler import Scheduler
 

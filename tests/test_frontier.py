@@ -30,6 +30,8 @@ def _progress(progress: Progress | None) -> Progress:
     """A progress report; None would mean Redis did not answer."""
     assert progress is not None
     return progress
+
+
 FAST = {
     "SCHEDULER_LEASE_TIMEOUT": 0.6,
     "SCHEDULER_HEARTBEAT_INTERVAL": 0.15,

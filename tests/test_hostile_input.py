@@ -59,7 +59,7 @@ PAGES = 200
 CRAWL_TIMEOUT = 90.0
 
 #: A module that proves it was imported by writing a marker file.
-MARKER_MODULE = '''
+MARKER_MODULE = """
 import os
 from pathlib import Path
 
@@ -70,7 +70,7 @@ Path(os.environ["HOSTILE_MARKER"]).write_text("imported")
 
 class Evil(Request):
     pass
-'''
+"""
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -79,9 +79,15 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in hidden}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "scrapy_dist", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "scrapy_dist", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 class UserSpider(RedisSpider):
@@ -105,10 +111,24 @@ class UserSpider(RedisSpider):
 
 @pytest.mark.parametrize(
     "name",
-    ["__init__", "_parse_detail", "_set_crawler", "start", "closed", "make_request_from_data",
-     "schedule_next_requests", "update_settings", "from_crawler", "logger", "name", "missing",
-     "log", "parse_item()", ""],
-)  # fmt: skip
+    [
+        "__init__",
+        "_parse_detail",
+        "_set_crawler",
+        "start",
+        "closed",
+        "make_request_from_data",
+        "schedule_next_requests",
+        "update_settings",
+        "from_crawler",
+        "logger",
+        "name",
+        "missing",
+        "log",
+        "parse_item()",
+        "",
+    ],
+)
 def test_seed_callbacks_name_only_public_methods_of_the_users_spider(name: str) -> None:
     assert callbacks.refusal(UserSpider, name, public_only=True) is not None
     for field in ("callback", "errback"):
@@ -141,18 +161,27 @@ def test_queue_entry_callbacks_allow_private_user_methods_and_rule_callbacks() -
 
 @pytest.mark.parametrize(
     "meta",
-    [{"proxy": "http://attacker.example:8080"}, {"bindaddress": ["10.0.0.1", 0]},
-     {"download_slot": "x"}, {"dont_proxy": True}, {"_auth_proxy": "x"},
-     {"download_timeout": 99999}],
-)  # fmt: skip
+    [
+        {"proxy": "http://attacker.example:8080"},
+        {"bindaddress": ["10.0.0.1", 0]},
+        {"download_slot": "x"},
+        {"dont_proxy": True},
+        {"_auth_proxy": "x"},
+        {"download_timeout": 99999},
+    ],
+)
 def test_seed_meta_cannot_change_where_a_worker_connects(meta: dict[str, Any]) -> None:
     raw = json.dumps({"url": "https://a.example/", "meta": meta})
     with pytest.raises(InvalidSeed, match="SEED_ALLOWED_META"):
         parse_seed(raw)
     assert parse_seed(raw, allowed_meta=list(meta)).meta == meta
     harmless = {"page": 3, "cookiejar": 1, **meta}
-    assert parse_seed(json.dumps({"url": "https://a.example/", "meta": harmless}),
-                      allowed_meta=list(meta)).meta == harmless  # fmt: skip
+    assert (
+        parse_seed(
+            json.dumps({"url": "https://a.example/", "meta": harmless}), allowed_meta=list(meta)
+        ).meta
+        == harmless
+    )
 
 
 @pytest.mark.parametrize("priority", [10**400, PRIORITY_MAX + 1, -(PRIORITY_MAX + 1)])
@@ -164,9 +193,11 @@ def test_seed_priority_is_bounded_to_what_a_queue_score_stores(priority: int) ->
 
 @pytest.mark.parametrize(
     "raw",
-    ["[" * 10_000 + "]" * 10_000,
-     '{"url": "https://a.example/", "meta": {"a": ' + "[" * 10_000 + "]" * 10_000 + "}}"],
-)  # fmt: skip
+    [
+        "[" * 10_000 + "]" * 10_000,
+        '{"url": "https://a.example/", "meta": {"a": ' + "[" * 10_000 + "]" * 10_000 + "}}",
+    ],
+)
 def test_deeply_nested_seed_is_a_clean_rejection(raw: str) -> None:
     with pytest.raises(InvalidSeed):
         parse_seed(raw)
@@ -181,7 +212,7 @@ def test_push_rejects_bad_lines_and_pushes_the_valid_ones(
     lines = [
         b"https://a.example/1",
         b"[" * 10_000 + b"]" * 10_000,
-        b'{"url": "https://a.example/2", "meta": ' + b"{\"a\": " * 5_000 + b"1" + b"}" * 5_001,
+        b'{"url": "https://a.example/2", "meta": ' + b'{"a": ' * 5_000 + b"1" + b"}" * 5_001,
         b'{"url": "https://a.example/3", "priority": 1' + b"0" * 400 + b"}",
         b'{"url": "https://a.example/4", "callback": "__init__"}',
         b'{"url": "https://a.example/5", "meta": {"proxy": "http://attacker.example:8080"}}',
@@ -189,8 +220,17 @@ def test_push_rejects_bad_lines_and_pushes_the_valid_ones(
     ]
     seeds = tmp_path / "seeds.txt"
     seeds.write_bytes(b"\n".join(lines) + b"\n")
-    done = _cli("push", "pages", "--file", str(seeds), "--job", name, "--redis-url", redis_url,
-               cwd=TEST_PROJECT)  # fmt: skip
+    done = _cli(
+        "push",
+        "pages",
+        "--file",
+        str(seeds),
+        "--job",
+        name,
+        "--redis-url",
+        redis_url,
+        cwd=TEST_PROJECT,
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     for number in (2, 3, 4, 5, 6):
@@ -290,14 +330,16 @@ def test_queue_entry_url_schemes_are_http_unless_widened(url: str) -> None:
 
 @pytest.mark.parametrize(
     "entry",
-    [b'{"url": "https://a.example/", "callback": "__init__"}',
-     b'{"url": "https://a.example/", "errback": "_set_crawler"}',
-     b'{"url": "https://a.example/", "callback": "start"}',
-     b'{"url": "https://a.example/", "priority": 1' + b"0" * 400 + b"}",
-     b'{"url": "https://a.example/\xff\xfe"}',
-     b'{"url": "https://a.example/", "meta": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
-     b"\xff\xfe\x00garbage"],
-)  # fmt: skip
+    [
+        b'{"url": "https://a.example/", "callback": "__init__"}',
+        b'{"url": "https://a.example/", "errback": "_set_crawler"}',
+        b'{"url": "https://a.example/", "callback": "start"}',
+        b'{"url": "https://a.example/", "priority": 1' + b"0" * 400 + b"}",
+        b'{"url": "https://a.example/\xff\xfe"}',
+        b'{"url": "https://a.example/", "meta": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+        b"\xff\xfe\x00garbage",
+    ],
+)
 def test_bad_queue_entries_are_a_serialization_error(entry: bytes) -> None:
     with pytest.raises(SerializationError):
         _codec().decode(entry)
@@ -369,9 +411,18 @@ NON_UTF8_PAYLOAD = pickle.dumps(
 
 @pytest.mark.parametrize(
     "data",
-    [b"plain", "caf\u00e9 \u2028 \U0001f600".encode(), b"\xff", b"\xc0\x80", b"\xed\xa0\x80",
-     b"\xf4\x90\x80\x80", b"\xe2\x82", b"a\x00b\"\\/\n\x7f", bytes(range(256))],
-)  # fmt: skip
+    [
+        b"plain",
+        "caf\u00e9 \u2028 \U0001f600".encode(),
+        b"\xff",
+        b"\xc0\x80",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xe2\x82",
+        b'a\x00b"\\/\n\x7f',
+        bytes(range(256)),
+    ],
+)
 @pytestmark_redis
 def test_lua_writes_the_python_record_format(client: redis.Redis, data: bytes) -> None:
     lua = scripts_for(client)
@@ -482,12 +533,14 @@ def hostile_crawl(
     hostile_seeds = [
         json.dumps({"url": off_site[0], "callback": "__init__"}).encode(),
         json.dumps({"url": off_site[1], "callback": "_set_crawler"}).encode(),
-        json.dumps({"url": off_site[2], "meta": {"proxy": f"http://127.0.0.1:{proxy.port}"}}).encode(),
+        json.dumps(
+            {"url": off_site[2], "meta": {"proxy": f"http://127.0.0.1:{proxy.port}"}}
+        ).encode(),
         f'{{"url": "{off_site[3]}", "priority": 1{"0" * 400}}}'.encode(),
         b'{"url": "' + off_site[4].encode() + b'", "meta": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
         b"[" * 10_000,
         off_site[5].encode() + b"/\xff\xfe",
-    ]  # fmt: skip
+    ]
     deep = b"[" * 10_000 + b"]" * 10_000
     hostile_entries = [
         json.dumps({"url": off_site[6], "_class": "hostile_marker.Evil"}).encode(),
@@ -496,7 +549,7 @@ def hostile_crawl(
         json.dumps({"url": off_site[8], "errback": "close"}).encode(),
         b'{"url": "' + off_site[9].encode() + b'\xff"}',
         b'{"url": "' + off_site[10].encode() + b'", "meta": ' + deep + b"}",
-    ]  # fmt: skip
+    ]
     # an entry without the 16-digit id enqueue.lua writes, and not UTF-8 either
     malformed = [b"\xff\xfe not an entry", b'{"url": "' + off_site[11].encode() + b'"}']
     try:
@@ -519,10 +572,18 @@ def hostile_crawl(
     logs = "".join(w.log_file.read_text(errors="replace") for w in workers)
     records = [deadletter.parse(raw) for raw in _raw(client.lrange("pages:dead", 0, -1))]
     return HostileCrawl(
-        statuses=statuses, workers=workers, hits=site.hits(), marker=marker, proxy=proxy,
-        secret=secret, logs=logs, records=records, hostile_seeds=hostile_seeds,
-        hostile_entries=hostile_entries, malformed=malformed,
-    )  # fmt: skip
+        statuses=statuses,
+        workers=workers,
+        hits=site.hits(),
+        marker=marker,
+        proxy=proxy,
+        secret=secret,
+        logs=logs,
+        records=records,
+        hostile_seeds=hostile_seeds,
+        hostile_entries=hostile_entries,
+        malformed=malformed,
+    )
 
 
 def test_hostile_crawl_finishes_with_every_good_page_once(
@@ -606,17 +667,21 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
-    options = ["--redis-url", redis_url, "-s", "SCHEDULER_SERIALIZER=pickle",
-               "-s", "REDIS_ENCODING=latin-1"]  # fmt: skip
+    options = [
+        "--redis-url",
+        redis_url,
+        "-s",
+        "SCHEDULER_SERIALIZER=pickle",
+        "-s",
+        "REDIS_ENCODING=latin-1",
+    ]
     assert main(["dead", "list", name, "--json", *options]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["kind"] for r in listed] == ["seed", "request", "seed", "request"]
     assert [deadletter.data_of(r) for r in listed] == [NON_UTF8_SEED, NON_UTF8_PAYLOAD] * 2
     assert all(r["reason"] for r in listed)
 
-    assert main(["dead", "requeue", name, "--all", *options]) == 0, (
-        capsys.readouterr()
-    )
+    assert main(["dead", "requeue", name, "--all", *options]) == 0, capsys.readouterr()
     assert client.llen(keys.dead) == 0
     assert client.lrange(keys.start_urls, 0, -1) == [NON_UTF8_SEED, NON_UTF8_SEED]
     payloads = [entry[16:] for entry in client.zrange(keys.requests, 0, -1)]
@@ -634,9 +699,13 @@ def test_a_pickled_entry_with_a_huge_priority_is_a_serialization_error() -> None
 
 @pytestmark_redis
 def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
-    redis_url: str, client: redis.Redis, name: str, capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:  # fmt: skip
+    redis_url: str,
+    client: redis.Redis,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
     from scrapy_dist.cli import main
 
     dead = deadletter.DeadLetters(client, f"{name}:dead", "w")
@@ -665,9 +734,25 @@ def test_lua_utf8_check_agrees_with_python(client: redis.Redis) -> None:
     from scrapy_dist.scripts import source
 
     rng = random.Random(11)
-    pieces = [b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x90\x80\x80",
-              b"\xf4\x8f\xbf\xbf", b"\x80", b"\xbf", b"\xc0", b"\xc1", b"\xe0", b"\xed", b"\xf4",
-              b"\xf5", b"\xff", b"a", b"\x00"]  # fmt: skip
+    pieces = [
+        b"\xc2\x80",
+        b"\xdf\xbf",
+        b"\xe0\xa0\x80",
+        b"\xed\x9f\xbf",
+        b"\xf0\x90\x80\x80",
+        b"\xf4\x8f\xbf\xbf",
+        b"\x80",
+        b"\xbf",
+        b"\xc0",
+        b"\xc1",
+        b"\xe0",
+        b"\xed",
+        b"\xf4",
+        b"\xf5",
+        b"\xff",
+        b"a",
+        b"\x00",
+    ]
     samples = [b"".join(rng.choices(pieces, k=rng.randint(1, 6))) for _ in range(3000)]
     samples += [bytes(rng.randrange(256) for _ in range(rng.randint(1, 8))) for _ in range(3000)]
     script = client.register_script(
@@ -702,9 +787,23 @@ def test_a_worker_refuses_to_start_on_an_engine_without_what_it_reads(
     for name in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT"):
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, "-m", "scrapy", "crawl", "pages", "-s", f"REDIS_URL={server.url}",
-         "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2"],
-        cwd=TEST_PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scrapy",
+            "crawl",
+            "pages",
+            "-s",
+            f"REDIS_URL={server.url}",
+            "-s",
+            "MAX_IDLE_TIME_BEFORE_CLOSE=2",
+        ],
+        cwd=TEST_PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"Scrapy {scrapy.__version__} has no engine._slot.renamed_attribute" in done.stderr

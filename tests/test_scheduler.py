@@ -102,7 +102,7 @@ def test_priority_order_and_fifo_ties(open_scheduler: Callable[..., Scheduler]) 
     scheduler = open_scheduler()
     for path, priority in [("l", -1), ("m1", 0), ("h", 5), ("m2", 0), ("m3", 0)]:
         scheduler.enqueue_request(Request(URL + path, priority=priority))
-    assert [r.url[len(URL):] for r in drain(scheduler)] == ["h", "m1", "m2", "m3", "l"]
+    assert [r.url[len(URL) :] for r in drain(scheduler)] == ["h", "m1", "m2", "m3", "l"]
 
 
 @pytest.mark.parametrize(
@@ -256,9 +256,15 @@ def test_unreachable_redis_at_open(
     assert re.search(r"127\.0\.0\.1.*REDIS_URL", record.getMessage())
     assert "pw" not in record.getMessage()
     # without a crawler to report to, the scheduler raises
-    scheduler = Scheduler(frontier=scheduler.frontier, dupefilter=scheduler.df,
-                          serializer=scheduler.serializer, registry=scheduler.registry,
-                          dead=scheduler.dead, stats=scheduler.stats, in_flight=tuple)  # fmt: skip
+    scheduler = Scheduler(
+        frontier=scheduler.frontier,
+        dupefilter=scheduler.df,
+        serializer=scheduler.serializer,
+        registry=scheduler.registry,
+        dead=scheduler.dead,
+        stats=scheduler.stats,
+        in_flight=tuple,
+    )
     assert crawler.spider is not None
     with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as raised:
         scheduler.open(crawler.spider)
@@ -266,9 +272,11 @@ def test_unreachable_redis_at_open(
 
 
 def test_wrong_password_at_open(
-    make_crawler: Callable[..., Crawler], client: redis.Redis, name: str,
+    make_crawler: Callable[..., Crawler],
+    client: redis.Redis,
+    name: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     port = client.connection_pool.connection_kwargs["port"]
     client.acl_setuser(name, enabled=True, passwords=["+right"], commands=["+@all"], keys=["*"])
     try:
@@ -289,7 +297,7 @@ def test_wrong_password_at_open(
 @pytest.mark.parametrize(
     "settings",
     [
-        {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.backends.SetBackend"},
+        {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.filters.SetBackend"},
         {"SCHEDULER_PREFETCH": -1},
         {"SCHEDULER_FLUSH_INTERVAL": -1},
         {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},
@@ -386,9 +394,11 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
 
 
 def test_open_names_the_keys_and_hints_at_a_misspelled_seeds_key(
-    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    open_scheduler: Callable[..., Scheduler],
+    client: redis.Redis,
+    name: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     client.rpush(f"{name}s:start_urls", "https://e.com/")  # the spider is "<name>"
     client.rpush(f"{name}:job7:start_urls", "https://e.com/")  # a job suffix apart
     client.rpush(f"{name}zzzzzzzzzzzz:start_urls", "https://e.com/")  # another crawl
@@ -404,9 +414,11 @@ def test_open_names_the_keys_and_hints_at_a_misspelled_seeds_key(
 
 
 def test_no_hint_when_the_seeds_key_has_seeds(
-    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    open_scheduler: Callable[..., Scheduler],
+    client: redis.Redis,
+    name: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     client.rpush(f"{name}:start_urls", "https://e.com/")
     client.rpush(f"{name}s:start_urls", "https://e.com/")
     with caplog.at_level(logging.WARNING):

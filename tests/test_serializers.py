@@ -46,8 +46,19 @@ def rich_request(spider: MySpider) -> Request:
 
 def same(a: Request, b: Request) -> None:
     assert type(a) is type(b)
-    for attr in ("url", "method", "body", "cookies", "meta", "cb_kwargs", "priority",
-                 "dont_filter", "flags", "callback", "errback"):  # fmt: skip
+    for attr in (
+        "url",
+        "method",
+        "body",
+        "cookies",
+        "meta",
+        "cb_kwargs",
+        "priority",
+        "dont_filter",
+        "flags",
+        "callback",
+        "errback",
+    ):
         assert getattr(a, attr) == getattr(b, attr), attr
     assert a.headers == b.headers
 

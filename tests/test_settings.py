@@ -87,9 +87,7 @@ def test_built_once_per_crawler() -> None:
 
 
 def test_built_from_the_settings_after_the_add_ons() -> None:
-    crawler = get_crawler(
-        settings_dict={"ADDONS": {DistAddon: 0}, "SCHEDULER_LEASE_TIMEOUT": 60}
-    )
+    crawler = get_crawler(settings_dict={"ADDONS": {DistAddon: 0}, "SCHEDULER_LEASE_TIMEOUT": 60})
     c = assemble(crawler).config
     assert c.frontier.lease_timeout == 60  # the project's value wins over the add-on's
     assert c.components.scheduler == "scrapy_dist.scheduler.Scheduler"  # the add-on's
@@ -212,8 +210,7 @@ ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (
         {"DUPEFILTER_BACKEND": "x"},
         "dupefilter",
-        "DUPEFILTER_BACKEND must be one of 'set', 'bloom', 'bitmap', 'redisbloom', 'auto', "
-        "not 'x'",
+        "DUPEFILTER_BACKEND must be one of 'set', 'bloom', 'bitmap', 'redisbloom', 'auto', not 'x'",
     ),
     (
         {"DUPEFILTER_TTL": "abc"},

@@ -152,15 +152,19 @@ def test_start_refuses_a_seeds_key_of_the_wrong_type(
     assert client.scard(s.redis_key) == 1
 
 
-def test_spider_arguments_are_coerced(
-    make_crawler: Callable[..., Crawler], name: str
-) -> None:
+def test_spider_arguments_are_coerced(make_crawler: Callable[..., Crawler], name: str) -> None:
     """``scrapy crawl -a`` passes strings."""
 
     class Args(Spider):
         def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**{"max_idle_time": "4", "redis_batch_size": "3",
-                                "redis_key": "%(name)s:mine", **kwargs})  # fmt: skip
+            super().__init__(
+                **{
+                    "max_idle_time": "4",
+                    "redis_batch_size": "3",
+                    "redis_key": "%(name)s:mine",
+                    **kwargs,
+                }
+            )
 
     s = make_crawler(spidercls=Args).spider
     assert isinstance(s, Args)
@@ -174,10 +178,16 @@ def test_spider_arguments_are_coerced(
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("max_idle_time", "soon"), ("max_idle_time", "-1"), ("redis_batch_size", "0"),
-     ("redis_batch_size", "2.5"), ("redis_batch_size", "1000000000"),
-     ("redis_encoding", "klingon"), ("redis_key", " ")],
-)  # fmt: skip
+    [
+        ("max_idle_time", "soon"),
+        ("max_idle_time", "-1"),
+        ("redis_batch_size", "0"),
+        ("redis_batch_size", "2.5"),
+        ("redis_batch_size", "1000000000"),
+        ("redis_encoding", "klingon"),
+        ("redis_key", " "),
+    ],
+)
 def test_bad_spider_arguments_fail_the_start(
     make_crawler: Callable[..., Crawler], argument: str, value: str
 ) -> None:

@@ -355,6 +355,15 @@ def test_worker_command() -> None:
         spider_args={"a": 1},
     )
     assert command == [
-        sys.executable, "-m", "scrapy", "crawl", "pages",
-        "-s", "REDIS_URL=redis://x", "-s", "SCHEDULER_PERSIST=True", "-a", "a=1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "scrapy",
+        "crawl",
+        "pages",
+        "-s",
+        "REDIS_URL=redis://x",
+        "-s",
+        "SCHEDULER_PERSIST=True",
+        "-a",
+        "a=1",
+    ]

@@ -92,8 +92,11 @@ def test_redis_crawl_spider_with_rules(project: Project) -> None:
 @pytest.mark.parametrize("kind", ["list", "set", "zset"])
 def test_seeds_of_every_kind(project: Project, kind: str) -> None:
     """Seeds in a list, set or zset, pushed with redis commands and ``scrapy-dist push``."""
-    settings = {"list": "", "set": "REDIS_START_URLS_AS_SET = True\n",
-                "zset": "REDIS_START_URLS_AS_ZSET = True\n"}[kind]  # fmt: skip
+    settings = {
+        "list": "",
+        "set": "REDIS_START_URLS_AS_SET = True\n",
+        "zset": "REDIS_START_URLS_AS_ZSET = True\n",
+    }[kind]
     # seeds pushed after their pages were crawled through links are filtered here: seeds
     # skip the dupefilter by default now (scrapy-redis's REDIS_START_URLS_DONT_FILTER)
     project.add_settings(
@@ -130,9 +133,10 @@ def test_bad_seeds_dead_lettered_once_and_crawl_ends(project: Project) -> None:
     come back (and be dead-lettered again) well within the crawl.
     """
     project.add_settings(
-        settings_block(project) + DONE
+        settings_block(project)
+        + DONE
         + "SCHEDULER_LEASE_TIMEOUT = 3\nSCHEDULER_HEARTBEAT_INTERVAL = 1\n"
-    )  # fmt: skip
+    )
     workers = project.crawl(2)
     with project.client() as client:
         for i, bad in enumerate(BAD_SEEDS):

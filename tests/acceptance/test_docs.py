@@ -22,7 +22,7 @@ def test_keda_redis_trigger_reads_only_what_the_example_defines() -> None:
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 #: A file or directory of the repository, as the page names one: ``scrapy_dist/keys.py``,
-#: ``scrapy_dist/backends/``, ``tests/test_cli.py``, ``docs/cli.md``.
+#: ``scrapy_dist/filters/``, ``tests/test_cli.py``, ``docs/cli.md``.
 _REPO_PATH = re.compile(r"\b((?:scrapy_dist|tests|benchmarks|example|scripts|docs)/[\w./-]*\w/?)")
 #: A Lua script named by its place in ``scrapy_dist/``: ``lua/reserve.lua``, ``_fence.lua``.
 _LUA = re.compile(r"(?<![\w/])((?:lua/)?_?\w+\.lua)\b")

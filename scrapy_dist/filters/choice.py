@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from scrapy_dist.backends.base import REDISBLOOM_TYPES, type_of, wrong_type
-from scrapy_dist.backends.bitmap import BitmapBloomBackend
-from scrapy_dist.backends.exact import SetBackend
-from scrapy_dist.backends.redisbloom import RedisBloomBackend, has_redisbloom
 from scrapy_dist.bloom import BloomParams, fit_segments
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters.base import REDISBLOOM_TYPES, type_of, wrong_type
+from scrapy_dist.filters.bitmap import BitmapBloomBackend
+from scrapy_dist.filters.exact import SetBackend
+from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
 from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from scrapy.settings import BaseSettings
 
-    from scrapy_dist.backends.base import DupefilterBackend
+    from scrapy_dist.filters.base import DupefilterBackend
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.settings import BloomSize, DupefilterConfig
 

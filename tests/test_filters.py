@@ -28,7 +28,10 @@ import redis
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.backends import (
+from scrapy_dist.bloom import MAX_STAGES, BloomParams, bloom_chain
+from scrapy_dist.dupefilter import RFPDupeFilter
+from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
+from scrapy_dist.filters import (
     BackendChoice,
     BitmapBloomBackend,
     DupefilterBackend,
@@ -38,10 +41,7 @@ from scrapy_dist.backends import (
     backend_from_settings,
     filter_error,
 )
-from scrapy_dist.backends.bitmap import GROWTH_GUARD
-from scrapy_dist.bloom import MAX_STAGES, BloomParams, bloom_chain
-from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
+from scrapy_dist.filters.bitmap import GROWTH_GUARD
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.scripts import source

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import redis
 
-from scrapy_dist.backends.base import (
+from scrapy_dist.bloom import GROWTH, bloom_chain, chain_false_positive_rate
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters.base import (
     REDISBLOOM_TYPES,
     FilterState,
     ScriptedBackend,
@@ -19,8 +21,6 @@ from scrapy_dist.backends.base import (
     type_of,
     wrong_type,
 )
-from scrapy_dist.bloom import GROWTH, bloom_chain, chain_false_positive_rate
-from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.settings import check_on_full
 
 if TYPE_CHECKING:

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 import mmh3
 
-from scrapy_dist.backends.base import (
+from scrapy_dist.bloom import HASH_SEED, bloom_chain, chain_false_positive_rate, signature
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters.base import (
     FilterState,
     ScriptedBackend,
     expires_in,
@@ -23,8 +25,6 @@ from scrapy_dist.backends.base import (
     type_of,
     wrong_type,
 )
-from scrapy_dist.bloom import HASH_SEED, bloom_chain, chain_false_positive_rate, signature
-from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import check_on_full
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from scrapy_dist.backends.base import (
+from scrapy_dist.filters.base import (
     FilterState,
     ScriptedBackend,
     expires_in,

@@ -207,7 +207,7 @@ class DupefilterBackend(Protocol):
 
 class UnopenedBackend(Protocol):
     """What ``DUPEFILTER_BACKEND`` gives before any I/O: a :class:`DupefilterBackend`,
-    or a :class:`~scrapy_dist.backends.choice.BackendChoice` that picks one when it
+    or a :class:`~scrapy_dist.filters.choice.BackendChoice` that picks one when it
     opens. Either knows its keys and can delete them; :meth:`open` gives the backend
     that filters."""
 
