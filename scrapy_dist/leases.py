@@ -108,7 +108,7 @@ class LeaseClient:
             deliveries=k.deliveries,
             dead=k.dead,
             queue=self.queue.key,
-            seeds=(seeds or self.seeds).key,
+            seeds=(self.seeds if seeds is None else seeds).key,
             seq=k.seq,
             progress=k.progress,
             epoch_key=k.epoch,

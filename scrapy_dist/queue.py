@@ -105,6 +105,10 @@ class Base:
     def __len__(self) -> int:
         raise NotImplementedError
 
+    def __bool__(self) -> bool:
+        """Always true: ``len()`` is a Redis round trip, never a truth test."""
+        return True
+
     def push(self, request: Any, dupefilter: Any = None) -> Any:
         """Push a request."""
         raise NotImplementedError

@@ -394,6 +394,10 @@ class SeedQueue:
         else:
             target.rpush(self.key, *seeds)
 
+    def __bool__(self) -> bool:
+        """Always true: ``len()`` is a Redis round trip, never a truth test."""
+        return True
+
     def __len__(self) -> int:
         if self.kind == "set":
             return int(self.client.scard(self.key))
