@@ -37,7 +37,8 @@ from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 
 from scrapy_dist import callbacks
-from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
+from scrapy_dist.exceptions import InvalidSeed
+from scrapy_dist.keys import expect_type, key_type
 from scrapy_dist.serializers import PRIORITY_MAX
 
 if TYPE_CHECKING:
@@ -411,16 +412,19 @@ class SeedQueue:
         Raises:
             ConfigurationError: it holds another type; the message says which setting fits.
         """
-        actual = cast("bytes", self.client.type(self.key)).decode()
-        if actual in ("none", self.kind):
-            return
-        hint = {
+        hints = {
             "set": "set REDIS_START_URLS_AS_SET = True",
             "zset": "set REDIS_START_URLS_AS_ZSET = True",
             "list": "unset REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET",
-        }.get(actual, "delete the key")
-        raise ConfigurationError(
-            f"seeds key {self.key!r} holds a {actual}, but this crawl reads a {self.kind}: {hint}"
+        }
+        expect_type(
+            self.key,
+            key_type(self.client, self.key),
+            self.kind,
+            lambda actual: (
+                f"seeds key {self.key!r} holds a {actual}, but this crawl reads a "
+                f"{self.kind}: {hints.get(actual, 'delete the key')}"
+            ),
         )
 
 

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, cast
 from scrapy_dist.assembly import assemble
 from scrapy_dist.bloom import parse_signature
 from scrapy_dist.connection import describe
-from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
-from scrapy_dist.keys import RedisKeys, keys_from_config
+from scrapy_dist.keys import RedisKeys, expect_type, keys_from_config
 from scrapy_dist.queue import RedisQueue, leasable_queue
 from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
@@ -322,14 +321,16 @@ def check_type(key: str, actual: str, expected: str, role: str) -> None:
         ConfigurationError: it holds another type; the message names the key, both
             types and, for the seeds and the queue, the setting that fits what it holds.
     """
-    if actual in ("none", expected):
-        return
-    hint = _HINTS.get(role, {}).get(actual)
-    advice = f"; if that is right, {hint}" if hint else ""
-    raise ConfigurationError(
-        f"Redis key {key!r} ({role}) holds a {actual}, but these settings expect a "
-        f"{expected}{advice}"
-    )
+
+    def explain(actual: str) -> str:
+        hint = _HINTS.get(role, {}).get(actual)
+        advice = f"; if that is right, {hint}" if hint else ""
+        return (
+            f"Redis key {key!r} ({role}) holds a {actual}, but these settings expect a "
+            f"{expected}{advice}"
+        )
+
+    expect_type(key, actual, expected, explain)
 
 
 def read_status(

@@ -267,10 +267,10 @@ def check_key(client: redis.Redis, key: str, expected: str, role: str) -> None:
     Raises:
         ConfigurationError: it holds another type (exit status 2).
     """
+    from scrapy_dist.keys import key_type
     from scrapy_dist.status import check_type
 
-    actual = client.type(key)
-    check_type(key, actual.decode() if isinstance(actual, bytes) else str(actual), expected, role)
+    check_type(key, key_type(client, key), expected, role)
 
 
 def when(timestamp: float | None) -> str:

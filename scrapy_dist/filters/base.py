@@ -76,11 +76,6 @@ def text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def type_of(client: redis.Redis, key: str) -> str:
-    """``TYPE key`` as text (``"none"`` when it does not exist)."""
-    return text(client.type(key))
-
-
 def expires_in(pttl: object) -> float | None:
     """A ``PTTL`` reply in seconds; ``None`` for no expiry or no key."""
     ms = int(cast("int", pttl))
