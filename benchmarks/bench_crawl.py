@@ -415,8 +415,10 @@ def run_scaling(bench: Bench, args: argparse.Namespace) -> list[dict[str, Any]]:
         f"CONCURRENT_REQUESTS={args.scaling_concurrency} per worker "
         f"(ideal {ideal:g} pages/s/worker), Python site"
     )
-    print(f"{'workers':>7} {'pages':>7} {'seconds':>8} {'pages/s':>8} {'efficiency':>10} "
-          f"{'dup':>4} {'missing':>7}")  # fmt: skip
+    print(
+        f"{'workers':>7} {'pages':>7} {'seconds':>8} {'pages/s':>8} {'efficiency':>10} "
+        f"{'dup':>4} {'missing':>7}"
+    )
     for row in rows:
         eff = row["efficiency"]
         print(
@@ -447,19 +449,26 @@ def run_stall(bench: Bench, args: argparse.Namespace, table: list[Run]) -> dict[
             "missing": crawl.missing,
         }
     }
-    print(f"[idle] one scrapy_dist worker with nothing to do, {args.idle_seconds:g} s ...",
-          flush=True)  # fmt: skip
+    print(
+        f"[idle] one scrapy_dist worker with nothing to do, {args.idle_seconds:g} s ...", flush=True
+    )
     result["idle"] = idle_worker(bench, args.idle_seconds)
     idle = result["idle"]
     print()
     print("Issue 7 figures")
-    print(f"  max stall, 2-worker crawl ({crawl.pages} pages): {crawl.max_stall_s:.3f} s "
-          "(longest gap between fetches, all workers merged)")  # fmt: skip
-    print(f"  idle worker: {idle['commands_per_s']:.2f} Redis commands/s "
-          f"({idle['commands']} in {idle['seconds']:g} s: {idle['by_command']}), "
-          f"{idle['round_trips_per_s']:.2f} round trips/s at the client")  # fmt: skip
-    print(f"  seed pushed after the idle period: first fetch after "
-          f"{_fmt(idle['first_fetch_s'], '{:.3f}')} s")  # fmt: skip
+    print(
+        f"  max stall, 2-worker crawl ({crawl.pages} pages): {crawl.max_stall_s:.3f} s "
+        "(longest gap between fetches, all workers merged)"
+    )
+    print(
+        f"  idle worker: {idle['commands_per_s']:.2f} Redis commands/s "
+        f"({idle['commands']} in {idle['seconds']:g} s: {idle['by_command']}), "
+        f"{idle['round_trips_per_s']:.2f} round trips/s at the client"
+    )
+    print(
+        f"  seed pushed after the idle period: first fetch after "
+        f"{_fmt(idle['first_fetch_s'], '{:.3f}')} s"
+    )
     return result
 
 
@@ -578,9 +587,12 @@ def print_targets(runs: Sequence[Run], scaling: Sequence[dict[str, Any]]) -> Non
         where = f"{r.workers}w RTT {r.rtt_ms:g}"
         if r.round_trips_per_page is not None:
             checks.append(
-                (f"round trips/page <= 2 ({where})", r.round_trips_per_page <= 2,
-                 f"{r.round_trips_per_page:.2f}")
-            )  # fmt: skip
+                (
+                    f"round trips/page <= 2 ({where})",
+                    r.round_trips_per_page <= 2,
+                    f"{r.round_trips_per_page:.2f}",
+                )
+            )
         if r.ratio is not None:
             floor = 0.95 if r.rtt_ms == 0 else 0.9
             checks.append((f"ratio >= {floor} ({where})", r.ratio >= floor, f"{r.ratio:.2f}"))
@@ -588,14 +600,22 @@ def print_targets(runs: Sequence[Run], scaling: Sequence[dict[str, Any]]) -> Non
         if not r.capped and r.scheduler != "sredis":
             label = f"{SCHEDULERS[r.scheduler][1]} {r.workers}w RTT {r.rtt_ms:g}"
             ok = r.duplicates == 0 and r.missing == 0
-            checks.append((f"no duplicate, none missing ({label})", ok,
-                           f"{r.duplicates} dup, {r.missing} missing"))  # fmt: skip
+            checks.append(
+                (
+                    f"no duplicate, none missing ({label})",
+                    ok,
+                    f"{r.duplicates} dup, {r.missing} missing",
+                )
+            )
     for row in scaling:
         if row["efficiency"] is not None and row["workers"] > 1:
             checks.append(
-                (f"scaling efficiency >= 0.9 ({row['workers']} workers)",
-                 row["efficiency"] >= 0.9, f"{row['efficiency']:.2f}")
-            )  # fmt: skip
+                (
+                    f"scaling efficiency >= 0.9 ({row['workers']} workers)",
+                    row["efficiency"] >= 0.9,
+                    f"{row['efficiency']:.2f}",
+                )
+            )
     if not checks:
         return
     print()
@@ -687,9 +707,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or RESULTS / f"crawl-{stamp}.json"
     bench = Bench(args)
-    result: dict[str, Any] = {"machine": machine(), "args": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-    }}  # fmt: skip
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
     print(f"scrapy {scrapy.__version__}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}")
     runs: list[Run] = []
     scaling: list[dict[str, Any]] = []

@@ -38,15 +38,15 @@ import redis
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.backends import (
+from scrapy_dist.bloom import BloomParams, LocalBloom, fit_segments
+from scrapy_dist.dupefilter import LOCAL_ERROR_SHARE, RFPDupeFilter
+from scrapy_dist.filters import (
     BitmapBloomBackend,
     DupefilterBackend,
     RedisBloomBackend,
     SetBackend,
     has_redisbloom,
 )
-from scrapy_dist.bloom import BloomParams, LocalBloom, fit_segments
-from scrapy_dist.dupefilter import LOCAL_ERROR_SHARE, RFPDupeFilter
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.testing.redis_server import RedisServer
@@ -68,7 +68,7 @@ class CountingConnection(redis.Connection):
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         CountingConnection.sends += 1
-        super().send_packed_command(command, check_health)
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
 def counting_client(port: int) -> redis.Redis:
@@ -431,14 +431,24 @@ def run_site(port: int, pages: int) -> list[dict[str, Any]]:
 
 
 MEMORY_COLUMNS = [
-    "backend", "fingerprints", "memory_usage_per_fingerprint", "bytes_per_fingerprint", "keys",
+    "backend",
+    "fingerprints",
+    "memory_usage_per_fingerprint",
+    "bytes_per_fingerprint",
+    "keys",
     "fill_per_second",
-]  # fmt: skip
+]
 CHECK_COLUMNS = ["rtt", "backend", "mode", "checks_per_second", "round_trips_per_check"]
 SITE_COLUMNS = [
-    "workers", "local_cache", "remember_filtered", "one_call_per_page", "round_trips_per_page",
-    "redis_cpu_us_per_page", "local_hits_per_page", "us_per_page",
-]  # fmt: skip
+    "workers",
+    "local_cache",
+    "remember_filtered",
+    "one_call_per_page",
+    "round_trips_per_page",
+    "redis_cpu_us_per_page",
+    "local_hits_per_page",
+    "us_per_page",
+]
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

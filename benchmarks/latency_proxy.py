@@ -155,9 +155,13 @@ class LatencyProxy:
             RuntimeError: It exited or did not report its port in time.
         """
         command = [
-            sys.executable, str(Path(__file__).resolve()),
-            "--upstream", f"{_HOST}:{self.upstream_port}", "--rtt-ms", str(self.rtt * 1000),
-        ]  # fmt: skip
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--upstream",
+            f"{_HOST}:{self.upstream_port}",
+            "--rtt-ms",
+            str(self.rtt * 1000),
+        ]
         self._process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,

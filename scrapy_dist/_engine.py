@@ -61,10 +61,12 @@ def check(engine: Any) -> None:
             if obj is None:
                 break
         ok = obj is not None and (
-            callable(obj) if path.endswith("schedule")
-            else hasattr(obj, "__contains__") if path.endswith("inprogress")
+            callable(obj)
+            if path.endswith("schedule")
+            else hasattr(obj, "__contains__")
+            if path.endswith("inprogress")
             else True
-        )  # fmt: skip
+        )
         if not ok:
             raise ConfigurationError(
                 f"Scrapy {scrapy.__version__} has no engine.{path} ({meaning}), which "

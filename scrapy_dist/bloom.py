@@ -8,7 +8,7 @@ compute alike.
 
 Two users share it:
 
-* the Redis bitmap dupefilter (:mod:`scrapy_dist.backends.bitmap`), whose bits live
+* the Redis bitmap dupefilter (:mod:`scrapy_dist.filters.bitmap`), whose bits live
   in one or more Redis string keys ("segments", each at most :data:`SEGMENT_BITS`
   bits, the 512 MiB limit of a Redis string). Its Lua (``lua/_filters.lua``) derives
   the offsets below from the fingerprint's MurmurHash3, which the worker sends;

@@ -62,10 +62,7 @@ def refusal(spider: object, name: Any, *, public_only: bool) -> str | None:
     if name not in allowed_framework and any(
         _is_framework(c) and name in vars(c) for c in cls.__mro__
     ):
-        return (
-            f"{name!r} belongs to the framework's spider API, not to the spider's own "
-            "callbacks"
-        )
+        return f"{name!r} belongs to the framework's spider API, not to the spider's own callbacks"
     return None
 
 

@@ -295,8 +295,14 @@ class Requeuer:
             if isinstance(reply, Exception):
                 records = plan.request_records if name == "requests" else plan.seed_records
                 failed += [raw for _, raw in records]
-                plan.skipped += [(i, f"Redis refused the push ({reply}); the record was "
-                                     "appended to the list again") for i, _ in records]  # fmt: skip
+                plan.skipped += [
+                    (
+                        i,
+                        f"Redis refused the push ({reply}); the record was "
+                        "appended to the list again",
+                    )
+                    for i, _ in records
+                ]
                 setattr(plan, name, [])
         if failed:
             self.client.rpush(self.key, *failed)
@@ -340,8 +346,9 @@ class Requeuer:
         examined = position = 0
         while examined < total:
             count = min(REQUEUE_CHUNK, total - examined)
-            plan = self._run(partial(self._read_chunk, examined=examined, start=position,
-                                     count=count))  # fmt: skip
+            plan = self._run(
+                partial(self._read_chunk, examined=examined, start=position, count=count)
+            )
             if not plan.read:
                 break
             examined += plan.read

@@ -2,7 +2,7 @@
 
 :class:`RFPDupeFilter` hashes requests with the crawler's ``request_fingerprinter`` (so
 ``REQUEST_FINGERPRINTER_CLASS`` applies) and keeps them in a backend of
-:mod:`scrapy_dist.backends`, chosen by ``DUPEFILTER_BACKEND``: the exact set, a bitmap
+:mod:`scrapy_dist.filters`, chosen by ``DUPEFILTER_BACKEND``: the exact set, a bitmap
 Bloom filter, RedisBloom, or (``"bloom"``, ``"auto"``) whichever suits the server.
 In front of it sits a per-worker cache (:class:`LocalSet`, or a
 :class:`~scrapy_dist.bloom.LocalBloom` for Bloom backends) of fingerprints already
@@ -31,7 +31,10 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.request import RequestFingerprinter, referer_str
 
 from scrapy_dist.assembly import assemble
-from scrapy_dist.backends import (
+from scrapy_dist.bloom import BloomParams, LocalBloom
+from scrapy_dist.connection import get_redis_from_settings
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters import (
     BackendChoice,
     DupefilterBackend,
     DupefilterFull,
@@ -40,9 +43,6 @@ from scrapy_dist.backends import (
     backend_from_config,
     bloom_params_from_config,
 )
-from scrapy_dist.bloom import BloomParams, LocalBloom
-from scrapy_dist.connection import get_redis_from_settings
-from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from scrapy.utils.request import RequestFingerprinterProtocol
     from typing_extensions import Self
 
-    from scrapy_dist.backends import FilterState
+    from scrapy_dist.filters import FilterState
 
 #: :class:`DupefilterFull` is raised by :meth:`RFPDupeFilter.request_seen`: importable
 #: from here, where users meet it.
@@ -120,7 +120,7 @@ class RFPDupeFilter(BaseDupeFilter):
 
     Args:
         backend: where fingerprints are stored, or (``"bloom"``, ``"auto"``) a
-            :class:`~scrapy_dist.backends.BackendChoice` that picks the backend at
+            :class:`~scrapy_dist.filters.BackendChoice` that picks the backend at
             :meth:`open`.
         fingerprinter: the crawler's request fingerprinter.
         debug: log every filtered request, not only the first (``DUPEFILTER_DEBUG``).

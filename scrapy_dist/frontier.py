@@ -45,14 +45,24 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.backends import UnopenedBackend
+    from scrapy_dist.filters import UnopenedBackend
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend
     from scrapy_dist.scripts import ScriptCall
     from scrapy_dist.settings import Config
 
-__all__ = ["DEAD_NOW", "DONE", "FINISHED", "HAND_BACK", "REPLACED", "VANISHED", "Frontier",
-           "Lease", "Progress", "fenced"]  # fmt: skip
+__all__ = [
+    "DEAD_NOW",
+    "DONE",
+    "FINISHED",
+    "HAND_BACK",
+    "REPLACED",
+    "VANISHED",
+    "Frontier",
+    "Lease",
+    "Progress",
+    "fenced",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +71,8 @@ def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> Unope
     """The backend of the crawl's shared dupefilter, if the crawl has one (scrapy_dist's
     scheduler and dupefilter; no I/O): a crawl that does not persist deletes its keys
     with the frontier's, and a spider records its seeds' fingerprints there."""
-    from scrapy_dist.backends import backend_from_config
     from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler
+    from scrapy_dist.filters import backend_from_config
 
     try:
         df_cls = load_object(config.components.dupefilter)
@@ -316,8 +326,16 @@ class Frontier:
         dropped = self.outbox.drop()
         self.leases.forget_all()
         self.lost = state
-        log_gone(state, {"crawl": self.keys.crawl, "key": self.keys.epoch, "epoch": self.epoch,
-                         "found": found, "n": dropped})  # fmt: skip
+        log_gone(
+            state,
+            {
+                "crawl": self.keys.crawl,
+                "key": self.keys.epoch,
+                "epoch": self.epoch,
+                "found": found,
+                "n": dropped,
+            },
+        )
         self.stats.inc_value(f"scheduler/crawl_lost/{state}")
         for listener in self.on_lost:
             listener(state)

@@ -108,7 +108,7 @@ class LeaseClient:
             deliveries=k.deliveries,
             dead=k.dead,
             queue=self.queue.key,
-            seeds=(seeds or self.seeds).key,
+            seeds=(self.seeds if seeds is None else seeds).key,
             seq=k.seq,
             progress=k.progress,
             epoch_key=k.epoch,
@@ -174,8 +174,13 @@ class LeaseClient:
         self.forget(lease_id for lease_id, _ in outcomes)
         done, retried, dead, handed, lost = (int(x) for x in reply)
         stats = self._stats()
-        for name, n in (("acked", done), ("retried", retried), ("dead", dead),
-                        ("handed_back", handed), ("lease_lost", lost)):  # fmt: skip
+        for name, n in (
+            ("acked", done),
+            ("retried", retried),
+            ("dead", dead),
+            ("handed_back", handed),
+            ("lease_lost", lost),
+        ):
             if n:
                 stats.inc_value(f"scheduler/leases/{name}", n)
         if lost:

@@ -8,7 +8,7 @@ Enable with::
     METRICS_PORT = 9410
 
 Every ``METRICS_INTERVAL`` seconds the extension reads the crawl's state from Redis in
-one round trip (:func:`scrapy_dist.monitor.read_status`) and keeps the gauges;
+one round trip (:func:`scrapy_dist.status.read_status`) and keeps the gauges;
 ``GET /metrics`` serves them (Prometheus' text exposition format) from a small HTTP
 server on its own thread and never waits for Redis. The gauges are crawl-wide, labelled
 ``crawl`` (every worker of a crawl reports the same values; aggregate with ``max``):
@@ -39,9 +39,9 @@ from scrapy.exceptions import NotConfigured
 
 from scrapy_dist.assembly import assemble
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.monitor import CrawlLayout, read_status
 from scrapy_dist.settings import check_metrics
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT
+from scrapy_dist.status import CrawlLayout, read_status
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
-    from scrapy_dist.monitor import CrawlStatus
+    from scrapy_dist.status import CrawlStatus
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class CrawlMetrics:
 
     Args:
         crawl: the crawl name (the ``crawl`` label).
-        read: reads the crawl's status (:func:`~scrapy_dist.monitor.read_status`, bound).
+        read: reads the crawl's status (:func:`~scrapy_dist.status.read_status`, bound).
         counters: this process's counters now, ``name -> (help, value)`` (none if
             ``None``).
         max_age: if a number, :meth:`render` first reads the status again when the last
@@ -252,9 +252,11 @@ class MetricsServer(ThreadingHTTPServer):
     def start(self) -> None:
         """Serve on a daemon thread (returns at once); :meth:`stop` ends it."""
         self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.1},
-            name="scrapy-dist metrics", daemon=True,
-        )  # fmt: skip
+            target=self.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="scrapy-dist metrics",
+            daemon=True,
+        )
         self._thread.start()
 
     def stop(self) -> None:

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import redis
 
 from scrapy_dist import deadletter
-from scrapy_dist.backends import filter_error
 from scrapy_dist.connection import describe
 from scrapy_dist.exceptions import StaleFilterView
+from scrapy_dist.filters import filter_error
 from scrapy_dist.scripts import DONE
 
 if TYPE_CHECKING:
@@ -47,9 +47,18 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError
 #: few replicas, a replica or a loading server, a busy script, a cluster in transition,
 #: a key of the wrong type): keep the work, retry later.
 REFUSALS = frozenset(
-    {"OOM", "NOREPLICAS", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN",
-     "CLUSTERDOWN", "WRONGTYPE"}
-)  # fmt: skip
+    {
+        "OOM",
+        "NOREPLICAS",
+        "READONLY",
+        "LOADING",
+        "BUSY",
+        "MASTERDOWN",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "WRONGTYPE",
+    }
+)
 
 #: An enqueue to send: ``(payload, score, fingerprint)``.
 Item = tuple[bytes, float, bytes]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 from scrapy import Request as _Request
 
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import expect_type, key_type
 from scrapy_dist.scripts import ENTRY_ID_LEN, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 
@@ -104,6 +105,10 @@ class Base:
 
     def __len__(self) -> int:
         raise NotImplementedError
+
+    def __bool__(self) -> bool:
+        """Always true: ``len()`` is a Redis round trip, never a truth test."""
+        return True
 
     def push(self, request: Any, dupefilter: Any = None) -> Any:
         """Push a request."""
@@ -256,13 +261,15 @@ class RedisQueue(Base):
             ConfigurationError: the key holds another type, e.g. a list left by a
                 FIFO queue while ``SCHEDULER_QUEUE_CLASS`` now names the priority queue.
         """
-        actual = self.client.type(self.key)
-        actual = actual.decode() if isinstance(actual, bytes) else str(actual)
-        if actual not in ("none", self.kind):
-            raise ConfigurationError(
+        expect_type(
+            self.key,
+            key_type(self.client, self.key),
+            self.kind,
+            lambda actual: (
                 f"Redis key {self.key!r} holds a {actual} but {type(self).__name__} stores "
                 f"a {self.kind}; delete the key or choose the matching SCHEDULER_QUEUE_CLASS"
-            )
+            ),
+        )
 
 
 def leasable_queue(cls: object, path: object) -> type[RedisQueue]:

@@ -130,10 +130,13 @@ class Scheduler(BaseScheduler):
         fault_exit_code: int = 0,
     ) -> None:
         check_scheduler(
-            prefetch=prefetch, idle_before_close=idle_before_close, flush_interval=flush_interval,
-            heartbeat_interval=heartbeat_interval, worker_timeout=registry.timeout,
+            prefetch=prefetch,
+            idle_before_close=idle_before_close,
+            flush_interval=flush_interval,
+            heartbeat_interval=heartbeat_interval,
+            worker_timeout=registry.timeout,
             lease_timeout=frontier.lease_timeout,
-        )  # fmt: skip
+        )
         self.frontier, self.queue, self.registry = frontier, frontier.queue, registry
         self.df, self.serializer, self.dead, self.stats = dupefilter, serializer, dead, stats
         self.policy = policy or RequestPolicy()
@@ -145,19 +148,33 @@ class Scheduler(BaseScheduler):
             dupefilter if self.leased and isinstance(dupefilter, RFPDupeFilter) else None
         )
         self.deliveries = Deliveries(
-            frontier, in_flight=in_flight, stats=stats, prefetch=prefetch,
+            frontier,
+            in_flight=in_flight,
+            stats=stats,
+            prefetch=prefetch,
             max_held=max_held if max_held is not None else 3 * prefetch,
             on_empty=self._shared_df.forget_local if self._shared_df else lambda: None,
-        )  # fmt: skip
+        )
         self.membership = Membership(
-            frontier, registry, self.deliveries, dupefilter, shared_df=self._shared_df,
-            crawler=crawler, persist=persist or not self.leased, flush_on_start=flush_on_start,
+            frontier,
+            registry,
+            self.deliveries,
+            dupefilter,
+            shared_df=self._shared_df,
+            crawler=crawler,
+            persist=persist or not self.leased,
+            flush_on_start=flush_on_start,
             close_when_done=close_when_done,
-        )  # fmt: skip
+        )
         self.heartbeat = Heartbeat(
-            frontier, registry, self.deliveries, stats, heartbeat_interval=heartbeat_interval,
-            flush_interval=flush_interval, on_lost=self.membership.after_lost,
-        )  # fmt: skip
+            frontier,
+            registry,
+            self.deliveries,
+            stats,
+            heartbeat_interval=heartbeat_interval,
+            flush_interval=flush_interval,
+            on_lost=self.membership.after_lost,
+        )
         frontier.on_lost.append(self.membership.crawl_lost)
         self.spider: Spider | None = None
         self._codec: RequestCodec | None = None
@@ -299,9 +316,15 @@ class Scheduler(BaseScheduler):
         self.spider = spider
         self._codec = RequestCodec(self.serializer, spider, self.policy)
         self._enqueuer = Enqueuer(
-            self.frontier, self.df, shared_df=self._shared_df, dead=self.dead,
-            stats=self.stats, codec=self._codec, spider=spider, start_once=self.start_once,
-        )  # fmt: skip
+            self.frontier,
+            self.df,
+            shared_df=self._shared_df,
+            dead=self.dead,
+            stats=self.stats,
+            codec=self._codec,
+            spider=spider,
+            start_once=self.start_once,
+        )
         if self.crawler is not None and start_failure(self.crawler) is not None:
             self._not_started = FailedScheduler(self.crawler)
             return  # the spider's set-up failed and said why
@@ -312,12 +335,18 @@ class Scheduler(BaseScheduler):
         except (ScrapyDistError, redis.RedisError) as e:
             if self.crawler is None:
                 raise
-            reason = "configuration_error" if isinstance(e, ConfigurationError) else (
-                "redis_unavailable"
+            reason = (
+                "configuration_error"
+                if isinstance(e, ConfigurationError)
+                else ("redis_unavailable")
             )
-            message = str(e) if isinstance(e, ScrapyDistError) else (
-                f"Redis at {describe(self.queue.client)} refused to open crawl "
-                f"{self.frontier.keys.crawl}: {e}"
+            message = (
+                str(e)
+                if isinstance(e, ScrapyDistError)
+                else (
+                    f"Redis at {describe(self.queue.client)} refused to open crawl "
+                    f"{self.frontier.keys.crawl}: {e}"
+                )
             )
             fail_start(self.crawler, reason, f"Cannot start: {message}", spider)
             self._not_started = FailedScheduler(self.crawler)

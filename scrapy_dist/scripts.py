@@ -67,8 +67,19 @@ _USES = re.compile(r"^-- uses: (.+)$", re.MULTILINE)
 LUA_PACKAGE = "scrapy_dist.lua"
 
 #: Every script of the package (``lua/<name>.lua``), registered by :class:`Scripts`.
-NAMES = ("enqueue", "join", "leave", "heartbeat", "reserve", "settle", "renew", "progress",
-         "release", "dupefilter", "stats")  # fmt: skip
+NAMES = (
+    "enqueue",
+    "join",
+    "leave",
+    "heartbeat",
+    "reserve",
+    "settle",
+    "renew",
+    "progress",
+    "release",
+    "dupefilter",
+    "stats",
+)
 
 
 def _lua_literal(value: int | str) -> str:
@@ -222,8 +233,18 @@ class Scripts:
         entries taken from the queue (``origin`` :data:`FROM_QUEUE`) or the seeds key
         (:data:`FROM_SEEDS`) with the command ``take``."""
         keys = [leases, leased, deliveries, dead, queue, seeds, seq, progress, epoch_key, index]
-        args: list[Arg] = [origin, take, queue_put_back, seeds_put_back, count, duration, worker,
-                           max_deliveries, reclaim_limit, epoch]  # fmt: skip
+        args: list[Arg] = [
+            origin,
+            take,
+            queue_put_back,
+            seeds_put_back,
+            count,
+            duration,
+            worker,
+            max_deliveries,
+            reclaim_limit,
+            epoch,
+        ]
         return self._call("reserve", keys, args)
 
     def settle(

@@ -37,7 +37,8 @@ from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 
 from scrapy_dist import callbacks
-from scrapy_dist.exceptions import ConfigurationError, InvalidSeed
+from scrapy_dist.exceptions import InvalidSeed
+from scrapy_dist.keys import expect_type, key_type
 from scrapy_dist.serializers import PRIORITY_MAX
 
 if TYPE_CHECKING:
@@ -56,11 +57,19 @@ BODY_FIELDS = ("body", "json", "formdata")
 #: credentials, local address, download slot and its concurrency/delay, timeouts and
 #: size limits, robots.txt): refused in seeds unless ``SEED_ALLOWED_META`` lists them.
 #: Keys starting with ``_`` (Scrapy's and middlewares' private state) are refused too.
-CONNECTION_META = frozenset((
-    "proxy", "dont_proxy", "bindaddress", "download_slot", "download_timeout",
-    "download_maxsize", "download_warnsize", "download_fail_on_dataloss",
-    "dont_obey_robotstxt",
-))  # fmt: skip
+CONNECTION_META = frozenset(
+    (
+        "proxy",
+        "dont_proxy",
+        "bindaddress",
+        "download_slot",
+        "download_timeout",
+        "download_maxsize",
+        "download_warnsize",
+        "download_fail_on_dataloss",
+        "dont_obey_robotstxt",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -158,10 +167,11 @@ def check_meta(meta: dict[str, Any], allowed: Collection[str] = ()) -> None:
             ``allowed`` (``SEED_ALLOWED_META``) does not list.
     """
     refused = sorted(
-        k for k in meta
+        k
+        for k in meta
         if (k in CONNECTION_META or not isinstance(k, str) or k.startswith("_"))
         and k not in allowed
-    )  # fmt: skip
+    )
     if refused:
         names = ", ".join(repr(k)[:60] for k in refused)
         raise InvalidSeed(
@@ -268,7 +278,7 @@ def _parse(data: bytes | str, encoding: str, extra_as_formdata: bool = True) -> 
     text = data.strip()
     if not text:
         raise InvalidSeed("seed is empty")
-    if text[0] in "{[\"":
+    if text[0] in '{["':
         try:
             obj = json.loads(text)
         except (ValueError, RecursionError) as e:
@@ -385,6 +395,10 @@ class SeedQueue:
         else:
             target.rpush(self.key, *seeds)
 
+    def __bool__(self) -> bool:
+        """Always true: ``len()`` is a Redis round trip, never a truth test."""
+        return True
+
     def __len__(self) -> int:
         if self.kind == "set":
             return int(self.client.scard(self.key))
@@ -398,16 +412,19 @@ class SeedQueue:
         Raises:
             ConfigurationError: it holds another type; the message says which setting fits.
         """
-        actual = cast("bytes", self.client.type(self.key)).decode()
-        if actual in ("none", self.kind):
-            return
-        hint = {
+        hints = {
             "set": "set REDIS_START_URLS_AS_SET = True",
             "zset": "set REDIS_START_URLS_AS_ZSET = True",
             "list": "unset REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET",
-        }.get(actual, "delete the key")
-        raise ConfigurationError(
-            f"seeds key {self.key!r} holds a {actual}, but this crawl reads a {self.kind}: {hint}"
+        }
+        expect_type(
+            self.key,
+            key_type(self.client, self.key),
+            self.kind,
+            lambda actual: (
+                f"seeds key {self.key!r} holds a {actual}, but this crawl reads a "
+                f"{self.kind}: {hints.get(actual, 'delete the key')}"
+            ),
         )
 
 

@@ -210,8 +210,11 @@ def _import(path: str) -> Any:
 
 #: Scrapy's own request classes: a queue entry may always be rebuilt as one of them.
 BUILTIN_REQUEST_CLASSES: tuple[type[Request], ...] = (
-    Request, FormRequest, JsonRequest, XmlRpcRequest
-)  # fmt: skip
+    Request,
+    FormRequest,
+    JsonRequest,
+    XmlRpcRequest,
+)
 #: Largest priority magnitude: a queue score is a double, exact up to 2**53.
 PRIORITY_MAX = 2**53
 

@@ -819,6 +819,18 @@ class Config:
 
 #: The sections of :class:`Config`, in the order :meth:`Config.validate` reads them.
 SECTIONS = (
-    "connection", "keys", "components", "queue", "frontier", "workers", "scheduler",
-    "requests", "seeds", "spider", "dupefilter", "items", "stats", "metrics",
-)  # fmt: skip
+    "connection",
+    "keys",
+    "components",
+    "queue",
+    "frontier",
+    "workers",
+    "scheduler",
+    "requests",
+    "seeds",
+    "spider",
+    "dupefilter",
+    "items",
+    "stats",
+    "metrics",
+)

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
-    from scrapy_dist.backends import DupefilterBackend, UnopenedBackend
+    from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
     from scrapy_dist.settings import Config
 
 logger = logging.getLogger(__name__)

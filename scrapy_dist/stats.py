@@ -339,9 +339,7 @@ class RedisStatsCollector(StatsCollector):
             parts = assemble(crawler)
             if shared is None:
                 keys = parts.keys
-                shared = SharedStats(
-                    parts.client, keys.stats, keys.timeline, scripts=parts.scripts
-                )
+                shared = SharedStats(parts.client, keys.stats, keys.timeline, scripts=parts.scripts)
             if flush_interval is None:
                 flush_interval = parts.config.stats.flush_interval
         check_stats_interval(flush_interval)
@@ -395,8 +393,9 @@ class RedisStatsCollector(StatsCollector):
         try:
             self.flush()
         except Exception:  # keep flushing: the next flush may work
-            logger.exception("Unexpected error while writing stats to %(key)s",
-                             {"key": self.shared.key})  # fmt: skip
+            logger.exception(
+                "Unexpected error while writing stats to %(key)s", {"key": self.shared.key}
+            )
 
     def close_spider(self, spider: Spider | None = None, reason: str | None = None) -> None:
         """Stop the timer, flush what is left, then log this worker's stats as usual."""
@@ -432,8 +431,12 @@ class RedisStatsCollector(StatsCollector):
         """
         with self._lock:
             pending, self._pending = self._pending, {}
-        ops = [wire for stat, stat_ops in pending.items() for op in stat_ops
-               if (wire := _wire(stat, op)) is not None]  # fmt: skip
+        ops = [
+            wire
+            for stat, stat_ops in pending.items()
+            for op in stat_ops
+            if (wire := _wire(stat, op)) is not None
+        ]
         try:
             conflicts = self.shared.apply(ops)
         except redis.RedisError as e:

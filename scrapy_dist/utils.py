@@ -41,8 +41,10 @@ def convert_bytes_to_str(data: Any, encoding: str = "utf-8") -> Any:
     if isinstance(data, bytes):
         return data.decode(encoding)
     if isinstance(data, dict):
-        return {convert_bytes_to_str(k, encoding): convert_bytes_to_str(v, encoding)
-                for k, v in data.items()}  # fmt: skip
+        return {
+            convert_bytes_to_str(k, encoding): convert_bytes_to_str(v, encoding)
+            for k, v in data.items()
+        }
     if isinstance(data, tuple):
         return tuple(convert_bytes_to_str(v, encoding) for v in data)
     return data

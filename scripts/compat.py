@@ -110,10 +110,21 @@ def log(message: str) -> None:
 def fetch_sdist(version: str, dest: Path) -> Path:
     """Download and unpack scrapy-redis's sdist; return its top directory."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-         f"scrapy-redis=={version}", "-d", str(dest)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"scrapy-redis=={version}",
+            "-d",
+            str(dest),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     archive = next(dest.glob("scrapy_redis-*.tar.gz"))
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
@@ -138,12 +149,28 @@ def run_suite(sdist: Path, work: Path, server: RedisServer) -> tuple[list[str], 
     env = dict(os.environ, REDIS_HOST="127.0.0.1", REDIS_PORT=str(server.port))
     env.pop("REDIS_URL", None)
     subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
-         "-o", "addopts=", "--continue-on-collection-errors", f"--junitxml={report}",
-         str(tests)],
-        cwd=work, env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(work),
+            "-o",
+            "addopts=",
+            "--continue-on-collection-errors",
+            f"--junitxml={report}",
+            str(tests),
+        ],
+        cwd=work,
+        env=env,
+        check=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         timeout=300,
-    )  # fmt: skip
+    )
     passed: list[str] = []
     failed: list[str] = []
     for case in ET.parse(report).getroot().iter("testcase"):
@@ -252,19 +279,39 @@ def _process_items(project: Path, server: RedisServer, key: str, expected: int) 
     """Run ``process_items.py`` over ``key`` and check it read ``expected`` items."""
     try:
         result = subprocess.run(
-            [sys.executable, "process_items.py", key, "--host", "127.0.0.1", "--port",
-             str(server.port), "--limit", str(expected), "--progress-every", "1", "-v"],
-            cwd=project, check=False, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "process_items.py",
+                key,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(server.port),
+                "--limit",
+                str(expected),
+                "--progress-every",
+                "1",
+                "-v",
+            ],
+            cwd=project,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""
-        return [f"process_items.py {key}: read {err.count('Processing item:')} of "
-                f"{expected} items, then waited 30 s for more"]  # fmt: skip
+        return [
+            f"process_items.py {key}: read {err.count('Processing item:')} of "
+            f"{expected} items, then waited 30 s for more"
+        ]
     read = result.stderr.count("Processing item:")
     if result.returncode != 0 or read != expected:
         tail = "\n".join(result.stderr.splitlines()[-5:])
-        return [f"process_items.py {key}: read {read} of {expected} items "
-                f"(exit {result.returncode})\n{tail}"]  # fmt: skip
+        return [
+            f"process_items.py {key}: read {read} of {expected} items "
+            f"(exit {result.returncode})\n{tail}"
+        ]
     log(f"  process_items.py {key}: read {read} items")
     return []
 
@@ -284,8 +331,10 @@ def run_example(sdist: Path, work: Path, server: RedisServer) -> list[str]:
         "TELNETCONSOLE_ENABLED": False,
     }
     client = redis.Redis(port=server.port)
-    for spider, seeds_key in (("myspider_redis", "myspider:start_urls"),
-                              ("mycrawler_redis", "mycrawler:start_urls")):  # fmt: skip
+    for spider, seeds_key in (
+        ("myspider_redis", "myspider:start_urls"),
+        ("mycrawler_redis", "mycrawler:start_urls"),
+    ):
         spider_logs = logs / spider
         spider_logs.mkdir(parents=True)
         with TestSite(pages=PAGES) as site:
@@ -306,10 +355,14 @@ def run_example(sdist: Path, work: Path, server: RedisServer) -> list[str]:
             # too): the middleware is turned off for them.
             offsite = {"scrapy.downloadermiddlewares.offsite.OffsiteMiddleware": None}
             workers = start_workers(
-                2, project_dir=project, spider=spider, log_dir=spider_logs,
+                2,
+                project_dir=project,
+                spider=spider,
+                log_dir=spider_logs,
                 settings={**base, "DOWNLOADER_MIDDLEWARES": json.dumps(offsite)},
-                stats_setting=None, spider_args={"domain": "127.0.0.1"},
-            )  # fmt: skip
+                stats_setting=None,
+                spider_args={"domain": "127.0.0.1"},
+            )
             try:
                 wait_workers(workers, timeout=90)
             except TimeoutError as e:
@@ -335,9 +388,14 @@ def _run_dmoz(project: Path, server: RedisServer, logs: Path, base: dict[str, An
     try:
         env = {"http_proxy": dmoz.url, "HTTP_PROXY": dmoz.url, "no_proxy": ""}
         workers = start_workers(
-            2, project_dir=project, spider="dmoz", log_dir=dmoz_logs,
-            settings=base, stats_setting=None, env=env,
-        )  # fmt: skip
+            2,
+            project_dir=project,
+            spider="dmoz",
+            log_dir=dmoz_logs,
+            settings=base,
+            stats_setting=None,
+            env=env,
+        )
         try:
             wait_workers(workers, timeout=90)
         except TimeoutError as e:
@@ -383,8 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             log(f"  PROBLEM {problem}")
         ok = not unexpected and not problems
-        log(f"compat: {'OK' if ok else 'FAILED'} in {time.monotonic() - started:.0f} s"
-            + (f" (work dir kept: {work})" if args.keep else ""))  # fmt: skip
+        log(
+            f"compat: {'OK' if ok else 'FAILED'} in {time.monotonic() - started:.0f} s"
+            + (f" (work dir kept: {work})" if args.keep else "")
+        )
         return 0 if ok else 1
     finally:
         if not args.keep:

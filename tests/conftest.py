@@ -5,10 +5,15 @@ Contract tests run against a ``redis-server`` the session starts itself on a fre
 ``SCRAPY_DIST_TEST_REDIS_URL`` when given. A Redis the tests did not start is only used
 when named explicitly, and even then each test touches only keys under its own prefix,
 which it deletes with ``SCAN`` (never ``KEYS`` or ``FLUSHDB``).
+
+Without a server binary, a test that needs one (the ``redis_server`` marker, or a
+fixture below that starts a server) is skipped, except under ``CI`` (set by
+``.ci/run``), where it fails.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import secrets
@@ -33,8 +38,11 @@ if not hasattr(__import__("scrapy.crawler").crawler, "AsyncCrawlerProcess"):
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from pathlib import Path
 
     from scrapy.crawler import Crawler
+
+    from scrapy_dist.testing.site import TestSite
 
 _names = itertools.count()
 
@@ -48,6 +56,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add_server_options(parser)
 
 
+@functools.cache
+def _missing_server() -> str | None:
+    """Why the session's kind of server (``--redis-kind``) cannot be started, or None."""
+    try:
+        server_kind(os.environ.get(KIND_VARIABLE) or "redis")
+    except RedisServerNotFound as e:
+        return str(e)
+    return None
+
+
+def require_redis_server() -> None:
+    """Skip the running test when the session's kind of server is not installed; fail
+    it under ``CI`` (:func:`server_missing`)."""
+    missing = _missing_server()
+    if missing is not None:
+        server_missing(missing)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``redis_server`` need the binary (checked before their fixtures)."""
+    if item.get_closest_marker("redis_server") is not None:
+        require_redis_server()
+
+
 @pytest.fixture(scope="session")
 def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """URL of the session's Redis: the one given, or a throwaway server of ``--redis-kind``."""
@@ -55,14 +88,34 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if given:
         yield given
         return
-    try:
-        server = RedisServer()
-    except RedisServerNotFound as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI needs a redis-server: {e}")
-        pytest.skip(str(e))
-    with server:
+    require_redis_server()
+    with RedisServer() as server:
         yield server.url
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test alone, with an append-only file (it may be killed
+    and restarted), in ``tmp_path / "redis"``."""
+    require_redis_server()
+    with RedisServer(directory=tmp_path / "redis", appendonly=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def module_server() -> Iterator[RedisServer]:
+    """A redis-server shared by the tests of one module (each flushes what it needs)."""
+    require_redis_server()
+    with RedisServer() as running:
+        yield running
+
+
+@pytest.fixture
+def fresh_site(site: TestSite) -> TestSite:
+    """The module's ``site`` fixture (a :class:`TestSite` of its size) with its hit
+    counters reset."""
+    site.reset_hits()
+    return site
 
 
 @pytest.fixture
@@ -92,9 +145,7 @@ class _TestSpider(Spider):
 
 
 @pytest.fixture
-def make_crawler(
-    redis_url: str, name: str, client: redis.Redis
-) -> Callable[..., Crawler]:
+def make_crawler(redis_url: str, name: str, client: redis.Redis) -> Callable[..., Crawler]:
     """Build a crawler with a spider named ``name`` against the session's Redis.
 
     Call as ``make_crawler({"SETTING": value}, spidercls=...)``; the spider instance is
@@ -141,7 +192,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # RedisServer() reads the kind from the environment, so the servers that tests and
     # their worker processes start themselves follow the option too.
     os.environ[KIND_VARIABLE] = config.getoption("--redis-kind")
-    config.addinivalue_line("markers", "slow: takes seconds of waiting (failovers, timeouts)")
 
 
 def server_missing(reason: str) -> NoReturn:

@@ -8,9 +8,7 @@ from scrapy_dist.metrics import PrometheusMetrics
 
 
 def test_addon_installs_components_and_defaults_below_project_settings() -> None:
-    crawler = get_crawler(
-        settings_dict={"ADDONS": {DistAddon: 0}, "SCHEDULER_PERSIST": True}
-    )
+    crawler = get_crawler(settings_dict={"ADDONS": {DistAddon: 0}, "SCHEDULER_PERSIST": True})
     settings = crawler.settings
     assert settings["SCHEDULER"] == "scrapy_dist.scheduler.Scheduler"
     assert settings["DUPEFILTER_CLASS"] == "scrapy_dist.dupefilter.RFPDupeFilter"
@@ -30,4 +28,3 @@ def test_defaults_without_the_addon() -> None:
     assert config.scheduler.persist
     assert config.frontier.lease_timeout == 120
     assert crawler.settings.get("SCHEDULER_LEASE_TIMEOUT") is None  # not written back
-

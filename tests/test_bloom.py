@@ -229,17 +229,38 @@ def test_offsets_are_pinned() -> None:
     """The offsets are the stored format: these values must never change."""
     params = BloomParams.from_capacity(1_000_000, 0.001)
     assert params.offsets(bytes(20)) == [
-        10638497, 4332974, 12405040, 6099520, 14171591,
-        7866078, 1560570, 9632656, 3327161, 11399262,
-    ]  # fmt: skip
+        10638497,
+        4332974,
+        12405040,
+        6099520,
+        14171591,
+        7866078,
+        1560570,
+        9632656,
+        3327161,
+        11399262,
+    ]
     fingerprint = hashlib.sha1(b"https://example.com/").digest()
     assert params.offsets(fingerprint) == [
-        7183554, 8976601, 10769649, 12562699, 14355752,
-        1771221, 3564283, 5357351, 7150426, 8943509,
-    ]  # fmt: skip
+        7183554,
+        8976601,
+        10769649,
+        12562699,
+        14355752,
+        1771221,
+        3564283,
+        5357351,
+        7150426,
+        8943509,
+    ]
     assert BloomParams.from_bits(30, 6).offsets(fingerprint) == [
-        64356118, 99975833, 135595549, 171215267, 206834988, 242454713,
-    ]  # fmt: skip
+        64356118,
+        99975833,
+        135595549,
+        171215267,
+        206834988,
+        242454713,
+    ]
 
 
 def test_offsets_do_not_depend_on_segment_size() -> None:

@@ -16,20 +16,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request
 from scrapy.settings import Settings
 
 from scrapy_dist.addon import with_defaults
-from scrapy_dist.backends import backend_from_settings
 from scrapy_dist.cli import main
 from scrapy_dist.cli.push import ProgressBar
+from scrapy_dist.filters import backend_from_settings
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.monitor import json_default
 from scrapy_dist.serializers import JsonSerializer
 from scrapy_dist.stats import decode_stats
+from scrapy_dist.status import json_default
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.site import TestSite, links
 from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready, wait_workers
@@ -42,6 +42,11 @@ if TYPE_CHECKING:
     from scrapy_dist.testing.workers import Worker
 
 PROJECT = Path(__file__).parent / "project"
+
+
+def _bytes_hash(reply: dict[bytes | str, bytes | str]) -> dict[bytes, bytes]:
+    """An ``HGETALL`` reply of a client without ``decode_responses``, typed as it is."""
+    return cast("dict[bytes, bytes]", reply)
 
 
 def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -131,9 +136,14 @@ def test_push_100k_lines_pushes_only_valid_ones_and_reports_the_others(
     assert done.returncode == 1, done.stderr  # some lines were invalid
     report = json.loads(done.stdout)
     assert report == {
-        "key": f"{name}:start_urls", "type": "list", "pushed": len(valid), "new": len(valid),
-        "invalid": 40, "blank": blank, "dry_run": False,
-    }  # fmt: skip
+        "key": f"{name}:start_urls",
+        "type": "list",
+        "pushed": len(valid),
+        "new": len(valid),
+        "invalid": 40,
+        "blank": blank,
+        "dry_run": False,
+    }
     errors = done.stderr.splitlines()
     assert len(errors) == 21
     for line, (number, reason) in zip(errors, invalid[:20], strict=False):
@@ -157,9 +167,18 @@ def test_push_urls_in_set_and_zset_modes(
     assert "2 new" in out
     assert client.smembers(f"{name}:start_urls") == {b"https://a.example/", b"https://b.example/"}
     code, out, _ = run(
-        "push", name, "https://c.example/", "--job", "z", "--score", "7", "--redis-url", redis_url,
-        "-s", "REDIS_START_URLS_AS_ZSET=1",
-    )  # fmt: skip
+        "push",
+        name,
+        "https://c.example/",
+        "--job",
+        "z",
+        "--score",
+        "7",
+        "--redis-url",
+        redis_url,
+        "-s",
+        "REDIS_START_URLS_AS_ZSET=1",
+    )
     assert code == 0, out
     assert client.zrange(f"{name}:z:start_urls", 0, -1, withscores=True) == [
         (b"https://c.example/", 7.0)
@@ -184,8 +203,10 @@ def test_push_dry_run_and_stdin_errors(
 def test_push_in_a_project_checks_callbacks_and_spiders(
     redis_url: str, client: redis.Redis, name: str
 ) -> None:
-    seeds = ['{"url": "https://a.example/", "callback": "parse"}',
-             '{"url": "https://b.example/", "callback": "parse_missing"}']  # fmt: skip
+    seeds = [
+        '{"url": "https://a.example/", "callback": "parse"}',
+        '{"url": "https://b.example/", "callback": "parse_missing"}',
+    ]
     done = cli("push", "pages", *seeds, "--job", name, "--redis-url", redis_url, cwd=PROJECT)
     assert done.returncode == 1
     assert "argument 2: callback 'parse_missing' is not a method of spider 'pages'" in done.stderr
@@ -259,8 +280,9 @@ def test_status_judges_a_new_run_on_its_own_work(
 def test_status_reads_a_bloom_filter_with_its_own_size(
     run: Any, redis_url: str, client: redis.Redis, name: str
 ) -> None:
-    created = with_defaults(Settings({"DUPEFILTER_BACKEND": "bitmap", "BLOOM_CAPACITY": 1000,
-                                      "BLOOM_ERROR_RATE": 0.01}))  # fmt: skip
+    created = with_defaults(
+        Settings({"DUPEFILTER_BACKEND": "bitmap", "BLOOM_CAPACITY": 1000, "BLOOM_ERROR_RATE": 0.01})
+    )
     backend = backend_from_settings(created, client, RedisKeys.build(name)).open()
     backend.add_many([b"%020d" % i for i in range(700)])
     code, out, _ = run("status", name, "--json", "--redis-url", redis_url)  # default settings
@@ -354,11 +376,15 @@ def test_a_crawl_with_no_keys_is_named_with_the_crawls_that_exist(
     client.rpush(f"{name}:20261122:items", "{}")
     absent = f"crawl '{name}:20261123' has no keys at {redis_url}"
     commands = [
-        (0, ["status", name]), (0, ["status", name, "--json"]), (0, ["metrics", name, "--once"]),
-        (1, ["dead", "list", name]), (1, ["dead", "requeue", name, "--all"]),
-        (1, ["dead", "purge", name, "--yes"]), (1, ["reset", name, "--yes"]),
+        (0, ["status", name]),
+        (0, ["status", name, "--json"]),
+        (0, ["metrics", name, "--once"]),
+        (1, ["dead", "list", name]),
+        (1, ["dead", "requeue", name, "--all"]),
+        (1, ["dead", "purge", name, "--yes"]),
+        (1, ["reset", name, "--yes"]),
         (1, ["export", name, "-o", str(tmp_path / "items.jl")]),
-    ]  # fmt: skip
+    ]
     for expected, command in commands:
         code, out, err = run(*command, "--job", "20261123", "--redis-url", redis_url)
         assert code == expected, (command, out, err)
@@ -375,8 +401,9 @@ def test_a_crawl_with_no_keys_is_named_with_the_crawls_that_exist(
     assert client.llen(f"{name}:20261122:items") == 1
 
     # a push starts a crawl: said only when the spider has other crawls (another job?)
-    code, out, err = run("push", name, "https://a.example/", "--job", "20261123",
-                         "--redis-url", redis_url)  # fmt: skip
+    code, out, err = run(
+        "push", name, "https://a.example/", "--job", "20261123", "--redis-url", redis_url
+    )
     assert code == 0, err
     assert f"scrapy-dist: note: {absent}" in err
     assert f"{name}:20261122" in err
@@ -436,10 +463,13 @@ def test_dead_list_requeue_and_purge(
         ("request", "unserializable", "<Request GET https://d.example/>"),
         ("request", "ValueError: boom", request_payload("https://e.example/", -2)),
     ]
-    client.rpush(keys.dead, *[
-        json.dumps({"kind": kind, "reason": reason, "data": data, "time": float(i + 1)})
-        for i, (kind, reason, data) in enumerate(records)
-    ])  # fmt: skip
+    client.rpush(
+        keys.dead,
+        *[
+            json.dumps({"kind": kind, "reason": reason, "data": data, "time": float(i + 1)})
+            for i, (kind, reason, data) in enumerate(records)
+        ],
+    )
 
     code, out, _ = run("dead", "list", name, "--json", "--redis-url", redis_url)
     assert code == 0
@@ -461,7 +491,7 @@ def test_dead_list_requeue_and_purge(
     assert "1 seed(s)" in out
     queued = client.zrange(keys.requests, 0, -1, withscores=True)
     assert len(queued) == 1
-    entry, score = queued[0]
+    entry, score = cast("tuple[bytes, float]", queued[0])
     assert score == -5.0  # the request's priority, as the priority queue scores it
     assert json.loads(entry[16:])["url"] == "https://a.example/"
     assert client.lrange(keys.start_urls, 0, -1) == [b"https://b.example/"]
@@ -539,16 +569,28 @@ def job_keys(client: redis.Redis, name: str) -> Iterator[RedisKeys]:
 
 @pytest.mark.e2e
 def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
-    redis_url: str, client: redis.Redis, name: str, job_keys: RedisKeys, site: TestSite,
-    tmp_path: Path, run: Any,
-) -> None:  # fmt: skip
+    redis_url: str,
+    client: redis.Redis,
+    name: str,
+    job_keys: RedisKeys,
+    site: TestSite,
+    tmp_path: Path,
+    run: Any,
+) -> None:
     settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name, **CRAWL_SETTINGS}
     workers: list[Worker] = []
 
     def start(count: int, **spider_args: str) -> list[Worker]:
-        started = start_workers(count, project_dir=PROJECT, spider="pages", log_dir=tmp_path,
-                                settings=settings, spider_args=spider_args, stats_setting=None,
-                                first_index=len(workers))  # fmt: skip
+        started = start_workers(
+            count,
+            project_dir=PROJECT,
+            spider="pages",
+            log_dir=tmp_path,
+            settings=settings,
+            spider_args=spider_args,
+            stats_setting=None,
+            first_index=len(workers),
+        )
         workers.extend(started)
         return started
 
@@ -577,13 +619,19 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
             k = job_keys
             raw_workers = client.hgetall(k.workers)
             truth = {
-                "seeds": client.llen(k.start_urls), "queued": client.zcard(k.requests),
-                "leased": client.zcard(k.leases), "dead": client.llen(k.dead),
+                "seeds": client.llen(k.start_urls),
+                "queued": client.zcard(k.requests),
+                "leased": client.zcard(k.leases),
+                "dead": client.llen(k.dead),
                 "done": int(client.hget(k.progress, "done") or 0),
-                "dupefilter": client.scard(k.dupefilter), "items": client.llen(k.items),
-                "stats": json.loads(json.dumps(decode_stats(client.hgetall(k.stats)),
-                                               default=json_default)),
-            }  # fmt: skip
+                "dupefilter": client.scard(k.dupefilter),
+                "items": client.llen(k.items),
+                "stats": json.loads(
+                    json.dumps(
+                        decode_stats(_bytes_hash(client.hgetall(k.stats))), default=json_default
+                    )
+                ),
+            }
         finally:
             for w in first:
                 os.kill(w.pid, signal.SIGCONT)
@@ -602,7 +650,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
         assert status["items"]["stored"] == truth["items"]
         assert status["stats"] == truth["stats"]
         assert status["items"]["scraped"] == truth["stats"].get("item_scraped_count")
-        beats = {w.decode(): float(b) for w, b in raw_workers.items()}
+        beats = {w.decode(): float(b) for w, b in _bytes_hash(raw_workers).items()}
         assert {w["id"]: w["heartbeat"] for w in status["workers"]["list"]} == beats
         assert status["workers"]["live"] == 2 == len(beats)
         assert status["rates"]["pages_per_second"] > 0
@@ -612,7 +660,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
         assert set(hits) == reachable_without(PAGES, POISON)
         assert set(hits.values()) == {1}
         # two workers' stats add up exactly; every item is stored once
-        stats = decode_stats(client.hgetall(job_keys.stats))
+        stats = decode_stats(_bytes_hash(client.hgetall(job_keys.stats)))
         assert stats["response_received_count"] == sum(hits.values())
         items = [json.loads(i)["url"] for i in client.lrange(job_keys.items, 0, -1)]
         assert len(items) == len(set(items)) == stats["item_scraped_count"] == len(hits) - 1
@@ -647,7 +695,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
         assert hits[f"/page/{POISON}"] == 2
         assert {n for path, n in hits.items() if path != f"/page/{POISON}"} == {1}
         assert client.llen(job_keys.dead) == 0
-        stats = decode_stats(client.hgetall(job_keys.stats))
+        stats = decode_stats(_bytes_hash(client.hgetall(job_keys.stats)))
         assert stats["response_received_count"] == sum(hits.values())
 
         out_file = tmp_path / "items.jl"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request, Spider, signals
@@ -105,9 +105,13 @@ def crawl(
     """Run ``count`` workers of ``spider`` to the end; return their logs."""
     logs.mkdir(parents=True, exist_ok=True)
     workers = start_workers(
-        count, project_dir=project, spider=spider, log_dir=logs, settings=settings,
+        count,
+        project_dir=project,
+        spider=spider,
+        log_dir=logs,
+        settings=settings,
         stats_setting=None,
-    )  # fmt: skip
+    )
     try:
         assert wait_workers(workers, timeout=60) == [0] * count, workers[0].log_tail()
     finally:
@@ -123,13 +127,20 @@ def test_scrapy_redis_project_runs_unchanged(
     and a seed pushed again by a recurring crawl: all as in scrapy-redis."""
     project = make_project(tmp_path / "project")
     # REDIS_HOST/REDIS_PORT point nowhere: the URL wins, with a warning
-    settings = {"REDIS_URL": redis_url, "REDIS_HOST": "unreachable.invalid", "REDIS_PORT": 1,
-                "SCHEDULER_JOB_ID": name}  # fmt: skip
+    settings = {
+        "REDIS_URL": redis_url,
+        "REDIS_HOST": "unreachable.invalid",
+        "REDIS_PORT": 1,
+        "SCHEDULER_JOB_ID": name,
+    }
     seeds = f"follow:{name}:start_urls"
     with TestSite(pages=30) as site:
-        client.lpush(seeds, json.dumps(
-            {"url": site.page_url(0), "meta": {"job-id": "j1"}, "url_cookie_key": "abc"}
-        ))  # fmt: skip
+        client.lpush(
+            seeds,
+            json.dumps(
+                {"url": site.page_url(0), "meta": {"job-id": "j1"}, "url_cookie_key": "abc"}
+            ),
+        )
         (log,) = crawl(project, "follow", tmp_path / "run1", settings)
         assert "REDIS_URL is set together with REDIS_HOST, REDIS_PORT" in log
         assert "SCHEDULER_SERIALIZER uses pickle" in log
@@ -173,8 +184,12 @@ def test_custom_base_queue_crawls_unleased_with_two_workers(
 ) -> None:
     project = make_project(tmp_path / "project")
     (project / "legacy" / "queues.py").write_text(QUEUES)
-    settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name, "SCHEDULER_PERSIST": False,
-                "SCHEDULER_QUEUE_CLASS": "legacy.queues.ListQueue"}  # fmt: skip
+    settings = {
+        "REDIS_URL": redis_url,
+        "SCHEDULER_JOB_ID": name,
+        "SCHEDULER_PERSIST": False,
+        "SCHEDULER_QUEUE_CLASS": "legacy.queues.ListQueue",
+    }
     with TestSite(pages=60, delay=0.05) as site:
         client.lpush(f"follow:{name}:start_urls", site.page_url(0))
         logs = crawl(project, "follow", tmp_path / "logs", settings, count=2)
@@ -193,8 +208,7 @@ def test_plain_spider_start_url_once_with_two_workers(
     # slow pages, so the crawl lasts longer than the gap between the workers' starts
     with TestSite(pages=60, delay=1.0) as site:
         set_start_url(project, site.page_url(0))
-        settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name,
-                    "CLOSE_WHEN_CRAWL_DONE": True}  # fmt: skip
+        settings = {"REDIS_URL": redis_url, "SCHEDULER_JOB_ID": name, "CLOSE_WHEN_CRAWL_DONE": True}
         crawl(project, "plain", tmp_path / "logs", settings, count=2)
         hits = site.hits()
     assert set(hits) == site.expected_paths()
@@ -236,8 +250,10 @@ def test_scrapy_redis_names() -> None:
     assert (SpiderQueue, SpiderStack, SpiderPriorityQueue) == (FifoQueue, LifoQueue, PriorityQueue)
     assert RedisMixin is RedisSpiderMixin
     assert list(inspect.signature(RFPDupeFilter).parameters)[:3] == [
-        "backend", "fingerprinter", "debug"
-    ]  # fmt: skip
+        "backend",
+        "fingerprinter",
+        "debug",
+    ]
     assert callable(Scheduler.flush)
 
 
@@ -271,6 +287,7 @@ def test_request_fingerprint_hook_is_used_by_the_scheduler(
     globals()["NoQuery"] = NoQuery
     crawler = make_crawler({"DUPEFILTER_CLASS": path, "SCHEDULER_FLUSH_INTERVAL": 0})
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert scheduler.enqueue_request(Request("https://e.com/a?x=1"))
@@ -302,6 +319,7 @@ def test_queue_pushed_the_scrapy_redis_way_is_leased_by_a_worker(
 ) -> None:
     crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0})
     spider = crawler.spider
+    assert spider is not None
     queue = PriorityQueue(client, spider, "%(spider)s:requests")
     queue.push(Request("https://e.com/low", priority=1, callback=spider.parse))
     queue.push(Request("https://e.com/high", priority=5, callback=spider.parse))
@@ -325,7 +343,7 @@ class ListQueue(Base):
         self.server.lpush(self.key, self._encode_request(request))
 
     def pop(self, timeout: int = 0) -> Request | None:
-        data = self.server.rpop(self.key)
+        data = cast("bytes | None", self.server.rpop(self.key))  # bytes replies
         return self._decode_request(data) if data else None
 
     def __len__(self) -> int:
@@ -348,6 +366,7 @@ def test_custom_queue_class_runs_unleased(
 ) -> None:
     crawler = make_crawler({"SCHEDULER_QUEUE_CLASS": f"{__name__}.ListQueue"})
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert "requests a worker has taken are lost if it dies" in caplog.text
@@ -357,6 +376,8 @@ def test_custom_queue_class_runs_unleased(
         assert client.llen(f"{crawler.spider.name}:requests") == 2  # the user's own list
         assert scheduler.has_pending_requests()
         first, second = scheduler.next_request(), scheduler.next_request()
+        assert first is not None
+        assert second is not None
         assert [first.url, second.url] == ["https://e.com/1", "https://e.com/2"]
         assert not scheduler.has_pending_requests()
     finally:
@@ -366,6 +387,7 @@ def test_custom_queue_class_runs_unleased(
 def test_scheduler_flush(make_crawler: Callable[..., Crawler], client: redis.Redis) -> None:
     crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0})
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert scheduler.enqueue_request(Request("https://e.com/"))
@@ -386,22 +408,31 @@ class _IdleSpider(RedisSpider):
 def test_overridden_spider_idle_is_called(make_crawler: Callable[..., Crawler]) -> None:
     crawler = make_crawler(spidercls=_IdleSpider)
     crawler.signals.send_catch_log(signals.spider_idle, spider=crawler.spider)
+    assert isinstance(crawler.spider, _IdleSpider)
     assert crawler.spider.idled
+
+
+def _seed(spider: Spider | None, data: bytes) -> Request:
+    """The one request a Redis spider makes of the seed ``data``."""
+    assert isinstance(spider, RedisSpider)
+    request = spider.make_request_from_data(data)
+    assert isinstance(request, Request)
+    return request
 
 
 def test_seeds_skip_the_dupefilter_by_default(make_crawler: Callable[..., Crawler]) -> None:
     spider = make_crawler(spidercls=RedisSpider).spider
-    assert spider.make_request_from_data(b"https://e.com/").dont_filter
+    assert _seed(spider, b"https://e.com/").dont_filter
     json_seed = b'{"url": "https://e.com/", "dont_filter": false}'
-    assert not spider.make_request_from_data(json_seed).dont_filter
+    assert not _seed(spider, json_seed).dont_filter
     off = make_crawler({"REDIS_START_URLS_DONT_FILTER": False}, spidercls=RedisSpider).spider
-    assert not off.make_request_from_data(b"https://e.com/").dont_filter
+    assert not _seed(off, b"https://e.com/").dont_filter
 
 
 def test_scrapy_redis_json_seed(make_crawler: Callable[..., Crawler]) -> None:
     spider = make_crawler(spidercls=RedisSpider).spider
     seed = {"url": "https://e.com/", "meta": {"job-id": "1"}, "url_cookie_key": "k"}
-    request = spider.make_request_from_data(json.dumps(seed).encode())
+    request = _seed(spider, json.dumps(seed).encode())
     assert (request.method, request.url) == ("GET", "https://e.com/?url_cookie_key=k")
     assert request.meta["job-id"] == "1"
 
@@ -431,6 +462,7 @@ def test_redis_key_list_is_read_in_priority_order(
     make_crawler: Callable[..., Crawler], client: redis.Redis, name: str
 ) -> None:
     spider = make_crawler({"REDIS_START_URLS_BATCH_SIZE": 2}, spidercls=_TwoKeys).spider
+    assert isinstance(spider, _TwoKeys)
     assert spider.redis_key == [f"{name}:urgent", f"{name}:start_urls"]
     client.rpush(f"{name}:start_urls", "https://e.com/n1", "https://e.com/n2")
     client.rpush(f"{name}:urgent", "https://e.com/u1")
@@ -440,7 +472,7 @@ def test_redis_key_list_is_read_in_priority_order(
 
 def test_status_reads_the_first_of_several_seed_keys() -> None:
     from scrapy_dist.addon import with_defaults
-    from scrapy_dist.monitor import CrawlLayout
+    from scrapy_dist.status import CrawlLayout
 
     layout = CrawlLayout.from_settings(with_defaults(Settings()), "books", _TwoKeys)
     assert layout.seeds == "books:urgent"

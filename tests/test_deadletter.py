@@ -23,10 +23,13 @@ SEED = b"https://a.example/caf\xe9?q=\"x\"&r='y'&s=\\"
 #: A request as the pickle serializer stores it: not UTF-8, with quotes and control
 #: characters in its bytes.
 REQUEST = pickle.dumps(
-    {"url": "https://a.example/\u00e9t\u00e9", "priority": 3,
-     "meta": {"note": 'a "quoted" \\ \x00\x01\x1f\x7f\n\t text'}},
+    {
+        "url": "https://a.example/\u00e9t\u00e9",
+        "priority": 3,
+        "meta": {"note": 'a "quoted" \\ \x00\x01\x1f\x7f\n\t text'},
+    },
     protocol=4,
-)  # fmt: skip
+)
 #: A long reason: quotes, backslashes, control characters, non-ASCII text.
 REASON = 'boom "quoted" \\ \x00\x01\x1f\t\n\x7f caf\u00e9 \u2028 \U0001f600 ' * 600
 
@@ -47,9 +50,7 @@ def python_record(client: redis.Redis, kind: str, data: bytes | str, reason: str
 
 
 @pytest.mark.parametrize(("kind", "data"), [("seed", SEED), ("request", REQUEST)])
-def test_lua_and_python_write_the_same_record(
-    client: redis.Redis, kind: str, data: bytes
-) -> None:
+def test_lua_and_python_write_the_same_record(client: redis.Redis, kind: str, data: bytes) -> None:
     assert len(REASON) > 15_000
     with pytest.raises(UnicodeDecodeError):
         data.decode()
@@ -57,9 +58,13 @@ def test_lua_and_python_write_the_same_record(
     python = deadletter.parse(python_record(client, kind, data, REASON))
     assert lua == python
     assert lua == {
-        "kind": kind, "reason": REASON, "data": {deadletter.BYTES: data.decode("latin-1")},
-        "time": 12.5, "worker": "w1", "deliveries": 3,
-    }  # fmt: skip
+        "kind": kind,
+        "reason": REASON,
+        "data": {deadletter.BYTES: data.decode("latin-1")},
+        "time": 12.5,
+        "worker": "w1",
+        "deliveries": 3,
+    }
     assert deadletter.data_of(lua) == data
 
 
@@ -71,17 +76,27 @@ def test_the_scripts_that_dead_letter_use_the_library_once() -> None:
 
 
 def test_records_of_both_writers_are_listed_and_requeued_byte_for_byte(  # noqa: PLR0917
-    redis_url: str, client: redis.Redis, name: str, capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:  # fmt: skip
+    redis_url: str,
+    client: redis.Redis,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
     dead = f"{name}:dead"
     for kind, data in (("seed", SEED), ("request", REQUEST)):
         client.rpush(dead, lua_record(client, kind, data, REASON))
         client.rpush(dead, python_record(client, kind, data, REASON))
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
-    options = ["--redis-url", redis_url, "-s", "SCHEDULER_SERIALIZER=pickle",
-               "-s", "REDIS_ENCODING=latin-1"]  # fmt: skip
+    options = [
+        "--redis-url",
+        redis_url,
+        "-s",
+        "SCHEDULER_SERIALIZER=pickle",
+        "-s",
+        "REDIS_ENCODING=latin-1",
+    ]
 
     assert main(["dead", "list", name, "--json", *options]) == 0
     # one record per "\n"-ended line (str.splitlines would also split at the U+2028)

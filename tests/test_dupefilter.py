@@ -1,6 +1,6 @@
 """The dupefilter: fingerprints, the local cache, stats and logs, under both schedulers.
 
-The backends it stores fingerprints in have their own tests (``test_backends.py``).
+The backends it stores fingerprints in have their own tests (``test_filters.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.backends import BitmapBloomBackend, DupefilterFull, RedisBloomBackend, SetBackend
 from scrapy_dist.bloom import BloomParams, LocalBloom
 from scrapy_dist.dupefilter import LocalSet, RFPDupeFilter
+from scrapy_dist.filters import BitmapBloomBackend, DupefilterFull, RedisBloomBackend, SetBackend
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.scheduler import Scheduler
 
@@ -154,7 +154,7 @@ def test_local_cache_skips_round_trips_and_never_hides_a_page(
 ) -> None:
     dupefilter = open_dupefilter({"DUPEFILTER_BACKEND": "bitmap", "BLOOM_CAPACITY": 10_000})
     local = dupefilter.local
-    assert local is not None
+    assert isinstance(local, LocalBloom)
     assert local.params.error_rate == pytest.approx(0.001 * 0.01)  # 1% of the budget
     requests = [Request(f"https://example.com/{i}") for i in range(200)]
     assert not any(dupefilter.request_seen(r) for r in requests)
@@ -221,6 +221,7 @@ def test_scheduler_dedupes_with_the_bloom_backend(
         }
     )
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     try:
         assert scheduler.enqueue_request(Request("https://example.com/a"))

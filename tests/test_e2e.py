@@ -13,35 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from scrapy_dist.testing import (
-    RedisServer,
-    RedisServerNotFound,
-    TestSite,
-    find_redis_server,
-    start_workers,
-    stop_workers,
-    wait_ready,
-    wait_workers,
-)
+from scrapy_dist.testing import TestSite
+from scrapy_dist.testing.crawl import WorkerCrawl
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
 
     import redis
 
-    from scrapy_dist.testing import Worker
+    from scrapy_dist.testing import RedisServer, Worker
 
-try:
-    find_redis_server()
-except RedisServerNotFound:
-    HAVE_REDIS = False
-else:
-    HAVE_REDIS = True
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.redis_server]
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "example"
 PAGES = 1500
@@ -76,16 +58,6 @@ class Crawl:
         return sum(int(stats.get(stat, 0)) for stats in self.stats)
 
 
-def _logs(workers: list[Worker]) -> str:
-    return "\n".join(f"worker {w.index}:\n{w.log_tail(15)}" for w in workers)
-
-
-@pytest.fixture(scope="module")
-def e2e_redis() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 @pytest.fixture(scope="module")
 def e2e_site() -> Iterator[TestSite]:
     with TestSite(PAGES) as site:
@@ -93,14 +65,14 @@ def e2e_site() -> Iterator[TestSite]:
 
 
 @pytest.fixture(scope="module")
-def e2e_client(e2e_redis: RedisServer) -> Iterator[redis.Redis]:
-    with e2e_redis.client(decode_responses=True) as client:
+def e2e_client(module_server: RedisServer) -> Iterator[redis.Redis]:
+    with module_server.client(decode_responses=True) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def crawl(
-    e2e_redis: RedisServer,
+    module_server: RedisServer,
     e2e_site: TestSite,
     e2e_client: redis.Redis,
     tmp_path_factory: pytest.TempPathFactory,
@@ -109,7 +81,7 @@ def crawl(
 
     Every worker started is stopped at teardown if it still runs.
     """
-    started: list[Worker] = []
+    started: list[WorkerCrawl] = []
 
     def run(
         workers: int = 2,
@@ -125,40 +97,35 @@ def crawl(
         e2e_client.flushdb()
         site.reset_hits()
         site.delay = delay
-        log_dir = tmp_path_factory.mktemp(spider)
-        own_settings: dict[str, object] = {
-            "REDIS_URL": e2e_redis.url,
-            "MAX_IDLE_TIME_BEFORE_CLOSE": 2,
-        }
-        own_settings.update(settings or {})
-        running = start_workers(
-            workers,
+        running = WorkerCrawl(
+            module_server,
+            site,
+            tmp_path_factory.mktemp(spider),
             project_dir=EXAMPLE_DIR,
             spider=spider,
-            log_dir=log_dir,
-            settings=own_settings,
-            spider_args=spider_args,
+            settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2, **(settings or {})},
+            stats_setting="DEMO_STATS_FILE",
         )
-        started.extend(running)
+        started.append(running)
         try:
+            running.start(workers, spider_args=spider_args)
             if seed:
                 # Seed while the workers start (see SHARED_CRAWL_DELAY): one of them takes
                 # it as it opens, instead of on its first idle heartbeat, 5 s later.
                 e2e_client.lpush(SEEDS_KEY, site.page_url(0))
-            wait_ready(running, timeout=CRAWL_TIMEOUT)
-            statuses = wait_workers(running, timeout=CRAWL_TIMEOUT)
-        except (RuntimeError, TimeoutError) as e:
-            pytest.fail(f"{e}\n{_logs(running)}")
+            running.wait_ready(timeout=CRAWL_TIMEOUT)
+            statuses = running.wait(timeout=CRAWL_TIMEOUT)
         finally:
-            stop_workers(running, timeout=5.0)
-        assert statuses == [0] * workers, _logs(running)
+            running.stop(timeout=5.0)
+        assert statuses == [0] * workers, running.logs(15)
         keys = {str(key): str(e2e_client.type(key)) for key in e2e_client.scan_iter("*")}
-        return Crawl(running, site.hits(), [w.stats() for w in running], keys)
+        return Crawl(running.workers, site.hits(), [w.stats() for w in running.workers], keys)
 
     try:
         yield run
     finally:
-        stop_workers(started, timeout=5.0)
+        for running in started:
+            running.close()
         e2e_site.delay = 0.0
 
 

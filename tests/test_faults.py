@@ -23,19 +23,18 @@ import redis
 from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
+from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DONE
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.startup import start_failure
+from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.site import TestSite
-from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from scrapy.crawler import Crawler
-
-    from scrapy_dist.testing.workers import Worker
 
 PROJECT = Path(__file__).parent / "project"
 CONCURRENCY = 4
@@ -55,63 +54,12 @@ FAST = {
 }
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with RedisServer(directory=tmp_path / "redis", appendonly=True) as s:
-        yield s
-
-
-class Crawl:
-    """Workers of one crawl of ``site``; all stopped at teardown."""
+class Crawl(WorkerCrawl):
+    """Workers of one crawl of ``site`` (``tests/project``, FAST settings); all stopped
+    at teardown."""
 
     def __init__(self, server: RedisServer, site: TestSite, log_dir: Path) -> None:
-        self.server = server
-        self.site = site
-        self.log_dir = log_dir
-        self.workers: list[Worker] = []
-        self.client = server.client()
-
-    def start(self, count: int, **settings: Any) -> list[Worker]:
-        started = start_workers(
-            count,
-            project_dir=PROJECT,
-            spider="pages",
-            log_dir=self.log_dir,
-            settings={"REDIS_URL": self.server.url, **FAST, **settings},
-            stats_setting=None,
-            first_index=len(self.workers),
-        )
-        self.workers += started
-        return started
-
-    def seed(self) -> None:
-        self.client.lpush("pages:start_urls", self.site.page_url(0))
-
-    def wait(self, timeout: float = 90) -> list[int]:
-        try:
-            return wait_workers(self.workers, timeout)
-        except TimeoutError:
-            pytest.fail("workers did not finish:\n" + self.logs())
-
-    def logs(self) -> str:
-        return "\n".join(f"--- worker {w.index}\n{w.log_tail(40)}" for w in self.workers)
-
-    def full_logs(self) -> str:
-        return "\n".join(w.log_file.read_text(errors="replace") for w in self.workers)
-
-    def hit_when(self, fetched: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(self.site.hits().values()) < fetched:
-            if time.monotonic() > deadline:
-                pytest.fail(f"fewer than {fetched} pages fetched in {timeout}s:\n" + self.logs())
-            time.sleep(0.02)
-
-    def missing(self) -> set[str]:
-        return self.site.expected_paths() - set(self.site.hits())
-
-    def close(self) -> None:
-        stop_workers(self.workers)
-        self.client.close()
+        super().__init__(server, site, log_dir, project_dir=PROJECT, settings=FAST)
 
 
 @contextlib.contextmanager
@@ -130,10 +78,6 @@ def crawl(server: RedisServer, tmp_path: Path) -> Iterator[Crawl]:
         yield c
 
 
-def duplicates(hits: dict[str, int]) -> int:
-    return sum(n - 1 for n in hits.values() if n > 1)
-
-
 def assert_all_once(crawl: Crawl, allowed: int = 0) -> None:
     missing = crawl.missing()
     assert not missing, f"{len(missing)} pages lost, e.g. {sorted(missing)[:5]}\n{crawl.logs()}"
@@ -143,22 +87,22 @@ def assert_all_once(crawl: Crawl, allowed: int = 0) -> None:
 # -- 1. refusals are outages --------------------------------------------------------
 
 
-def _refuse_oom(client: redis.Redis) -> Callable[[], None]:
+def _refuse_oom(client: redis.Redis) -> Callable[[], object]:
     client.config_set("maxmemory", 1)  # noeviction (the default): every write refused
     return lambda: client.config_set("maxmemory", 0)
 
 
-def _refuse_noreplicas(client: redis.Redis) -> Callable[[], None]:
+def _refuse_noreplicas(client: redis.Redis) -> Callable[[], object]:
     client.config_set("min-replicas-to-write", 1)  # no replica: writes get NOREPLICAS
     return lambda: client.config_set("min-replicas-to-write", 0)
 
 
-def _replica(client: redis.Redis) -> Callable[[], None]:
+def _replica(client: redis.Redis) -> Callable[[], object]:
     client.replicaof("127.0.0.1", "1")  # a demoted master: writes get READONLY
     return lambda: client.replicaof("NO", "ONE")
 
 
-def _busy_script(client: redis.Redis) -> Callable[[], None]:
+def _busy_script(client: redis.Redis) -> Callable[[], object]:
     # another client's script runs too long: every other call gets BUSY
     client.config_set("busy-reply-threshold", 100)
     hog = redis.Redis(connection_pool=client.connection_pool)
@@ -177,7 +121,7 @@ def _busy_script(client: redis.Redis) -> Callable[[], None]:
     return restore
 
 
-def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], None]:
+def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], object]:
     # an operator's mistake: the queue key briefly holds a string
     pipe = client.pipeline(transaction=True)
     pipe.rename("pages:requests", "pages:requests:saved")
@@ -206,7 +150,7 @@ def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], None]:
     ids=["oom", "noreplicas", "readonly", "busy", "wrongtype"],
 )
 def test_a_refusing_redis_is_an_outage_not_a_verdict(
-    crawl: Crawl, fault: Callable[[redis.Redis], Callable[[], None]], logged: str
+    crawl: Crawl, fault: Callable[[redis.Redis], Callable[[], object]], logged: str
 ) -> None:
     crawl.start(2, SCHEDULER_LEASE_TIMEOUT=30)  # renewals are refused too
     crawl.seed()
@@ -240,6 +184,7 @@ def test_a_refusing_redis_is_an_outage_not_a_verdict(
 
 
 @pytest.mark.e2e
+@pytest.mark.redis_server
 def test_an_evicting_redis_is_refused_at_start(tmp_path: Path) -> None:
     with (
         RedisServer(
@@ -316,7 +261,7 @@ def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
 ) -> None:
     # a slow item pipeline keeps responses waiting in Scrapy's scraper: they are held
     # too, and count in the bound
-    slow = {"ITEM_PIPELINES": '{"testproject.pipelines.SlowPipeline": 100}'}
+    slow: dict[str, Any] = {"ITEM_PIPELINES": '{"testproject.pipelines.SlowPipeline": 100}'}
     with make_crawl(server, tmp_path, pages=800, delay=0.02) as crawl:
         paused, _ = crawl.start(2, **slow)
         crawl.seed()
@@ -363,6 +308,7 @@ def _scheduler(make_crawler: Callable[..., Crawler], **settings: Any) -> Schedul
     scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
     held: set[Request] = set()
     scheduler.in_flight = lambda: held
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     if scheduler._ticker is not None:
         scheduler._ticker.stop()
@@ -422,7 +368,9 @@ def test_a_finished_crawl_unlinks_its_keys(
     scheduler._settle()
     scheduler.frontier.flush()
     before = client.info("commandstats")
-    assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
+    progress = scheduler.frontier.progress(grace=0, clear=True)
+    assert progress is not None
+    assert progress.state == "finished"
     after = client.info("commandstats")
     assert after.get("cmdstat_unlink", {}).get("calls", 0) > before.get("cmdstat_unlink", {}).get(
         "calls", 0
@@ -430,7 +378,8 @@ def test_a_finished_crawl_unlinks_its_keys(
     assert after.get("cmdstat_del", {}).get("calls", 0) == before.get("cmdstat_del", {}).get(
         "calls", 0
     )
-    assert client.exists(scheduler.df.backend.key) == 0
+    assert isinstance(scheduler.df, RFPDupeFilter)
+    assert client.exists(*scheduler.df.backend.keys()) == 0
 
 
 def test_the_timer_survives_any_redis_error(make_crawler: Callable[..., Crawler]) -> None:

@@ -11,6 +11,7 @@ from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 from twisted.python.failure import Failure
 
+from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
 from scrapy_dist.scheduler import Scheduler
 
@@ -20,7 +21,17 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
+    from scrapy_dist.frontier import Progress
+
 URL = "https://example.com/"
+
+
+def _progress(progress: Progress | None) -> Progress:
+    """A progress report; None would mean Redis did not answer."""
+    assert progress is not None
+    return progress
+
+
 FAST = {
     "SCHEDULER_LEASE_TIMEOUT": 0.6,
     "SCHEDULER_HEARTBEAT_INTERVAL": 0.15,
@@ -38,6 +49,7 @@ class Worker:
         self.scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
         self.holding: set[Request] = set()
         self.scheduler.in_flight = lambda: self.holding
+        assert crawler.spider is not None
         self.scheduler.open(crawler.spider)
 
     def take(self) -> Request | None:
@@ -97,6 +109,7 @@ def test_a_dead_workers_requests_come_back(
         killed.scheduler.enqueue_request(Request(URL + c))
     taken = [killed.take(), killed.take()]
     assert all(taken)
+    assert killed.scheduler._ticker is not None
     killed.scheduler._ticker.stop()  # the worker dies: no renewal, no settlement
     assert survivor.take() is not None  # "c", the one left in the queue
     assert survivor.take() is None  # the dead worker's two are still leased
@@ -147,7 +160,9 @@ def test_callback_errors_retry_then_dead_letter_with_the_reason(
             raise ValueError("parse failed")
         except ValueError:
             failure = Failure()
-        w.scheduler.record_failure(failure, HtmlResponse(request.url, request=request), None)
+        assert w.scheduler.spider is not None
+        response = HtmlResponse(request.url, request=request)
+        w.scheduler.record_failure(failure, response, w.scheduler.spider)
         w.finish(request)
     assert w.take() is None
     [record] = dead_letters(client, w.frontier)
@@ -200,21 +215,22 @@ def test_seeds_are_leased_until_settled(worker: Callable[..., Worker], client: r
 def test_progress_to_finished(worker: Callable[..., Worker], client: redis.Redis) -> None:
     w = worker()
     f = w.frontier
-    assert f.progress(grace=0.3, clear=False).state == "waiting"  # never started
+    assert _progress(f.progress(grace=0.3, clear=False)).state == "waiting"  # never started
     w.scheduler.enqueue_request(Request(URL))
-    assert f.progress(grace=0.3, clear=False).state == "busy"
+    assert _progress(f.progress(grace=0.3, clear=False)).state == "busy"
     request = w.take()
     assert request is not None
-    progress = f.progress(grace=0.3, clear=False)
+    progress = _progress(f.progress(grace=0.3, clear=False))
     assert (progress.state, progress.leased) == ("busy", 1)
     w.finish(request)
-    assert f.progress(grace=0.3, clear=True).state == "idle"
+    assert _progress(f.progress(grace=0.3, clear=True)).state == "idle"
     time.sleep(0.35)
-    assert f.progress(grace=0.3, clear=True).state == "finished"
-    assert client.exists(w.scheduler.df.backend.key) == 0  # cleared exactly once
+    assert _progress(f.progress(grace=0.3, clear=True)).state == "finished"
+    assert isinstance(w.scheduler.df, RFPDupeFilter)
+    assert client.exists(*w.scheduler.df.backend.keys()) == 0  # cleared exactly once
     assert f.totals() == {"done": 1}
     w.scheduler.enqueue_request(Request(URL))  # new work: the crawl is busy again
-    assert f.progress(grace=0.3, clear=False).state == "busy"
+    assert _progress(f.progress(grace=0.3, clear=False)).state == "busy"
 
 
 def test_leases_granted_in_a_lost_reply_are_handed_back(
@@ -343,17 +359,18 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     request = first.take()
     assert request is not None
     first.finish(request)
-    assert f.progress(grace=0.3, clear=False).state == "idle"
+    assert _progress(f.progress(grace=0.3, clear=False)).state == "idle"
     time.sleep(0.35)
-    assert f.progress(grace=0.3, clear=False).state == "finished"
+    assert _progress(f.progress(grace=0.3, clear=False)).state == "finished"
     first.scheduler.close("finished")
 
     # a worker launched before the crawl finished, joining late, belongs to that run
     crawler = make_crawler(FAST)
     late = build_from_crawler(Scheduler, crawler)
     late.registry.started = started_before
+    assert crawler.spider is not None
     late.open(crawler.spider)
-    assert late.frontier.progress(grace=0, clear=False).state == "finished"
+    assert _progress(late.frontier.progress(grace=0, clear=False)).state == "finished"
     late.close("finished")
 
     # a worker started after it finished starts a new run, judged on its own work
@@ -361,13 +378,14 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     second = build_from_crawler(Scheduler, crawler)
     second.registry.started = time.monotonic()
     second.in_flight = tuple
+    assert crawler.spider is not None
     second.open(crawler.spider)
     g = second.frontier
-    assert g.progress(grace=0, clear=False).state == "waiting"
+    assert _progress(g.progress(grace=0, clear=False)).state == "waiting"
     assert g.totals() == {"done": 1}  # the persisted counters stay
     second.enqueue_request(Request(URL + "2"))
     assert second.next_request() is not None
     second._settle()
     second.frontier.flush()
-    assert g.progress(grace=0, clear=False).state == "finished"
+    assert _progress(g.progress(grace=0, clear=False)).state == "finished"
     second.close("finished")

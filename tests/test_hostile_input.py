@@ -20,8 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import scrapy
@@ -37,16 +38,8 @@ from scrapy_dist.seeds import check_callbacks, parse_seed, request_from_seed
 from scrapy_dist.serializers import PRIORITY_MAX, JsonSerializer, RequestCodec, RequestPolicy
 from scrapy_dist.spiders import RedisSpider
 from scrapy_dist.startup import start_failure
-from scrapy_dist.testing import (
-    RedisServer,
-    RedisServerNotFound,
-    TestSite,
-    find_redis_server,
-    start_workers,
-    stop_workers,
-    wait_ready,
-    wait_workers,
-)
+from scrapy_dist.testing import TestSite
+from scrapy_dist.testing.crawl import WorkerCrawl, worker_logs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -54,14 +47,10 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
-try:
-    find_redis_server()
-except RedisServerNotFound:
-    HAVE_REDIS = False
-else:
-    HAVE_REDIS = True
+    from scrapy_dist.testing import RedisServer, Worker
 
-pytestmark_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
+#: Skipped without a redis-server binary, a failure under CI (see conftest.py).
+pytestmark_redis = pytest.mark.redis_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = ROOT / "example"
@@ -70,7 +59,7 @@ PAGES = 200
 CRAWL_TIMEOUT = 90.0
 
 #: A module that proves it was imported by writing a marker file.
-MARKER_MODULE = '''
+MARKER_MODULE = """
 import os
 from pathlib import Path
 
@@ -81,7 +70,7 @@ Path(os.environ["HOSTILE_MARKER"]).write_text("imported")
 
 class Evil(Request):
     pass
-'''
+"""
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -90,9 +79,15 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in hidden}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "scrapy_dist", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "scrapy_dist", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 class UserSpider(RedisSpider):
@@ -116,10 +111,24 @@ class UserSpider(RedisSpider):
 
 @pytest.mark.parametrize(
     "name",
-    ["__init__", "_parse_detail", "_set_crawler", "start", "closed", "make_request_from_data",
-     "schedule_next_requests", "update_settings", "from_crawler", "logger", "name", "missing",
-     "log", "parse_item()", ""],
-)  # fmt: skip
+    [
+        "__init__",
+        "_parse_detail",
+        "_set_crawler",
+        "start",
+        "closed",
+        "make_request_from_data",
+        "schedule_next_requests",
+        "update_settings",
+        "from_crawler",
+        "logger",
+        "name",
+        "missing",
+        "log",
+        "parse_item()",
+        "",
+    ],
+)
 def test_seed_callbacks_name_only_public_methods_of_the_users_spider(name: str) -> None:
     assert callbacks.refusal(UserSpider, name, public_only=True) is not None
     for field in ("callback", "errback"):
@@ -152,18 +161,27 @@ def test_queue_entry_callbacks_allow_private_user_methods_and_rule_callbacks() -
 
 @pytest.mark.parametrize(
     "meta",
-    [{"proxy": "http://attacker.example:8080"}, {"bindaddress": ["10.0.0.1", 0]},
-     {"download_slot": "x"}, {"dont_proxy": True}, {"_auth_proxy": "x"},
-     {"download_timeout": 99999}],
-)  # fmt: skip
+    [
+        {"proxy": "http://attacker.example:8080"},
+        {"bindaddress": ["10.0.0.1", 0]},
+        {"download_slot": "x"},
+        {"dont_proxy": True},
+        {"_auth_proxy": "x"},
+        {"download_timeout": 99999},
+    ],
+)
 def test_seed_meta_cannot_change_where_a_worker_connects(meta: dict[str, Any]) -> None:
     raw = json.dumps({"url": "https://a.example/", "meta": meta})
     with pytest.raises(InvalidSeed, match="SEED_ALLOWED_META"):
         parse_seed(raw)
     assert parse_seed(raw, allowed_meta=list(meta)).meta == meta
     harmless = {"page": 3, "cookiejar": 1, **meta}
-    assert parse_seed(json.dumps({"url": "https://a.example/", "meta": harmless}),
-                      allowed_meta=list(meta)).meta == harmless  # fmt: skip
+    assert (
+        parse_seed(
+            json.dumps({"url": "https://a.example/", "meta": harmless}), allowed_meta=list(meta)
+        ).meta
+        == harmless
+    )
 
 
 @pytest.mark.parametrize("priority", [10**400, PRIORITY_MAX + 1, -(PRIORITY_MAX + 1)])
@@ -175,9 +193,11 @@ def test_seed_priority_is_bounded_to_what_a_queue_score_stores(priority: int) ->
 
 @pytest.mark.parametrize(
     "raw",
-    ["[" * 10_000 + "]" * 10_000,
-     '{"url": "https://a.example/", "meta": {"a": ' + "[" * 10_000 + "]" * 10_000 + "}}"],
-)  # fmt: skip
+    [
+        "[" * 10_000 + "]" * 10_000,
+        '{"url": "https://a.example/", "meta": {"a": ' + "[" * 10_000 + "]" * 10_000 + "}}",
+    ],
+)
 def test_deeply_nested_seed_is_a_clean_rejection(raw: str) -> None:
     with pytest.raises(InvalidSeed):
         parse_seed(raw)
@@ -192,7 +212,7 @@ def test_push_rejects_bad_lines_and_pushes_the_valid_ones(
     lines = [
         b"https://a.example/1",
         b"[" * 10_000 + b"]" * 10_000,
-        b'{"url": "https://a.example/2", "meta": ' + b"{\"a\": " * 5_000 + b"1" + b"}" * 5_001,
+        b'{"url": "https://a.example/2", "meta": ' + b'{"a": ' * 5_000 + b"1" + b"}" * 5_001,
         b'{"url": "https://a.example/3", "priority": 1' + b"0" * 400 + b"}",
         b'{"url": "https://a.example/4", "callback": "__init__"}',
         b'{"url": "https://a.example/5", "meta": {"proxy": "http://attacker.example:8080"}}',
@@ -200,8 +220,17 @@ def test_push_rejects_bad_lines_and_pushes_the_valid_ones(
     ]
     seeds = tmp_path / "seeds.txt"
     seeds.write_bytes(b"\n".join(lines) + b"\n")
-    done = _cli("push", "pages", "--file", str(seeds), "--job", name, "--redis-url", redis_url,
-               cwd=TEST_PROJECT)  # fmt: skip
+    done = _cli(
+        "push",
+        "pages",
+        "--file",
+        str(seeds),
+        "--job",
+        name,
+        "--redis-url",
+        redis_url,
+        cwd=TEST_PROJECT,
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     for number in (2, 3, 4, 5, 6):
@@ -229,7 +258,7 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
     client.zadd(keys.requests, {good[0]: 0, bad: 0, good[1]: 1, good[2]: 1})
     leases = frontier.reserve(10)
     assert sorted(lease.data for lease in leases) == sorted(entry[16:] for entry in good)
-    records = [deadletter.parse(raw) for raw in client.lrange(keys.dead, 0, -1)]
+    records = [deadletter.parse(raw) for raw in _raw(client.lrange(keys.dead, 0, -1))]
     assert [deadletter.data_of(r) for r in records] == [bad]
     assert "malformed queue entry" in records[0]["reason"]
     assert client.zcard(keys.requests) == 0
@@ -237,6 +266,11 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
 
 def _codec(policy: RequestPolicy | None = None) -> RequestCodec:
     return RequestCodec(JsonSerializer(), UserSpider(), policy)
+
+
+def _raw(replies: list[bytes | str]) -> list[bytes]:
+    """Replies of a client without ``decode_responses``, typed as what they are."""
+    return cast("list[bytes]", replies)
 
 
 def test_queue_entry_class_is_looked_up_never_imported(
@@ -255,6 +289,7 @@ def test_queue_entry_class_is_looked_up_never_imported(
 def test_scrapy_request_classes_round_trip() -> None:
     codec = _codec()
     spider = codec.spider
+    assert isinstance(spider, UserSpider)
     for request in (
         Request("https://a.example/", callback=spider.parse_item, priority=5),
         FormRequest("https://a.example/f", formdata={"a": "1"}, callback=spider._parse_detail),
@@ -295,14 +330,16 @@ def test_queue_entry_url_schemes_are_http_unless_widened(url: str) -> None:
 
 @pytest.mark.parametrize(
     "entry",
-    [b'{"url": "https://a.example/", "callback": "__init__"}',
-     b'{"url": "https://a.example/", "errback": "_set_crawler"}',
-     b'{"url": "https://a.example/", "callback": "start"}',
-     b'{"url": "https://a.example/", "priority": 1' + b"0" * 400 + b"}",
-     b'{"url": "https://a.example/\xff\xfe"}',
-     b'{"url": "https://a.example/", "meta": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
-     b"\xff\xfe\x00garbage"],
-)  # fmt: skip
+    [
+        b'{"url": "https://a.example/", "callback": "__init__"}',
+        b'{"url": "https://a.example/", "errback": "_set_crawler"}',
+        b'{"url": "https://a.example/", "callback": "start"}',
+        b'{"url": "https://a.example/", "priority": 1' + b"0" * 400 + b"}",
+        b'{"url": "https://a.example/\xff\xfe"}',
+        b'{"url": "https://a.example/", "meta": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+        b"\xff\xfe\x00garbage",
+    ],
+)
 def test_bad_queue_entries_are_a_serialization_error(entry: bytes) -> None:
     with pytest.raises(SerializationError):
         _codec().decode(entry)
@@ -346,7 +383,7 @@ def test_engine_check_refuses_an_engine_without_its_slot() -> None:
     _engine.check(_Engine())
 
 
-@pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
+@pytestmark_redis
 def test_scheduler_refuses_to_open_on_an_engine_without_its_slot(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
@@ -374,9 +411,18 @@ NON_UTF8_PAYLOAD = pickle.dumps(
 
 @pytest.mark.parametrize(
     "data",
-    [b"plain", "caf\u00e9 \u2028 \U0001f600".encode(), b"\xff", b"\xc0\x80", b"\xed\xa0\x80",
-     b"\xf4\x90\x80\x80", b"\xe2\x82", b"a\x00b\"\\/\n\x7f", bytes(range(256))],
-)  # fmt: skip
+    [
+        b"plain",
+        "caf\u00e9 \u2028 \U0001f600".encode(),
+        b"\xff",
+        b"\xc0\x80",
+        b"\xed\xa0\x80",
+        b"\xf4\x90\x80\x80",
+        b"\xe2\x82",
+        b'a\x00b"\\/\n\x7f',
+        bytes(range(256)),
+    ],
+)
 @pytestmark_redis
 def test_lua_writes_the_python_record_format(client: redis.Redis, data: bytes) -> None:
     lua = scripts_for(client)
@@ -408,14 +454,6 @@ def site() -> Iterator[TestSite]:
         yield test_site
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    if not HAVE_REDIS:
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as redis_server:
-        yield redis_server
-
-
 class _Listener:
     """A TCP port that counts the connections made to it (an attacker's proxy)."""
 
@@ -445,29 +483,47 @@ class _Listener:
         self.sock.close()
 
 
-def _logs(workers: list[Any]) -> str:
-    return "\n".join(f"worker {w.index}:\n{w.log_tail(25)}" for w in workers)
-
-
+@dataclass
 class HostileCrawl:
     """What a crawl with hostile seeds and queue entries left behind."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        self.__dict__.update(kwargs)
+    statuses: list[int]
+    workers: list[Worker]
+    hits: dict[str, int]
+    marker: Path
+    proxy: _Listener
+    secret: Path
+    logs: str
+    records: list[dict[str, Any]]
+    hostile_seeds: list[bytes]
+    hostile_entries: list[bytes]
+    malformed: list[bytes]
 
 
 @pytest.fixture(scope="module")
 def hostile_crawl(
-    server: RedisServer, site: TestSite, tmp_path_factory: pytest.TempPathFactory
+    module_server: RedisServer, site: TestSite, tmp_path_factory: pytest.TempPathFactory
 ) -> HostileCrawl:
     """Two workers crawl the site; hostile seeds and queue entries arrive meanwhile."""
     tmp_path = tmp_path_factory.mktemp("hostile")
-    client = server.client()
+    marker = tmp_path / "imported"
+    modules = tmp_path / "modules"
+    crawl = WorkerCrawl(
+        module_server,
+        site,
+        tmp_path,
+        project_dir=EXAMPLE_DIR,
+        settings={"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "SCHEDULER_PREFETCH": 8},
+        stats_setting="DEMO_STATS_FILE",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(modules)]),
+            "HOSTILE_MARKER": str(marker),
+        },
+    )
+    client = crawl.client
     client.flushdb()
     site.reset_hits()
     site.delay = 0.02
-    marker = tmp_path / "imported"
-    modules = tmp_path / "modules"
     modules.mkdir()
     (modules / "hostile_marker.py").write_text(MARKER_MODULE)
     secret = tmp_path / "secret.txt"
@@ -477,12 +533,14 @@ def hostile_crawl(
     hostile_seeds = [
         json.dumps({"url": off_site[0], "callback": "__init__"}).encode(),
         json.dumps({"url": off_site[1], "callback": "_set_crawler"}).encode(),
-        json.dumps({"url": off_site[2], "meta": {"proxy": f"http://127.0.0.1:{proxy.port}"}}).encode(),
+        json.dumps(
+            {"url": off_site[2], "meta": {"proxy": f"http://127.0.0.1:{proxy.port}"}}
+        ).encode(),
         f'{{"url": "{off_site[3]}", "priority": 1{"0" * 400}}}'.encode(),
         b'{"url": "' + off_site[4].encode() + b'", "meta": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
         b"[" * 10_000,
         off_site[5].encode() + b"/\xff\xfe",
-    ]  # fmt: skip
+    ]
     deep = b"[" * 10_000 + b"]" * 10_000
     hostile_entries = [
         json.dumps({"url": off_site[6], "_class": "hostile_marker.Evil"}).encode(),
@@ -491,28 +549,13 @@ def hostile_crawl(
         json.dumps({"url": off_site[8], "errback": "close"}).encode(),
         b'{"url": "' + off_site[9].encode() + b'\xff"}',
         b'{"url": "' + off_site[10].encode() + b'", "meta": ' + deep + b"}",
-    ]  # fmt: skip
+    ]
     # an entry without the 16-digit id enqueue.lua writes, and not UTF-8 either
     malformed = [b"\xff\xfe not an entry", b'{"url": "' + off_site[11].encode() + b'"}']
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(modules)]),
-        "HOSTILE_MARKER": str(marker),
-    }
-    workers = start_workers(
-        2,
-        project_dir=EXAMPLE_DIR,
-        spider="pages",
-        log_dir=tmp_path,
-        settings={
-            "REDIS_URL": server.url,
-            "MAX_IDLE_TIME_BEFORE_CLOSE": 2,
-            "SCHEDULER_PREFETCH": 8,
-        },
-        env=env,
-    )
     try:
-        client.lpush("pages:start_urls", site.page_url(0))
-        wait_ready(workers, timeout=CRAWL_TIMEOUT)
+        crawl.start(2)
+        crawl.seed()
+        crawl.wait_ready(timeout=CRAWL_TIMEOUT)
         deadline = time.monotonic() + 20
         while client.zcard("pages:requests") < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -521,25 +564,32 @@ def hostile_crawl(
         for n, payload in enumerate(hostile_entries):
             client.zadd("pages:requests", {b"%016d" % (10**12 + n) + payload: 0})
         client.zadd("pages:requests", dict.fromkeys(malformed, 0))
-        statuses = wait_workers(workers, timeout=CRAWL_TIMEOUT)
-    except (RuntimeError, TimeoutError) as e:
-        pytest.fail(f"{e}\n{_logs(workers)}")
+        statuses = crawl.wait(timeout=CRAWL_TIMEOUT)
     finally:
-        stop_workers(workers, timeout=5.0)
+        crawl.stop(timeout=5.0)
         proxy.close()
+    workers = crawl.workers
     logs = "".join(w.log_file.read_text(errors="replace") for w in workers)
-    records = [deadletter.parse(raw) for raw in client.lrange("pages:dead", 0, -1)]
+    records = [deadletter.parse(raw) for raw in _raw(client.lrange("pages:dead", 0, -1))]
     return HostileCrawl(
-        statuses=statuses, workers=workers, hits=site.hits(), marker=marker, proxy=proxy,
-        secret=secret, logs=logs, records=records, hostile_seeds=hostile_seeds,
-        hostile_entries=hostile_entries, malformed=malformed,
-    )  # fmt: skip
+        statuses=statuses,
+        workers=workers,
+        hits=site.hits(),
+        marker=marker,
+        proxy=proxy,
+        secret=secret,
+        logs=logs,
+        records=records,
+        hostile_seeds=hostile_seeds,
+        hostile_entries=hostile_entries,
+        malformed=malformed,
+    )
 
 
 def test_hostile_crawl_finishes_with_every_good_page_once(
     hostile_crawl: HostileCrawl, site: TestSite
 ) -> None:
-    assert hostile_crawl.statuses == [0, 0], _logs(hostile_crawl.workers)
+    assert hostile_crawl.statuses == [0, 0], worker_logs(hostile_crawl.workers, 25)
     hits = hostile_crawl.hits
     assert set(hits) == site.expected_paths(), sorted(set(hits) ^ site.expected_paths())[:10]
     assert set(hits.values()) == {1}, {p: n for p, n in hits.items() if n > 1}
@@ -617,17 +667,21 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
-    options = ["--redis-url", redis_url, "-s", "SCHEDULER_SERIALIZER=pickle",
-               "-s", "REDIS_ENCODING=latin-1"]  # fmt: skip
+    options = [
+        "--redis-url",
+        redis_url,
+        "-s",
+        "SCHEDULER_SERIALIZER=pickle",
+        "-s",
+        "REDIS_ENCODING=latin-1",
+    ]
     assert main(["dead", "list", name, "--json", *options]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["kind"] for r in listed] == ["seed", "request", "seed", "request"]
     assert [deadletter.data_of(r) for r in listed] == [NON_UTF8_SEED, NON_UTF8_PAYLOAD] * 2
     assert all(r["reason"] for r in listed)
 
-    assert main(["dead", "requeue", name, "--all", *options]) == 0, (
-        capsys.readouterr()
-    )
+    assert main(["dead", "requeue", name, "--all", *options]) == 0, capsys.readouterr()
     assert client.llen(keys.dead) == 0
     assert client.lrange(keys.start_urls, 0, -1) == [NON_UTF8_SEED, NON_UTF8_SEED]
     payloads = [entry[16:] for entry in client.zrange(keys.requests, 0, -1)]
@@ -645,9 +699,13 @@ def test_a_pickled_entry_with_a_huge_priority_is_a_serialization_error() -> None
 
 @pytestmark_redis
 def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
-    redis_url: str, client: redis.Redis, name: str, capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:  # fmt: skip
+    redis_url: str,
+    client: redis.Redis,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
     from scrapy_dist.cli import main
 
     dead = deadletter.DeadLetters(client, f"{name}:dead", "w")
@@ -662,7 +720,8 @@ def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
     err = capsys.readouterr().err
     assert "#0: not requeued: request is still invalid: request class 'os.system'" in err
     assert "#1: not requeued: request is still invalid: URL scheme 'file'" in err
-    left = [deadletter.data_of(deadletter.parse(r)) for r in client.lrange(f"{name}:dead", 0, -1)]
+    dead_list = _raw(client.lrange(f"{name}:dead", 0, -1))
+    left = [deadletter.data_of(deadletter.parse(r)) for r in dead_list]
     assert left == [hostile.encode(), local.encode()]
     assert [e[16:] for e in client.zrange(f"{name}:requests", 0, -1)] == [fine.encode()]
 
@@ -675,9 +734,25 @@ def test_lua_utf8_check_agrees_with_python(client: redis.Redis) -> None:
     from scrapy_dist.scripts import source
 
     rng = random.Random(11)
-    pieces = [b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x90\x80\x80",
-              b"\xf4\x8f\xbf\xbf", b"\x80", b"\xbf", b"\xc0", b"\xc1", b"\xe0", b"\xed", b"\xf4",
-              b"\xf5", b"\xff", b"a", b"\x00"]  # fmt: skip
+    pieces = [
+        b"\xc2\x80",
+        b"\xdf\xbf",
+        b"\xe0\xa0\x80",
+        b"\xed\x9f\xbf",
+        b"\xf0\x90\x80\x80",
+        b"\xf4\x8f\xbf\xbf",
+        b"\x80",
+        b"\xbf",
+        b"\xc0",
+        b"\xc1",
+        b"\xe0",
+        b"\xed",
+        b"\xf4",
+        b"\xf5",
+        b"\xff",
+        b"a",
+        b"\x00",
+    ]
     samples = [b"".join(rng.choices(pieces, k=rng.randint(1, 6))) for _ in range(3000)]
     samples += [bytes(rng.randrange(256) for _ in range(rng.randint(1, 8))) for _ in range(3000)]
     script = client.register_script(
@@ -712,9 +787,23 @@ def test_a_worker_refuses_to_start_on_an_engine_without_what_it_reads(
     for name in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT"):
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, "-m", "scrapy", "crawl", "pages", "-s", f"REDIS_URL={server.url}",
-         "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=2"],
-        cwd=TEST_PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "scrapy",
+            "crawl",
+            "pages",
+            "-s",
+            f"REDIS_URL={server.url}",
+            "-s",
+            "MAX_IDLE_TIME_BEFORE_CLOSE=2",
+        ],
+        cwd=TEST_PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"Scrapy {scrapy.__version__} has no engine._slot.renamed_attribute" in done.stderr

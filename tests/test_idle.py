@@ -73,9 +73,13 @@ def test_seeds_pushed_to_idle_workers_start_within_a_second(
     server: RedisServer, site: TestSite, workers: list[Worker], tmp_path: Path
 ) -> None:
     workers += start_workers(
-        2, project_dir=PROJECT, spider="pages", log_dir=tmp_path, stats_setting=None,
+        2,
+        project_dir=PROJECT,
+        spider="pages",
+        log_dir=tmp_path,
+        stats_setting=None,
         settings={"REDIS_URL": server.url, **SETTINGS},
-    )  # fmt: skip
+    )
     wait_ready(workers)
     time.sleep(3)  # both idle for a while, backed off
     client = redis.Redis.from_url(server.url)
@@ -92,9 +96,13 @@ def test_a_worker_joining_a_running_crawl_starts_at_once(
 ) -> None:
     settings = {"REDIS_URL": server.url, **SETTINGS}
     workers += start_workers(
-        1, project_dir=PROJECT, spider="pages", log_dir=tmp_path, stats_setting=None,
+        1,
+        project_dir=PROJECT,
+        spider="pages",
+        log_dir=tmp_path,
+        stats_setting=None,
         settings=settings,
-    )  # fmt: skip
+    )
     wait_ready(workers)
     client = redis.Redis.from_url(server.url)
     client.lpush("pages:start_urls", site.page_url(0))
@@ -103,9 +111,14 @@ def test_a_worker_joining_a_running_crawl_starts_at_once(
         assert time.monotonic() < deadline, workers[0].log_tail(40)
         time.sleep(0.05)
     [late] = start_workers(
-        1, project_dir=PROJECT, spider="pages", log_dir=tmp_path, stats_setting=None,
-        settings=settings, first_index=1,
-    )  # fmt: skip
+        1,
+        project_dir=PROJECT,
+        spider="pages",
+        log_dir=tmp_path,
+        stats_setting=None,
+        settings=settings,
+        first_index=1,
+    )
     workers.append(late)
     latency = first_fetch(late) - opened(late)
     print(f"joining worker: first fetch {latency:.2f}s after it opened")

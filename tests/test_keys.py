@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 from scrapy.settings import Settings
@@ -103,7 +104,7 @@ def test_keys_are_named_after_the_spider_instance(make_crawler) -> None:  # type
     from scrapy_dist.spiders import RedisSpider
 
     class Renamed(RedisSpider):
-        def __init__(self, *args: object, **kwargs: object) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.name = f"{self.name}-renamed"
 

@@ -41,9 +41,10 @@ def parse(text: str) -> dict[str, float]:
 
 def test_exposition_format() -> None:
     text = prometheus_text(
-        'we"ird\\crawl', {"scrapy_dist_queue_depth": 3, "scrapy_dist_bloom_fill": 0.25},
+        'we"ird\\crawl',
+        {"scrapy_dist_queue_depth": 3, "scrapy_dist_bloom_fill": 0.25},
         {"scrapy_dist_worker_pages_total": ("Pages.", 7.0)},
-    )  # fmt: skip
+    )
     assert text.splitlines() == [
         "# HELP scrapy_dist_queue_depth Requests waiting in the crawl's shared queue.",
         "# TYPE scrapy_dist_queue_depth gauge",
@@ -65,26 +66,38 @@ def fill(client: redis.Redis, keys: RedisKeys) -> None:
     client.zadd(keys.leases, {"0000000000000003": time.time() + 60})
     client.sadd(keys.dupefilter, b"f1", b"f2", b"f3")
     client.rpush(keys.items, "{}")
-    SharedStats(client, keys.stats, keys.timeline).apply([
-        ("inc", "response_received_count", "120", "0"),
-        ("inc", "item_scraped_count", "60", "0"),
-    ])  # fmt: skip
+    SharedStats(client, keys.stats, keys.timeline).apply(
+        [
+            ("inc", "response_received_count", "120", "0"),
+            ("inc", "item_scraped_count", "60", "0"),
+        ]
+    )
 
 
 def test_cli_prints_the_crawls_metrics(  # noqa: PLR0917
-    redis_url: str, client: redis.Redis, name: str, capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:  # fmt: skip
+    redis_url: str,
+    client: redis.Redis,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
     monkeypatch.chdir(tmp_path)
     fill(client, RedisKeys.build(name))
     assert main(["metrics", name, "--once", "--redis-url", redis_url]) == 0
     values = parse(capsys.readouterr().out)
     assert values == {
-        "scrapy_dist_up": 1, "scrapy_dist_queue_depth": 2, "scrapy_dist_seeds": 1,
-        "scrapy_dist_leased": 1, "scrapy_dist_dead": 2, "scrapy_dist_workers": 0,
-        "scrapy_dist_items_stored": 1, "scrapy_dist_dupefilter_size": 3,
-        "scrapy_dist_pages_per_second": 2.0, "scrapy_dist_items_per_second": 1.0,
-    }  # fmt: skip
+        "scrapy_dist_up": 1,
+        "scrapy_dist_queue_depth": 2,
+        "scrapy_dist_seeds": 1,
+        "scrapy_dist_leased": 1,
+        "scrapy_dist_dead": 2,
+        "scrapy_dist_workers": 0,
+        "scrapy_dist_items_stored": 1,
+        "scrapy_dist_dupefilter_size": 3,
+        "scrapy_dist_pages_per_second": 2.0,
+        "scrapy_dist_items_per_second": 1.0,
+    }
 
 
 @pytest.fixture
@@ -120,8 +133,14 @@ def test_a_worker_serves_metrics_over_http(
         "SCHEDULER_WORKER_TIMEOUT": 5,
         "SCHEDULER_LEASE_TIMEOUT": 2,
     }
-    workers = start_workers(1, project_dir=PROJECT, spider="pages", log_dir=tmp_path,
-                            settings=settings, stats_setting=None)  # fmt: skip
+    workers = start_workers(
+        1,
+        project_dir=PROJECT,
+        spider="pages",
+        log_dir=tmp_path,
+        settings=settings,
+        stats_setting=None,
+    )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         deadline = time.monotonic() + 60

@@ -136,8 +136,12 @@ def test_export_copies_and_moves_items_exactly_once(
     try:
         assert main(["export", name, "-o", str(moved), "--delete", "--redis-url", redis_url]) == 0
         assert main(["export", name, "-o", str(moved), "--delete", "--redis-url", redis_url]) == 2
-        assert main(["export", name, "-o", str(moved), "--delete", "--append",
-                     "--redis-url", redis_url]) == 0  # fmt: skip
+        assert (
+            main(
+                ["export", name, "-o", str(moved), "--delete", "--append", "--redis-url", redis_url]
+            )
+            == 0
+        )
     finally:
         stop.set()
         producer.join()

@@ -6,8 +6,8 @@ import pytest
 import redis
 from scrapy import Request
 
-from scrapy_dist.backends import SetBackend
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters import SetBackend
 from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue, RedisQueue
 
 QUEUES = [FifoQueue, LifoQueue, PriorityQueue]
@@ -82,8 +82,9 @@ def test_priority_order_fifo_among_equals(client: redis.Redis, name: str) -> Non
 def test_dedupe_is_atomic_with_the_push(queue: RedisQueue, name: str) -> None:
     backend = SetBackend(queue.client, f"{name}:dupefilter")
     score = 0.0
-    assert queue.push([(b"p1", score, b"fp1"), (b"p2", score, b"fp1"), (b"p3", score, b"fp2")],
-                      backend) == [True, False, True]  # fmt: skip
+    assert queue.push(
+        [(b"p1", score, b"fp1"), (b"p2", score, b"fp1"), (b"p3", score, b"fp2")], backend
+    ) == [True, False, True]
     # an empty fingerprint (dont_filter) is never filtered and never recorded
     assert queue.push([(b"p4", score, b""), (b"p5", score, b"")], backend) == [True, True]
     assert len(queue) == 4

@@ -13,18 +13,17 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import pytest
-import redis
 
-from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.site import TestSite
-from scrapy_dist.testing.workers import start_workers, stop_workers, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from scrapy_dist.testing.redis_server import RedisServer
     from scrapy_dist.testing.workers import Worker
 
 pytestmark = pytest.mark.e2e
@@ -52,71 +51,11 @@ def site() -> Iterator[TestSite]:
         yield s
 
 
-@pytest.fixture
-def fresh_site(site: TestSite) -> TestSite:
-    site.reset_hits()
-    return site
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    with RedisServer(directory=tmp_path / "redis", appendonly=True) as s:
-        yield s
-
-
-class Crawl:
-    """Workers of one crawl, started with shared settings; all stopped at teardown."""
+class Crawl(WorkerCrawl):
+    """Workers of one crawl (``tests/project``, FAST settings); all stopped at teardown."""
 
     def __init__(self, server: RedisServer, site: TestSite, log_dir: Path) -> None:
-        self.server = server
-        self.site = site
-        self.log_dir = log_dir
-        self.workers: list[Worker] = []
-        self.client = redis.Redis.from_url(server.url)
-
-    def start(self, count: int, **settings: Any) -> list[Worker]:
-        spider_args = settings.pop("spider_args", None)
-        started = start_workers(
-            count,
-            project_dir=PROJECT,
-            spider="pages",
-            log_dir=self.log_dir,
-            settings={"REDIS_URL": self.server.url, **FAST, **settings},
-            spider_args=spider_args,
-            stats_setting=None,
-            first_index=len(self.workers),
-        )
-        self.workers += started
-        return started
-
-    def seed(self) -> None:
-        self.client.lpush("pages:start_urls", self.site.page_url(0))
-
-    def wait(self, timeout: float = 90) -> list[int]:
-        try:
-            return wait_workers(self.workers, timeout)
-        except TimeoutError:
-            pytest.fail("workers did not finish:\n" + self.logs())
-
-    def logs(self) -> str:
-        """The first error of each worker (with its traceback) and the end of its log."""
-        parts = []
-        for w in self.workers:
-            lines = w.log_file.read_text(errors="replace").splitlines()
-            first = next((i for i, line in enumerate(lines) if "ERROR" in line), None)
-            error = "\n".join(lines[first : first + 30]) if first is not None else "(no error)"
-            parts.append(f"--- worker {w.index}, first error:\n{error}\n{w.log_tail(25)}")
-        return "\n".join(parts)
-
-    def full_logs(self) -> str:
-        return "\n".join(w.log_file.read_text(errors="replace") for w in self.workers)
-
-    def hit_when(self, fetched: int, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(self.site.hits().values()) < fetched:
-            if time.monotonic() > deadline:
-                pytest.fail(f"fewer than {fetched} pages fetched in {timeout}s:\n" + self.logs())
-            time.sleep(0.05)
+        super().__init__(server, site, log_dir, project_dir=PROJECT, settings=FAST, hit_timeout=30)
 
     def assert_complete(self) -> dict[str, int]:
         hits = self.site.hits()
@@ -128,12 +67,8 @@ class Crawl:
 
     def held_by(self, worker: Worker) -> int:
         """How many requests and seeds ``worker`` holds leased (worker ids embed the pid)."""
-        records = self.client.hvals("pages:leased")
+        records = cast("list[bytes]", self.client.hvals("pages:leased"))  # bytes replies
         return sum(1 for r in records if f":{worker.pid}:" in r.split(b"|")[2].decode())
-
-    def close(self) -> None:
-        stop_workers(self.workers)
-        self.client.close()
 
 
 @pytest.fixture
@@ -141,10 +76,6 @@ def crawl(server: RedisServer, fresh_site: TestSite, tmp_path: Path) -> Iterator
     c = Crawl(server, fresh_site, tmp_path)
     yield c
     c.close()
-
-
-def duplicates(hits: dict[str, int]) -> int:
-    return sum(n - 1 for n in hits.values() if n > 1)
 
 
 def test_kill_9_workers_at_random_moments(crawl: Crawl) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request
@@ -13,6 +13,7 @@ from scrapy.exceptions import CloseSpider
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.startup import start_failure
@@ -23,8 +24,24 @@ if TYPE_CHECKING:
 
     import redis
     from scrapy.crawler import Crawler
+    from scrapy.http.request import CallbackT as Callback
+
+    from scrapy_dist.frontier import Progress
 
 URL = "https://example.com/"
+
+
+def _progress(progress: Progress | None) -> Progress:
+    """A progress report; None would mean Redis did not answer."""
+    assert progress is not None
+    return progress
+
+
+def _set_key(scheduler: Scheduler) -> str:
+    """The key of the crawl's dupefilter set (the default backend)."""
+    assert isinstance(scheduler.df, RFPDupeFilter)
+    [key] = scheduler.df.backend.keys()
+    return key
 
 
 @pytest.fixture
@@ -38,12 +55,14 @@ def open_scheduler(
         # send each write at once, so return values reflect Redis's answers
         crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0, **(settings or {})})
         scheduler = build_from_crawler(Scheduler, crawler)
+        assert crawler.spider is not None
         scheduler.open(crawler.spider)
         opened.append(scheduler)
         return scheduler
 
     yield make
     for scheduler in opened:
+        assert scheduler._ticker is not None
         if scheduler._ticker.running:
             scheduler.close("finished")
 
@@ -83,7 +102,7 @@ def test_priority_order_and_fifo_ties(open_scheduler: Callable[..., Scheduler]) 
     scheduler = open_scheduler()
     for path, priority in [("l", -1), ("m1", 0), ("h", 5), ("m2", 0), ("m3", 0)]:
         scheduler.enqueue_request(Request(URL + path, priority=priority))
-    assert [r.url[len(URL):] for r in drain(scheduler)] == ["h", "m1", "m2", "m3", "l"]
+    assert [r.url[len(URL) :] for r in drain(scheduler)] == ["h", "m1", "m2", "m3", "l"]
 
 
 @pytest.mark.parametrize(
@@ -103,7 +122,7 @@ def test_unserializable_request_is_counted_kept_aside_and_not_seen(
     open_scheduler: Callable[..., Scheduler], client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     scheduler = open_scheduler()
-    bad = Request(URL + "bad", callback=lambda response: None)
+    bad = Request(URL + "bad", callback=cast("Callback", lambda response: None))
     with caplog.at_level(logging.ERROR):
         assert not scheduler.enqueue_request(bad)
         assert not scheduler.enqueue_request(Request(URL + "bad2", meta={"o": object()}))
@@ -114,7 +133,7 @@ def test_unserializable_request_is_counted_kept_aside_and_not_seen(
     assert all(d["kind"] == "request" and "unserializable" in d["reason"] for d in dead)
     # not marked as seen: a serializable request for the same URL still goes through
     assert scheduler.enqueue_request(Request(URL + "bad"))
-    assert client.scard(scheduler.df.backend.key) == 1
+    assert client.scard(_set_key(scheduler)) == 1
 
 
 def test_undecodable_entry_goes_to_dead_letters(
@@ -138,13 +157,13 @@ def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     a.enqueue_request(Request(URL + "1"))
     a.enqueue_request(Request(URL + "2"))
     a.close("finished")  # b still has work: nothing may be deleted under it
-    assert client.exists(a.queue.key, a.df.backend.key) == 2
+    assert client.exists(a.queue.key, _set_key(a)) == 2
     assert [r.url for r in drain(b)] == [URL + "1", URL + "2"]
     b.enqueue_request(Request(URL + "3"))
     assert [r.url for r in drain(b)] == [URL + "3"]
     b.close("finished")  # nothing queued, leased or waiting: the crawl is finished
     keys = a.frontier.keys
-    assert client.exists(a.queue.key, a.df.backend.key, keys.seq, keys.leases) == 0
+    assert client.exists(a.queue.key, _set_key(a), keys.seq, keys.leases) == 0
     assert client.exists(a.registry.key) == 0
 
 
@@ -155,7 +174,7 @@ def test_persist_true_keeps_everything(
     a.enqueue_request(Request(URL + "1"))
     drain(a)
     a.close("finished")
-    assert client.exists(a.df.backend.key) == 1
+    assert client.exists(_set_key(a)) == 1
 
 
 def test_an_unfinished_crawl_is_never_deleted(
@@ -166,7 +185,7 @@ def test_an_unfinished_crawl_is_never_deleted(
     a.enqueue_request(Request(URL + "1"))
     client.hset(a.registry.key, "ghost:1:dead", "1000.0")  # heartbeat from long ago
     a.close("shutdown")
-    assert client.exists(a.queue.key, a.df.backend.key) == 2
+    assert client.exists(a.queue.key, _set_key(a)) == 2
     assert client.hlen(a.registry.key) == 0  # the stale worker was pruned
 
 
@@ -225,6 +244,7 @@ def test_unreachable_redis_at_open(
     crawler = make_crawler({"REDIS_URL": f"redis://:pw@127.0.0.1:{free_port()}/0"})
     scheduler = build_from_crawler(Scheduler, crawler)
     with caplog.at_level(logging.WARNING):
+        assert crawler.spider is not None
         scheduler.open(crawler.spider)  # a failed start, reported, not raised
         assert not scheduler.has_pending_requests()
         with pytest.raises(CloseSpider) as info:
@@ -236,24 +256,34 @@ def test_unreachable_redis_at_open(
     assert re.search(r"127\.0\.0\.1.*REDIS_URL", record.getMessage())
     assert "pw" not in record.getMessage()
     # without a crawler to report to, the scheduler raises
-    scheduler = Scheduler(frontier=scheduler.frontier, dupefilter=scheduler.df,
-                          serializer=scheduler.serializer, registry=scheduler.registry,
-                          dead=scheduler.dead, stats=scheduler.stats, in_flight=tuple)  # fmt: skip
+    scheduler = Scheduler(
+        frontier=scheduler.frontier,
+        dupefilter=scheduler.df,
+        serializer=scheduler.serializer,
+        registry=scheduler.registry,
+        dead=scheduler.dead,
+        stats=scheduler.stats,
+        in_flight=tuple,
+    )
+    assert crawler.spider is not None
     with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1") as raised:
         scheduler.open(crawler.spider)
     assert "pw" not in str(raised.value)
 
 
 def test_wrong_password_at_open(
-    make_crawler: Callable[..., Crawler], client: redis.Redis, name: str,
+    make_crawler: Callable[..., Crawler],
+    client: redis.Redis,
+    name: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     port = client.connection_pool.connection_kwargs["port"]
     client.acl_setuser(name, enabled=True, passwords=["+right"], commands=["+@all"], keys=["*"])
     try:
         crawler = make_crawler({"REDIS_URL": f"redis://{name}:secret@127.0.0.1:{port}/0"})
         scheduler = build_from_crawler(Scheduler, crawler)
         with caplog.at_level(logging.WARNING):
+            assert crawler.spider is not None
             scheduler.open(crawler.spider)
     finally:
         client.acl_deluser(name)
@@ -267,7 +297,7 @@ def test_wrong_password_at_open(
 @pytest.mark.parametrize(
     "settings",
     [
-        {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.backends.SetBackend"},
+        {"SCHEDULER_QUEUE_CLASS": "scrapy_dist.filters.SetBackend"},
         {"SCHEDULER_PREFETCH": -1},
         {"SCHEDULER_FLUSH_INTERVAL": -1},
         {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},
@@ -283,7 +313,7 @@ def test_misconfiguration(
     with caplog.at_level(logging.ERROR):
         scheduler = build_from_crawler(Scheduler, crawler)
     assert isinstance(scheduler, FailedScheduler)
-    assert start_failure(crawler).reason == "configuration_error"  # type: ignore[union-attr]
+    assert start_failure(crawler).reason == "configuration_error"
     [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert record.getMessage().startswith("Cannot start: ")
     assert not scheduler.has_pending_requests()
@@ -298,6 +328,7 @@ def test_queue_key_of_the_wrong_type(
     crawler = make_crawler()
     client.rpush(assemble(crawler).keys.requests, b"left by a FIFO crawl")
     scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     failure = start_failure(crawler)
     assert failure is not None
@@ -313,6 +344,7 @@ def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
     scheduler = build_from_crawler(Scheduler, crawler)
     holding: set[Request] = set()
     scheduler.in_flight = lambda: holding
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     stats = scheduler.stats
     assert scheduler.enqueue_request(Request(URL))
@@ -347,6 +379,7 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     scheduler = build_from_crawler(Scheduler, crawler)
     holding: set[Request] = set()
     scheduler.in_flight = lambda: holding
+    assert crawler.spider is not None
     scheduler.open(crawler.spider)
     assert scheduler.enqueue_request(Request(URL))
     request = scheduler.next_request()
@@ -355,15 +388,17 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     assert not scheduler.enqueue_request(Request(URL))  # known locally, no round trip
     holding.clear()
     assert scheduler.next_request() is None  # holds nothing now
-    assert scheduler.frontier.progress(grace=0, clear=True).state == "finished"
+    assert _progress(scheduler.frontier.progress(grace=0, clear=True)).state == "finished"
     assert scheduler.enqueue_request(Request(URL))  # a new run crawls it again
     scheduler.close("finished")
 
 
 def test_open_names_the_keys_and_hints_at_a_misspelled_seeds_key(
-    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    open_scheduler: Callable[..., Scheduler],
+    client: redis.Redis,
+    name: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     client.rpush(f"{name}s:start_urls", "https://e.com/")  # the spider is "<name>"
     client.rpush(f"{name}:job7:start_urls", "https://e.com/")  # a job suffix apart
     client.rpush(f"{name}zzzzzzzzzzzz:start_urls", "https://e.com/")  # another crawl
@@ -379,9 +414,11 @@ def test_open_names_the_keys_and_hints_at_a_misspelled_seeds_key(
 
 
 def test_no_hint_when_the_seeds_key_has_seeds(
-    open_scheduler: Callable[..., Scheduler], client: redis.Redis, name: str,
+    open_scheduler: Callable[..., Scheduler],
+    client: redis.Redis,
+    name: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     client.rpush(f"{name}:start_urls", "https://e.com/")
     client.rpush(f"{name}s:start_urls", "https://e.com/")
     with caplog.at_level(logging.WARNING):

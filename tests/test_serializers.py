@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request, Spider
@@ -14,6 +14,9 @@ from scrapy_dist.serializers import (
     RequestCodec,
     load_serializer,
 )
+
+if TYPE_CHECKING:
+    from scrapy.http.request import CallbackT as Callback
 
 
 class MySpider(Spider):
@@ -43,8 +46,19 @@ def rich_request(spider: MySpider) -> Request:
 
 def same(a: Request, b: Request) -> None:
     assert type(a) is type(b)
-    for attr in ("url", "method", "body", "cookies", "meta", "cb_kwargs", "priority",
-                 "dont_filter", "flags", "callback", "errback"):  # fmt: skip
+    for attr in (
+        "url",
+        "method",
+        "body",
+        "cookies",
+        "meta",
+        "cb_kwargs",
+        "priority",
+        "dont_filter",
+        "flags",
+        "callback",
+        "errback",
+    ):
         assert getattr(a, attr) == getattr(b, attr), attr
     assert a.headers == b.headers
 
@@ -74,7 +88,7 @@ def test_json_is_text_not_pickle() -> None:
 def test_lambda_callback_is_unserializable() -> None:
     codec = RequestCodec(JsonSerializer(), MySpider())
     with pytest.raises(SerializationError) as info:
-        codec.encode(Request("https://e.com/", callback=lambda r: None))
+        codec.encode(Request("https://e.com/", callback=cast("Callback", lambda r: None)))
     assert isinstance(info.value, ValueError)
     assert info.value.__cause__ is not None
 

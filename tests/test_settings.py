@@ -37,7 +37,7 @@ def test_defaults_fill_unset_settings() -> None:
 def test_the_config_and_its_sections_are_frozen() -> None:
     c = config()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        c.scheduler = None  # type: ignore[misc]
+        c.scheduler = None  # type: ignore[assignment]  # the point: it is refused
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.frontier.lease_timeout = 1  # type: ignore[misc]
     assert c.settings.frozen
@@ -87,9 +87,7 @@ def test_built_once_per_crawler() -> None:
 
 
 def test_built_from_the_settings_after_the_add_ons() -> None:
-    crawler = get_crawler(
-        settings_dict={"ADDONS": {DistAddon: 0}, "SCHEDULER_LEASE_TIMEOUT": 60}
-    )
+    crawler = get_crawler(settings_dict={"ADDONS": {DistAddon: 0}, "SCHEDULER_LEASE_TIMEOUT": 60})
     c = assemble(crawler).config
     assert c.frontier.lease_timeout == 60  # the project's value wins over the add-on's
     assert c.components.scheduler == "scrapy_dist.scheduler.Scheduler"  # the add-on's
@@ -212,8 +210,7 @@ ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (
         {"DUPEFILTER_BACKEND": "x"},
         "dupefilter",
-        "DUPEFILTER_BACKEND must be one of 'set', 'bloom', 'bitmap', 'redisbloom', 'auto', "
-        "not 'x'",
+        "DUPEFILTER_BACKEND must be one of 'set', 'bloom', 'bitmap', 'redisbloom', 'auto', not 'x'",
     ),
     (
         {"DUPEFILTER_TTL": "abc"},

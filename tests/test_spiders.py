@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 class Spider(RedisSpider):
     name = "unused"
+    redis_key: str  # one key in these tests
 
     def parse(self, response: Any) -> Any:
         return None
@@ -37,7 +38,9 @@ class Spider(RedisSpider):
 @pytest.fixture
 def spider(make_crawler: Callable[..., Crawler]) -> Callable[..., Spider]:
     def make(settings: dict[str, Any] | None = None, cls: type[Spider] = Spider) -> Spider:
-        return make_crawler(settings, spidercls=cls).spider  # type: ignore[no-any-return]
+        made = make_crawler(settings, spidercls=cls).spider
+        assert isinstance(made, cls)
+        return made
 
     return make
 
@@ -149,17 +152,22 @@ def test_start_refuses_a_seeds_key_of_the_wrong_type(
     assert client.scard(s.redis_key) == 1
 
 
-def test_spider_arguments_are_coerced(
-    make_crawler: Callable[..., Crawler], name: str
-) -> None:
+def test_spider_arguments_are_coerced(make_crawler: Callable[..., Crawler], name: str) -> None:
     """``scrapy crawl -a`` passes strings."""
 
     class Args(Spider):
         def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**{"max_idle_time": "4", "redis_batch_size": "3",
-                                "redis_key": "%(name)s:mine", **kwargs})  # fmt: skip
+            super().__init__(
+                **{
+                    "max_idle_time": "4",
+                    "redis_batch_size": "3",
+                    "redis_key": "%(name)s:mine",
+                    **kwargs,
+                }
+            )
 
     s = make_crawler(spidercls=Args).spider
+    assert isinstance(s, Args)
     assert (s.max_idle_time, s.redis_batch_size) == (4.0, 3)
     assert s.redis_key == f"{name}:mine"
     assert s.frontier.seeds.key == s.redis_key  # the frontier reads the spider's key
@@ -170,10 +178,16 @@ def test_spider_arguments_are_coerced(
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("max_idle_time", "soon"), ("max_idle_time", "-1"), ("redis_batch_size", "0"),
-     ("redis_batch_size", "2.5"), ("redis_batch_size", "1000000000"),
-     ("redis_encoding", "klingon"), ("redis_key", " ")],
-)  # fmt: skip
+    [
+        ("max_idle_time", "soon"),
+        ("max_idle_time", "-1"),
+        ("redis_batch_size", "0"),
+        ("redis_batch_size", "2.5"),
+        ("redis_batch_size", "1000000000"),
+        ("redis_encoding", "klingon"),
+        ("redis_key", " "),
+    ],
+)
 def test_bad_spider_arguments_fail_the_start(
     make_crawler: Callable[..., Crawler], argument: str, value: str
 ) -> None:
@@ -216,8 +230,10 @@ def test_zero_waits_forever(spider: Callable[..., Spider]) -> None:
 def test_crawl_spider(make_crawler: Callable[..., Crawler], client: redis.Redis) -> None:
     class Crawl(RedisCrawlSpider):
         name = "unused"
+        redis_key: str
 
     s = make_crawler(spidercls=Crawl).spider
+    assert isinstance(s, Crawl)
     client.rpush(s.redis_key, "https://e.com/")
     assert [r.url for r in s.next_requests()] == ["https://e.com/"]
 

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import redis
@@ -88,7 +88,7 @@ def test_floats_and_timestamps_compare_without_crashing(
     stats.max_value("last_seen", now)
     stats.min_value("first_seen", now)
     stats.min_value("first_seen", now - 10)
-    stats.inc_value("bytes", 1.5)
+    stats.inc_value("bytes", 1.5)  # type: ignore[arg-type]  # floats add up too; Scrapy types int
     stats.inc_value("bytes", 2)
     assert stats.flush()
     shared = stats.crawl_stats()
@@ -107,7 +107,7 @@ def test_two_workers_add_up_exactly(make_crawler: Callable[..., Crawler]) -> Non
         for r in range(rounds):
             for i in range(per_round):
                 stats.inc_value("pages")
-                stats.inc_value("bytes", 0.5)
+                stats.inc_value("bytes", 0.5)  # type: ignore[arg-type]  # as above
                 stats.max_value("max_depth", offset + r * per_round + i)
                 stats.min_value("min_depth", offset + r * per_round + i)
             assert stats.flush()  # interleaves with the other worker's flushes
@@ -138,7 +138,8 @@ def test_changes_are_batched_until_a_flush(
     stats.max_value("c", 9)
     assert not client.exists(f"{name}:stats")
     assert stats.flush()
-    assert decode_stats(client.hgetall(f"{name}:stats")) == {"a": 16, "b": 3, "c": 9}
+    raw = cast("dict[bytes, bytes]", client.hgetall(f"{name}:stats"))  # bytes replies
+    assert decode_stats(raw) == {"a": 16, "b": 3, "c": 9}
     assert stats.pending == 0
 
 
@@ -175,7 +176,8 @@ def test_a_failed_flush_keeps_every_change(
     assert stats.pending == 2
     stats.shared = working
     assert stats.flush()
-    assert decode_stats(client.hgetall(f"{name}:stats")) == {"a": 5, "b": "x"}
+    raw = cast("dict[bytes, bytes]", client.hgetall(f"{name}:stats"))  # bytes replies
+    assert decode_stats(raw) == {"a": 5, "b": "x"}
 
 
 def test_close_flushes_and_logs_the_workers_own_stats(
@@ -214,7 +216,7 @@ def test_timeline_samples_give_crawl_rates(client: redis.Redis, name: str) -> No
     )
     time.sleep(1.1)
     shared.apply([("inc", "response_received_count", "1", "0")])
-    samples = parse_samples(client.zrange(keys.timeline, 0, -1))
+    samples = parse_samples(cast("list[bytes]", client.zrange(keys.timeline, 0, -1)))
     # samples older than the window are trimmed, keeping the newest of them (the base)
     assert [(p, i) for _, p, i in samples] == [(15, 2), (16, 2)]
     now = samples[-1][0] + 0.5

@@ -32,15 +32,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-try:
-    find_redis_server()
-except RedisServerNotFound:
-    HAVE_REDIS = False
-else:
-    HAVE_REDIS = True
-
-needs_redis = pytest.mark.skipif(not HAVE_REDIS, reason="redis-server is not installed")
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -64,12 +55,6 @@ def _get(site: TestSite, path: str) -> tuple[int, bytes]:
 def site() -> Iterator[TestSite]:
     with TestSite(200) as running:
         yield running
-
-
-@pytest.fixture
-def fresh_site(site: TestSite) -> TestSite:
-    site.reset_hits()
-    return site
 
 
 # RedisServer
@@ -100,7 +85,7 @@ def test_free_port_is_bindable() -> None:
         sock.bind(("127.0.0.1", port))
 
 
-@needs_redis
+@pytest.mark.redis_server
 def test_redis_server_start_ping_stop() -> None:
     server = RedisServer()
     with pytest.raises(RuntimeError, match="start"):
@@ -126,7 +111,7 @@ def test_redis_server_start_ping_stop() -> None:
     server.stop()  # idempotent
 
 
-@needs_redis
+@pytest.mark.redis_server
 def test_redis_server_kill_and_restart_keeps_aof_data(tmp_path: Path) -> None:
     with RedisServer(appendonly=True, directory=tmp_path) as server:
         port = server.port
@@ -148,7 +133,7 @@ def test_redis_server_kill_and_restart_keeps_aof_data(tmp_path: Path) -> None:
     assert (tmp_path / "redis.log").exists()
 
 
-@needs_redis
+@pytest.mark.redis_server
 def test_redis_server_fixed_port_in_use_fails_with_log() -> None:
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
@@ -159,7 +144,7 @@ def test_redis_server_fixed_port_in_use_fails_with_log() -> None:
         server.stop()
 
 
-@needs_redis
+@pytest.mark.redis_server
 def test_redis_server_retries_another_port_when_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
@@ -173,7 +158,7 @@ def test_redis_server_retries_another_port_when_taken(monkeypatch: pytest.Monkey
                 assert client.ping() is True
 
 
-@needs_redis
+@pytest.mark.redis_server
 def test_redis_server_bad_argument_raises_with_log_tail() -> None:
     server = RedisServer(extra_args=["--no-such-option", "1"])
     with pytest.raises(RuntimeError, match="exited"):
@@ -370,6 +355,15 @@ def test_worker_command() -> None:
         spider_args={"a": 1},
     )
     assert command == [
-        sys.executable, "-m", "scrapy", "crawl", "pages",
-        "-s", "REDIS_URL=redis://x", "-s", "SCHEDULER_PERSIST=True", "-a", "a=1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "scrapy",
+        "crawl",
+        "pages",
+        "-s",
+        "REDIS_URL=redis://x",
+        "-s",
+        "SCHEDULER_PERSIST=True",
+        "-a",
+        "a=1",
+    ]

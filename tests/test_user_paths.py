@@ -34,7 +34,7 @@ PAGES = 40
 #: Seconds a run of a few workers may take, start-up included, on a loaded machine.
 RUN_TIMEOUT = 90.0
 
-SPIDER = '''
+SPIDER = """
 from scrapy_dist.spiders import RedisSpider
 
 
@@ -44,10 +44,10 @@ class BooksSpider(RedisSpider):
     def parse(self, response):
         yield {{"url": response.url}}
         yield from response.follow_all(css="a", callback=self.parse)
-'''
+"""
 
 #: A settings block with the add-on alone, as docs/deployment.md uses it.
-ADDON_SETTINGS = '''
+ADDON_SETTINGS = """
 BOT_NAME = "books"
 SPIDER_MODULES = ["books.spiders"]
 ROBOTSTXT_OBEY = False
@@ -57,7 +57,7 @@ ADDONS = {{"scrapy_dist.addon.DistAddon": 0}}
 REDIS_URL = "{redis_url}"
 CLOSE_WHEN_CRAWL_DONE = True
 CRAWL_DONE_GRACE = 1
-'''
+"""
 
 
 @pytest.fixture
@@ -91,9 +91,14 @@ def run(
     workers: list[Worker], project: Path, name: str, count: int = 2, **options: Any
 ) -> list[Worker]:
     new = start_workers(
-        count, project_dir=project, spider=name, log_dir=project.parent,
-        stats_setting=None, first_index=len(workers), **options,
-    )  # fmt: skip
+        count,
+        project_dir=project,
+        spider=name,
+        log_dir=project.parent,
+        stats_setting=None,
+        first_index=len(workers),
+        **options,
+    )
     workers.extend(new)
     return new
 
@@ -159,10 +164,13 @@ def test_spider_arguments_are_coerced_and_name_the_keys(
     """``-a max_idle_time=2`` is a number of seconds; ``-a redis_key=`` names the seeds key."""
     key = f"{name}:custom:seeds"
     [worker] = run(
-        workers, project, name, count=1,
+        workers,
+        project,
+        name,
+        count=1,
         settings={"CLOSE_WHEN_CRAWL_DONE": False},
         spider_args={"max_idle_time": "2", "redis_key": "%(name)s:custom:seeds"},
-    )  # fmt: skip
+    )
     client.lpush(key, site.page_url(0))
     assert wait_workers([worker], RUN_TIMEOUT) == [0], logs(workers)
     text = log_text(worker)
@@ -196,7 +204,7 @@ OWN_START = {
 """,
 }
 
-OWN_START_SPIDER = '''
+OWN_START_SPIDER = """
 from scrapy import Request
 from scrapy_dist.spiders import RedisSpider
 
@@ -208,14 +216,19 @@ class BooksSpider(RedisSpider):
     def parse(self, response):
         yield {{"url": response.url}}
         yield from response.follow_all(css="a", callback=self.parse)
-'''
+"""
 
 
 @pytest.mark.parametrize("method", sorted(OWN_START))
 def test_a_redis_spider_with_its_own_start_requests_crawls_them_and_its_seeds(
-    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker],
-    *, method: str,
-) -> None:  # fmt: skip
+    project: Path,
+    name: str,
+    client: redis.Redis,
+    site: TestSite,
+    workers: list[Worker],
+    *,
+    method: str,
+) -> None:
     """As with scrapy-redis, a spider's own start requests are crawled (each worker
     issues them, the shared dupefilter keeps one), and seeds pushed to Redis still
     arrive as the workers have room or are idle."""
@@ -274,7 +287,7 @@ def test_a_start_up_failure_is_one_error_line_and_exit_1(
         assert client.scard(f"{name}:start_urls") == 1  # left alone
 
 
-SCRIPT = '''
+SCRIPT = """
 import sys
 from scrapy.settings import Settings
 sys.path.insert(0, {project!r})
@@ -304,7 +317,7 @@ else:
     runner = CrawlerRunner(settings)
     runner.crawl(BooksSpider).addBoth(lambda _: reactor.stop())
     reactor.run()
-'''
+"""
 
 
 def _has_async_crawler_process() -> bool:
@@ -325,9 +338,13 @@ def test_a_spider_run_from_a_script(
     script.write_text(textwrap.dedent(SCRIPT.format(project=str(project), log=str(log))))
     client.lpush(f"{name}:start_urls", site.page_url(0))
     done = subprocess.run(
-        [sys.executable, str(script), kind], cwd=project, capture_output=True, text=True,
-        timeout=RUN_TIMEOUT, check=False,
-    )  # fmt: skip
+        [sys.executable, str(script), kind],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
     text = log.read_text(errors="replace") if log.exists() else ""
     assert done.returncode == 0, done.stderr + text
     assert "does not match" not in done.stderr + text
@@ -351,7 +368,11 @@ def test_creating_a_redis_spider_does_not_import_the_reactor(tmp_path: Path) -> 
         assert "twisted.internet.reactor" not in sys.modules, "the reactor was imported"
     """)
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr

@@ -64,14 +64,19 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--redis-url", metavar="URL", default=default, help="Redis to use (overrides REDIS_URL)"
     )
     group.add_argument(
-        "-s", "--set", metavar="NAME=VALUE", action="append",
+        "-s",
+        "--set",
+        metavar="NAME=VALUE",
+        action="append",
         default=default if suppress else [],
         help="set a Scrapy setting, as 'scrapy crawl -s' does (repeatable)",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--job", metavar="JOB", default=default,
+        "--job",
+        metavar="JOB",
+        default=default,
         help="the job's crawl (SCHEDULER_JOB_ID): keys <spider>:<job>:...",
-    )  # fmt: skip
+    )
 
 
 def _version() -> str:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.settings import BaseSettings
 
-    from scrapy_dist.monitor import CrawlLayout
     from scrapy_dist.settings import Config
+    from scrapy_dist.status import CrawlLayout
 
 #: Exit status: the command did everything it was asked.
 EXIT_OK = 0
@@ -123,7 +123,7 @@ class Context:
             RedisUnavailable: the stamp needs the server's clock and Redis is unreachable.
         """
         from scrapy_dist.keys import server_time
-        from scrapy_dist.monitor import CrawlLayout
+        from scrapy_dist.status import CrawlLayout
 
         config, spidercls = self.config(spider)
         now = None
@@ -267,10 +267,10 @@ def check_key(client: redis.Redis, key: str, expected: str, role: str) -> None:
     Raises:
         ConfigurationError: it holds another type (exit status 2).
     """
-    from scrapy_dist.monitor import check_type
+    from scrapy_dist.keys import key_type
+    from scrapy_dist.status import check_type
 
-    actual = client.type(key)
-    check_type(key, actual.decode() if isinstance(actual, bytes) else str(actual), expected, role)
+    check_type(key, key_type(client, key), expected, role)
 
 
 def when(timestamp: float | None) -> str:

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.monitor import CrawlLayout
     from scrapy_dist.settings import Config
+    from scrapy_dist.status import CrawlLayout
 
 #: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.
 _PROBE = "\x00"
@@ -37,8 +37,15 @@ def crawl_patterns(config: Config) -> list[tuple[str, str]]:
         dupefilter=config.keys.dupefilter,
         start_urls=config.keys.start_urls,
     )
-    names = [probe.requests, probe.start_urls, probe.workers, probe.progress, probe.dead,
-             probe.stats, probe.custom(config.keys.items, "REDIS_ITEMS_KEY")]  # fmt: skip
+    names = [
+        probe.requests,
+        probe.start_urls,
+        probe.workers,
+        probe.progress,
+        probe.dead,
+        probe.stats,
+        probe.custom(config.keys.items, "REDIS_ITEMS_KEY"),
+    ]
     patterns = []
     for name in names:
         prefix, sep, suffix = name.partition(_PROBE)

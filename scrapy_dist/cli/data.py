@@ -30,13 +30,13 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.monitor import CrawlLayout
+    from scrapy_dist.status import CrawlLayout
 
 
 def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the crawl's keys (asks unless ``--yes``); exit 1 if refused (live workers,
     no confirmation) or the crawl has no keys."""
-    from scrapy_dist.backends import backend_from_config
+    from scrapy_dist.filters import backend_from_config
 
     layout, config, _ = ctx.layout(args.spider)
     client = ctx.client(config)
@@ -77,8 +77,9 @@ def _live_workers(client: redis.Redis, layout: CrawlLayout) -> list[str]:
     if isinstance(workers, Exception):
         return []
     now = seconds + micros / 1e6
-    return sorted(w.decode() for w, beat in workers.items()
-                  if now - float(beat) <= layout.worker_timeout)  # fmt: skip
+    return sorted(
+        w.decode() for w, beat in workers.items() if now - float(beat) <= layout.worker_timeout
+    )
 
 
 def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
@@ -148,22 +149,26 @@ def _export_delete(client: redis.Redis, key: str, total: int, stream: IO[bytes])
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``reset`` and ``export`` to the subcommands."""
     reset = commands.add_parser(
-        "reset", parents=[common], help="delete one crawl's (or job's) keys",
+        "reset",
+        parents=[common],
+        help="delete one crawl's (or job's) keys",
         description="Delete every key of one crawl: queue, seeds, dupefilter (Bloom "
         "segments included), leases, workers, progress, dead letters, items, stats. "
         "Other crawls, including other jobs of the same spider, are untouched. Refused "
         "while workers of the crawl are alive, unless --force.",
-    )  # fmt: skip
+    )
     reset.add_argument("spider", metavar="SPIDER")
     reset.add_argument("-y", "--yes", action="store_true", help="do not ask")
     reset.add_argument("--force", action="store_true", help="even with live workers")
     reset.set_defaults(func=cmd_reset)
 
     export = commands.add_parser(
-        "export", parents=[common], help="write the items list as JSON lines",
+        "export",
+        parents=[common],
+        help="write the items list as JSON lines",
         description="Write the items stored by RedisPipeline, oldest first, one per line. "
         "With --delete, each chunk is removed from Redis once it is written and synced.",
-    )  # fmt: skip
+    )
     export.add_argument("spider", metavar="SPIDER")
     export.add_argument(
         "-o", "--output", metavar="FILE", required=True, help="file to write ('-': stdout)"
@@ -171,4 +176,3 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     export.add_argument("--delete", action="store_true", help="remove exported items")
     export.add_argument("--append", action="store_true", help="append to FILE")
     export.set_defaults(func=cmd_export)
-

@@ -119,9 +119,11 @@ class RecordChecks:
         from scrapy_dist.seeds import check_callbacks, parse_seed
 
         seed = parse_seed(
-            data, self.encoding, allowed_meta=self.allowed_meta,
+            data,
+            self.encoding,
+            allowed_meta=self.allowed_meta,
             extra_as_formdata=self.extra_as_formdata,
-        )  # fmt: skip
+        )
         if self.spidercls is not None:
             check_callbacks(seed, self.spidercls)
 
@@ -177,11 +179,14 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     queue = layout.queue_cls(client, layout.keys.requests, layout.keys.seq)
     checks = RecordChecks.from_config(config, spidercls, queue)
     requeuer = deadletter.Requeuer(
-        client, layout.keys.dead, queue=queue,
+        client,
+        layout.keys.dead,
+        queue=queue,
         seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
         check_seed=checks.seed,
-        check_request=checks.request, kind=args.kind,
-    )  # fmt: skip
+        check_request=checks.request,
+        kind=args.kind,
+    )
     try:
         if args.all:
             requeuer.all()
@@ -193,8 +198,16 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     for index, reason in requeuer.skipped:
         err(f"#{index}: not requeued: {reason}")
     if args.json:
-        out(json.dumps({"requests": requeuer.requests, "seeds": requeuer.seeds_done,
-                        "skipped": len(requeuer.skipped), "left": left}))  # fmt: skip
+        out(
+            json.dumps(
+                {
+                    "requests": requeuer.requests,
+                    "seeds": requeuer.seeds_done,
+                    "skipped": len(requeuer.skipped),
+                    "left": left,
+                }
+            )
+        )
     else:
         out(
             f"requeued {requeuer.requests} request(s) to {layout.keys.requests!r} and "
@@ -239,19 +252,24 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     show.set_defaults(func=cmd_dead_list)
 
     requeue = actions.add_parser(
-        "requeue", parents=[common], help="put records back in the queue or the seeds",
+        "requeue",
+        parents=[common],
+        help="put records back in the queue or the seeds",
         description="Requests go back to the request queue with their priority, seeds "
         "to the seeds key; each record is removed from the list in the same transaction. "
         "Records that cannot be requeued (invalid seeds, unreadable requests) stay, are "
         "reported, and make the exit code 1.",
-    )  # fmt: skip
+    )
     requeue.add_argument("spider", metavar="SPIDER")
     which = requeue.add_mutually_exclusive_group(required=True)
     which.add_argument("--all", action="store_true", help="every record")
     which.add_argument(
-        "--index", type=int, nargs="+", metavar="I",
+        "--index",
+        type=int,
+        nargs="+",
+        metavar="I",
         help="records at these positions (as 'dead list' numbers them)",
-    )  # fmt: skip
+    )
     requeue.add_argument("--kind", choices=("request", "seed"), help="only this kind")
     requeue.add_argument("--json", action="store_true", help="print the summary as JSON")
     requeue.set_defaults(func=cmd_dead_requeue)
@@ -260,4 +278,3 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     purge.add_argument("spider", metavar="SPIDER")
     purge.add_argument("-y", "--yes", action="store_true", help="do not ask")
     purge.set_defaults(func=cmd_dead_purge)
-

@@ -19,14 +19,14 @@ from scrapy_dist.cli._context import (
 if TYPE_CHECKING:
     import argparse
 
-    from scrapy_dist.monitor import CrawlStatus
+    from scrapy_dist.status import CrawlStatus
 
 
 def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
     """Print the metrics once (``--once``) or serve them until Ctrl-C. A crawl with no
     keys is reported on stderr (its gauges are zeros, as for ``status``: exit status 0)."""
     from scrapy_dist.metrics import CrawlMetrics, MetricsServer
-    from scrapy_dist.monitor import read_status
+    from scrapy_dist.status import read_status
 
     layout, config, _ = ctx.layout(args.spider)
     client = ctx.client(config)
@@ -58,16 +58,21 @@ def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``metrics`` to the subcommands."""
     metrics = commands.add_parser(
-        "metrics", parents=[common], help="serve the crawl's Prometheus metrics",
+        "metrics",
+        parents=[common],
+        help="serve the crawl's Prometheus metrics",
         description="Serve the crawl-wide gauges of the PrometheusMetrics extension "
         "without a worker (e.g. to scale a crawl up from zero workers).",
-    )  # fmt: skip
+    )
     metrics.add_argument("spider", metavar="SPIDER")
     metrics.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
     metrics.add_argument("--port", type=int, default=9410, help="TCP port (default 9410)")
     metrics.add_argument(
-        "--interval", type=positive, default=5.0, metavar="SECONDS",
+        "--interval",
+        type=positive,
+        default=5.0,
+        metavar="SECONDS",
         help="read Redis at most this often (default 5)",
-    )  # fmt: skip
+    )
     metrics.add_argument("--once", action="store_true", help="print the metrics and exit")
     metrics.set_defaults(func=cmd_metrics)

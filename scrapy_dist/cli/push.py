@@ -177,7 +177,9 @@ class SeedPusher:
             return
         try:
             seed = parse_seed(
-                data, self.encoding, allowed_meta=self.allowed_meta,
+                data,
+                self.encoding,
+                allowed_meta=self.allowed_meta,
                 extra_as_formdata=self.extra_as_formdata,
             )
             if self.spidercls is not None:
@@ -220,10 +222,15 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
         seeds = SeedQueue(client, layout.seeds, layout.seeds_kind)
         seeds.check_type()
     report = PushReport(layout.seeds, layout.seeds_kind)
-    pusher = SeedPusher(seeds, report, encoding=config.seeds.encoding,
-                        spidercls=spidercls, score=args.score,
-                        extra_as_formdata=config.seeds.extra_formdata,
-                        allowed_meta=sorted(config.seeds.allowed_meta))  # fmt: skip
+    pusher = SeedPusher(
+        seeds,
+        report,
+        encoding=config.seeds.encoding,
+        spidercls=spidercls,
+        score=args.score,
+        extra_as_formdata=config.seeds.extra_formdata,
+        allowed_meta=sorted(config.seeds.allowed_meta),
+    )
     size = _input_size(args)
     bar = None
     if sys.stderr.isatty() and not args.quiet and (size is None or size >= PROGRESS_BYTES):
@@ -261,11 +268,19 @@ def _print_push(report: PushReport, args: argparse.Namespace) -> None:
     if report.invalid > len(report.errors):
         err(f"... and {report.invalid - len(report.errors)} more invalid line(s)")
     if args.json:
-        out(json.dumps({
-            "key": report.key, "type": report.kind, "pushed": report.pushed,
-            "new": report.new, "invalid": report.invalid, "blank": report.blank,
-            "dry_run": args.dry_run,
-        }))  # fmt: skip
+        out(
+            json.dumps(
+                {
+                    "key": report.key,
+                    "type": report.kind,
+                    "pushed": report.pushed,
+                    "new": report.new,
+                    "invalid": report.invalid,
+                    "blank": report.blank,
+                    "dry_run": args.dry_run,
+                }
+            )
+        )
         return
     verb = "valid (dry run, nothing pushed)" if args.dry_run else "pushed"
     text = f"{verb} {report.pushed} seed(s) to {report.key!r} ({report.kind})"
@@ -277,27 +292,29 @@ def _print_push(report: PushReport, args: argparse.Namespace) -> None:
     out(text)
 
 
-
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``push`` to the subcommands."""
     push = commands.add_parser(
-        "push", parents=[common], help="validate seeds and push the valid ones",
+        "push",
+        parents=[common],
+        help="validate seeds and push the valid ones",
         description="Push seeds (plain URLs or JSON objects, one per line) to the crawl's "
         "seeds key, in input order and in the crawl's seed mode (list, set or zset). "
         "Lines are validated as the spider validates them; invalid lines are reported "
         "with their line numbers and not pushed (exit code 1).",
-    )  # fmt: skip
+    )
     push.add_argument("spider", metavar="SPIDER")
     push.add_argument("urls", metavar="URL", nargs="*", help="seeds given as arguments")
     push.add_argument(
         "-f", "--file", metavar="FILE", help="read seeds from FILE ('-': stdin, the default)"
     )
     push.add_argument(
-        "--score", type=float, default=0.0,
+        "--score",
+        type=float,
+        default=0.0,
         help="score of the seeds in zset mode (the highest is read first)",
-    )  # fmt: skip
+    )
     push.add_argument("--dry-run", action="store_true", help="validate only, push nothing")
     push.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     push.add_argument("--json", action="store_true", help="print the summary as JSON")
     push.set_defaults(func=cmd_push)
-

@@ -1,6 +1,6 @@
 """``scrapy-dist status`` and ``scrapy-dist jobs``: one crawl's state, or every crawl's.
 
-Both read through :func:`scrapy_dist.monitor.read_status`, the reader the metrics
+Both read through :func:`scrapy_dist.status.read_status`, the reader the metrics
 extension uses too.
 """
 
@@ -27,12 +27,11 @@ from scrapy_dist.exceptions import ConfigurationError
 if TYPE_CHECKING:
     import argparse
 
-    from scrapy_dist.monitor import CrawlStatus
+    from scrapy_dist.status import CrawlStatus
 
 
 def _ago(seconds: float) -> str:
     return f"{seconds:.1f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
-
 
 
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
@@ -46,10 +45,12 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
             "CRAWL_DONE_GRACE s after the last page, any worker when it closes)"
         )
     row = "  {:<11}{:>9}  {}"
-    lines.append(row.format("seeds", status.seeds,
-                            f"waiting in {status.seeds_key} ({status.seeds_kind})"))  # fmt: skip
-    lines.append(row.format("queued", status.queued,
-                            f"in {status.queue_key} ({status.queue_kind})"))  # fmt: skip
+    lines.append(
+        row.format("seeds", status.seeds, f"waiting in {status.seeds_key} ({status.seeds_kind})")
+    )
+    lines.append(
+        row.format("queued", status.queued, f"in {status.queue_key} ({status.queue_kind})")
+    )
     lines.append(row.format("leased", status.leased, "held by workers"))
     lines.append(row.format("dead", status.dead, f"in {status.dead_key}"))
     p = status.progress
@@ -75,12 +76,16 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
         items_note += f"; {scraped} scraped"
     lines.append(row.format("items", status.items_stored, items_note))
     if status.rates is None:
-        lines.append(f"  {'rate':<11}{'n/a':>9}  (needs STATS_CLASS = "
-                     "'scrapy_dist.stats.RedisStatsCollector')")  # fmt: skip
+        lines.append(
+            f"  {'rate':<11}{'n/a':>9}  (needs STATS_CLASS = "
+            "'scrapy_dist.stats.RedisStatsCollector')"
+        )
     else:
         r = status.rates
-        lines.append(f"  {'rate':<11}{r.pages_per_second:>9.1f}  pages/s, "
-                     f"{r.items_per_second:.1f} items/s over the last {r.window} s")  # fmt: skip
+        lines.append(
+            f"  {'rate':<11}{r.pages_per_second:>9.1f}  pages/s, "
+            f"{r.items_per_second:.1f} items/s over the last {r.window} s"
+        )
     live = status.live_workers()
     lines.append(row.format("workers", len(live), f"live (of {len(status.workers)} registered)"))
     for worker, beat in sorted(status.workers.items()):
@@ -98,7 +103,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     """Show one crawl's state, or every crawl's. A crawl with no keys is shown as
     ``absent`` (a state, so the exit status is 0) and reported on stderr with the
     crawls that exist."""
-    from scrapy_dist.monitor import CrawlLayout, json_default, read_status
+    from scrapy_dist.status import CrawlLayout, json_default, read_status
 
     absent = False
     if args.spider is not None:
@@ -117,15 +122,20 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         client = ctx.client(config)
 
         def read() -> list[CrawlStatus]:
-            return [read_status(client, CrawlLayout.for_crawl(config, crawl), config)
-                    for crawl in find_crawls(client, config)]  # fmt: skip
+            return [
+                read_status(client, CrawlLayout.for_crawl(config, crawl), config)
+                for crawl in find_crawls(client, config)
+            ]
 
     tty = sys.stdout.isatty()
     while True:
         statuses = read()
         if args.json:
-            payload: Any = (statuses[0].as_dict() if args.spider is not None
-                            else {"crawls": [s.as_dict() for s in statuses]})  # fmt: skip
+            payload: Any = (
+                statuses[0].as_dict()
+                if args.spider is not None
+                else {"crawls": [s.as_dict() for s in statuses]}
+            )
             out(json.dumps(payload, default=json_default))
         else:
             text = "\n\n".join(render_status(s, all_stats=args.stats) for s in statuses)
@@ -148,7 +158,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
     """List the crawls in Redis (``SCAN``) with their main counts."""
-    from scrapy_dist.monitor import CrawlLayout, read_status
+    from scrapy_dist.status import CrawlLayout, read_status
 
     config, _ = ctx.config()
     client = ctx.client(config)
@@ -157,18 +167,24 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
         spider, _, job = crawl.partition(":")
         row: dict[str, Any] = {"crawl": crawl, "spider": spider, "job": job or None}
         try:
-            status = read_status(client, CrawlLayout.for_crawl(config, crawl), config,
-                                 dupefilter=False)  # fmt: skip
+            status = read_status(
+                client, CrawlLayout.for_crawl(config, crawl), config, dupefilter=False
+            )
         except ConfigurationError as e:
             row["error"] = str(e)
         except redis.exceptions.NoPermissionError:
             row["error"] = "no permission to read this crawl's keys (Redis ACL of this user)"
         else:
             row.update(
-                state=status.state, seeds=status.seeds, queued=status.queued,
-                leased=status.leased, dead=status.dead, workers=len(status.live_workers()),
-                done=int(status.progress.get("done", 0)), items=status.items_stored,
-            )  # fmt: skip
+                state=status.state,
+                seeds=status.seeds,
+                queued=status.queued,
+                leased=status.leased,
+                dead=status.dead,
+                workers=len(status.live_workers()),
+                done=int(status.progress.get("done", 0)),
+                items=status.items_stored,
+            )
         rows.append(row)
     if args.json:
         out(json.dumps(rows))
@@ -176,8 +192,18 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
     if not rows:
         out("no crawl found in Redis")
         return EXIT_OK
-    columns = ["spider", "job", "state", "seeds", "queued", "leased", "dead", "workers",
-               "done", "items"]  # fmt: skip
+    columns = [
+        "spider",
+        "job",
+        "state",
+        "seeds",
+        "queued",
+        "leased",
+        "dead",
+        "workers",
+        "done",
+        "items",
+    ]
     table = [[c.upper() for c in columns]]
     for row in rows:
         if "error" in row:
@@ -194,18 +220,23 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``status`` and ``jobs`` to the subcommands."""
     status = commands.add_parser(
-        "status", parents=[common], help="show a crawl's state (all crawls without SPIDER)",
+        "status",
+        parents=[common],
+        help="show a crawl's state (all crawls without SPIDER)",
         description="Seeds waiting, queued, leased, dead letters, progress, dupefilter "
         "size (Bloom fill and estimated false-positive rate), items, crawl rate over the "
         "last minute, live workers and their heartbeats.",
-    )  # fmt: skip
+    )
     status.add_argument("spider", metavar="SPIDER", nargs="?")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     status.add_argument(
-        "--interval", type=positive, default=2.0, metavar="SECONDS",
+        "--interval",
+        type=positive,
+        default=2.0,
+        metavar="SECONDS",
         help="seconds between refreshes with --watch (default 2)",
-    )  # fmt: skip
+    )
     status.add_argument("--stats", action="store_true", help="also list every crawl stat")
     status.set_defaults(func=cmd_status)
 

@@ -77,16 +77,23 @@ class ClusterNodeServer(RedisServer):
                 self._bus_port = free_port()
         return [
             *super()._command(port),
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",
-            "--cluster-port", str(self._bus_port),
-            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-port",
+            str(self._bus_port),
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
             # Any replica may take over, however long it was cut off, and none moves
             # to another master: the layout stays the one the test built.
-            "--cluster-replica-validity-factor", "0",
-            "--cluster-allow-replica-migration", "no",
-            "--repl-diskless-sync-delay", "0",
-        ]  # fmt: skip
+            "--cluster-replica-validity-factor",
+            "0",
+            "--cluster-allow-replica-migration",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
 
 
 @dataclass(frozen=True)

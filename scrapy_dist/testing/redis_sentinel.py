@@ -155,7 +155,7 @@ class SentinelServers:
                 ``decode_responses``...), also used for the connections it makes.
         """
         running = [(_HOST, s.port) for s in self.sentinels if s.pid is not None]
-        return Sentinel(running, **options)  # type: ignore[no-untyped-call]
+        return Sentinel(running, **options)
 
     # Topology
 

@@ -278,12 +278,17 @@ class RedisServer:
         if self.config:
             command.append(str(self.directory / _CONFIG_NAME))
         command += [
-            "--port", str(port),
-            "--bind", _HOST,
-            "--dir", str(self.directory),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-        ]  # fmt: skip
+            "--port",
+            str(port),
+            "--bind",
+            _HOST,
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+        ]
         if self.appendonly:
             command += ["--appendfsync", "always"]
         command += ["--daemonize", "no", "--logfile", _LOG_NAME, "--protected-mode", "no"]

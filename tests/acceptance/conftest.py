@@ -48,9 +48,15 @@ ROBOTSTXT_OBEY = False
 TELNETCONSOLE_ENABLED = False
 LOG_LEVEL = "INFO"
 """
+#: The crawl ends by itself soon after its last page.
 DONE_SETTINGS = """
 CLOSE_WHEN_CRAWL_DONE = True
 CRAWL_DONE_GRACE = 1
+"""
+#: The README's two classes (its settings block without ``REDIS_URL``).
+CLASSES_SETTINGS = """
+SCHEDULER = "scrapy_dist.scheduler.Scheduler"
+DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
 """
 #: The README's spider, under the README's name.
 BOOKS_SPIDER = """
@@ -160,6 +166,18 @@ class Project:
         """Append ``text`` to ``settings.py``, as a user edits it."""
         with self.settings_file.open("a", encoding="utf-8") as stream:
             stream.write("\n" + text + "\n")
+
+    def use_scrapy_dist(self, *, done: bool = True) -> None:
+        """Add the README's classes and ``REDIS_URL`` of the scenario's database to
+        ``settings.py``, and (``done``) :data:`DONE_SETTINGS`."""
+        self.add_settings(
+            CLASSES_SETTINGS + f'REDIS_URL = "{self.redis_url}"\n' + (DONE_SETTINGS if done else "")
+        )
+
+    def seed(self, *urls: str, key: str = "books:start_urls") -> None:
+        """``LPUSH`` seeds (default: the site's page 0) to ``key``, as ``redis-cli`` does."""
+        with self.client() as client:
+            client.lpush(key, *(urls or (self.page(0),)))
 
     def write(self, relative: str, text: str) -> Path:
         """Write a file of the project (a spider, a script) and return its path."""

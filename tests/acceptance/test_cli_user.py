@@ -22,9 +22,14 @@ def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``scrapy-dist ARGS`` in ``cwd``, stdin not a terminal."""
     return subprocess.run(
         [sys.executable, "-m", "scrapy_dist", *args],
-        cwd=cwd, env=environment(), input="", capture_output=True, text=True, timeout=60,
+        cwd=cwd,
+        env=environment(),
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=False,
-    )  # fmt: skip
+    )
 
 
 def test_destructive_commands_without_a_terminal_refuse_with_1(project: Project) -> None:
@@ -62,8 +67,9 @@ def test_outside_a_project_it_says_which_redis(tmp_path: Path) -> None:
 
 
 def test_outside_a_project_with_a_redis_url_no_warning(tmp_path: Path, redis_url: str) -> None:
-    given = run(tmp_path, "push", "books", "https://example.com/", "--dry-run",
-                "--redis-url", redis_url)  # fmt: skip
+    given = run(
+        tmp_path, "push", "books", "https://example.com/", "--dry-run", "--redis-url", redis_url
+    )
     assert given.returncode == 0, given.stderr
     assert "warning" not in given.stderr
 
@@ -88,8 +94,9 @@ def test_jobs_as_an_acl_user_allowed_some_crawls(project: Project, redis_url: st
     with project.client() as client:
         client.hset("open:progress", "done", 3)
         client.hset("closed:progress", "done", 4)
-        client.acl_setuser(user, enabled=True, passwords=[f"+{password}"],
-                           keys=["open:*"], commands=["+@all"])  # fmt: skip
+        client.acl_setuser(
+            user, enabled=True, passwords=[f"+{password}"], keys=["open:*"], commands=["+@all"]
+        )
     try:
         base = project.redis_url.split("//", 1)[1]
         url = f"redis://{user}:{password}@{base}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import DONE_SETTINGS as DONE
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -40,15 +41,11 @@ def settings_block(project: Project) -> str:
     return block.replace("redis://localhost:6379/0", project.redis_url)
 
 
-DONE = "CLOSE_WHEN_CRAWL_DONE = True\nCRAWL_DONE_GRACE = 1\n"
-
-
 def test_readme_settings_block(project: Project) -> None:
     """The README's settings block and spider: two workers, each page once, one item each."""
     project.add_settings(settings_block(project) + DONE)
     workers = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()
     assert project.items() == len(project.site.expected_paths(0))
@@ -63,8 +60,7 @@ def test_addon_alone(project: Project) -> None:
         f'ADDONS = {{"scrapy_dist.addon.DistAddon": 0}}\nREDIS_URL = "{project.redis_url}"\n' + DONE
     )
     workers = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()
     for worker in workers:
@@ -86,8 +82,7 @@ def test_redis_crawl_spider_with_rules(project: Project) -> None:
         '        yield {"url": response.url}\n',
     )
     workers = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()
     # The seed's own response goes to the rules (parse), the others to parse_page.
@@ -97,8 +92,11 @@ def test_redis_crawl_spider_with_rules(project: Project) -> None:
 @pytest.mark.parametrize("kind", ["list", "set", "zset"])
 def test_seeds_of_every_kind(project: Project, kind: str) -> None:
     """Seeds in a list, set or zset, pushed with redis commands and ``scrapy-dist push``."""
-    settings = {"list": "", "set": "REDIS_START_URLS_AS_SET = True\n",
-                "zset": "REDIS_START_URLS_AS_ZSET = True\n"}[kind]  # fmt: skip
+    settings = {
+        "list": "",
+        "set": "REDIS_START_URLS_AS_SET = True\n",
+        "zset": "REDIS_START_URLS_AS_ZSET = True\n",
+    }[kind]
     # seeds pushed after their pages were crawled through links are filtered here: seeds
     # skip the dupefilter by default now (scrapy-redis's REDIS_START_URLS_DONT_FILTER)
     project.add_settings(
@@ -135,9 +133,10 @@ def test_bad_seeds_dead_lettered_once_and_crawl_ends(project: Project) -> None:
     come back (and be dead-lettered again) well within the crawl.
     """
     project.add_settings(
-        settings_block(project) + DONE
+        settings_block(project)
+        + DONE
         + "SCHEDULER_LEASE_TIMEOUT = 3\nSCHEDULER_HEARTBEAT_INTERVAL = 1\n"
-    )  # fmt: skip
+    )
     workers = project.crawl(2)
     with project.client() as client:
         for i, bad in enumerate(BAD_SEEDS):
@@ -159,8 +158,7 @@ def test_rerun_of_a_finished_persisted_crawl(project: Project) -> None:
 
     project.add_settings(settings_block(project) + DONE)
     first = project.crawl(2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(first)
     project.assert_each_page_once()
 
@@ -181,8 +179,7 @@ def test_spider_argument_max_idle_time(project: Project) -> None:
     """``-a max_idle_time=4``: the workers crawl, then close by themselves after 4 idle seconds."""
     project.add_settings(settings_block(project))
     workers = project.crawl(2, spider_args={"max_idle_time": 4})
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     started = time.monotonic()
     project.assert_clean_exit(workers)
     project.assert_each_page_once()

@@ -25,10 +25,22 @@ def test_build_has_no_warning_and_holds_the_lua(tmp_path: Path) -> None:
     )
     # As pip builds it for a user: an isolated build with the newest setuptools.
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path / "dist"),
-         str(source)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-v",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     output = built.stdout + built.stderr
     assert built.returncode == 0, output[-3000:]
     assert "absent from" not in output, [line for line in output.splitlines() if "absent" in line]
@@ -47,12 +59,18 @@ def test_a_zipped_copy_without_its_lua_says_how_to_fix_it(tmp_path: Path) -> Non
         for path in PACKAGE.rglob("*.py"):
             bundle.write(path, Path("scrapy_dist") / path.relative_to(PACKAGE))
     loaded = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.scripts as s; "
-         "assert s.__file__.startswith(sys.argv[1]), s.__file__; s.source('enqueue')",
-         str(archive)],
-        capture_output=True, text=True, env={**environment(), "PYTHONPATH": ""}, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.scripts as s; "
+            "assert s.__file__.startswith(sys.argv[1]), s.__file__; s.source('enqueue')",
+            str(archive),
+        ],
+        capture_output=True,
+        text=True,
+        env={**environment(), "PYTHONPATH": ""},
+        check=False,
+    )
     assert loaded.returncode != 0
     last = loaded.stderr.strip().splitlines()[-1]
     assert last.startswith("scrapy_dist.exceptions.ConfigurationError"), loaded.stderr
@@ -66,11 +84,18 @@ def test_a_zipped_copy_with_its_lua_loads_it(tmp_path: Path) -> None:
         for path in [*PACKAGE.rglob("*.py"), *PACKAGE.glob("lua/*.lua")]:
             bundle.write(path, Path("scrapy_dist") / path.relative_to(PACKAGE))
     loaded = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.scripts as s; "
-         "assert s.__file__.startswith(sys.argv[1]), s.__file__; print(len(s.source('enqueue')))",
-         str(archive)],
-        capture_output=True, text=True, env={**environment(), "PYTHONPATH": ""}, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.scripts as s; "
+            "assert s.__file__.startswith(sys.argv[1]), s.__file__; "
+            "print(len(s.source('enqueue')))",
+            str(archive),
+        ],
+        capture_output=True,
+        text=True,
+        env={**environment(), "PYTHONPATH": ""},
+        check=False,
+    )
     assert loaded.returncode == 0, loaded.stderr
     assert int(loaded.stdout) > 100

@@ -32,9 +32,12 @@ def test_readme_use_it(project: Project) -> None:
     assert pushes, commands
     workers = project.crawl(
         len(crawls),
-        settings={"REDIS_URL": project.redis_url, "CLOSE_WHEN_CRAWL_DONE": True,
-                  "CRAWL_DONE_GRACE": 1},
-    )  # fmt: skip
+        settings={
+            "REDIS_URL": project.redis_url,
+            "CLOSE_WHEN_CRAWL_DONE": True,
+            "CRAWL_DONE_GRACE": 1,
+        },
+    )
     with project.client() as client:
         for argv in pushes:
             args = [

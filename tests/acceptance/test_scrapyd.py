@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import environment
+from conftest import BOOKS_SPIDER, environment
 
 import scrapy_dist
 from scrapy_dist.testing import free_port
@@ -50,21 +50,21 @@ setup(
     entry_points={"scrapy": ["settings = books.settings"]},
 )
 """
-SPIDER = """
-import scrapy_dist
-from scrapy_dist.spiders import RedisSpider
-
-
-class BooksSpider(RedisSpider):
-    name = "books"
-
-    def parse(self, response):
-        yield {"title": response.css("title::text").get()}
-        yield from response.follow_all(css="a")
-
+#: The README's spider, saying where it imported scrapy_dist from.
+SPIDER = (
+    "import scrapy_dist\n"
+    + BOOKS_SPIDER
+    + """
     def closed(self, reason):
         self.logger.info("scrapy_dist imported from %s", scrapy_dist.__file__)
 """
+)
+
+
+def _environment() -> dict[str, str]:
+    """A user's environment without this checkout on ``PYTHONPATH``: scrapyd and its jobs
+    import what is installed, or the project's egg."""
+    return {**environment(), "PYTHONPATH": ""}
 
 
 class Scrapyd:
@@ -86,8 +86,7 @@ class Scrapyd:
         self.process = subprocess.Popen(
             [str(BIN / "scrapyd")],
             cwd=directory,
-            # Not this checkout on PYTHONPATH: a job imports what is installed, or its egg.
-            env={**environment(), "PYTHONPATH": ""},
+            env=_environment(),
             stdin=subprocess.DEVNULL,
             stdout=self.output,
             stderr=subprocess.STDOUT,
@@ -151,12 +150,7 @@ def scrapyd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scrapyd]:
 def test_scrapyd_two_jobs(project: Project, scrapyd: Scrapyd, deployment: str) -> None:
     """Deploy with ``scrapyd-deploy``, schedule two jobs over HTTP: each page once, no error."""
     name = f"books_{deployment}"
-    project.add_settings(
-        "SCHEDULER = 'scrapy_dist.scheduler.Scheduler'\n"
-        "DUPEFILTER_CLASS = 'scrapy_dist.dupefilter.RFPDupeFilter'\n"
-        f"REDIS_URL = '{project.redis_url}'\n"
-        "CLOSE_WHEN_CRAWL_DONE = True\nCRAWL_DONE_GRACE = 1\n"
-    )
+    project.use_scrapy_dist()
     project.write("books/spiders/books.py", SPIDER)
     (project.root / "scrapy.cfg").write_text(
         "[settings]\ndefault = books.settings\n\n"
@@ -173,7 +167,7 @@ def test_scrapyd_two_jobs(project: Project, scrapyd: Scrapyd, deployment: str) -
     deployed = subprocess.run(
         [str(BIN / "scrapyd-deploy")],
         cwd=project.root,
-        env={**environment(), "PYTHONPATH": ""},
+        env=_environment(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -190,8 +184,7 @@ def test_scrapyd_two_jobs(project: Project, scrapyd: Scrapyd, deployment: str) -
         assert not ended & set(jobs), logs
         assert time.monotonic() < deadline, logs
         time.sleep(0.2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
 
     deadline = time.monotonic() + 90
     while True:
@@ -201,8 +194,7 @@ def test_scrapyd_two_jobs(project: Project, scrapyd: Scrapyd, deployment: str) -
             break
         assert time.monotonic() < deadline, f"jobs not finished: {listed}"
         time.sleep(0.5)
-    logs = [scrapyd.job_log(name, job) for job in jobs]
-    for log in logs:
+    for log in [scrapyd.job_log(name, job) for job in jobs]:
         assert "Spider closed (crawl_finished)" in log, log[-3000:]
         assert " ERROR: " not in log, log[-3000:]
         assert "Traceback" not in log, log[-3000:]

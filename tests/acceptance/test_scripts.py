@@ -62,16 +62,10 @@ def test_script(project: Project, kind: str) -> None:
     """``python run.py`` twice: both crawl the shared frontier, each page once, exit 0."""
     if kind.startswith("async") and not hasattr(scrapy.crawler, "AsyncCrawlerProcess"):
         pytest.skip("this Scrapy has no AsyncCrawlerProcess")
-    project.add_settings(
-        "SCHEDULER = 'scrapy_dist.scheduler.Scheduler'\n"
-        "DUPEFILTER_CLASS = 'scrapy_dist.dupefilter.RFPDupeFilter'\n"
-        f"REDIS_URL = '{project.redis_url}'\n"
-        "CLOSE_WHEN_CRAWL_DONE = True\nCRAWL_DONE_GRACE = 1\n"
-    )
+    project.use_scrapy_dist()
     script = project.write("run.py", SCRIPTS[kind])
     runs = project.script(script, 2)
-    with project.client() as client:
-        client.lpush("books:start_urls", project.page(0))
+    project.seed()
     project.assert_clean_exit(runs)
     project.assert_each_page_once()
     assert project.items() == len(project.site.expected_paths(0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import CLASSES_SETTINGS, DONE_SETTINGS
 
 from scrapy_dist.testing import RedisServer, free_port
 
@@ -13,12 +14,8 @@ if TYPE_CHECKING:
 
     from conftest import Project, Run
 
-SETTINGS = """
-SCHEDULER = "scrapy_dist.scheduler.Scheduler"
-DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
-CLOSE_WHEN_CRAWL_DONE = True
-CRAWL_DONE_GRACE = 1
-"""
+#: The README's classes and a self-ending crawl; each test adds its ``REDIS_URL``.
+SETTINGS = CLASSES_SETTINGS + DONE_SETTINGS
 
 
 @pytest.fixture(scope="module")

@@ -24,4 +24,4 @@ class SlowPipeline:
         return cls(crawler.settings.getfloat("SLOW_ITEMS_DELAY", 0.2))
 
     def process_item(self, item: Any, spider: Any = None) -> Deferred[Any]:
-        return deferLater(reactor, self.delay, lambda: item)  # type: ignore[arg-type]
+        return deferLater(reactor, self.delay, lambda: item)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from scrapy_dist.spiders import RedisSpider
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from scrapy.http import Response
+    from scrapy.http import Response, TextResponse
 
 
 class PagesSpider(RedisSpider):
@@ -26,4 +26,5 @@ class PagesSpider(RedisSpider):
         if path in self.fail_on:
             raise ValueError(f"poison page {path}")
         yield {"url": response.url}
-        yield from response.follow_all(css="a", callback=self.parse)
+        # the site's pages are HTML: Scrapy gives a TextResponse, which has css=
+        yield from cast("TextResponse", response).follow_all(css="a", callback=self.parse)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from scrapy_dist.backends.base import REDISBLOOM_TYPES, type_of, wrong_type
-from scrapy_dist.backends.bitmap import BitmapBloomBackend
-from scrapy_dist.backends.exact import SetBackend
-from scrapy_dist.backends.redisbloom import RedisBloomBackend, has_redisbloom
 from scrapy_dist.bloom import BloomParams, fit_segments
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters.base import REDISBLOOM_TYPES, wrong_type
+from scrapy_dist.filters.bitmap import BitmapBloomBackend
+from scrapy_dist.filters.exact import SetBackend
+from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
+from scrapy_dist.keys import key_type
 from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from scrapy.settings import BaseSettings
 
-    from scrapy_dist.backends.base import DupefilterBackend
+    from scrapy_dist.filters.base import DupefilterBackend
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.settings import BloomSize, DupefilterConfig
 
@@ -80,7 +81,7 @@ class BackendChoice:
             ConfigurationError: the key holds a set and the mode is ``"bloom"``, or a
                 type no backend uses.
         """
-        actual = type_of(self.client, self.key)
+        actual = key_type(self.client, self.key)
         if actual in REDISBLOOM_TYPES:
             return self.redisbloom
         if actual == "hash":

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fakeredis
 import mmh3
@@ -28,7 +28,10 @@ import redis
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.backends import (
+from scrapy_dist.bloom import MAX_STAGES, BloomParams, bloom_chain
+from scrapy_dist.dupefilter import RFPDupeFilter
+from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
+from scrapy_dist.filters import (
     BackendChoice,
     BitmapBloomBackend,
     DupefilterBackend,
@@ -38,10 +41,7 @@ from scrapy_dist.backends import (
     backend_from_settings,
     filter_error,
 )
-from scrapy_dist.backends.bitmap import GROWTH_GUARD
-from scrapy_dist.bloom import MAX_STAGES, BloomParams, bloom_chain
-from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
+from scrapy_dist.filters.bitmap import GROWTH_GUARD
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.scripts import source
@@ -368,7 +368,8 @@ def test_concurrent_workers_get_one_new_per_fingerprint(
     for process in processes:
         process.join(60)
         assert process.exitcode == 0
-    results = [client.get(f"{name}:result:{worker}") for worker in range(workers)]
+    keys = [f"{name}:result:{worker}" for worker in range(workers)]
+    results = [cast("bytes | None", client.get(key)) for key in keys]
     news = [sum(flags[i] for flags in results if flags) for i in range(count)]
     assert max(news) == 1  # never two workers told "new" for one fingerprint
     if kind == "bitmap-grow":
@@ -529,7 +530,7 @@ def test_redisbloom_is_reserved_as_configured(fake: redis.Redis, name: str) -> N
 
 def bf_capacity(client: redis.Redis, key: str) -> Any:
     """``Capacity`` of ``BF.INFO`` (a dict since redis-py 5.1, a flat list before)."""
-    info = client.execute_command("BF.INFO", key)
+    info = client.execute_command("BF.INFO", key)  # type: ignore[no-untyped-call]  # redis-py: unannotated
     if isinstance(info, list):
         info = dict(zip(info[::2], info[1::2], strict=True))
     return info[b"Capacity"]

@@ -76,11 +76,6 @@ def text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def type_of(client: redis.Redis, key: str) -> str:
-    """``TYPE key`` as text (``"none"`` when it does not exist)."""
-    return text(client.type(key))
-
-
 def expires_in(pttl: object) -> float | None:
     """A ``PTTL`` reply in seconds; ``None`` for no expiry or no key."""
     ms = int(cast("int", pttl))
@@ -207,7 +202,7 @@ class DupefilterBackend(Protocol):
 
 class UnopenedBackend(Protocol):
     """What ``DUPEFILTER_BACKEND`` gives before any I/O: a :class:`DupefilterBackend`,
-    or a :class:`~scrapy_dist.backends.choice.BackendChoice` that picks one when it
+    or a :class:`~scrapy_dist.filters.choice.BackendChoice` that picks one when it
     opens. Either knows its keys and can delete them; :meth:`open` gives the backend
     that filters."""
 

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 import mmh3
 
-from scrapy_dist.backends.base import (
+from scrapy_dist.bloom import HASH_SEED, bloom_chain, chain_false_positive_rate, signature
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters.base import (
     FilterState,
     ScriptedBackend,
     expires_in,
     text,
     ttl_ms,
-    type_of,
     wrong_type,
 )
-from scrapy_dist.bloom import HASH_SEED, bloom_chain, chain_false_positive_rate, signature
-from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import key_type
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import check_on_full
 
@@ -231,7 +231,7 @@ class BitmapBloomBackend(ScriptedBackend):
             ConfigurationError: the key holds something else, or a chain written with
                 other Bloom parameters (which would make every lookup wrong).
         """
-        actual = type_of(self.client, self.key)
+        actual = key_type(self.client, self.key)
         if actual not in ("none", "hash"):
             raise wrong_type(self.key, actual, "a bitmap Bloom filter")
         try:

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import redis
 
-from scrapy_dist.backends.base import (
+from scrapy_dist.bloom import GROWTH, bloom_chain, chain_false_positive_rate
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.filters.base import (
     REDISBLOOM_TYPES,
     FilterState,
     ScriptedBackend,
@@ -16,11 +18,9 @@ from scrapy_dist.backends.base import (
     expires_in,
     text,
     ttl_ms,
-    type_of,
     wrong_type,
 )
-from scrapy_dist.bloom import GROWTH, bloom_chain, chain_false_positive_rate
-from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import key_type
 from scrapy_dist.settings import check_on_full
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class RedisBloomBackend(ScriptedBackend):
             ConfigurationError: the server has no RedisBloom, or the key holds something
                 else.
         """
-        actual = type_of(self.client, self.key)
+        actual = key_type(self.client, self.key)
         if actual == "none":
             option = ["NONSCALING"] if self.on_full == "refuse" else ["EXPANSION", GROWTH]
             try:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from scrapy_dist.backends.base import (
+from scrapy_dist.filters.base import (
     FilterState,
     ScriptedBackend,
     expires_in,
     ttl_ms,
-    type_of,
     wrong_type,
 )
+from scrapy_dist.keys import key_type
 
 if TYPE_CHECKING:
     import redis
@@ -57,7 +57,7 @@ class SetBackend(ScriptedBackend):
         Raises:
             ConfigurationError: the key holds another type (e.g. a Bloom filter).
         """
-        actual = type_of(self.client, self.key)
+        actual = key_type(self.client, self.key)
         if actual not in ("none", "set"):
             raise wrong_type(self.key, actual, "the set")
         return self

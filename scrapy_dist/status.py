@@ -17,11 +17,10 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from scrapy_dist.assembly import assemble
-from scrapy_dist.backends import BackendChoice, BitmapBloomBackend, backend_from_config
 from scrapy_dist.bloom import parse_signature
 from scrapy_dist.connection import describe
-from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import RedisKeys, keys_from_config
+from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
+from scrapy_dist.keys import RedisKeys, expect_type, keys_from_config
 from scrapy_dist.queue import RedisQueue, leasable_queue
 from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
@@ -33,8 +32,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
-    from scrapy_dist.backends import FilterState
-
+    from scrapy_dist.filters import FilterState
 
 
 @dataclass(frozen=True)
@@ -224,7 +222,9 @@ class CrawlStatus:
                 "idle_since": self.progress.get("idle_since"),
                 "finished_at": self.progress.get("finished_at"),
             },
-            "dupefilter": None if df is None else {
+            "dupefilter": None
+            if df is None
+            else {
                 "key": df.key,
                 "backend": df.backend,
                 "size": df.count,
@@ -240,8 +240,12 @@ class CrawlStatus:
                 "registered": len(self.workers),
                 "timeout": self.worker_timeout,
                 "list": [
-                    {"id": w, "heartbeat": beat, "age": round(max(0.0, self.time - beat), 3),
-                     "live": w in live}
+                    {
+                        "id": w,
+                        "heartbeat": beat,
+                        "age": round(max(0.0, self.time - beat), 3),
+                        "live": w in live,
+                    }
                     for w, beat in sorted(self.workers.items())
                 ],
             },
@@ -250,13 +254,15 @@ class CrawlStatus:
                 "stored": self.items_stored,
                 "scraped": self.stats.get(ITEMS_STAT),
             },
-            "rates": None if self.rates is None else {
+            "rates": None
+            if self.rates is None
+            else {
                 "window": self.rates.window,
                 "pages_per_second": self.rates.pages_per_second,
                 "items_per_second": self.rates.items_per_second,
             },
             "stats": self.stats,
-        }  # fmt: skip
+        }
 
     def to_json(self) -> str:
         """:meth:`as_dict` as one line of JSON."""
@@ -315,14 +321,16 @@ def check_type(key: str, actual: str, expected: str, role: str) -> None:
         ConfigurationError: it holds another type; the message names the key, both
             types and, for the seeds and the queue, the setting that fits what it holds.
     """
-    if actual in ("none", expected):
-        return
-    hint = _HINTS.get(role, {}).get(actual)
-    advice = f"; if that is right, {hint}" if hint else ""
-    raise ConfigurationError(
-        f"Redis key {key!r} ({role}) holds a {actual}, but these settings expect a "
-        f"{expected}{advice}"
-    )
+
+    def explain(actual: str) -> str:
+        hint = _HINTS.get(role, {}).get(actual)
+        advice = f"; if that is right, {hint}" if hint else ""
+        return (
+            f"Redis key {key!r} ({role}) holds a {actual}, but these settings expect a "
+            f"{expected}{advice}"
+        )
+
+    expect_type(key, actual, expected, explain)
 
 
 def read_status(

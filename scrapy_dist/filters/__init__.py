@@ -27,22 +27,22 @@ a module here with a :class:`~.base.ScriptedBackend` subclass, its ``kind`` in
 :mod:`scrapy_dist.settings`) and a branch in :func:`backend_from_config`.
 """
 
-from scrapy_dist.backends.base import (
+from scrapy_dist.filters.base import (
     DupefilterBackend,
     DupefilterFull,
     FilterState,
     UnopenedBackend,
     filter_error,
 )
-from scrapy_dist.backends.bitmap import BitmapBloomBackend
-from scrapy_dist.backends.choice import (
+from scrapy_dist.filters.bitmap import BitmapBloomBackend
+from scrapy_dist.filters.choice import (
     BackendChoice,
     backend_from_config,
     backend_from_settings,
     bloom_params_from_config,
 )
-from scrapy_dist.backends.exact import SetBackend
-from scrapy_dist.backends.redisbloom import RedisBloomBackend, has_redisbloom
+from scrapy_dist.filters.exact import SetBackend
+from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
 
 __all__ = [
     "BackendChoice",
