@@ -7,9 +7,12 @@ dead-letter list, not marked as seen), or when its crawl is gone. Otherwise it i
 handed to the frontier, which sends it with the next batch; the dedupe and the push
 are then one server-side step.
 
-Start requests of a plain spider (``SCHEDULER_START_ONCE``) are crawled once per crawl:
-the crawl's first worker records their fingerprints and queues them unfiltered, the
-workers that join later filter theirs.
+Start requests of a plain spider (``SCHEDULER_START_ONCE``) are crawled once per run
+of the crawl: each worker adds a start request's fingerprint to the run's set of start
+requests (``<crawl>:starts``, cleared by ``lua/join.lua`` when a run starts or a worker
+joins alone); the one whose add Redis answers "new" queues the request unfiltered (and
+records it in the dupefilter, so links back to it are filtered), the others drop theirs.
+Redis's answer decides, so the order in which the workers joined does not matter.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from scrapy_dist.exceptions import SerializationError
 from scrapy_dist.spiders import RedisSpiderMixin
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from scrapy import Request, Spider
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
@@ -48,8 +49,7 @@ class Enqueuer:
         stats: the crawler's stats collector.
         codec: turns the spider's requests into bytes.
         spider: the spider whose requests these are.
-        start_once: crawl a plain spider's start requests once per crawl.
-        joined_running: whether another worker ran the crawl when this one joined.
+        start_once: crawl a plain spider's start requests once per run of the crawl.
     """
 
     def __init__(
@@ -63,7 +63,6 @@ class Enqueuer:
         codec: RequestCodec,
         spider: Spider,
         start_once: bool,
-        joined_running: Callable[[], bool],
     ) -> None:
         self.frontier = frontier
         self.df = dupefilter
@@ -73,7 +72,6 @@ class Enqueuer:
         self.codec = codec
         self.spider = spider
         self.start_once = start_once
-        self.joined_running = joined_running
         self._logunser = True
 
     def enqueue(self, request: Request) -> bool:
@@ -93,9 +91,10 @@ class Enqueuer:
         fingerprint = b""
         dont_filter = request.dont_filter
         if dont_filter and shared is not None and self._once_per_crawl(request):
-            if self.joined_running():
-                dont_filter = False  # the crawl's first worker issued it: filter it
-            elif not self._record_start(shared, request):
+            claimed = self._claim_start(shared, request)
+            if not claimed:
+                if claimed is not None:  # another worker of this run queued it
+                    self.df.log(request, self.spider)
                 return False
         if shared is not None and not dont_filter:
             fingerprint = shared.fingerprint(request)
@@ -139,19 +138,24 @@ class Enqueuer:
             and not isinstance(self.spider, RedisSpiderMixin)
         )
 
-    def _record_start(self, shared: RFPDupeFilter, request: Request) -> bool:
-        """Record a start request's fingerprint before it is queued unfiltered, so the
-        workers joining later filter theirs and links back to it are filtered.
+    def _claim_start(self, shared: RFPDupeFilter, request: Request) -> bool | None:
+        """Record a start request's fingerprint in the dupefilter (so links back to it
+        are filtered), then add it to the run's start requests: Redis's answer to that
+        add decides which worker queues it.
 
         Returns:
-            ``False`` if Redis cannot be reached (the request is not stored: Scrapy
-            drops it, and the worker's next start issues it again).
+            ``True`` if this worker is the first of the run to add it (it queues the
+            request unfiltered), ``False`` if another worker did, ``None`` if Redis
+            cannot be reached (the request is not stored: Scrapy drops it, and the
+            worker's next start issues it again).
         """
         fingerprint = shared.fingerprint(request)
         if self.frontier.call(lambda: shared.backend.add(fingerprint)) is None:
-            return False
+            return None
         shared.remember(fingerprint)
-        return True
+        key, client = self.frontier.keys.starts, self.frontier.client
+        added = self.frontier.call(lambda: client.sadd(key, fingerprint))
+        return None if added is None else bool(added)
 
     def unserializable(self, request: Request, error: SerializationError) -> None:
         """Log (once), count and dead-letter a request that cannot be serialized."""

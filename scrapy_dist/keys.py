@@ -25,6 +25,9 @@ key                        type         holds
 ``<crawl>:epoch``          string       random id written by the crawl's first worker;
                                         every frontier write checks it (a crawl that
                                         finished, was flushed or evicted has none)
+``<crawl>:starts``         set          fingerprints of the start requests of a plain
+                                        spider queued in this run of the crawl (the
+                                        first worker to add one crawls it)
 ``<crawl>:progress``       hash         crawl counters (done, retried, dead) and the
                                         completion state (idle_since, finished_at)
 ``<crawl>:workers``        hash         worker id -> last heartbeat (server time, s)
@@ -132,6 +135,10 @@ class RedisKeys:
         return f"{self.crawl}:epoch"
 
     @property
+    def starts(self) -> str:
+        return f"{self.crawl}:starts"
+
+    @property
     def progress(self) -> str:
         return f"{self.crawl}:progress"
 
@@ -162,7 +169,10 @@ class RedisKeys:
     def frontier(self) -> tuple[str, ...]:
         """Keys that make up the crawl's shared state, removed when it is flushed
         (the dupefilter backend adds its own keys to these)."""
-        return (self.requests, self.seq, self.leases, self.leased, self.deliveries, self.epoch)
+        return (
+            self.requests, self.seq, self.leases, self.leased, self.deliveries, self.epoch,
+            self.starts,
+        )  # fmt: skip
 
     def start_urls_key(self, template: str) -> str:
         """Expand a spider's own ``redis_key`` template for this crawl."""

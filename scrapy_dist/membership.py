@@ -109,8 +109,6 @@ class Membership:
         self.close_when_done = close_when_done
         #: Whether :meth:`join` succeeded (a failed start did not).
         self.joined = False
-        #: Another worker was running this crawl when this one joined.
-        self.joined_running = False
         #: The spider named in log records.
         self.spider: Spider | None = None
         self._closing = False
@@ -144,7 +142,6 @@ class Membership:
                 extra={"spider": spider},
             )
         others, flushed = self.registry.join(flush=self.flush_on_start)
-        self.joined_running = others > 0
         self.joined = True
         if flushed:
             logger.info(

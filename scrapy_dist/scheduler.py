@@ -226,6 +226,7 @@ class Scheduler(BaseScheduler):
                 timeout=config.workers.worker_timeout,
                 frontier=frontier.clear_keys,
                 progress=frontier.keys.progress,
+                starts=frontier.keys.starts,
                 started=crawl_started(),
             ),
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
@@ -323,7 +324,6 @@ class Scheduler(BaseScheduler):
             codec=self._codec,
             spider=spider,
             start_once=self.start_once,
-            joined_running=lambda: self.membership.joined_running,
         )
         if self.crawler is not None and start_failure(self.crawler) is not None:
             self._not_started = FailedScheduler(self.crawler)

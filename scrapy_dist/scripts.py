@@ -340,6 +340,7 @@ class Scripts:
         *,
         workers: str,
         progress: str,
+        starts: str,
         flush_keys: Iterable[str],
         worker: str,
         timeout: float,
@@ -347,8 +348,9 @@ class Scripts:
         age: float,
     ) -> ScriptCall:
         """``lua/join.lua``: register ``worker``; with ``flush``, delete ``flush_keys``
-        if no other worker is alive."""
-        keys = [workers, progress, *flush_keys]
+        if no other worker is alive; delete ``starts`` when this worker starts a new run
+        or no other worker is alive."""
+        keys = [workers, progress, starts, *flush_keys]
         return self._call("join", keys, [worker, timeout, int(flush), age])
 
     def heartbeat(self, *, workers: str, worker: str) -> ScriptCall:

@@ -56,6 +56,8 @@ class WorkerRegistry:
         timeout: seconds without heartbeat after which a worker counts as gone.
         frontier: keys a flush deletes (queue, dupefilter, sequence...).
         progress: the crawl's progress hash (a new run clears its completion marks).
+        starts: the set of start requests queued in this run (cleared by a join that
+            starts a new run or finds no other worker alive).
         started: when this worker's crawl started (monotonic seconds); default: now.
     """
 
@@ -68,6 +70,7 @@ class WorkerRegistry:
         timeout: float,
         frontier: Sequence[str],
         progress: str,
+        starts: str,
         started: float | None = None,
     ) -> None:
         self.client = client
@@ -76,13 +79,15 @@ class WorkerRegistry:
         self.timeout = timeout
         self.frontier = list(frontier)
         self.progress = progress
+        self.starts = starts
         self.started = time.monotonic() if started is None else started
         self._scripts = scripts_for(client)
 
     def join(self, *, flush: bool = False) -> tuple[int, bool]:
         """Register this worker; with ``flush``, delete the frontier if no other
         worker is alive. A worker started after the crawl finished starts a new run,
-        judged complete on its own work (``lua/join.lua``).
+        judged complete on its own work; a new run, or a join with no other worker
+        alive, forgets which start requests were queued (``lua/join.lua``).
 
         Returns:
             ``(other live workers, whether the frontier was flushed)``.
@@ -92,6 +97,7 @@ class WorkerRegistry:
             self._scripts.join(
                 workers=self.key,
                 progress=self.progress,
+                starts=self.starts,
                 flush_keys=self.frontier,
                 worker=self.worker_id,
                 timeout=self.timeout,

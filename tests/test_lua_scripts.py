@@ -111,7 +111,8 @@ CALLS: dict[str, Callable[[Scripts], ScriptCall]] = {
         epoch="",
     ),
     "join": lambda s: s.join(
-        workers="w", progress="p", flush_keys=["k"], worker="me", timeout=1.0, flush=False, age=0.0
+        workers="w", progress="p", starts="t", flush_keys=["k"], worker="me", timeout=1.0,
+        flush=False, age=0.0,
     ),
     "heartbeat": lambda s: s.heartbeat(workers="w", worker="me"),
     "leave": lambda s: s.leave(workers="w", worker="me", timeout=1.0),

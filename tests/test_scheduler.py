@@ -424,3 +424,39 @@ def test_no_hint_when_the_seeds_key_has_seeds(
     with caplog.at_level(logging.WARNING):
         open_scheduler()
     assert not caplog.records
+
+
+# -- start requests of a plain spider (SCHEDULER_START_ONCE) -------------------------------
+
+
+def _start(url: str = URL) -> Request:
+    return Request(url, dont_filter=True, meta={"is_start_request": True})
+
+
+def test_start_request_once_whoever_sends_it_first(
+    open_scheduler: Callable[..., Scheduler],
+) -> None:
+    """The crawl's first worker to join may send its start request after one that
+    joined later: the request is queued once between them (the first to record it
+    in Redis queues it)."""
+    first, second = open_scheduler(), open_scheduler()  # first joined alone
+    assert second.enqueue_request(_start())
+    assert not first.enqueue_request(_start())
+    assert [r.url for r in drain(first)] == [URL]
+    assert drain(second) == []
+
+
+def test_start_request_once_per_run(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis
+) -> None:
+    """A worker that joins when no other runs (a resumed or re-run persisted crawl)
+    crawls its start request again, once between the workers of that run."""
+    settings = {"SCHEDULER_PERSIST": True}
+    first = open_scheduler(settings)
+    assert first.enqueue_request(_start())
+    assert [r.url for r in drain(first)] == [URL]
+    first.close("finished")
+    again, other = open_scheduler(settings), open_scheduler(settings)
+    assert again.enqueue_request(_start())
+    assert not other.enqueue_request(_start())
+    assert [r.url for r in drain(again)] == [URL]

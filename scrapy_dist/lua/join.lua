@@ -7,9 +7,15 @@
 -- while the persisted data and counters stay. A worker started before the crawl
 -- finished (a replacement that joins late) belongs to that run and sees it finished.
 --
+-- The start requests a plain spider's workers queue once between them are recorded
+-- in KEYS[3] (the first worker to add a fingerprint crawls it): the record is dropped
+-- when a new run starts or no other worker is alive, so each run, and a crawl resumed
+-- after all its workers stopped, crawls its start requests once.
+--
 -- KEYS[1] = worker registry hash (worker id -> last heartbeat, server time in seconds)
 -- KEYS[2] = crawl progress hash (fields: done, dead, idle_since, finished_at, run_base)
--- KEYS[3..] = frontier keys deleted by a flush (queue, dupefilter, sequence)
+-- KEYS[3] = the start requests queued in this run (set of fingerprints)
+-- KEYS[4..] = frontier keys deleted by a flush (queue, dupefilter, sequence)
 -- ARGV[1] = this worker's id
 -- ARGV[2] = seconds without heartbeat after which a worker counts as gone
 -- ARGV[3] = "1" to flush the frontier if no other worker is alive, else "0"
@@ -34,7 +40,7 @@ end
 
 local flushed = 0
 if flush and others == 0 then
-  for i = 3, #KEYS do
+  for i = 4, #KEYS do
     redis.call("UNLINK", KEYS[i])
   end
   flushed = 1
@@ -49,6 +55,9 @@ if finished_at and finished_at < now - tonumber(ARGV[4]) then
   redis.call("HSET", progress, "run_base", tostring(settled))
   redis.call("PERSIST", progress)
   new_run = 1
+end
+if others == 0 or new_run == 1 then
+  redis.call("UNLINK", KEYS[3])
 end
 redis.call("HSET", workers, me, tostring(now))
 return {others, flushed, new_run}
