@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from scrapy_dist.keys import RedisKeys
+from scrapy_dist.keys import RedisKeys, hash_tag_on
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,6 +36,7 @@ def crawl_patterns(config: Config) -> list[tuple[str, str]]:
         requests=config.keys.requests,
         dupefilter=config.keys.dupefilter,
         start_urls=config.keys.start_urls,
+        hash_tag=hash_tag_on(config),
     )
     names = [
         probe.requests,
