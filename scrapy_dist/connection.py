@@ -240,6 +240,8 @@ def check(client: redis.Redis) -> None:
     """
     settings = _settings_named(client)
     try:
+        if isinstance(client, ClusterClient):
+            client.resolve()  # discover the cluster from any startup node that answers
         client.ping()
     except redis.AuthenticationError as e:
         raise RedisUnavailable(
@@ -411,19 +413,21 @@ class ClusterClient(redis.Redis):
         return text
 
     def resolve(self) -> None:
-        """Ask the cluster which primary owns the slot now and turn to it.
+        """Ask the cluster which primary owns the slot now and turn to it (without a
+        slot: to a primary that answers).
 
         Raises:
             redis.ConnectionError: the cluster cannot say (no node answers, or the slot
                 is not covered): an outage.
         """
-        if self.slot is None:
-            return
         with self._resolve_lock:
             try:
                 cluster = self._shared.cluster()
                 cluster.nodes_manager.initialize()
-                owner = cluster.nodes_manager.get_node_from_slot(self.slot)
+                if self.slot is None:  # any primary, for commands without keys
+                    owner = cluster.get_primaries()[0]  # type: ignore[no-untyped-call]
+                else:
+                    owner = cluster.nodes_manager.get_node_from_slot(self.slot)
             except RedisUnavailable as e:
                 raise redis.ConnectionError(str(e)) from e
             except (redis.RedisError, RedisClusterException, IndexError) as e:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -297,3 +297,68 @@ def test_a_crawl_survives_kill_9_of_its_master(
     assert "is served by" in logs  # the workers turned to the promoted replica
     # no assertion on loss: without WAIT (replication branch) a few may be lost
     assert len(result.missing) < PAGES // 10, result.figures()
+
+
+# -- the scrapy-dist command on a cluster ---------------------------------------------------
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """Call ``main(args)`` in-process outside any project; returns (code, stdout, stderr)."""
+    from scrapy_dist.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+
+    def call(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
+def test_cli_push_status_jobs_dead_export_reset_on_a_cluster(
+    clean: ClusterServers,
+    run: Any,
+) -> None:
+    url = "redis+cluster://" + nodes_setting(clean)
+    code, out, err = run("--redis-url", url, "push", "pages", "https://a.example/1")
+    assert code == 0, err
+    with clean.client() as plain:  # where `redis-cli -c lpush '{pages}:start_urls'` pushes
+        assert plain.lrange(SEEDS, 0, -1) == [b"https://a.example/1"]
+        plain.rpush(f"{TAG}:items", b'{"url": "https://a.example/1"}')
+        plain.rpush(f"{TAG}:dead", b'{"reason": "test", "kind": "request"}')
+        # another crawl, another slot (most likely another master): found by SCAN of each
+        plain.lpush("{other}:start_urls", b"https://b.example/")
+    code, out, err = run("--redis-url", url, "status", "pages")
+    assert code == 0, err
+    assert "redis+cluster://" in out
+    assert "WRONGTYPE" not in out + err
+    assert "holds" not in err  # no MOVED mistaken for a key of another type
+    code, out, err = run("--redis-url", url, "jobs")
+    assert code == 0, err
+    assert "pages" in out
+    assert "other" in out
+    code, out, err = run("--redis-url", url, "dead", "list", "pages")
+    assert code == 0, err
+    assert "1 record" in out
+    code, out, err = run("--redis-url", url, "export", "pages", "-o", "-")
+    assert code == 0, err
+    assert "a.example/1" in out
+    code, out, err = run("--redis-url", url, "metrics", "pages", "--once")
+    assert code == 0, err
+    assert "scrapy_dist" in out
+    code, out, err = run("--redis-url", url, "reset", "pages", "--yes")
+    assert code == 0, err
+    with clean.client() as plain:
+        assert not plain.exists(SEEDS, f"{TAG}:items", f"{TAG}:dead")
+        assert plain.exists("{other}:start_urls")
+        plain.delete("{other}:start_urls")
+
+
+def test_cli_names_an_unreachable_cluster_on_one_line(run: Any) -> None:
+    code, _, err = run("--redis-url", "redis+cluster://:pw@127.0.0.1:1", "status", "pages")
+    assert code == 1
+    assert "redis+cluster://:***@127.0.0.1:1" in err
+    assert "pw@" not in err

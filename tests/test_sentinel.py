@@ -125,3 +125,29 @@ def test_two_workers_crawl_every_page_once_behind_sentinel(
     assert result.duplicates == 0, result.figures()
     assert sum(int(s.get("downloader/response_count", 0)) for s in stats(result)) == PAGES
     assert "redis+sentinel://" in result.workers[0].log_file.read_text()
+
+
+def test_cli_push_status_and_jobs_behind_sentinel(
+    clean: SentinelServers,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from scrapy_dist.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    url = sentinel_url(clean)
+    assert main(["--redis-url", url, "push", "pages", "https://a.example/1"]) == 0
+    with clean.master().client() as master:
+        assert master.lrange("pages:start_urls", 0, -1) == [b"https://a.example/1"]
+    capsys.readouterr()
+    assert main(["--redis-url", url, "status", "pages"]) == 0
+    out = capsys.readouterr().out
+    assert f"redis+sentinel://127.0.0.1:{clean.sentinel_addresses[0][1]}" in out
+    assert f"/{clean.service_name}/0" in out
+    assert main(["--redis-url", url, "jobs"]) == 0
+    assert "pages" in capsys.readouterr().out
+    assert main(["--redis-url", url, "reset", "pages", "--yes"]) == 0
+    with clean.master().client() as master:
+        assert not master.exists("pages:start_urls")

@@ -146,6 +146,20 @@ class Context:
             self.connected = client
         return self.connected
 
+    def crawl_client(self, config: Config, layout: CrawlLayout) -> redis.Redis:
+        """A client for the crawl's keys: :meth:`client` itself, or under Redis Cluster
+        one pinned to the node owning the crawl's hash slot
+        (:func:`~scrapy_dist.connection.crawl_client`), so ``MOVED`` replies are followed,
+        never mistaken for a key's type.
+
+        Raises:
+            RedisUnavailable: the server cannot be reached.
+            ConfigurationError: under Cluster, the crawl's keys are not in one slot.
+        """
+        from scrapy_dist.connection import crawl_client
+
+        return crawl_client(self.client(config), layout.keys, extra=(layout.seeds, layout.items))
+
     def _redis_given(self) -> bool:
         """Whether the options name the Redis server (``--redis-url`` or ``-s REDIS_...``)."""
         named = {item.partition("=")[0] for item in self.args.set or ()}

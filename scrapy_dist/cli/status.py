@@ -22,6 +22,7 @@ from scrapy_dist.cli._context import (
     when,
 )
 from scrapy_dist.cli._crawls import find_crawls
+from scrapy_dist.connection import crawl_client
 from scrapy_dist.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     absent = False
     if args.spider is not None:
         layout, config, _ = ctx.layout(args.spider)
-        client = ctx.client(config)
+        client = ctx.crawl_client(config, layout)
 
         def read() -> list[CrawlStatus]:
             nonlocal absent
@@ -122,9 +123,11 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         client = ctx.client(config)
 
         def read() -> list[CrawlStatus]:
+            layouts = [
+                CrawlLayout.for_crawl(config, crawl) for crawl in find_crawls(client, config)
+            ]
             return [
-                read_status(client, CrawlLayout.for_crawl(config, crawl), config)
-                for crawl in find_crawls(client, config)
+                read_status(crawl_client(client, layout.keys), layout, config) for layout in layouts
             ]
 
     tty = sys.stdout.isatty()
@@ -167,8 +170,9 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
         spider, _, job = crawl.partition(":")
         row: dict[str, Any] = {"crawl": crawl, "spider": spider, "job": job or None}
         try:
+            layout = CrawlLayout.for_crawl(config, crawl)
             status = read_status(
-                client, CrawlLayout.for_crawl(config, crawl), config, dupefilter=False
+                crawl_client(client, layout.keys), layout, config, dupefilter=False
             )
         except ConfigurationError as e:
             row["error"] = str(e)
