@@ -158,13 +158,16 @@ def get_redis_from_settings(settings: BaseSettings) -> Any:
 
     ``REDIS_PARAMS`` extends :data:`DEFAULT_PARAMS`; ``REDIS_URL``, ``REDIS_HOST``,
     ``REDIS_PORT`` and ``REDIS_DB`` name the server (the URL wins, with a warning);
-    ``REDIS_PARAMS["redis_cls"]`` may be a class or its import path. Components of a
-    crawl share the crawler's client instead (:func:`scrapy_dist.assembly.assemble`).
+    ``REDIS_PARAMS["redis_cls"]`` may be a class or its import path. Under Cluster or
+    Sentinel settings, the topology's client (:func:`client_from_config`). Components of
+    a crawl share the crawler's client instead (:func:`scrapy_dist.assembly.assemble`).
 
     Raises:
         ConfigurationError: contradictory or invalid connection settings.
     """
     connection = connection_config(settings)
+    if connection.topology != SINGLE:  # Cluster or Sentinel: the topology's client
+        return client_from_config(connection)
     params = dict(connection.params)
     if connection.redis_cls is not None:
         params["redis_cls"] = connection.redis_cls
