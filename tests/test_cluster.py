@@ -362,3 +362,23 @@ def test_cli_names_an_unreachable_cluster_on_one_line(run: Any) -> None:
     assert code == 1
     assert "redis+cluster://:***@127.0.0.1:1" in err
     assert "pw@" not in err
+
+
+def test_cli_in_the_project_reads_its_cluster_settings(
+    clean: ClusterServers, project: Path
+) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "scrapy_dist", "push", "pages", "https://a.example/2"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert SEEDS in done.stdout + done.stderr  # the report names the tagged key
+    with clean.client() as plain:
+        assert plain.lrange(SEEDS, 0, -1) == [b"https://a.example/2"]

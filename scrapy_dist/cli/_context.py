@@ -78,6 +78,9 @@ class Context:
             settings.set(name, value, priority="cmdline")
         if self.args.redis_url:
             settings.set("REDIS_URL", self.args.redis_url, priority="cmdline")
+            # the URL names the whole topology: it replaces the project's nodes/Sentinels
+            for name in ("REDIS_STARTUP_NODES", "REDIS_MASTER_NODES", "REDIS_SENTINELS"):
+                settings.set(name, None, priority="cmdline")
         if self.args.job is not None:
             settings.set("SCHEDULER_JOB_ID", self.args.job or None, priority="cmdline")
             settings.set("SCHEDULER_JOB_TIMESTAMP", None, priority="cmdline")
