@@ -331,8 +331,14 @@ def test_cli_push_status_jobs_dead_export_reset_on_a_cluster(
         plain.rpush(f"{TAG}:dead", b'{"reason": "test", "kind": "request"}')
         # another crawl, another slot (most likely another master): found by SCAN of each
         plain.lpush("{other}:start_urls", b"https://b.example/")
+    with clean.client() as plain:  # the single-server habit: not read under Cluster
+        plain.lpush("pages:start_urls", b"https://a.example/lost")
     code, out, err = run("--redis-url", url, "status", "pages")
     assert code == 0, err
+    assert "'pages:start_urls' exists (list)" in err
+    assert "'{pages}:start_urls'" in err
+    with clean.client() as plain:
+        plain.delete("pages:start_urls")
     assert "redis+cluster://" in out
     assert "WRONGTYPE" not in out + err
     assert "holds" not in err  # no MOVED mistaken for a key of another type

@@ -16,14 +16,17 @@ import redis
 from scrapy_dist.cli._context import (
     EXIT_OK,
     Context,
+    err,
     out,
     positive,
     report_absent,
     when,
 )
 from scrapy_dist.cli._crawls import find_crawls
-from scrapy_dist.connection import crawl_client
+from scrapy_dist.connection import crawl_client, topology
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import key_type
+from scrapy_dist.settings import CLUSTER
 
 if TYPE_CHECKING:
     import argparse
@@ -100,6 +103,26 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _warn_untagged_seeds(client: redis.Redis, seeds: str) -> None:
+    """Under Redis Cluster, say on stderr if seeds wait in the crawl's seeds key without
+    its hash tag (``books:start_urls`` for ``{books}:start_urls``): the workers never
+    read them."""
+    if topology(client) != CLUSTER or not seeds.startswith("{"):
+        return
+    tag, _, rest = seeds[1:].partition("}")
+    untagged = tag + rest
+    try:
+        kind = key_type(client, untagged)
+    except redis.RedisError:
+        return
+    if kind != "none":
+        err(
+            f"scrapy-dist: warning: {untagged!r} exists ({kind}), but under Redis Cluster "
+            f"this crawl reads its seeds from {seeds!r}: push there (redis-cli -c lpush "
+            f"'{seeds}' URL, or scrapy-dist push)"
+        )
+
+
 def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     """Show one crawl's state, or every crawl's. A crawl with no keys is shown as
     ``absent`` (a state, so the exit status is 0) and reported on stderr with the
@@ -110,6 +133,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     if args.spider is not None:
         layout, config, _ = ctx.layout(args.spider)
         client = ctx.crawl_client(config, layout)
+        _warn_untagged_seeds(ctx.client(config), layout.seeds)
 
         def read() -> list[CrawlStatus]:
             nonlocal absent
