@@ -366,7 +366,7 @@ class ClusterClient(redis.Redis):
         host, port = connection.nodes[0]
         kwargs = dict(connection.params)
         kwargs.pop("redis_cls", None)
-        if connection.ssl:
+        if kwargs.pop("ssl", False) or connection.ssl:
             kwargs["connection_class"] = redis.SSLConnection
         self._resolve_lock = threading.Lock()
         self._stale = slot is not None  # resolve the slot's owner before the first command
@@ -407,7 +407,8 @@ class ClusterClient(redis.Redis):
 
     def describe(self) -> str:
         """The startup nodes, password masked, and the slot and its node (no I/O)."""
-        scheme = "rediss+cluster" if self._config.ssl else "redis+cluster"
+        ssl = issubclass(self.connection_pool.connection_class, redis.SSLConnection)
+        scheme = "rediss+cluster" if ssl else "redis+cluster"
         nodes = ",".join(_hostport(h, p) for h, p in self._config.nodes)
         text = f"{scheme}://{_auth(self._config.params)}{nodes}"
         if self.slot is not None:
