@@ -388,3 +388,27 @@ def test_cli_in_the_project_reads_its_cluster_settings(
     assert SEEDS in done.stdout + done.stderr  # the report names the tagged key
     with clean.client() as plain:
         assert plain.lrange(SEEDS, 0, -1) == [b"https://a.example/2"]
+
+
+@pytest.mark.e2e
+def test_a_worker_refuses_keys_outside_the_crawls_slot(
+    redis_cluster: ClusterServers, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    nodes = [f"127.0.0.1:{port}" for _, port in redis_cluster.startup_nodes]
+    project = make_project(
+        tmp_path, f"REDIS_STARTUP_NODES = {nodes!r}\nSCHEDULER_DUPEFILTER_KEY = 'dupefilter'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "pages"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "'dupefilter' is in slot 7167" in done.stderr
+    assert "'{pages}'" in done.stderr  # the tag to use
