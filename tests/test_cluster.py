@@ -412,3 +412,29 @@ def test_a_worker_refuses_keys_outside_the_crawls_slot(
     assert done.returncode != 0
     assert "'dupefilter' is in slot 7167" in done.stderr
     assert "'{pages}'" in done.stderr  # the tag to use
+
+
+def test_a_migrating_slot_is_an_outage_not_a_turn(clean: ClusterServers) -> None:
+    """``ASK`` (the crawl's slot is being moved to another master): the command was not
+    run; the client raises :class:`SlotMoved` (a ConnectionError: callers retry) and stays
+    on the slot's owner until the migration ends with ``MOVED``."""
+    client = cluster_client(clean)
+    keys = RedisKeys.build("pages", hash_tag=True)
+    crawl = crawl_client(client, keys)
+    crawl.ping()
+    before = describe(crawl)
+    slot = slot_of(keys.requests)
+    source = clean.master_for(keys.requests)
+    target = next(node for node in clean.masters() if node.port != source.port)
+    with source.client() as src, target.client() as dst:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+        try:
+            with pytest.raises(SlotMoved, match="migrating"):
+                crawl.get(keys.epoch)  # absent on the source: ASK
+            assert describe(crawl) == before
+        finally:
+            src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+    assert crawl.get(keys.epoch) is None
+    client.close()
