@@ -334,8 +334,8 @@ class ClusterClient(redis.Redis):
 
     It talks to one node at a time through an ordinary connection pool, so pipelines
     (``transaction`` or not), ``EVALSHA``/``SCRIPT LOAD``, ``TIME`` and ``WAIT`` work as
-    on one server. Made by :func:`client_from_config` (pointed at the first startup
-    node: for commands without keys and for :func:`primaries`) and by
+    on one server. Made by :func:`client_from_config` (pointed at a primary that
+    answers: for commands without keys and for :func:`primaries`) and by
     :meth:`for_slot` (:func:`crawl_client`: pointed at the primary owning the crawl's
     slot, found from the cluster's slot map when first used).
 
@@ -369,7 +369,7 @@ class ClusterClient(redis.Redis):
         if kwargs.pop("ssl", False) or connection.ssl:
             kwargs["connection_class"] = redis.SSLConnection
         self._resolve_lock = threading.Lock()
-        self._stale = slot is not None  # resolve the slot's owner before the first command
+        self._stale = True  # find the slot's owner (or a live primary) at the first command
         self._resolved_at = 0.0
         super().__init__(connection_pool=_PinnedPool(host=host, port=port, **kwargs))
 

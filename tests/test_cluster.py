@@ -27,6 +27,7 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import RedisKeys, crawl_slot, keys_from_settings, slot_of
 from scrapy_dist.settings import connection_config
 from scrapy_dist.testing import TestSite
+from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.topology import make_project, run_crawl, stats
 
 if TYPE_CHECKING:
@@ -437,4 +438,15 @@ def test_a_migrating_slot_is_an_outage_not_a_turn(clean: ClusterServers) -> None
             src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
             dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
     assert crawl.get(keys.epoch) is None
+    client.close()
+
+
+def test_a_dead_first_startup_node_is_skipped(redis_cluster: ClusterServers) -> None:
+    redis_cluster.wait_ok()
+    nodes = [("127.0.0.1", free_port()), *redis_cluster.startup_nodes]
+    client = client_from_config(connection_config(Settings({"REDIS_STARTUP_NODES": nodes})))
+    check(client)
+    assert client.time()[0] > 0
+    crawl = crawl_client(client, RedisKeys.build("pages", hash_tag=True))
+    assert crawl.exists("{pages}:nothing") == 0
     client.close()
