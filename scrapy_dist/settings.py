@@ -33,6 +33,7 @@ and checks every setting (about seventy), section by section.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import FrozenInstanceError, dataclass, field
@@ -164,12 +165,17 @@ _SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
 
 def parse_nodes(value: Any, setting: str, default_port: int) -> tuple[tuple[str, int], ...]:
     """Parse a list of nodes: ``"host:port"`` strings (a string may list several,
-    comma-separated; ``[v6]:port`` for IPv6), ``(host, port)`` pairs or
+    comma-separated, or be a JSON list; ``[v6]:port`` for IPv6), ``(host, port)`` pairs or
     ``{"host": ..., "port": ...}`` dicts; ``port`` defaults to ``default_port``.
 
     Raises:
         ConfigurationError: an entry that is none of these, or an invalid port.
     """
+    if isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
+        try:  # -s REDIS_STARTUP_NODES='["a:7000", "b:7000"]' (JSON only, never code)
+            value = json.loads(value)
+        except ValueError:
+            pass  # "[::1]:7000": an IPv6 node
     if isinstance(value, str):
         value = [part for part in value.split(",") if part.strip()]
     elif isinstance(value, (dict, tuple)) and _is_one_node(value):

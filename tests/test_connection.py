@@ -122,6 +122,7 @@ def topo(**values: object) -> ConnectionConfig:
     [
         {"REDIS_STARTUP_NODES": ["a:7000", ("b", 7001), {"host": "c", "port": "7002"}]},
         {"REDIS_MASTER_NODES": "a:7000,b:7001,c:7002"},
+        {"REDIS_STARTUP_NODES": '["a:7000", {"host": "b", "port": 7001}]'},  # -s, as JSON
         {"REDIS_URL": "redis+cluster://a:7000,b:7001,c:7002"},
         {
             "REDIS_URL": "redis://a:7000",
