@@ -33,6 +33,7 @@ and checks every setting (about seventy), section by section.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -172,44 +173,47 @@ def parse_nodes(value: Any, setting: str, default_port: int) -> tuple[tuple[str,
         ConfigurationError: an entry that is none of these, or an invalid port.
     """
     if isinstance(value, str) and value.lstrip()[:1] in ("[", "{"):
-        try:  # -s REDIS_STARTUP_NODES='["a:7000", "b:7000"]' (JSON only, never code)
+        # -s REDIS_STARTUP_NODES='["a:7000", "b:7000"]' (JSON only, never code); a
+        # "[::1]:7000" (an IPv6 node) is not JSON and stays a string
+        with contextlib.suppress(ValueError):
             value = json.loads(value)
-        except ValueError:
-            pass  # "[::1]:7000": an IPv6 node
     if isinstance(value, str):
         value = [part for part in value.split(",") if part.strip()]
     elif isinstance(value, (dict, tuple)) and _is_one_node(value):
         value = [value]
-    nodes: list[tuple[str, int]] = []
-    for entry in value or ():
-        host: Any
-        port: Any
-        if isinstance(entry, str):
-            text = entry.strip()
-            if text.startswith("["):  # [v6]:port
-                host, _, rest = text[1:].partition("]")
-                port = rest[1:] if rest.startswith(":") else default_port
-            elif text.count(":") == 1:
-                host, port = text.split(":")
-            else:
-                host, port = text, default_port
-        elif isinstance(entry, dict):
-            host, port = entry.get("host"), entry.get("port", default_port)
-        elif isinstance(entry, (tuple, list)) and len(entry) in (1, 2):
-            host, port = entry[0], entry[1] if len(entry) == 2 else default_port
-        else:
-            host, port = None, None
-        try:
-            port = int(port)
-        except (TypeError, ValueError):
-            port = -1
-        if not host or not isinstance(host, str) or not 0 < port < 65536:
-            raise ConfigurationError(
-                f'{setting} entry {entry!r} is not a node: use "host:port", '
-                '(host, port) or {"host": ..., "port": ...}'
-            )
-        nodes.append((host, port))
+    nodes = [_parse_node(entry, setting, default_port) for entry in value or ()]
     return tuple(dict.fromkeys(nodes))
+
+
+def _parse_node(entry: Any, setting: str, default_port: int) -> tuple[str, int]:
+    """One entry of :func:`parse_nodes`."""
+    host: Any
+    port: Any
+    if isinstance(entry, str):
+        text = entry.strip()
+        if text.startswith("["):  # [v6]:port
+            host, _, rest = text[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else default_port
+        elif text.count(":") == 1:
+            host, port = text.split(":")
+        else:
+            host, port = text, default_port
+    elif isinstance(entry, dict):
+        host, port = entry.get("host"), entry.get("port", default_port)
+    elif isinstance(entry, (tuple, list)) and len(entry) in (1, 2):
+        host, port = entry[0], entry[1] if len(entry) == 2 else default_port
+    else:
+        host, port = None, None
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        port = -1
+    if not host or not isinstance(host, str) or not 0 < port < 65536:
+        raise ConfigurationError(
+            f'{setting} entry {entry!r} is not a node: use "host:port", '
+            '(host, port) or {"host": ..., "port": ...}'
+        )
+    return host, port
 
 
 def _is_one_node(value: Any) -> bool:
