@@ -318,6 +318,131 @@ def summarize(plain: Run, logged: Run) -> dict[str, Any]:
     }
 
 
+# -- cost of one script call, by batch size ---------------------------------------------
+
+
+def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dict[str, Any]:
+    """Server time of ``reserve`` and ``settle`` calls by the number of leases each
+    handles, on a priority queue of 20,000 compact entries: ``µs/call`` (``INFO
+    commandstats``, the script with what it runs), ``inner`` (the commands it ran, as
+    ``commandstats`` times them) and the server's CPU per call (``INFO cpu``: round trip
+    and event loop included). The difference between ``µs/call`` and ``inner`` is the
+    script's own cost, mostly the price of each ``redis.call``."""
+    server = RedisServer().start()
+    rows: dict[str, Any] = {}
+    try:
+        client = server.client()
+        spider = BenchSpider()
+        codec = RequestCodec(JsonSerializer(), spider)
+        queue = PriorityQueue(client, "c:q", "c:seq")
+        for start in range(0, 20_000, BATCH):
+            queue.push(
+                [
+                    (codec.encode(Request(url67(i), callback=spider.parse)), 0.0, b"")
+                    for i in range(start, start + BATCH)
+                ]
+            )
+        client.set("c:epoch", "E")
+        keys = {
+            "leases": "c:leases",
+            "leased": "c:leased",
+            "deliveries": "c:deliveries",
+            "dead": "c:dead",
+            "queue": "c:q",
+            "seeds": "c:seeds",
+            "progress": "c:progress",
+            "epoch_key": "c:epoch",
+            "index": "c:index",
+        }
+        scripts = scripts_for(client)
+        trivial = client.register_script("return 1")
+        rows["trivial"] = _measure(client, trivial, calls)
+        for count in counts:
+            ids: list[bytes] = []
+
+            def reserve(count: int = count, ids: list[bytes] = ids) -> None:
+                reply = scripts.reserve(
+                    **keys,
+                    seq="c:seq",
+                    origin=FROM_QUEUE,
+                    take="zpopmin",
+                    queue_put_back="zadd",
+                    seeds_put_back="lpush",
+                    count=count,
+                    duration=3600,
+                    worker="w1",
+                    max_deliveries=5,
+                    reclaim_limit=100,
+                    epoch="E",
+                ).run()
+                ids += reply[0::3]
+
+            rows[f"reserve {count}"] = _measure(client, reserve, calls, count)
+            if not count:
+                continue
+            batches = [ids[i : i + count] for i in range(0, len(ids), count)]
+
+            def settle(batches: list[list[bytes]] = batches) -> None:
+                batch = batches.pop()
+                scripts.settle(
+                    **{k: v for k, v in keys.items()},
+                    worker="w1",
+                    queue_put_back="zadd",
+                    seeds_put_back="lpush",
+                    max_deliveries=5,
+                    epoch="E",
+                    outcomes=[(i.decode(), "") for i in batch],
+                ).run()
+
+            rows[f"settle {count}"] = _measure(client, settle, len(batches), count)
+        client.close()
+    finally:
+        server.stop()
+    return rows
+
+
+def _measure(client: redis.Redis, call: Any, calls: int, items: int = 0) -> dict[str, float]:
+    client.config_resetstat()
+    cpu0 = ServerCost.cpu(client)
+    for _ in range(calls):
+        call()
+    cpu = ServerCost.cpu(client) - cpu0
+    stats = client.info("commandstats")
+    evalsha = stats["cmdstat_evalsha"]
+    ours = ("cmdstat_evalsha", "cmdstat_config|resetstat", "cmdstat_info")
+    inner = sum(
+        int(v["usec"]) for name, v in stats.items() if isinstance(v, dict) and name not in ours
+    )
+    row = {
+        "us_per_call": float(evalsha["usec_per_call"]),
+        "inner_us_per_call": inner / calls,
+        "cpu_us_per_call": cpu * 1e6 / calls,
+        "commands_per_call": sum(
+            int(v["calls"]) for name, v in stats.items() if isinstance(v, dict) and name not in ours
+        )
+        / calls,
+    }
+    if items:
+        row["cpu_us_per_item"] = row["cpu_us_per_call"] / items
+    return row
+
+
+def print_calls(rows: dict[str, Any]) -> None:
+    print()
+    print("One script call, by leases per call (priority queue of 20,000 compact entries)")
+    print(
+        f"  {'call':<12} {'µs/call':>8} {'inner µs':>9} {'cmds':>6} {'CPU µs/call':>12} "
+        f"{'CPU µs/lease':>13}"
+    )
+    for name, row in rows.items():
+        per = row.get("cpu_us_per_item")
+        print(
+            f"  {name:<12} {row['us_per_call']:>8.1f} {row['inner_us_per_call']:>9.1f} "
+            f"{row['commands_per_call']:>6.1f} {row['cpu_us_per_call']:>12.1f} "
+            f"{'-' if per is None else f'{per:.1f}':>13}"
+        )
+
+
 # -- output ---------------------------------------------------------------------------
 
 
@@ -385,6 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result["memory"] = memory(args.entries)
         print_memory(result["memory"])
+        result["script_calls"] = script_calls()
+        print_calls(result["script_calls"])
         if not args.memory_only:
             result["crawl"] = crawl(args.pages, args.run_timeout)
             print_crawl(result["crawl"])
