@@ -6,8 +6,11 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest, XmlRpcRequest
+from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
+from scrapy_dist.queue import PriorityQueue
+from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.serializers import (
     JsonSerializer,
     PickleSerializer,
@@ -16,6 +19,10 @@ from scrapy_dist.serializers import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import redis
+    from scrapy.crawler import Crawler
     from scrapy.http.request import CallbackT as Callback
 
 
@@ -338,3 +345,42 @@ def test_long_names_that_read_as_short_ones_are_escaped() -> None:
     assert serializer.loads(data) == obj
     long = JsonSerializer(short_names=False)
     assert long.loads(long.dumps(obj)) == obj
+
+
+@pytest.mark.parametrize("serializer", ["json", "json-long"])
+def test_a_worker_reads_old_and_new_entries_from_one_queue(
+    make_crawler: Callable[..., Crawler], client: redis.Redis, serializer: str
+) -> None:
+    """Entries an older worker queued (long form) and this one's come back alike."""
+    crawler = make_crawler({"SCHEDULER_SERIALIZER": serializer}, spidercls=FullSpider)
+    scheduler = build_from_crawler(Scheduler, crawler)
+    spider = crawler.spider
+    assert isinstance(spider, FullSpider)
+    key = f"{spider.name}:requests"
+    scheduler.open(spider)
+    try:
+        PriorityQueue(client, key, f"{spider.name}:seq").push([(LONG_FORM, 0.0, b"")])
+        new = Request(URL67 + "?new", callback=spider.on_error, meta={"depth": 1}, priority=-1)
+        assert scheduler.enqueue_request(new)
+        first, second = scheduler.next_request(), scheduler.next_request()
+        assert first is not None
+        assert second is not None
+        assert _all_attributes(first) == _all_attributes(Request(URL67, callback=spider.parse_item))
+        assert _all_attributes(second) == _all_attributes(new)
+        # the new entry, as leased (its lease record holds the entry as stored)
+        records = [
+            value
+            for key in client.scan_iter(match=f"{spider.name}*")
+            if client.type(key) == b"hash"
+            for value in cast("list[bytes]", client.hvals(key))
+            if b"?new" in value
+        ]
+        assert len(records) == 1
+        if serializer == "json":
+            assert records[0].endswith(
+                b'{"url":"' + new.url.encode() + b'","cb":"on_error","mt":{"depth":1},"p":-1}'
+            )
+        else:
+            assert b'"callback":"on_error"' in records[0]
+    finally:
+        scheduler.close("finished")
