@@ -208,22 +208,24 @@ def shorten(obj: dict[str, Any], *, short_names: bool = True) -> dict[str, Any]:
 
 def lengthen(obj: dict[str, Any]) -> dict[str, Any]:
     """Undo :func:`shorten`. A dict with a ``method`` key is in the long form (every
-    version that wrote long names wrote ``method``) and comes back as it is.
+    version that wrote long names wrote ``method``): its short-looking keys are left
+    as they are, only escaped keys are restored.
 
     Raises:
         SerializationError: one field under two names (``cb`` and ``callback``...).
     """
-    if "method" in obj:
+    long_form = "method" in obj
+    if long_form and not any(key.startswith(ESCAPE) for key in obj):
         return obj
     out: dict[str, Any] = {}
     for key, value in obj.items():
         name = key
-        if key in LONG:
+        if key.startswith(ESCAPE):
+            name = key[len(ESCAPE) :]
+        elif key in LONG and not long_form:
             name = LONG[key]
             if name == "_class" and isinstance(value, str):
                 value = _CLASS_PATHS.get(value, value)  # noqa: PLW2901
-        elif key.startswith(ESCAPE):
-            name = key[len(ESCAPE) :]
         if name in out:
             raise SerializationError(f"not a serialized request: field {name!r:.60} given twice")
         out[name] = value
