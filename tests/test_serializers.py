@@ -253,7 +253,7 @@ def test_every_attribute_round_trips(serializer: Any, cls: type[Request], case: 
         lambda: XmlRpcRequest(URL67, params=("a", 1), methodname="m"),
         lambda: CustomRequest(URL67, cb="x", label="other", priority=2, **{"~x": 5}),
         lambda: CustomRequest(URL67),
-        lambda: CustomRequest(URL67, method="PUT", cb="y", **{"~x": 1}),
+        lambda: CustomRequest(URL67, method="PUT", cb="y", **cast("dict[str, Any]", {"~x": 1})),
         lambda: NeedsToken(URL67, token="t"),
     ],
 )
