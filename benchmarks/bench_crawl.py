@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import scrapy
 from latency_proxy import LatencyProxy, measure_rtt
@@ -105,6 +105,18 @@ class Run:
     top_commands: dict[str, int] = field(default_factory=dict)
     worker_stats: list[dict[str, Any] | None] = field(default_factory=list)
     log_dir: str = ""
+    #: Extra Scrapy settings of the workers (``-s``), e.g. ``SCHEDULER_SERIALIZER``.
+    settings: dict[str, object] = field(default_factory=dict)
+    #: What ``probe.after`` returned (``bench_server.py``: server CPU per script...).
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerProbe(Protocol):
+    """Looks at the crawl's Redis server just before the workers start and after they end."""
+
+    def before(self, client: redis.Redis) -> None: ...
+
+    def after(self, client: redis.Redis) -> dict[str, Any]: ...
 
 
 def on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
@@ -217,8 +229,13 @@ class Bench:
         self.site_info = {"server": site.kind, "capacity_rps": round(rate), "measured_with": tool}
         print(f"site: {site.kind}, serves {rate:,.0f} pages/s ({tool}, 3 s, one page)")
 
-    def crawl(self, run: Run) -> Run:
-        """Run one configuration; fills in and returns ``run``."""
+    def crawl(self, run: Run, probe: ServerProbe | None = None) -> Run:
+        """Run one configuration; fills in and returns ``run``.
+
+        ``probe`` (Redis schedulers only) looks at the server right before ``CONFIG
+        RESETSTAT`` and after the workers end and the run's own figures are read; what
+        it returns is ``run.server``.
+        """
         spider = SCHEDULERS[run.scheduler][0]
         log_dir = self.work / (
             f"{run.scheduler}-w{run.workers}-rtt{run.rtt_ms:g}-c{run.concurrency}"
@@ -238,6 +255,7 @@ class Bench:
         settings: dict[str, object] = {
             "CONCURRENT_REQUESTS": run.concurrency,
             "CONCURRENT_REQUESTS_PER_DOMAIN": run.concurrency,
+            **run.settings,
         }
         try:
             site.start()
@@ -256,6 +274,8 @@ class Bench:
                     settings["CLOSE_WHEN_CRAWL_DONE"] = True
                 else:
                     settings["MAX_IDLE_TIME_BEFORE_CLOSE"] = SREDIS_MAX_IDLE
+                if probe is not None:
+                    probe.before(client)
                 client.config_resetstat()
             gate = log_dir / "go"
             for index in range(run.workers):
@@ -292,6 +312,8 @@ class Bench:
                 total_calls = sum(run.top_commands.values())
                 memory_info = client.info("memory")
                 run.redis_mb = round(int(memory_info["used_memory"]) / 2**20, 2)
+                if probe is not None:  # after the figures above, which its commands would skew
+                    run.server = probe.after(client)
         finally:
             stop_workers(workers, timeout=10)
             if proxy is not None:

@@ -250,6 +250,9 @@ SCHEDULER_REQUEST_CLASSES: list[str] = []
 
 #: Request serializer: ``"json"`` (default), ``"pickle"`` (unsafe with an untrusted
 #: Redis), or an import path to an object with ``dumps``/``loads``.
+#: ``"json"`` writes compact entries (defaults left out, short field names); ``"json-long"``
+#: writes long field names, which workers older than the compact encoding read: use it
+#: during a rolling upgrade, until every worker runs this version. Both read both forms.
 SCHEDULER_SERIALIZER = "json"
 
 #: URL schemes a queue entry may use; an entry with another scheme (``file:``,

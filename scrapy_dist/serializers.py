@@ -3,7 +3,16 @@
 Requests travel through Redis as ``request.to_dict(spider=spider)`` (callbacks and
 errbacks by method name) encoded by a serializer. The default is JSON made bytes-safe:
 ``bytes`` become ``{"$b": <latin-1 text>}``, and a few Python types JSON lacks are
-tagged the same way, so a request comes back equal to what went in. Pickle is available
+tagged the same way, so a request comes back equal to what went in.
+
+Entries are compact (issue 15: a queued request is mostly its URL). :class:`RequestCodec`
+leaves out every attribute still at its class's default and writes ASCII headers and
+bodies as text; :class:`JsonSerializer` writes the top-level fields under short names
+(:data:`SHORT`), keeping ``url``, so a plain link is ``{"url":"https://...","cb":"parse"}``,
+still JSON and readable with ``redis-cli``. Decoding accepts both that and the long-named
+form earlier versions wrote (every field, long names), so entries queued by an older
+worker keep working. Older workers cannot read short names: during a rolling upgrade set
+``SCHEDULER_SERIALIZER = "json-long"`` until every worker runs this version. Pickle is available
 only when ``SCHEDULER_SERIALIZER`` asks for it: unpickling data from a Redis that
 someone else can write to runs their code.
 
@@ -21,6 +30,7 @@ queue key may set them, so protect that key as the workers' settings.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import pickle
@@ -37,7 +47,7 @@ from scrapy_dist import callbacks
 from scrapy_dist.exceptions import ConfigurationError, SerializationError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from scrapy import Spider
 
@@ -55,6 +65,36 @@ PAIRS = "$d"
 _TAGS = frozenset((BYTES, TUPLE, SET, PAIRS))
 #: Marks a callback whose name must be found by Scrapy's slower lookup.
 _UNKNOWN = object()
+
+#: Top-level field -> the short name :class:`JsonSerializer` writes it under (``url`` and
+#: attributes of other request classes keep their names). A top-level key that is itself
+#: a short name, or starts with :data:`ESCAPE`, is written with :data:`ESCAPE` before it.
+SHORT: dict[str, str] = {
+    "callback": "cb",
+    "errback": "eb",
+    "method": "m",
+    "headers": "h",
+    "body": "b",
+    "cookies": "ck",
+    "meta": "mt",
+    "encoding": "e",
+    "flags": "f",
+    "cb_kwargs": "kw",
+    "priority": "p",
+    "dont_filter": "df",
+    "_class": "cl",
+}
+#: Short name -> field.
+LONG: dict[str, str] = {short: long for long, short in SHORT.items()}
+#: Prefix of a top-level key that would otherwise read as a short name.
+ESCAPE = "~"
+#: ``_class`` values written by their class name alone (Scrapy's own request classes).
+CLASS_ALIASES: dict[str, str] = {
+    "scrapy.http.request.form.FormRequest": "FormRequest",
+    "scrapy.http.request.json_request.JsonRequest": "JsonRequest",
+    "scrapy.http.request.rpc.XmlRpcRequest": "XmlRpcRequest",
+}
+_CLASS_PATHS: dict[str, str] = {alias: path for path, alias in CLASS_ALIASES.items()}
 
 
 @runtime_checkable
@@ -103,7 +143,19 @@ def _hashable(key: Any) -> Any:
 
 
 class JsonSerializer:
-    """Bytes-safe JSON; the default and the only safe choice for a shared Redis."""
+    """Bytes-safe JSON with short field names; the default and the only safe choice for
+    a shared Redis.
+
+    Args:
+        short_names: write top-level fields under their :data:`SHORT` names (default).
+            ``False`` writes the long names, which workers older than the compact
+            encoding can read (``SCHEDULER_SERIALIZER = "json-long"``).
+
+    :meth:`loads` reads both forms whatever ``short_names`` says.
+    """
+
+    def __init__(self, short_names: bool = True) -> None:
+        self.short_names = short_names
 
     def dumps(self, obj: dict[str, Any], /) -> bytes:
         """Encode ``obj``.
@@ -112,6 +164,7 @@ class JsonSerializer:
             SerializationError: ``obj`` holds a value JSON cannot carry (an arbitrary
                 object in ``meta``, say); the message names it.
         """
+        obj = shorten(obj, short_names=self.short_names)
         try:
             return json.dumps(
                 _encode(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=True
@@ -120,10 +173,11 @@ class JsonSerializer:
             raise SerializationError(str(e)) from e
 
     def loads(self, data: bytes, /) -> dict[str, Any]:
-        """Decode what :meth:`dumps` produced.
+        """Decode what :meth:`dumps` produced, in either form, into long field names.
 
         Raises:
-            SerializationError: ``data`` is not a JSON object.
+            SerializationError: ``data`` is not a JSON object, or names one field twice
+                (a short and a long name).
         """
         try:
             obj = json.loads(data, object_hook=_decode_hook)
@@ -133,7 +187,49 @@ class JsonSerializer:
             raise SerializationError(f"not a serialized request: {e}") from e
         if not isinstance(obj, dict):
             raise SerializationError(f"not a serialized request: {type(obj).__name__}")
+        return lengthen(obj)
+
+
+def shorten(obj: dict[str, Any], *, short_names: bool = True) -> dict[str, Any]:
+    """The top-level keys of ``obj`` under their short names (:data:`SHORT`); the
+    ``_class`` of a Scrapy request class by its name alone. With ``short_names=False``
+    only a key that reads as a short name is changed (escaped)."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key in SHORT and short_names:
+            alias = CLASS_ALIASES.get(value) if key == "_class" and isinstance(value, str) else None
+            out[SHORT[key]] = value if alias is None else alias
+        elif key in LONG or (isinstance(key, str) and key.startswith(ESCAPE)):
+            out[ESCAPE + key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def lengthen(obj: dict[str, Any]) -> dict[str, Any]:
+    """Undo :func:`shorten`. A dict with a ``method`` key is in the long form (every
+    version that wrote long names wrote ``method``): its short-looking keys are left
+    as they are, only escaped keys are restored.
+
+    Raises:
+        SerializationError: one field under two names (``cb`` and ``callback``...).
+    """
+    long_form = "method" in obj
+    if long_form and not any(key.startswith(ESCAPE) for key in obj):
         return obj
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        name = key
+        if key.startswith(ESCAPE):
+            name = key[len(ESCAPE) :]
+        elif key in LONG and not long_form:
+            name = LONG[key]
+            if name == "_class" and isinstance(value, str):
+                value = _CLASS_PATHS.get(value, value)  # noqa: PLW2901
+        if name in out:
+            raise SerializationError(f"not a serialized request: field {name!r:.60} given twice")
+        out[name] = value
+    return out
 
 
 class PickleSerializer:
@@ -166,11 +262,16 @@ class PickleSerializer:
 
 
 #: Short names accepted by ``SCHEDULER_SERIALIZER``.
-NAMED: dict[str, type[Serializer]] = {"json": JsonSerializer, "pickle": PickleSerializer}
+NAMED: dict[str, Callable[[], Serializer]] = {
+    "json": JsonSerializer,
+    "json-long": functools.partial(JsonSerializer, short_names=False),
+    "pickle": PickleSerializer,
+}
 
 
 def load_serializer(spec: Any) -> Serializer:
-    """Resolve ``SCHEDULER_SERIALIZER``: a short name, an import path or an object.
+    """Resolve ``SCHEDULER_SERIALIZER``: a short name (``"json"``, ``"json-long"``,
+    ``"pickle"``), an import path or an object.
 
     A class is instantiated; a module or instance must have ``dumps`` and ``loads``
     (scrapy-redis's ``picklecompat`` style). Choosing pickle logs a warning.
@@ -178,7 +279,9 @@ def load_serializer(spec: Any) -> Serializer:
     Raises:
         ConfigurationError: the value names nothing usable.
     """
-    obj = NAMED.get(spec, spec) if isinstance(spec, str) else spec
+    if isinstance(spec, str) and spec in NAMED:
+        return _warn_if_pickle(NAMED[spec]())
+    obj = spec
     if isinstance(obj, str):
         obj = _import(obj)
     if isinstance(obj, type):
@@ -188,6 +291,10 @@ def load_serializer(spec: Any) -> Serializer:
             f"SCHEDULER_SERIALIZER {spec!r} has no dumps()/loads(); use 'json', 'pickle' "
             "or an object that has both"
         )
+    return _warn_if_pickle(obj)
+
+
+def _warn_if_pickle(obj: Any) -> Serializer:
     if isinstance(obj, PickleSerializer) or "pickle" in getattr(obj, "__name__", ""):
         logger.warning(
             "SCHEDULER_SERIALIZER uses pickle: anyone who can write to this Redis can run "
@@ -310,6 +417,98 @@ def check_priority(value: Any) -> None:
         )
 
 
+#: URL of the requests :func:`class_defaults` builds to read a class's defaults.
+_PROBE_URL = "http://defaults.invalid/"
+_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _fields(request: Request) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "callback": request.callback,
+        "errback": request.errback,
+        "headers": dict(request.headers),
+    }
+    for attr in request.attributes:
+        if attr != "url":
+            data.setdefault(attr, getattr(request, attr))
+    return data
+
+
+def class_defaults(cls: type[Request]) -> dict[str, Any]:
+    """The attributes a ``cls(url)`` has, as ``to_dict`` writes them: what a queue entry
+    may leave out, since rebuilding the request without them gives them back.
+
+    Read from two requests built with a URL alone; an attribute that differs between
+    the two (a timestamp, a counter) is not a default. A class that cannot be built
+    from a URL alone has no defaults (its entries carry every attribute). Cached per
+    class.
+    """
+    cached = _DEFAULTS.get(cls)
+    if cached is not None:
+        return cached
+    try:
+        first, second = _fields(cls(_PROBE_URL)), _fields(cls(_PROBE_URL))
+    except Exception:  # a custom class with required arguments: nothing is left out
+        defaults: dict[str, Any] = {}
+    else:
+        defaults = {
+            name: value
+            for name, value in first.items()
+            if name in second and type(second[name]) is type(value) and second[name] == value
+        }
+    _DEFAULTS[cls] = defaults
+    return defaults
+
+
+def _compact(data: dict[str, Any], request: Request) -> dict[str, Any]:
+    """``data`` (a ``to_dict``) without the attributes at ``type(request)``'s defaults,
+    with headers and body as text where the request's encoding turns that text back
+    into the same bytes (ASCII, in practice): ``"h":{"Accept":"text/html"}``, not
+    tagged bytes. ``url`` and ``_class`` always stay."""
+    defaults = class_defaults(type(request))
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in defaults and name not in ("url", "_class"):
+            default = defaults[name]
+            if type(value) is type(default) and value == default:
+                continue
+        out[name] = value
+    encoding = request.encoding
+    if isinstance(out.get("body"), bytes):
+        out["body"] = _as_text(out["body"], encoding)
+    headers = out.get("headers")
+    if isinstance(headers, dict) and headers:
+        out["headers"] = _text_headers(headers, encoding)
+    return out
+
+
+def _as_text(value: bytes, encoding: str) -> str | bytes:
+    """``value`` as text if it is ASCII and ``encoding`` gives the same bytes back."""
+    try:
+        text = value.decode("ascii")
+        if text.encode(encoding) == value:
+            return text
+    except (UnicodeError, LookupError):
+        pass
+    return value
+
+
+def _text_headers(headers: dict[Any, Any], encoding: str) -> dict[Any, Any]:
+    """Headers ``{b"Name": [b"v", ...]}`` as ``{"Name": "v"}`` (one value) or
+    ``{"Name": ["v", "w"]}``, when every name and value is text (:func:`_as_text`);
+    else unchanged."""
+    out: dict[Any, Any] = {}
+    for name, values in headers.items():
+        key = _as_text(name, encoding) if isinstance(name, bytes) else name
+        if not isinstance(key, str) or key.startswith("$") or not isinstance(values, list):
+            return headers
+        texts = [_as_text(v, encoding) if isinstance(v, bytes) else v for v in values]
+        if not all(isinstance(t, str) for t in texts):
+            return headers
+        out[key] = texts[0] if len(texts) == 1 else texts
+    return out
+
+
 class RequestCodec:
     """Converts requests of one spider to bytes and back with a serializer.
 
@@ -359,7 +558,9 @@ class RequestCodec:
                     raise SerializationError(f"{name} {reason}")
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
-        """``request.to_dict(spider=...)``, with the callback names found directly.
+        """``request.to_dict(spider=...)`` without the attributes at their class's
+        defaults (:func:`class_defaults`), with the callback names found directly and
+        ASCII headers and body as text (:func:`_compact`).
 
         Scrapy finds a callback's name by listing every member of the spider, per
         request; a bound method of the spider names itself. Anything else goes through
@@ -368,7 +569,7 @@ class RequestCodec:
         callback = self._method_name(request.callback)
         errback = self._method_name(request.errback)
         if callback is _UNKNOWN or errback is _UNKNOWN:
-            return request.to_dict(spider=self.spider)
+            return _compact(request.to_dict(spider=self.spider), request)
         data: dict[str, Any] = {
             "url": request.url,
             "callback": callback,
@@ -380,7 +581,7 @@ class RequestCodec:
         cls = type(request)
         if cls is not Request:
             data["_class"] = f"{cls.__module__}.{cls.__name__}"
-        return data
+        return _compact(data, request)
 
     def _method_name(self, func: Any) -> Any:
         if func is None or isinstance(func, str):

@@ -1,0 +1,528 @@
+"""What the frontier costs the Redis server: memory per queued request and per lease, and
+CPU, commands and round trips per crawled page, split by script (issue 15).
+
+Each figure is taken twice in one run, with the request encoding of before issue 15 (every
+attribute, long names: ``benchproject.legacy.LongFormSerializer``) and with today's compact
+one (the default ``SCHEDULER_SERIALIZER = "json"``), and given as a ratio.
+
+Usage::
+
+    python benchmarks/bench_server.py                   # memory, then the two crawls
+    python benchmarks/bench_server.py --memory-only     # memory only (seconds)
+    python benchmarks/bench_server.py --pages 10000 --entries 10000
+
+**Memory** (``--entries`` N, default 10,000): N distinct requests for 67-character URLs
+(``Request(url, callback=spider.parse)``, and the same with ``meta={"depth": 3}`` as the
+crawl's links carry) pushed through each queue class's own enqueue script into a fresh
+key; ``MEMORY USAGE key SAMPLES 0`` / N. Then every entry of the priority queue is leased
+with ``lua/reserve.lua`` (one worker, batches of 500) and the lease keys (deadlines zset,
+records hash, delivery counts hash, the worker's lease index) are measured the same way.
+
+**Crawl** (``--pages``, default 10,000): one ``scrapy crawl dist`` worker over the
+benchmark site (``bench_crawl.Bench``), once per encoding, with ``SLOWLOG`` recording
+every command (``slowlog-log-slower-than 0``): the time of each ``EVALSHA`` is grouped by
+script; ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) gives the server's whole CPU;
+``INFO commandstats`` the commands it ran (inside scripts included). Recording every
+command costs the server ~1 µs per top-level command: included in the CPU figures, on
+both sides.
+
+Writes ``benchmarks/results/server-<timestamp>.json``. See ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench_crawl import Bench, Run, on_sigterm
+from bench_crawl import parse_args as crawl_args
+from scrapy import Request, Spider
+
+from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue, RedisQueue
+from scrapy_dist.scripts import FROM_QUEUE, NAMES, scripts_for, source
+from scrapy_dist.serializers import JsonSerializer, RequestCodec
+from scrapy_dist.testing.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import redis
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR / "project"))
+
+#: The encoding before issue 15 (benchmarks/project/benchproject/legacy.py).
+LongFormSerializer: Any = importlib.import_module("benchproject.legacy").LongFormSerializer
+
+RESULTS = BENCH_DIR / "results"
+LEGACY = "benchproject.legacy.LongFormSerializer"
+#: Encoding label -> the serializer a worker is told to use.
+ENCODINGS = {"before": LEGACY, "after": "json"}
+QUEUES: dict[str, type[RedisQueue]] = {
+    "priority": PriorityQueue,
+    "fifo": FifoQueue,
+    "lifo": LifoQueue,
+}
+BATCH = 500
+
+
+def url67(i: int) -> str:
+    """A distinct 67-character URL."""
+    url = f"https://www.example.com/catalogue/category/books/page-{i:08d}.html"
+    assert len(url) == 67
+    return url
+
+
+class BenchSpider(Spider):
+    name = "bench"
+
+    def parse(self, response: Any) -> None: ...
+
+
+def _serializer(label: str) -> JsonSerializer:
+    return LongFormSerializer() if label == "before" else JsonSerializer()
+
+
+# -- memory --------------------------------------------------------------------------
+
+
+def memory(entries: int) -> dict[str, Any]:
+    """Bytes per queued request (each queue class) and per lease, both encodings."""
+    server = RedisServer().start()
+    result: dict[str, Any] = {}
+    try:
+        client = server.client()
+        spider = BenchSpider()
+        for label in ENCODINGS:
+            codec = RequestCodec(_serializer(label), spider)
+            for variant, meta in (("link", None), ("link+depth", {"depth": 3})):
+                requests = [
+                    Request(url67(i), callback=spider.parse, meta=meta) for i in range(entries)
+                ]
+                payloads = [codec.encode(r) for r in requests]
+                row: dict[str, Any] = {"payload_bytes": sum(map(len, payloads)) / entries}
+                for name, cls in QUEUES.items():
+                    key = f"m:{label}:{variant}:{name}"
+                    queue = cls(client, key, f"{key}:seq")
+                    for start in range(0, entries, BATCH):
+                        chunk = range(start, min(start + BATCH, entries))
+                        queue.push([(payloads[i], queue.score(requests[i]), b"") for i in chunk])
+                    assert len(queue) == entries
+                    row[name] = (client.memory_usage(key, samples=0) or 0) / entries
+                    row[f"{name}_encoding"] = client.object("encoding", key).decode()
+                    if name == "priority":
+                        row["lease"] = lease_bytes(client, queue, key, entries)
+                    client.unlink(key, f"{key}:seq")
+                result.setdefault(label, {})[variant] = row
+        client.close()
+    finally:
+        server.stop()
+    for variant in result["after"]:
+        before, after = result["before"][variant], result["after"][variant]
+        result.setdefault("ratio", {})[variant] = {
+            k: after[k] / before[k] for k in after if isinstance(after[k], float)
+        }
+    return result
+
+
+def lease_bytes(client: redis.Redis, queue: RedisQueue, key: str, entries: int) -> float:
+    """Lease every entry of ``queue`` to one worker; bytes of the lease keys per lease."""
+    keys = {
+        "leases": f"{key}:leases",
+        "leased": f"{key}:leased",
+        "deliveries": f"{key}:deliveries",
+        "index": f"{key}:index",
+    }
+    scripts = scripts_for(client)
+    leased = 0
+    while leased < entries:
+        reply = scripts.reserve(
+            **keys,
+            dead=f"{key}:dead",
+            queue=key,
+            seeds=f"{key}:seeds",
+            seq=f"{key}:seq",
+            progress=f"{key}:progress",
+            epoch_key=f"{key}:epoch",
+            origin=FROM_QUEUE,
+            take=queue.take,
+            queue_put_back=queue.put_back,
+            seeds_put_back="lpush",
+            count=BATCH,
+            duration=3600,
+            worker="w1",
+            max_deliveries=5,
+            reclaim_limit=100,
+            epoch="",
+        ).run()
+        got = len(reply) // 3
+        if got == 0:
+            raise RuntimeError(f"reserve leased nothing after {leased} of {entries}")
+        leased += got
+    total = sum(client.memory_usage(k, samples=0) or 0 for k in keys.values())
+    client.unlink(*keys.values())
+    return total / entries
+
+
+# -- server CPU per crawled page --------------------------------------------------------
+
+
+def script_names() -> dict[str, str]:
+    """SHA1 -> script name, as ``EVALSHA`` names them."""
+    return {hashlib.sha1(source(name).encode()).hexdigest(): name for name in NAMES}
+
+
+class ServerCost:
+    """The ``bench_crawl`` probe: the server's CPU over the crawl and, with ``slowlog``,
+    every command it ran (``SLOWLOG`` at threshold 0) for the split by script.
+
+    A command a script runs is logged by ``SLOWLOG`` too, from client ``?:0``, just
+    before the script's own entry: that is how the commands inside each script are
+    attributed to it.
+    """
+
+    def __init__(self, slowlog: bool) -> None:
+        self.slowlog = slowlog
+        self.cpu0 = 0.0
+        self.started = 0.0
+
+    @staticmethod
+    def cpu(client: redis.Redis) -> float:
+        info = client.info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+    def before(self, client: redis.Redis) -> None:
+        if self.slowlog:
+            client.config_set("slowlog-max-len", 5_000_000)
+            client.config_set("slowlog-log-slower-than", 0)
+            client.slowlog_reset()
+        self.cpu0 = self.cpu(client)
+        self.started = time.monotonic()
+
+    def after(self, client: redis.Redis) -> dict[str, Any]:
+        cpu = self.cpu(client) - self.cpu0
+        wall = time.monotonic() - self.started
+        result: dict[str, Any] = {"cpu_seconds": cpu, "wall_seconds": wall}
+        if not self.slowlog:
+            return result
+        entries = client.slowlog_get(-1)
+        client.config_set("slowlog-log-slower-than", 10_000)
+        client.slowlog_reset()
+        names = script_names()
+        top: dict[str, dict[str, int]] = {}
+        inside: dict[str, dict[str, dict[str, int]]] = {}
+        pending: list[tuple[str, int]] = []
+        for entry in sorted(entries, key=lambda e: int(e["id"])):
+            words = entry["command"].split(b" ", 2)
+            command = words[0].decode().lower()
+            duration = int(entry["duration"])
+            if entry["client_address"] == b"?:0":  # run by a script
+                pending.append((command, duration))
+                continue
+            if command in ("evalsha", "eval") and len(words) > 1:
+                sha = words[1].decode()
+                if command == "eval":
+                    sha = hashlib.sha1(words[1]).hexdigest()
+                name = "script:" + names.get(sha, sha[:8])
+                rows = inside.setdefault(name, {})
+                for inner, usec in pending:
+                    row = rows.setdefault(inner, {"calls": 0, "usec": 0})
+                    row["calls"] += 1
+                    row["usec"] += usec
+            else:
+                name = command
+            pending = []
+            if name in ("slowlog", "info", "config"):
+                continue  # this probe's, and bench_crawl's own
+            row = top.setdefault(name, {"calls": 0, "usec": 0})
+            row["calls"] += 1
+            row["usec"] += duration
+        result.update({"top_level": top, "inside_scripts": inside, "slowlog_entries": len(entries)})
+        return result
+
+
+def crawl(pages: int, run_timeout: float) -> dict[str, Any]:
+    """One worker crawling ``pages`` pages, per encoding, twice: once for the server's
+    CPU (nothing recorded), once with every command recorded for the split by script."""
+    args = crawl_args(["--pages", str(pages), "--run-timeout", str(run_timeout)])
+    bench = Bench(args)
+    result: dict[str, Any] = {}
+    try:
+        for label, serializer in ENCODINGS.items():
+            runs = []
+            for slowlog in (False, True):
+                what = "split by script (SLOWLOG)" if slowlog else "CPU"
+                print(f"[crawl] 1 worker, {pages} pages, encoding {label}: {what} ...", flush=True)
+                run = Run("dist", 1, 0.0, pages, args.concurrency)
+                run.settings = {"SCHEDULER_SERIALIZER": serializer}
+                bench.crawl(run, probe=ServerCost(slowlog))
+                print(
+                    f"    {run.pages_per_s:,.0f} pages/s, {run.distinct} pages, "
+                    f"missing {run.missing}, dup {run.duplicates}; Redis CPU "
+                    f"{run.server['cpu_seconds'] * 1e6 / max(run.distinct, 1):.1f} µs/page",
+                    flush=True,
+                )
+                runs.append(run)
+            result[label] = summarize(*runs)
+    finally:
+        bench.close()
+    return result
+
+
+def summarize(plain: Run, logged: Run) -> dict[str, Any]:
+    pages = max(plain.distinct, 1)
+    lpages = max(logged.distinct, 1)
+    server = logged.server
+    scripts = {
+        name: {
+            "calls_per_page": row["calls"] / lpages,
+            "us_per_call": row["usec"] / row["calls"],
+            "us_per_page": row["usec"] / lpages,
+            "inside": {
+                inner: {
+                    "calls_per_call": r["calls"] / row["calls"],
+                    "us_per_call": r["usec"] / r["calls"],
+                    "us_per_page": r["usec"] / lpages,
+                }
+                for inner, r in sorted(
+                    server["inside_scripts"].get(name, {}).items(), key=lambda kv: -kv[1]["usec"]
+                )
+            },
+        }
+        for name, row in sorted(server["top_level"].items(), key=lambda kv: -kv[1]["usec"])
+    }
+    return {
+        "pages": plain.distinct,
+        "pages_per_s": plain.pages_per_s,
+        "missing": plain.missing,
+        "duplicates": plain.duplicates,
+        "cpu_us_per_page": plain.server["cpu_seconds"] * 1e6 / pages,
+        "cpu_us_per_page_recorded": server["cpu_seconds"] * 1e6 / lpages,
+        "command_us_per_page": sum(r["usec"] for r in server["top_level"].values()) / lpages,
+        "commands_per_page": plain.commands_per_page,
+        "round_trips_per_page": plain.round_trips_per_page,
+        "redis_mb": plain.redis_mb,
+        "by_command": scripts,
+        "logged_run": {
+            "pages": logged.distinct,
+            "missing": logged.missing,
+            "dup": logged.duplicates,
+        },
+    }
+
+
+# -- cost of one script call, by batch size ---------------------------------------------
+
+
+def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dict[str, Any]:
+    """Server time of ``reserve`` and ``settle`` calls by the number of leases each
+    handles, on a priority queue of 20,000 compact entries: ``µs/call`` (``INFO
+    commandstats``, the script with what it runs), ``inner`` (the commands it ran, as
+    ``commandstats`` times them) and the server's CPU per call (``INFO cpu``: round trip
+    and event loop included). The difference between ``µs/call`` and ``inner`` is the
+    script's own cost, mostly the price of each ``redis.call``."""
+    server = RedisServer().start()
+    rows: dict[str, Any] = {}
+    try:
+        client = server.client()
+        spider = BenchSpider()
+        codec = RequestCodec(JsonSerializer(), spider)
+        queue = PriorityQueue(client, "c:q", "c:seq")
+        for start in range(0, 20_000, BATCH):
+            queue.push(
+                [
+                    (codec.encode(Request(url67(i), callback=spider.parse)), 0.0, b"")
+                    for i in range(start, start + BATCH)
+                ]
+            )
+        client.set("c:epoch", "E")
+        keys = {
+            "leases": "c:leases",
+            "leased": "c:leased",
+            "deliveries": "c:deliveries",
+            "dead": "c:dead",
+            "queue": "c:q",
+            "seeds": "c:seeds",
+            "progress": "c:progress",
+            "epoch_key": "c:epoch",
+            "index": "c:index",
+        }
+        scripts = scripts_for(client)
+        trivial = client.register_script("return 1")
+        rows["trivial"] = _measure(client, trivial, calls)
+        for count in counts:
+            ids: list[bytes] = []
+
+            def reserve(count: int = count, ids: list[bytes] = ids) -> None:
+                reply = scripts.reserve(
+                    **keys,
+                    seq="c:seq",
+                    origin=FROM_QUEUE,
+                    take="zpopmin",
+                    queue_put_back="zadd",
+                    seeds_put_back="lpush",
+                    count=count,
+                    duration=3600,
+                    worker="w1",
+                    max_deliveries=5,
+                    reclaim_limit=100,
+                    epoch="E",
+                ).run()
+                ids += reply[0::3]
+
+            rows[f"reserve {count}"] = _measure(client, reserve, calls, count)
+            if not count:
+                continue
+            batches = [ids[i : i + count] for i in range(0, len(ids), count)]
+
+            def settle(batches: list[list[bytes]] = batches) -> None:
+                batch = batches.pop()
+                scripts.settle(
+                    **{k: v for k, v in keys.items()},
+                    worker="w1",
+                    queue_put_back="zadd",
+                    seeds_put_back="lpush",
+                    max_deliveries=5,
+                    epoch="E",
+                    outcomes=[(i.decode(), "") for i in batch],
+                ).run()
+
+            rows[f"settle {count}"] = _measure(client, settle, len(batches), count)
+        client.close()
+    finally:
+        server.stop()
+    return rows
+
+
+def _measure(client: redis.Redis, call: Any, calls: int, items: int = 0) -> dict[str, float]:
+    client.config_resetstat()
+    cpu0 = ServerCost.cpu(client)
+    for _ in range(calls):
+        call()
+    cpu = ServerCost.cpu(client) - cpu0
+    stats = client.info("commandstats")
+    evalsha = stats["cmdstat_evalsha"]
+    ours = ("cmdstat_evalsha", "cmdstat_config|resetstat", "cmdstat_info")
+    inner = sum(
+        int(v["usec"]) for name, v in stats.items() if isinstance(v, dict) and name not in ours
+    )
+    row = {
+        "us_per_call": float(evalsha["usec_per_call"]),
+        "inner_us_per_call": inner / calls,
+        "cpu_us_per_call": cpu * 1e6 / calls,
+        "commands_per_call": sum(
+            int(v["calls"]) for name, v in stats.items() if isinstance(v, dict) and name not in ours
+        )
+        / calls,
+    }
+    if items:
+        row["cpu_us_per_item"] = row["cpu_us_per_call"] / items
+    return row
+
+
+def print_calls(rows: dict[str, Any]) -> None:
+    print()
+    print("One script call, by leases per call (priority queue of 20,000 compact entries)")
+    print(
+        f"  {'call':<12} {'µs/call':>8} {'inner µs':>9} {'cmds':>6} {'CPU µs/call':>12} "
+        f"{'CPU µs/lease':>13}"
+    )
+    for name, row in rows.items():
+        per = row.get("cpu_us_per_item")
+        print(
+            f"  {name:<12} {row['us_per_call']:>8.1f} {row['inner_us_per_call']:>9.1f} "
+            f"{row['commands_per_call']:>6.1f} {row['cpu_us_per_call']:>12.1f} "
+            f"{'-' if per is None else f'{per:.1f}':>13}"
+        )
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def print_memory(result: dict[str, Any]) -> None:
+    print()
+    print("Redis memory per queued request / per lease (bytes, MEMORY USAGE / N), 67-char URL")
+    cols = ("payload_bytes", "priority", "fifo", "lifo", "lease")
+    print(f"{'request':<12} {'encoding':<8} " + " ".join(f"{c:>13}" for c in cols))
+    for variant in result["after"]:
+        for label in ("before", "after", "ratio"):
+            row = result[label][variant]
+            cells = " ".join(
+                f"{row[c]:>13.2f}" if label == "ratio" else f"{row[c]:>13.1f}" for c in cols
+            )
+            print(f"{variant:<12} {label:<8} {cells}")
+
+
+def print_crawl(result: dict[str, Any]) -> None:
+    before, after = result["before"], result["after"]
+    print()
+    print("Per crawled page (one worker, loopback): before -> after (ratio)")
+    for key in (
+        "cpu_us_per_page",
+        "cpu_us_per_page_recorded",
+        "command_us_per_page",
+        "commands_per_page",
+        "round_trips_per_page",
+        "pages_per_s",
+        "redis_mb",
+    ):
+        b, a = before[key], after[key]
+        ratio = a / b if b else float("nan")
+        print(f"  {key:<26} {b:>9.2f} -> {a:>9.2f}  ({ratio:.2f})")
+    print()
+    print("Top-level commands by server time (SLOWLOG run), after; inside each script below it")
+    print(
+        f"  {'command':<22} {'calls/page':>10} {'µs/call':>9} {'µs/page':>9}"
+        "   before: µs/call µs/page"
+    )
+    for name, row in after["by_command"].items():
+        was = before["by_command"].get(name)
+        then = "-" if was is None else f"{was['us_per_call']:.1f} {was['us_per_page']:.2f}"
+        print(
+            f"  {name:<22} {row['calls_per_page']:>10.3f} {row['us_per_call']:>9.1f} "
+            f"{row['us_per_page']:>9.2f}   {then}"
+        )
+        for inner, r in list(row["inside"].items())[:6]:
+            print(
+                f"      {inner:<18} {r['calls_per_call']:>10.2f}/call {r['us_per_call']:>6.2f} "
+                f"{r['us_per_page']:>9.2f}"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entries", type=int, default=10_000, help="queued requests (10000)")
+    parser.add_argument("--pages", type=int, default=10_000, help="site size (10000)")
+    parser.add_argument("--run-timeout", type=float, default=300.0)
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    out = args.out or RESULTS / f"server-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        result["memory"] = memory(args.entries)
+        print_memory(result["memory"])
+        result["script_calls"] = script_calls()
+        print_calls(result["script_calls"])
+        if not args.memory_only:
+            result["crawl"] = crawl(args.pages, args.run_timeout)
+            print_crawl(result["crawl"])
+    except KeyboardInterrupt:
+        print("\ninterrupted: everything started was stopped")
+        return 130
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
