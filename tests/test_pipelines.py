@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from datetime import datetime, timezone
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import scrapy
 from scrapy.utils.serialize import ScrapyJSONEncoder
+from scrapy.utils.test import get_crawler
+from twisted.internet.defer import Deferred
 
 from scrapy_dist.cli import main
 from scrapy_dist.exceptions import ConfigurationError
@@ -149,3 +152,167 @@ def test_export_copies_and_moves_items_exactly_once(
     left = [json.loads(raw)["n"] for raw in client.lrange(key, 0, -1)]
     assert exported + left == list(range(len(exported) + len(left)))
     assert len(exported) >= 2500
+
+
+# -- Redis refusing writes: kept, retried, said once, counted, never dropped -------
+
+
+def _oom(client: redis.Redis) -> Callable[[], object]:
+    client.config_set("maxmemory", 1)  # noeviction: every write refused (OOM)
+    return lambda: client.config_set("maxmemory", 0)
+
+
+def _noreplicas(client: redis.Redis) -> Callable[[], object]:
+    client.config_set("min-replicas-to-write", 1)
+    return lambda: client.config_set("min-replicas-to-write", 0)
+
+
+def _readonly(client: redis.Redis) -> Callable[[], object]:
+    client.replicaof("127.0.0.1", "1")  # a demoted master
+    return lambda: client.replicaof("NO", "ONE")
+
+
+def _wrong_type(client: redis.Redis) -> Callable[[], object]:
+    pipe = client.pipeline(transaction=True)
+    pipe.rename("x:items", "x:saved")
+    pipe.set("x:items", "oops")
+    pipe.execute()
+
+    def restore() -> None:  # atomic, or a write in between would be overwritten
+        pipe = client.pipeline(transaction=True)
+        pipe.delete("x:items")
+        pipe.rename("x:saved", "x:items")
+        pipe.execute()
+
+    return restore
+
+
+def writer_of(server: RedisServer, tmp_path: Path, **options: Any) -> ItemWriter:
+    crawler = get_crawler(settings_dict={"LOG_LEVEL": "CRITICAL"})
+    options = {"batch_size": 10, "flush_interval": 0.05, **options}
+    writer = ItemWriter(
+        server.client(),
+        "x:items",
+        rejected_file=str(tmp_path / "%(key)s.rejected.jl"),
+        stats=crawler.stats,
+        **options,
+    )
+    writer.start()
+    return writer
+
+
+def wait_for(done: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        (_oom, "OOM"),
+        (_noreplicas, "NOREPLICAS"),
+        (_readonly, "READONLY"),
+        (_wrong_type, "WRONGTYPE"),
+    ],
+    ids=["oom", "noreplicas", "readonly", "wrongtype"],
+)
+def test_items_refused_for_now_are_kept_in_order_and_said_once(
+    server: RedisServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    fault: Callable[[redis.Redis], Callable[[], object]],
+    code: str,
+) -> None:
+    admin = server.client()
+    writer = writer_of(server, tmp_path)
+    writer.put(b"0")
+    wait_for(lambda: writer.sent == 1)
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.pipelines"):
+        restore = fault(admin)
+        try:
+            for i in range(1, 200):
+                writer.put(str(i).encode())
+            time.sleep(1.5)  # several attempts, refused
+            assert writer.unsent == 199
+        finally:
+            restore()
+        assert writer.close() == 0
+    assert [int(x) for x in admin.lrange("x:items", 0, -1)] == list(range(200))
+    stats = writer.stats.get_stats() if writer.stats else {}
+    assert stats[f"items/redis/refused/{code}"] >= 2
+    assert not (tmp_path / "x_items.rejected.jl").exists()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(f"refuses writes ({code}" in line for line in lines) == 1, lines
+    assert sum("stored in x:items again" in line for line in lines) == 1, lines
+
+
+@pytest.mark.redis_server
+def test_items_refused_for_good_are_kept_in_a_file_the_log_names(
+    server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = server.client()
+    admin.set("x:items", "oops")  # for longer than the wrong type is waited for
+    writer = writer_of(server, tmp_path, wrongtype_timeout=0.0)
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.pipelines"):
+        for i in range(35):
+            writer.put(str(i).encode())
+        wait_for(lambda: writer.rejected == 35)
+        assert writer.close() == 0
+    kept = tmp_path / "x_items.rejected.jl"
+    assert kept.read_bytes().splitlines() == [str(i).encode() for i in range(35)]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors  # one line, not one per batch
+    assert str(kept) in errors[0]
+    assert writer.stats is not None
+    assert writer.stats.get_value("items/redis/rejected") == 35
+
+
+@pytest.mark.redis_server
+def test_close_keeps_what_redis_still_refuses_and_reports_it(
+    server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = server.client()
+    p = RedisPipeline(writer_of(server, tmp_path))
+    p.close_timeout = 1.0
+    restore = _oom(admin)
+    try:
+        for i in range(25):
+            p.process_item({"n": i})
+        with caplog.at_level(logging.INFO, logger="scrapy_dist.pipelines"):
+            assert p.close_spider() is None  # no reactor running: done on return
+    finally:
+        restore()
+    kept = tmp_path / "x_items.rejected.jl"
+    assert [json.loads(line)["n"] for line in kept.read_bytes().splitlines()] == list(range(25))
+    report = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("25 item(s)" in line and str(kept) in line for line in report), report
+
+
+@pytest.mark.redis_server
+def test_a_full_buffer_makes_scrapy_wait_instead_of_growing(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    admin = server.client()
+    p = RedisPipeline(writer_of(server, tmp_path, buffer_max=20))
+    restore = _oom(admin)
+    try:
+        results = [p.process_item({"n": i}) for i in range(25)]
+        assert all(isinstance(r, dict) for r in results[:19])
+        waiting = [r for r in results if isinstance(r, Deferred)]
+        assert len(waiting) == 6
+        fired: list[Any] = []
+        for d in waiting:
+            d.addCallback(fired.append)
+        time.sleep(1.0)
+        assert fired == []  # Redis still refuses: Scrapy keeps waiting
+    finally:
+        restore()
+    wait_for(lambda: len(fired) == 6)
+    assert [item["n"] for item in fired] == list(range(19, 25))
+    p.close_spider()
+    assert len(admin.lrange("x:items", 0, -1)) == 25
+    assert p.writer.stats is not None
+    assert p.writer.stats.get_value("items/redis/backpressure") == 6
