@@ -7,7 +7,8 @@ import logging
 import threading
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import scrapy
@@ -18,11 +19,13 @@ from twisted.internet.defer import Deferred
 from scrapy_dist.cli import main
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.pipelines import ItemWriter, RedisPipeline
+from scrapy_dist.stats import decode_stats
+from scrapy_dist.testing.crawl import WorkerCrawl
 from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.site import TestSite
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     import redis
     from scrapy.crawler import Crawler
@@ -316,3 +319,58 @@ def test_a_full_buffer_makes_scrapy_wait_instead_of_growing(
     assert len(admin.lrange("x:items", 0, -1)) == 25
     assert p.writer.stats is not None
     assert p.writer.stats.get_value("items/redis/backpressure") == 6
+
+
+PROJECT = Path(__file__).parent / "project"
+
+
+@pytest.mark.e2e
+def test_a_crawl_through_an_oom_window_stores_every_item_once_and_counts_right(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    settings = {
+        "CONCURRENT_REQUESTS": 4,
+        "SCHEDULER_PREFETCH": 1,
+        "SCHEDULER_LEASE_TIMEOUT": 30,
+        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+        "SCHEDULER_WORKER_TIMEOUT": 2,
+        "CLOSE_WHEN_CRAWL_DONE": True,
+        "CRAWL_DONE_GRACE": 1,
+        "SCHEDULER_PERSIST": True,
+        "ITEM_PIPELINES": json.dumps({"scrapy_dist.pipelines.RedisPipeline": 300}),
+        "STATS_CLASS": "scrapy_dist.stats.RedisStatsCollector",
+        "STATS_FLUSH_INTERVAL": 0.5,
+        "REDIS_ITEMS_FLUSH_INTERVAL": 0.2,
+        "REDIS_ITEMS_REJECTED_FILE": str(tmp_path / "%(key)s.%(pid)s.rejected.jl"),
+    }
+    with TestSite(pages=600, delay=0.01) as site:
+        crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)
+        try:
+            crawl.start(2)
+            crawl.seed()
+            crawl.hit_when(150)
+            crawl.client.config_set("maxmemory", 1)  # noeviction: every write refused
+            try:
+                time.sleep(4)
+                assert all(w.returncode is None for w in crawl.workers), crawl.logs()
+            finally:
+                crawl.client.config_set("maxmemory", 0)
+            assert crawl.wait(120) == [0, 0], crawl.logs()
+            assert not crawl.missing(), crawl.logs()
+            urls = [json.loads(raw)["url"] for raw in crawl.client.lrange("pages:items", 0, -1)]
+            assert len(urls) == len(set(urls)) == 600
+            assert not list(tmp_path.glob("*.rejected.jl"))
+            shared = decode_stats(cast("dict[bytes, bytes]", crawl.client.hgetall("pages:stats")))
+            assert shared["item_scraped_count"] == 600
+            assert shared["response_received_count"] == sum(site.hits().values())
+            assert shared["items/redis/stored"] == 600
+            # refusals counted and said, once per worker and outage
+            assert shared["items/redis/refused/OOM"] >= 2
+            assert shared["stats/redis/refused/OOM"] >= 2
+            logs = crawl.full_logs()
+            assert logs.count("refuses writes (OOM") >= 2
+            assert logs.count("Items are stored in pages:items again") == 2, crawl.logs()
+            assert logs.count("Stats are written to pages:stats again") == 2, crawl.logs()
+            assert "crawl_finished" in logs
+        finally:
+            crawl.close()
