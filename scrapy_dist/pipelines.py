@@ -5,12 +5,17 @@ serialized with Scrapy's ``ScrapyJSONEncoder`` (or ``REDIS_ITEMS_SERIALIZER``), 
 ``<spider>:items`` (``REDIS_ITEMS_KEY``), where every worker's items meet in the order
 each worker produced them. ``scrapy-dist export`` writes the list to a JSON-lines file.
 
-The pipeline never waits for Redis: ``process_item`` serializes the item (so later
+The pipeline does not wait for Redis: ``process_item`` serializes the item (so later
 changes to it do not leak in) and returns it at once; a background thread sends the
 buffered items with one ``RPUSH`` per batch of ``REDIS_ITEMS_BATCH_SIZE``, at least
 every ``REDIS_ITEMS_FLUSH_INTERVAL`` seconds, trimming the list to ``REDIS_ITEMS_MAXLEN``
-items if set. If Redis is unreachable the items stay buffered and are retried with
-backoff. Closing the spider sends everything left before it returns.
+items if set. Redis unreachable or refusing writes for now (OOM, NOREPLICAS, READONLY,
+LOADING...: :data:`scrapy_dist.outbox.REFUSALS`) is an outage: the items stay buffered,
+in order, and are retried with the outbox's backoff. When ``REDIS_ITEMS_BUFFER_MAX``
+items are unsent, ``process_item`` returns a Deferred that fires once there is room
+(back-pressure). Items Redis refuses for good, and those still unsent
+``REDIS_ITEMS_CLOSE_TIMEOUT`` seconds into closing, are kept in
+``REDIS_ITEMS_REJECTED_FILE``, which the log names.
 
 Delivery: each item is sent once; only a batch whose reply was lost after Redis stored
 it (a connection cut at that moment) is sent again, so under such faults an item may be
