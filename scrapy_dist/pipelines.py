@@ -31,9 +31,10 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
+import scrapy.utils.defer
 from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
@@ -45,7 +46,7 @@ from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.settings import Config, check_items
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from scrapy import Spider
     from scrapy.crawler import Crawler
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+#: Scrapy awaits what pipeline methods return (and deprecates Deferreds).
+_AWAITS_COROUTINES = hasattr(scrapy.utils.defer, "ensure_awaitable")
 
 #: Seconds closing the spider keeps retrying when Redis is unreachable.
 CLOSE_TIMEOUT = 30.0
@@ -393,6 +398,22 @@ def _runs(batch: list[tuple[str, bytes]]) -> list[tuple[str, list[bytes]]]:
     return runs
 
 
+def _for_scrapy(waiter: Deferred[_T]) -> Awaitable[_T]:
+    """What a pipeline method returns to wait for ``waiter``: a coroutine where Scrapy
+    awaits them (it deprecates Deferreds since it has ``ensure_awaitable``), the Deferred
+    on older Scrapy or when no reactor runs (a script or test)."""
+    from twisted.internet import reactor
+
+    if not (_AWAITS_COROUTINES and reactor.running):
+        return waiter
+    from scrapy.utils.defer import maybe_deferred_to_future
+
+    async def wait() -> _T:
+        return await maybe_deferred_to_future(waiter)
+
+    return wait()
+
+
 def _json_serializer() -> Callable[[Any], str]:
     return ScrapyJSONEncoder(ensure_ascii=False).encode
 
@@ -509,7 +530,7 @@ class RedisPipeline:
             self.writer.stats.inc_value("items/redis/backpressure")
         if not self.writer.full:  # drained in the meantime
             self._release()
-        return waiter
+        return _for_scrapy(waiter)
 
     def _room(self) -> None:
         """The writer's buffer has room again (called from its thread)."""
@@ -537,20 +558,21 @@ class RedisPipeline:
             key = key % {"spider": spider.name}
         return key
 
-    def close_spider(self, spider: Spider | None = None) -> Deferred[None] | None:
+    def close_spider(self, spider: Spider | None = None) -> Awaitable[None] | None:
         """Send every buffered item, retrying while Redis fails for up to
         ``REDIS_ITEMS_CLOSE_TIMEOUT`` seconds; keep what is left in the writer's
         rejected file and report its count and path.
 
         Returns:
-            In a running reactor, a Deferred that fires when done (the wait happens in
-            a thread, so the worker's timers go on); otherwise ``None``, when done.
+            In a running reactor, an awaitable (:func:`_for_scrapy`) done when done (the
+            wait happens in a thread, so the worker's timers go on); otherwise ``None``,
+            when done.
         """
         from twisted.internet import reactor, threads
 
         self._release()  # nothing more will come: let Scrapy finish
         if reactor.running:
-            return threads.deferToThread(self._close)
+            return _for_scrapy(threads.deferToThread(self._close))
         self._close()
         return None
 
