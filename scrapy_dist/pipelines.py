@@ -334,14 +334,14 @@ class ItemWriter:
         # one line per run of refusals (closing reports the total)
         logger.log(
             logging.DEBUG if self._rejecting else logging.ERROR,
-            "Redis refused %(n)d item(s) for %(key)s for good (%(reason)s): they are "
-            "kept in %(file)s, one per line%(more)s",
+            "Could not store %(n)d item(s) in %(key)s (%(reason)s): they are kept in "
+            "%(file)s, one per line%(more)s",
             {
                 "n": len(items),
                 "key": items[0][0],
                 "reason": reason,
                 "file": self.rejected_file,
-                "more": "" if self._rejecting else ", as are the next ones refused so",
+                "more": "" if self._rejecting else ", as will be the next ones refused so",
             },
         )
         self._rejecting = True
@@ -445,6 +445,7 @@ class RedisPipeline:
         self.close_timeout = CLOSE_TIMEOUT
         #: ``process_item`` calls waiting for room in the writer's buffer.
         self._waiting: list[Deferred[Any]] = []
+        self._closed = False
         writer.on_room = self._room
         if not callable(getattr(type(self), "serialize", None)):  # not overridden
             self.serialize = serialize
@@ -506,6 +507,17 @@ class RedisPipeline:
             ),
         )
         self.writer.start()
+        from twisted.internet import reactor
+
+        # a forced shutdown (a second Ctrl-C) stops the reactor without closing the
+        # spider: the buffered items are then sent or kept in the file all the same
+        if reactor.running:
+            trigger = reactor.addSystemEventTrigger
+            trigger("before", "shutdown", self._at_shutdown)  # type: ignore[arg-type]
+
+    def _at_shutdown(self) -> None:
+        if not self._closed:
+            self._close()
 
     def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         """Serialize ``item`` and buffer it for the list :meth:`item_key` names.
@@ -577,6 +589,7 @@ class RedisPipeline:
         return None
 
     def _close(self) -> None:
+        self._closed = True
         lost = self.writer.close(self.close_timeout)
         if lost:
             logger.error(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 import time
 from datetime import datetime, timezone
@@ -372,5 +373,49 @@ def test_a_crawl_through_an_oom_window_stores_every_item_once_and_counts_right(
             assert logs.count("Items are stored in pages:items again") == 2, crawl.logs()
             assert logs.count("Stats are written to pages:stats again") == 2, crawl.logs()
             assert "crawl_finished" in logs
+        finally:
+            crawl.close()
+
+
+@pytest.mark.e2e
+def test_a_forced_shutdown_during_an_outage_keeps_the_buffered_items(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    settings = {
+        "CONCURRENT_REQUESTS": 4,
+        "SCHEDULER_PREFETCH": 1,
+        "ITEM_PIPELINES": json.dumps({"scrapy_dist.pipelines.RedisPipeline": 300}),
+        "REDIS_ITEMS_FLUSH_INTERVAL": 0.2,
+        "REDIS_ITEMS_CLOSE_TIMEOUT": 2,
+        "REDIS_ITEMS_REJECTED_FILE": str(tmp_path / "%(key)s.%(pid)s.rejected.jl"),
+    }
+    with TestSite(pages=600, delay=0.05) as site:
+        crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)
+        try:
+            (worker,) = crawl.start(1)
+            crawl.seed()
+            crawl.hit_when(50)
+            crawl.client.config_set("maxmemory", 1)
+            try:
+                time.sleep(2)
+                worker.process.send_signal(signal.SIGINT)
+                time.sleep(0.5)
+                worker.process.send_signal(signal.SIGINT)  # forced: no close_spider
+                crawl.wait(60)
+            finally:
+                crawl.client.config_set("maxmemory", 0)
+            stored = [json.loads(raw)["url"] for raw in crawl.client.lrange("pages:items", 0, -1)]
+            (kept_file,) = tmp_path.glob("*.rejected.jl")
+            kept = [json.loads(line)["url"] for line in kept_file.read_text().splitlines()]
+            assert kept, crawl.logs()
+            # every page fetched gave one item, stored or kept, not both (but for the
+            # responses still downloading when the reactor stopped)
+            assert sorted(stored + kept) == sorted(set(stored) | set(kept))
+            in_flight = 4 + 1  # CONCURRENT_REQUESTS + SCHEDULER_PREFETCH
+            fetched = len(site.hits())
+            assert fetched - in_flight <= len(stored) + len(kept) <= fetched, crawl.logs()
+            assert f"{len(kept)} item(s) Redis did not take are kept in {kept_file}" in (
+                crawl.full_logs()
+            )
         finally:
             crawl.close()
