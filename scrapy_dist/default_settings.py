@@ -111,6 +111,18 @@ REDIS_ITEMS_MAXLEN = 0
 #: Redis; ``None`` uses Scrapy's ``ScrapyJSONEncoder`` (one JSON object per item).
 REDIS_ITEMS_SERIALIZER = None
 
+#: Unsent items from which the item pipeline makes Scrapy wait (back-pressure) until
+#: Redis has taken some: bounds the pipeline's memory during a Redis outage.
+REDIS_ITEMS_BUFFER_MAX = 10_000
+
+#: Seconds closing the spider keeps retrying to store the last items while Redis fails;
+#: what is left then is kept in ``REDIS_ITEMS_REJECTED_FILE``.
+REDIS_ITEMS_CLOSE_TIMEOUT = 30.0
+
+#: File (``%(key)s``: the items list, ``%(pid)s``: the worker's process id) where items
+#: Redis refuses for good, or still refuses at close, are kept, one per line.
+REDIS_ITEMS_REJECTED_FILE = "%(key)s.%(pid)s.rejected.jl"
+
 #: Extra keyword arguments for the redis-py client (timeouts, password, ``ssl_*``...).
 REDIS_PARAMS: dict[str, object] = {}
 
@@ -274,3 +286,6 @@ SEED_ALLOWED_META: list[str] = []
 #: Seconds between the writes of a worker's stats to the crawl's shared stats hash by
 #: ``scrapy_dist.stats.RedisStatsCollector`` (one round trip each, and one at close).
 STATS_FLUSH_INTERVAL = 5.0
+
+#: Seconds closing retries the last write of a worker's stats while Redis fails.
+STATS_CLOSE_TIMEOUT = 10.0

@@ -5,12 +5,17 @@ serialized with Scrapy's ``ScrapyJSONEncoder`` (or ``REDIS_ITEMS_SERIALIZER``), 
 ``<spider>:items`` (``REDIS_ITEMS_KEY``), where every worker's items meet in the order
 each worker produced them. ``scrapy-dist export`` writes the list to a JSON-lines file.
 
-The pipeline never waits for Redis: ``process_item`` serializes the item (so later
+The pipeline does not wait for Redis: ``process_item`` serializes the item (so later
 changes to it do not leak in) and returns it at once; a background thread sends the
 buffered items with one ``RPUSH`` per batch of ``REDIS_ITEMS_BATCH_SIZE``, at least
 every ``REDIS_ITEMS_FLUSH_INTERVAL`` seconds, trimming the list to ``REDIS_ITEMS_MAXLEN``
-items if set. If Redis is unreachable the items stay buffered and are retried with
-backoff. Closing the spider sends everything left before it returns.
+items if set. Redis unreachable or refusing writes for now (OOM, NOREPLICAS, READONLY,
+LOADING...: :data:`scrapy_dist.outbox.REFUSALS`) is an outage: the items stay buffered,
+in order, and are retried with the outbox's backoff. When ``REDIS_ITEMS_BUFFER_MAX``
+items are unsent, ``process_item`` returns a Deferred that fires once there is room
+(back-pressure). Items Redis refuses for good, and those still unsent
+``REDIS_ITEMS_CLOSE_TIMEOUT`` seconds into closing, are kept in
+``REDIS_ITEMS_REJECTED_FILE``, which the log names.
 
 Delivery: each item is sent once; only a batch whose reply was lost after Redis stored
 it (a connection cut at that moment) is sent again, so under such faults an item may be
@@ -20,39 +25,66 @@ stored twice, never lost while the worker lives.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
+import scrapy.utils.defer
 from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist import default_settings
 from scrapy_dist.assembly import assemble
-from scrapy_dist.connection import get_redis_from_settings
+from scrapy_dist.connection import describe, get_redis_from_settings
 from scrapy_dist.keys import expect_type, key_type
+from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.settings import Config, check_items
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
+    from scrapy.statscollectors import StatsCollector
+    from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
-#: First and longest pause between attempts to send items after a failure (seconds).
-BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
+_T = TypeVar("_T")
+#: Scrapy awaits what pipeline methods return (and deprecates Deferreds).
+_AWAITS_COROUTINES = hasattr(scrapy.utils.defer, "ensure_awaitable")
+
 #: Seconds closing the spider keeps retrying when Redis is unreachable.
 CLOSE_TIMEOUT = 30.0
+#: Items buffered before ``process_item`` makes Scrapy wait (back-pressure).
+BUFFER_MAX = 10_000
+
+
+def rejected_path(template: str, key: str) -> Path:
+    """Where items Redis refuses for good are kept: ``template`` with ``%(key)s`` (the
+    items list, made safe for a file name) and ``%(pid)s`` filled in."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", key)
+    return Path(template % {"key": safe, "pid": os.getpid()})
 
 
 class ItemWriter:
     """Sends serialized items to a Redis list from a background thread, in order.
+
+    Redis unreachable, or refusing writes for now (:data:`~scrapy_dist.outbox.REFUSALS`:
+    OOM, NOREPLICAS, READONLY, LOADING, a key of the wrong type for less than
+    ``wrongtype_timeout``...), is an outage: the items stay in the buffer, in order, and
+    are retried with the outbox's bounded backoff; one warning when the outage starts,
+    one when it ends, and ``items/redis/refused/<CODE>`` or ``items/redis/unreachable``
+    counted per failed attempt. A permanent refusal (any other error answer, or a key
+    of the wrong type for longer) keeps the refused items aside, one per line, in
+    :attr:`rejected_file` (logged with their count; ``items/redis/rejected``).
 
     Args:
         client: the Redis client (thread-safe: the thread takes its own connection).
@@ -60,6 +92,11 @@ class ItemWriter:
         maxlen: keep at most this many items in the list (0: all).
         batch_size: items per ``RPUSH``.
         flush_interval: longest time an item waits in the buffer, in seconds.
+        buffer_max: unsent items from which :meth:`put` reports a full buffer.
+        wrongtype_timeout: seconds a list of the wrong type is waited for.
+        rejected_file: the file items refused for good are appended to (template, see
+            :func:`rejected_path`).
+        stats: the crawler's stats collector, or ``None``.
 
     Raises:
         ConfigurationError: a negative ``maxlen``, a ``batch_size`` below 1 or a
@@ -74,6 +111,10 @@ class ItemWriter:
         maxlen: int = 0,
         batch_size: int = 100,
         flush_interval: float = 1.0,
+        buffer_max: int = BUFFER_MAX,
+        wrongtype_timeout: float = 300.0,
+        rejected_file: str = str(default_settings.REDIS_ITEMS_REJECTED_FILE),
+        stats: StatsCollector | None = None,
     ) -> None:
         check_items(maxlen, batch_size, flush_interval)
         self.client = client
@@ -81,15 +122,29 @@ class ItemWriter:
         self.maxlen = maxlen
         self.batch_size = batch_size
         self.flush_interval = flush_interval
+        self.buffer_max = max(1, buffer_max)
+        self.wrongtype_timeout = wrongtype_timeout
+        #: Where items refused for good are kept.
+        self.rejected_file = rejected_path(rejected_file, key)
+        self.stats = stats
+        #: Called from the sending thread when a full buffer has room again.
+        self.on_room: Callable[[], None] | None = None
         #: Items sent to Redis so far.
         self.sent = 0
+        #: Items kept aside in :attr:`rejected_file`.
+        self.rejected = 0
         self._buffer: deque[tuple[str, bytes]] = deque()
         self._sending = 0
         self._cond = threading.Condition()
         #: When the oldest buffered item was put.
         self._oldest = 0.0
         self._retry_at = 0.0
-        self._failing = False
+        self._backoff = BACKOFF_MIN
+        self._down_since: float | None = None
+        self._wrongtype_since: float | None = None
+        self._full = False
+        #: Items are being refused for good (logged once until one is stored).
+        self._rejecting = False
         self._closing = False
         self._give_up_at = float("inf")
         self._thread: threading.Thread | None = None
@@ -101,9 +156,14 @@ class ItemWriter:
         )
         self._thread.start()
 
-    def put(self, data: bytes, key: str | None = None) -> None:
+    def put(self, data: bytes, key: str | None = None) -> bool:
         """Buffer one serialized item for ``key`` (default: the writer's list); never
-        blocks on Redis."""
+        blocks on Redis.
+
+        Returns:
+            ``True`` if the buffer is full (``buffer_max`` items unsent): the caller
+            should wait for :attr:`on_room` before putting more.
+        """
         with self._cond:
             if not self._buffer:
                 self._oldest = time.monotonic()
@@ -111,6 +171,9 @@ class ItemWriter:
             self._buffer.append((key or self.key, data))
             if len(self._buffer) == self.batch_size:
                 self._cond.notify()
+            if len(self._buffer) + self._sending >= self.buffer_max:
+                self._full = True
+            return self._full
 
     @property
     def unsent(self) -> int:
@@ -118,13 +181,18 @@ class ItemWriter:
         with self._cond:
             return len(self._buffer) + self._sending
 
+    @property
+    def full(self) -> bool:
+        """Whether :meth:`put` reported a full buffer that has not drained since."""
+        with self._cond:
+            return self._full
+
     def close(self, timeout: float = CLOSE_TIMEOUT) -> int:
         """Send everything buffered, retrying for up to ``timeout`` seconds while Redis
-        fails, and stop the thread.
+        fails, stop the thread, and keep what is left in :attr:`rejected_file`.
 
         Returns:
-            The number of items that could not be stored (0 unless Redis stayed
-            unreachable).
+            The number of items that could be neither stored nor kept in the file.
         """
         with self._cond:
             self._closing = True
@@ -132,7 +200,17 @@ class ItemWriter:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout + 5)
-        return self.unsent
+            if self._thread.is_alive():  # stuck in a call to Redis: take what is left
+                logger.error("The items thread is stuck in a call to Redis")
+        with self._cond:
+            left = list(self._buffer)
+            self._buffer.clear()
+        if not left:
+            return self._sending
+        reason = f"Redis did not accept them within {timeout:g}s of closing"
+        if self._keep_aside(left, reason):
+            return self._sending
+        return len(left) + self._sending
 
     def _next_batch(self) -> list[tuple[str, bytes]] | None:
         """Wait until a batch is due: full, as old as the flush interval, or closing.
@@ -148,7 +226,7 @@ class ItemWriter:
                         return None
                     self._cond.wait()
                     continue
-                if self._closing and self._failing and now >= self._give_up_at:
+                if self._closing and self._down_since is not None and now >= self._give_up_at:
                     return None
                 wake = self._retry_at
                 if now >= wake:
@@ -162,26 +240,39 @@ class ItemWriter:
                 self._cond.wait(max(0.0, min(wake, self._give_up_at) - now))
 
     def _run(self) -> None:
-        backoff = BACKOFF_MIN
         while (batch := self._next_batch()) is not None:
-            if self._send(batch):
-                backoff = BACKOFF_MIN
-                continue
+            try:
+                retry, error = self._send(batch)
+            except Exception as e:  # a bug must not stop the thread: keep the items
+                logger.exception(
+                    "Unexpected error while storing items in %(key)s", {"key": self.key}
+                )
+                retry, error = batch, e
             with self._cond:
-                self._buffer.extendleft(reversed(batch))
+                self._buffer.extendleft(reversed(retry))
                 self._sending = 0
-                self._oldest = time.monotonic()
-                self._retry_at = time.monotonic() + backoff
-            backoff = min(backoff * 2, BACKOFF_MAX)
+                if retry:
+                    self._oldest = time.monotonic()
+                room = self._full and len(self._buffer) < self.buffer_max
+                if room:
+                    self._full = False
+            if error is not None:
+                self._failed(error)
+            elif self._down_since is not None:
+                self._recovered()
+            if room and self.on_room is not None:
+                self.on_room()
 
-    def _send(self, batch: list[tuple[str, bytes]]) -> bool:
-        # one RPUSH per run of items for the same list, in order
-        runs: list[tuple[str, list[bytes]]] = []
-        for key, data in batch:
-            if runs and runs[-1][0] == key:
-                runs[-1][1].append(data)
-            else:
-                runs.append((key, [data]))
+    def _send(
+        self, batch: list[tuple[str, bytes]]
+    ) -> tuple[list[tuple[str, bytes]], Exception | None]:
+        """Send one batch: one ``RPUSH`` per run of items for the same list, in order.
+
+        Returns:
+            The items to retry (refused for now, or all if Redis could not be reached)
+            and the error of that outage (``None`` if there is none).
+        """
+        runs = _runs(batch)
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 for key, items in runs:
@@ -189,23 +280,138 @@ class ItemWriter:
                 if self.maxlen:
                     for key in dict.fromkeys(key for key, _ in runs):
                         pipe.ltrim(key, -self.maxlen, -1)
-                pipe.execute()
-        except redis.RedisError as e:
-            if not self._failing:
-                logger.warning(
-                    "Could not store %(n)d item(s) in %(key)s (%(error)s); keeping them "
-                    "and retrying with backoff",
-                    {"n": self.unsent, "key": self.key, "error": e},
-                )
-            self._failing = True
+                answers = pipe.execute(raise_on_error=False)
+        except redis.RedisError as e:  # unreachable: stored or not, send again
+            return batch, e
+        retry: list[tuple[str, bytes]] = []
+        outage: Exception | None = None
+        now = time.monotonic()
+        for (key, items), answer in zip(runs, answers, strict=False):
+            if not isinstance(answer, Exception):
+                with self._cond:
+                    self.sent += len(items)
+                self._inc("items/redis/stored", len(items))
+                self._wrongtype_since = None
+                self._rejecting = False
+                continue
+            kept = [(key, data) for data in items]
+            if self._for_now(answer, now) or not self._keep_aside(kept, str(answer)):
+                retry += kept
+                outage = outage or answer
+        return retry, outage
+
+    def _for_now(self, error: Exception, now: float) -> bool:
+        """Whether a run's error answer is a refusal for now (retry) rather than for good."""
+        code = refusal(error)
+        if code == "WRONGTYPE":
+            if self._wrongtype_since is None:
+                self._wrongtype_since = now
+            # for too long: an operator's mistake that stays
+            return now - self._wrongtype_since < self.wrongtype_timeout
+        return code is not None or not isinstance(error, redis.exceptions.ResponseError)
+
+    def _keep_aside(self, items: list[tuple[str, bytes]], reason: str) -> bool:
+        """Append items Redis will not take to :attr:`rejected_file` (one per line, as
+        they would be stored) and say so.
+
+        Returns:
+            Whether they were written.
+        """
+        try:
+            self.rejected_file.parent.mkdir(parents=True, exist_ok=True)
+            with self.rejected_file.open("ab") as f:
+                for _, data in items:
+                    f.write(data + b"\n")
+        except OSError as e:
+            logger.error(
+                "Could not keep %(n)d item(s) Redis refused (%(reason)s) in %(file)s: %(error)s",
+                {"n": len(items), "reason": reason, "file": self.rejected_file, "error": e},
+            )
             return False
-        if self._failing:
-            logger.info("Items are stored in %(key)s again", {"key": self.key})
         with self._cond:
-            self._failing = False
-            self._sending = 0
-            self.sent += len(batch)
+            self.rejected += len(items)
+        self._inc("items/redis/rejected", len(items))
+        # one line per run of refusals (closing reports the total)
+        logger.log(
+            logging.DEBUG if self._rejecting else logging.ERROR,
+            "Could not store %(n)d item(s) in %(key)s (%(reason)s): they are kept in "
+            "%(file)s, one per line%(more)s",
+            {
+                "n": len(items),
+                "key": items[0][0],
+                "reason": reason,
+                "file": self.rejected_file,
+                "more": "" if self._rejecting else ", as will be the next ones refused so",
+            },
+        )
+        self._rejecting = True
         return True
+
+    def _failed(self, error: Exception) -> None:
+        """An outage: one warning when it starts, then a growing pause before the next try."""
+        now = time.monotonic()
+        code = refusal(error) or ("" if isinstance(error, UNREACHABLE) else "ERR")
+        if self._down_since is None:
+            self._down_since = now
+            self._backoff = BACKOFF_MIN
+            what = f"refuses writes ({code}: {error})" if code else f"is unreachable ({error})"
+            logger.warning(
+                "Redis at %(server)s %(what)s: keeping %(n)d item(s) for %(key)s in "
+                "memory, in order, and retrying with backoff up to %(max)ds",
+                {
+                    "server": describe(self.client),
+                    "what": what,
+                    "n": self.unsent,
+                    "key": self.key,
+                    "max": BACKOFF_MAX,
+                },
+            )
+        else:
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        with self._cond:
+            self._retry_at = now + self._backoff
+        self._inc(f"items/redis/refused/{code}" if code else "items/redis/unreachable")
+
+    def _recovered(self) -> None:
+        assert self._down_since is not None
+        logger.warning(
+            "Items are stored in %(key)s again after %(s).1fs",
+            {"key": self.key, "s": time.monotonic() - self._down_since},
+        )
+        self._down_since = None
+        with self._cond:
+            self._retry_at = 0.0
+
+    def _inc(self, stat: str, count: int = 1) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(stat, count)
+
+
+def _runs(batch: list[tuple[str, bytes]]) -> list[tuple[str, list[bytes]]]:
+    """Consecutive items for the same list, grouped (one ``RPUSH`` each), in order."""
+    runs: list[tuple[str, list[bytes]]] = []
+    for key, data in batch:
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(data)
+        else:
+            runs.append((key, [data]))
+    return runs
+
+
+def _for_scrapy(waiter: Deferred[_T]) -> Awaitable[_T]:
+    """What a pipeline method returns to wait for ``waiter``: a coroutine where Scrapy
+    awaits them (it deprecates Deferreds since it has ``ensure_awaitable``), the Deferred
+    on older Scrapy or when no reactor runs (a script or test)."""
+    from twisted.internet import reactor
+
+    if not (_AWAITS_COROUTINES and reactor.running):
+        return waiter
+    from scrapy.utils.defer import maybe_deferred_to_future
+
+    async def wait() -> _T:
+        return await maybe_deferred_to_future(waiter)
+
+    return wait()
 
 
 def _json_serializer() -> Callable[[Any], str]:
@@ -235,6 +441,12 @@ class RedisPipeline:
             writer = ItemWriter(writer, key or str(default_settings.REDIS_ITEMS_KEY))
         serialize = serialize_func or serialize or _json_serializer()
         self.writer = writer
+        #: Seconds closing keeps retrying while Redis fails (``REDIS_ITEMS_CLOSE_TIMEOUT``).
+        self.close_timeout = CLOSE_TIMEOUT
+        #: ``process_item`` calls waiting for room in the writer's buffer.
+        self._waiting: list[Deferred[Any]] = []
+        self._closed = False
+        writer.on_room = self._room
         if not callable(getattr(type(self), "serialize", None)):  # not overridden
             self.serialize = serialize
 
@@ -261,8 +473,14 @@ class RedisPipeline:
             maxlen=items.maxlen,
             batch_size=items.batch_size,
             flush_interval=items.flush_interval,
+            buffer_max=items.buffer_max,
+            wrongtype_timeout=items.wrongtype_timeout,
+            rejected_file=items.rejected_file,
+            stats=crawler.stats,
         )
-        return cls(writer, cast("Callable[[Any], str | bytes]", serialize))
+        pipeline = cls(writer, cast("Callable[[Any], str | bytes]", serialize))
+        pipeline.close_timeout = items.close_timeout
+        return pipeline
 
     @property
     def key(self) -> str:
@@ -289,14 +507,56 @@ class RedisPipeline:
             ),
         )
         self.writer.start()
+        from twisted.internet import reactor
+
+        # a forced shutdown (a second Ctrl-C) stops the reactor without closing the
+        # spider: the buffered items are then sent or kept in the file all the same
+        if reactor.running:
+            trigger = reactor.addSystemEventTrigger
+            trigger("before", "shutdown", self._at_shutdown)  # type: ignore[arg-type]
+
+    def _at_shutdown(self) -> None:
+        if not self._closed:
+            self._close()
 
     def process_item(self, item: Any, spider: Spider | None = None) -> Any:
-        """Serialize ``item`` and buffer it for the list :meth:`item_key` names; return
-        it unchanged at once."""
+        """Serialize ``item`` and buffer it for the list :meth:`item_key` names.
+
+        Returns:
+            ``item`` at once; or, when ``REDIS_ITEMS_BUFFER_MAX`` items are unsent
+            (Redis slower than the crawl, or refusing), a Deferred that fires with it
+            once the buffer has room: Scrapy waits for it, so the crawl slows down
+            instead of the buffer growing without bound.
+        """
         data = self._serialize(item)
         key = self.item_key(item, spider)
-        self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)
-        return item
+        full = self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)
+        if not full:
+            return item
+        from twisted.internet.defer import Deferred
+
+        waiter: Deferred[Any] = Deferred()
+        waiter.addCallback(lambda _: item)
+        self._waiting.append(waiter)
+        if self.writer.stats is not None:
+            self.writer.stats.inc_value("items/redis/backpressure")
+        if not self.writer.full:  # drained in the meantime
+            self._release()
+        return _for_scrapy(waiter)
+
+    def _room(self) -> None:
+        """The writer's buffer has room again (called from its thread)."""
+        from twisted.internet import reactor
+
+        if reactor.running:
+            reactor.callFromThread(self._release)
+        else:  # no reactor (a script or test): fire here
+            self._release()
+
+    def _release(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            waiter.callback(None)
 
     def _serialize(self, item: Any) -> str | bytes:
         """``item`` as text or bytes (override this, or ``serialize``, to change it)."""
@@ -310,13 +570,37 @@ class RedisPipeline:
             key = key % {"spider": spider.name}
         return key
 
-    def close_spider(self, spider: Spider | None = None) -> None:
-        """Send every buffered item before returning (retrying while Redis is away,
-        for up to :data:`CLOSE_TIMEOUT` seconds)."""
-        lost = self.writer.close()
+    def close_spider(self, spider: Spider | None = None) -> Awaitable[None] | None:
+        """Send every buffered item, retrying while Redis fails for up to
+        ``REDIS_ITEMS_CLOSE_TIMEOUT`` seconds; keep what is left in the writer's
+        rejected file and report its count and path.
+
+        Returns:
+            In a running reactor, an awaitable (:func:`_for_scrapy`) done when done (the
+            wait happens in a thread, so the worker's timers go on); otherwise ``None``,
+            when done.
+        """
+        from twisted.internet import reactor, threads
+
+        self._release()  # nothing more will come: let Scrapy finish
+        if reactor.running:
+            return _for_scrapy(threads.deferToThread(self._close))
+        self._close()
+        return None
+
+    def _close(self) -> None:
+        self._closed = True
+        lost = self.writer.close(self.close_timeout)
         if lost:
             logger.error(
-                "Redis is unreachable: %(n)d item(s) could not be stored in %(key)s",
-                {"n": lost, "key": self.key},
+                "%(n)d item(s) for %(key)s could be neither stored in Redis nor kept in "
+                "%(file)s: they are lost",
+                {"n": lost, "key": self.key, "file": self.writer.rejected_file},
+            )
+        if self.writer.rejected:
+            logger.error(
+                "%(n)d item(s) Redis did not take are kept in %(file)s (one per line; "
+                "push them back to %(key)s when Redis accepts them)",
+                {"n": self.writer.rejected, "file": self.writer.rejected_file, "key": self.key},
             )
         logger.info("Stored %(n)d item(s) in %(key)s", {"n": self.writer.sent, "key": self.key})

@@ -963,6 +963,10 @@ class ItemsConfig:
     flush_interval: float
     serializer: Any
     serializer_path: Any
+    buffer_max: int = 10_000
+    close_timeout: float = 30.0
+    rejected_file: str = "%(key)s.%(pid)s.rejected.jl"
+    wrongtype_timeout: float = 300.0
 
 
 def check_items(maxlen: int, batch_size: int, flush_interval: float) -> None:
@@ -990,14 +994,39 @@ def _items(s: BaseSettings) -> ItemsConfig:
     batch_size = s.getint("REDIS_ITEMS_BATCH_SIZE")
     flush_interval = s.getfloat("REDIS_ITEMS_FLUSH_INTERVAL")
     check_items(maxlen, batch_size, flush_interval)
-    return ItemsConfig(maxlen, batch_size, flush_interval, serializer, path)
+    buffer_max = s.getint("REDIS_ITEMS_BUFFER_MAX")
+    if buffer_max < 1:
+        raise ConfigurationError(f"REDIS_ITEMS_BUFFER_MAX must be at least 1 ({buffer_max})")
+    close_timeout = s.getfloat("REDIS_ITEMS_CLOSE_TIMEOUT")
+    if close_timeout < 0:
+        raise ConfigurationError(f"REDIS_ITEMS_CLOSE_TIMEOUT cannot be negative ({close_timeout})")
+    rejected_file = str(s.get("REDIS_ITEMS_REJECTED_FILE"))
+    try:
+        rejected_file % {"key": "k", "pid": 1}
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigurationError(
+            f"REDIS_ITEMS_REJECTED_FILE {rejected_file!r} may use only %(key)s and %(pid)s ({e})"
+        ) from None
+    return ItemsConfig(
+        maxlen,
+        batch_size,
+        flush_interval,
+        serializer,
+        path,
+        buffer_max=buffer_max,
+        close_timeout=close_timeout,
+        rejected_file=rejected_file,
+        wrongtype_timeout=s.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
+    )
 
 
 @dataclass(frozen=True)
 class StatsConfig:
-    """``STATS_FLUSH_INTERVAL``: seconds between writes of a worker's stats to Redis."""
+    """``STATS_FLUSH_INTERVAL``: seconds between writes of a worker's stats to Redis;
+    ``STATS_CLOSE_TIMEOUT``: seconds closing retries the last write while Redis fails."""
 
     flush_interval: float
+    close_timeout: float = 10.0
 
 
 def check_stats_interval(flush_interval: float) -> None:
@@ -1011,7 +1040,10 @@ def check_stats_interval(flush_interval: float) -> None:
 def _stats(s: BaseSettings) -> StatsConfig:
     flush_interval = s.getfloat("STATS_FLUSH_INTERVAL")
     check_stats_interval(flush_interval)
-    return StatsConfig(flush_interval)
+    close_timeout = s.getfloat("STATS_CLOSE_TIMEOUT")
+    if close_timeout < 0:
+        raise ConfigurationError(f"STATS_CLOSE_TIMEOUT cannot be negative ({close_timeout})")
+    return StatsConfig(flush_interval, close_timeout)
 
 
 @dataclass(frozen=True)

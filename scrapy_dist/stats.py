@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -39,6 +40,7 @@ from scrapy.statscollectors import StatsCollector
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import check_stats_interval
 from scrapy_dist.startup import start_failure
@@ -313,6 +315,8 @@ class RedisStatsCollector(StatsCollector):
         crawler: the crawler (Scrapy builds stats collectors with ``cls(crawler)``).
         shared: the crawl's stats hash; default: from the crawler's settings.
         flush_interval: seconds between flushes; default ``STATS_FLUSH_INTERVAL``.
+        close_timeout: seconds closing retries the last flush while Redis fails;
+            default ``STATS_CLOSE_TIMEOUT``.
 
     Raises:
         ConfigurationError: ``STATS_FLUSH_INTERVAL`` is not positive.
@@ -328,6 +332,7 @@ class RedisStatsCollector(StatsCollector):
         *,
         shared: SharedStats | None = None,
         flush_interval: float | None = None,
+        close_timeout: float | None = None,
     ) -> None:
         super().__init__(crawler)
         #: The spider (scrapy-redis's optional second argument; set at open otherwise).
@@ -342,13 +347,17 @@ class RedisStatsCollector(StatsCollector):
                 shared = SharedStats(parts.client, keys.stats, keys.timeline, scripts=parts.scripts)
             if flush_interval is None:
                 flush_interval = parts.config.stats.flush_interval
+            if close_timeout is None:
+                close_timeout = parts.config.stats.close_timeout
         check_stats_interval(flush_interval)
         self.shared = shared
         self.flush_interval = flush_interval
+        #: Seconds closing retries the last flush while Redis fails.
+        self.close_timeout = 10.0 if close_timeout is None else close_timeout
+        self._down_since: float | None = None
         self._pending: dict[str, list[_Op]] = {}
         self._lock = threading.Lock()
         self._ticker: LoopingCall | None = None
-        self._failing = False
 
     @classmethod
     def from_spider(cls, spider: Spider) -> Self:
@@ -401,14 +410,9 @@ class RedisStatsCollector(StatsCollector):
         """Stop the timer, flush what is left, then log this worker's stats as usual."""
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
-        if start_failure(self.crawler) is not None:
-            pass  # the crawl never started: nothing of it belongs in the crawl's stats
-        elif not self.flush():
-            logger.error(
-                "Could not write the last stats of this worker to %(key)s: the crawl's "
-                "stats miss them",
-                {"key": self.shared.key},
-            )
+        if start_failure(self.crawler) is None:
+            # (a crawl that never started has nothing in the crawl's stats)
+            self._flush_at_close()
         super().close_spider(spider, reason)
 
     # -- the shared hash -----------------------------------------------------------
@@ -426,6 +430,13 @@ class RedisStatsCollector(StatsCollector):
     def flush(self) -> bool:
         """Write the buffered changes in one round trip; keep them if Redis fails.
 
+        A failed write (Redis unreachable or refusing, any error) keeps its changes,
+        merged with those made since, for the next flush: no count is lost (a reply
+        lost after the server applied a batch is the exception: that batch counts
+        twice). One warning when an outage starts, one when it ends;
+        ``stats/redis/refused/<CODE>`` or ``stats/redis/unreachable`` count the
+        failed flushes. Never raises.
+
         Returns:
             ``True`` if nothing is left to write.
         """
@@ -439,23 +450,20 @@ class RedisStatsCollector(StatsCollector):
         ]
         try:
             conflicts = self.shared.apply(ops)
-        except redis.RedisError as e:
+        except Exception as e:  # stats never take the crawl down
             with self._lock:
                 for stat, stat_ops in self._pending.items():
                     for op in stat_ops:
                         _merge(pending.setdefault(stat, []), op)
                 self._pending = pending
-            if not self._failing:
-                self._failing = True
-                logger.warning(
-                    "Could not write stats to %(key)s (%(error)s); keeping them to retry "
-                    "every %(interval)gs",
-                    {"key": self.shared.key, "error": e, "interval": self.flush_interval},
-                )
+            self._failed(e)
             return False
-        if self._failing:
-            self._failing = False
-            logger.info("Stats are written to %(key)s again", {"key": self.shared.key})
+        if self._down_since is not None:
+            logger.warning(
+                "Stats are written to %(key)s again after %(s).1fs",
+                {"key": self.shared.key, "s": time.monotonic() - self._down_since},
+            )
+            self._down_since = None
         if conflicts:
             logger.warning(
                 "%(n)d stat increment(s) found a value that is not a number in %(key)s "
@@ -463,6 +471,46 @@ class RedisStatsCollector(StatsCollector):
                 {"n": conflicts, "key": self.shared.key},
             )
         return True
+
+    def _failed(self, error: Exception) -> None:
+        code = refusal(error) or ("" if isinstance(error, UNREACHABLE) else "ERR")
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            what = f"refuses writes ({code}: {error})" if code else f"is unreachable ({error})"
+            logger.warning(
+                "Redis %(what)s: keeping this worker's stats changes for %(key)s and "
+                "retrying every %(interval)gs",
+                {"what": what, "key": self.shared.key, "interval": self.flush_interval},
+                exc_info=not isinstance(error, redis.RedisError),
+            )
+        self.inc_value(f"stats/redis/refused/{code}" if code else "stats/redis/unreachable")
+
+    def _flush_at_close(self) -> None:
+        """Flush, retrying with the outbox's backoff for up to ``close_timeout``
+        seconds; report what could not be written (count and values, in the log)."""
+        deadline = time.monotonic() + self.close_timeout
+        backoff = BACKOFF_MIN
+        while not self.flush():
+            if time.monotonic() + backoff > deadline:
+                with self._lock:
+                    left = {
+                        stat: [[op.kind, op.value] for op in ops]
+                        for stat, ops in self._pending.items()
+                    }
+                logger.error(
+                    "Could not write the last stats changes of this worker to %(key)s "
+                    "within %(timeout)gs: the crawl's stats miss %(n)d change(s), kept "
+                    "here: %(left)s",
+                    {
+                        "key": self.shared.key,
+                        "timeout": self.close_timeout,
+                        "n": len(left),
+                        "left": json.dumps(left, cls=_Encoder, sort_keys=True),
+                    },
+                )
+                return
+            time.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
 
     def crawl_stats(self) -> dict[str, Any]:
         """The crawl's merged stats as last flushed by every worker (one round trip)."""

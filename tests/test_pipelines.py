@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import json
+import logging
+import signal
 import threading
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import scrapy
 from scrapy.utils.serialize import ScrapyJSONEncoder
+from scrapy.utils.test import get_crawler
+from twisted.internet.defer import Deferred
 
 from scrapy_dist.cli import main
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.pipelines import ItemWriter, RedisPipeline
+from scrapy_dist.stats import decode_stats
+from scrapy_dist.testing.crawl import WorkerCrawl
 from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.site import TestSite
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     import redis
     from scrapy.crawler import Crawler
@@ -149,3 +156,266 @@ def test_export_copies_and_moves_items_exactly_once(
     left = [json.loads(raw)["n"] for raw in client.lrange(key, 0, -1)]
     assert exported + left == list(range(len(exported) + len(left)))
     assert len(exported) >= 2500
+
+
+# -- Redis refusing writes: kept, retried, said once, counted, never dropped -------
+
+
+def _oom(client: redis.Redis) -> Callable[[], object]:
+    client.config_set("maxmemory", 1)  # noeviction: every write refused (OOM)
+    return lambda: client.config_set("maxmemory", 0)
+
+
+def _noreplicas(client: redis.Redis) -> Callable[[], object]:
+    client.config_set("min-replicas-to-write", 1)
+    return lambda: client.config_set("min-replicas-to-write", 0)
+
+
+def _readonly(client: redis.Redis) -> Callable[[], object]:
+    client.replicaof("127.0.0.1", "1")  # a demoted master
+    return lambda: client.replicaof("NO", "ONE")
+
+
+def _wrong_type(client: redis.Redis) -> Callable[[], object]:
+    pipe = client.pipeline(transaction=True)
+    pipe.rename("x:items", "x:saved")
+    pipe.set("x:items", "oops")
+    pipe.execute()
+
+    def restore() -> None:  # atomic, or a write in between would be overwritten
+        pipe = client.pipeline(transaction=True)
+        pipe.delete("x:items")
+        pipe.rename("x:saved", "x:items")
+        pipe.execute()
+
+    return restore
+
+
+def writer_of(server: RedisServer, tmp_path: Path, **options: Any) -> ItemWriter:
+    crawler = get_crawler(settings_dict={"LOG_LEVEL": "CRITICAL"})
+    options = {"batch_size": 10, "flush_interval": 0.05, **options}
+    writer = ItemWriter(
+        server.client(),
+        "x:items",
+        rejected_file=str(tmp_path / "%(key)s.rejected.jl"),
+        stats=crawler.stats,
+        **options,
+    )
+    writer.start()
+    return writer
+
+
+def wait_for(done: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        (_oom, "OOM"),
+        (_noreplicas, "NOREPLICAS"),
+        (_readonly, "READONLY"),
+        (_wrong_type, "WRONGTYPE"),
+    ],
+    ids=["oom", "noreplicas", "readonly", "wrongtype"],
+)
+def test_items_refused_for_now_are_kept_in_order_and_said_once(
+    server: RedisServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    fault: Callable[[redis.Redis], Callable[[], object]],
+    code: str,
+) -> None:
+    admin = server.client()
+    writer = writer_of(server, tmp_path)
+    writer.put(b"0")
+    wait_for(lambda: writer.sent == 1)
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.pipelines"):
+        restore = fault(admin)
+        try:
+            for i in range(1, 200):
+                writer.put(str(i).encode())
+            time.sleep(1.5)  # several attempts, refused
+            assert writer.unsent == 199
+        finally:
+            restore()
+        assert writer.close() == 0
+    assert [int(x) for x in admin.lrange("x:items", 0, -1)] == list(range(200))
+    stats = writer.stats.get_stats() if writer.stats else {}
+    assert stats[f"items/redis/refused/{code}"] >= 2
+    assert not (tmp_path / "x_items.rejected.jl").exists()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(f"refuses writes ({code}" in line for line in lines) == 1, lines
+    assert sum("stored in x:items again" in line for line in lines) == 1, lines
+
+
+@pytest.mark.redis_server
+def test_items_refused_for_good_are_kept_in_a_file_the_log_names(
+    server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = server.client()
+    admin.set("x:items", "oops")  # for longer than the wrong type is waited for
+    writer = writer_of(server, tmp_path, wrongtype_timeout=0.0)
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.pipelines"):
+        for i in range(35):
+            writer.put(str(i).encode())
+        wait_for(lambda: writer.rejected == 35)
+        assert writer.close() == 0
+    kept = tmp_path / "x_items.rejected.jl"
+    assert kept.read_bytes().splitlines() == [str(i).encode() for i in range(35)]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors  # one line, not one per batch
+    assert str(kept) in errors[0]
+    assert writer.stats is not None
+    assert writer.stats.get_value("items/redis/rejected") == 35
+
+
+@pytest.mark.redis_server
+def test_close_keeps_what_redis_still_refuses_and_reports_it(
+    server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = server.client()
+    p = RedisPipeline(writer_of(server, tmp_path))
+    p.close_timeout = 1.0
+    restore = _oom(admin)
+    try:
+        for i in range(25):
+            p.process_item({"n": i})
+        with caplog.at_level(logging.INFO, logger="scrapy_dist.pipelines"):
+            assert p.close_spider() is None  # no reactor running: done on return
+    finally:
+        restore()
+    kept = tmp_path / "x_items.rejected.jl"
+    assert [json.loads(line)["n"] for line in kept.read_bytes().splitlines()] == list(range(25))
+    report = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("25 item(s)" in line and str(kept) in line for line in report), report
+
+
+@pytest.mark.redis_server
+def test_a_full_buffer_makes_scrapy_wait_instead_of_growing(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    admin = server.client()
+    p = RedisPipeline(writer_of(server, tmp_path, buffer_max=20))
+    restore = _oom(admin)
+    try:
+        results = [p.process_item({"n": i}) for i in range(25)]
+        assert all(isinstance(r, dict) for r in results[:19])
+        waiting = [r for r in results if isinstance(r, Deferred)]
+        assert len(waiting) == 6
+        fired: list[Any] = []
+        for d in waiting:
+            d.addCallback(fired.append)
+        time.sleep(1.0)
+        assert fired == []  # Redis still refuses: Scrapy keeps waiting
+    finally:
+        restore()
+    wait_for(lambda: len(fired) == 6)
+    assert [item["n"] for item in fired] == list(range(19, 25))
+    p.close_spider()
+    assert len(admin.lrange("x:items", 0, -1)) == 25
+    assert p.writer.stats is not None
+    assert p.writer.stats.get_value("items/redis/backpressure") == 6
+
+
+PROJECT = Path(__file__).parent / "project"
+
+
+@pytest.mark.e2e
+def test_a_crawl_through_an_oom_window_stores_every_item_once_and_counts_right(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    settings = {
+        "CONCURRENT_REQUESTS": 4,
+        "SCHEDULER_PREFETCH": 1,
+        "SCHEDULER_LEASE_TIMEOUT": 30,
+        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+        "SCHEDULER_WORKER_TIMEOUT": 2,
+        "CLOSE_WHEN_CRAWL_DONE": True,
+        "CRAWL_DONE_GRACE": 1,
+        "SCHEDULER_PERSIST": True,
+        "ITEM_PIPELINES": json.dumps({"scrapy_dist.pipelines.RedisPipeline": 300}),
+        "STATS_CLASS": "scrapy_dist.stats.RedisStatsCollector",
+        "STATS_FLUSH_INTERVAL": 0.5,
+        "REDIS_ITEMS_FLUSH_INTERVAL": 0.2,
+        "REDIS_ITEMS_REJECTED_FILE": str(tmp_path / "%(key)s.%(pid)s.rejected.jl"),
+    }
+    with TestSite(pages=600, delay=0.01) as site:
+        crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)
+        try:
+            crawl.start(2)
+            crawl.seed()
+            crawl.hit_when(150)
+            crawl.client.config_set("maxmemory", 1)  # noeviction: every write refused
+            try:
+                time.sleep(4)
+                assert all(w.returncode is None for w in crawl.workers), crawl.logs()
+            finally:
+                crawl.client.config_set("maxmemory", 0)
+            assert crawl.wait(120) == [0, 0], crawl.logs()
+            assert not crawl.missing(), crawl.logs()
+            urls = [json.loads(raw)["url"] for raw in crawl.client.lrange("pages:items", 0, -1)]
+            assert len(urls) == len(set(urls)) == 600
+            assert not list(tmp_path.glob("*.rejected.jl"))
+            shared = decode_stats(cast("dict[bytes, bytes]", crawl.client.hgetall("pages:stats")))
+            assert shared["item_scraped_count"] == 600
+            assert shared["response_received_count"] == sum(site.hits().values())
+            assert shared["items/redis/stored"] == 600
+            # refusals counted and said, once per worker and outage
+            assert shared["items/redis/refused/OOM"] >= 2
+            assert shared["stats/redis/refused/OOM"] >= 2
+            logs = crawl.full_logs()
+            assert logs.count("refuses writes (OOM") >= 2
+            assert logs.count("Items are stored in pages:items again") == 2, crawl.logs()
+            assert logs.count("Stats are written to pages:stats again") == 2, crawl.logs()
+            assert "crawl_finished" in logs
+        finally:
+            crawl.close()
+
+
+@pytest.mark.e2e
+def test_a_forced_shutdown_during_an_outage_keeps_the_buffered_items(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    settings = {
+        "CONCURRENT_REQUESTS": 4,
+        "SCHEDULER_PREFETCH": 1,
+        "ITEM_PIPELINES": json.dumps({"scrapy_dist.pipelines.RedisPipeline": 300}),
+        "REDIS_ITEMS_FLUSH_INTERVAL": 0.2,
+        "REDIS_ITEMS_CLOSE_TIMEOUT": 2,
+        "REDIS_ITEMS_REJECTED_FILE": str(tmp_path / "%(key)s.%(pid)s.rejected.jl"),
+    }
+    with TestSite(pages=600, delay=0.05) as site:
+        crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)
+        try:
+            (worker,) = crawl.start(1)
+            crawl.seed()
+            crawl.hit_when(50)
+            crawl.client.config_set("maxmemory", 1)
+            try:
+                time.sleep(2)
+                worker.process.send_signal(signal.SIGINT)
+                time.sleep(0.5)
+                worker.process.send_signal(signal.SIGINT)  # forced: no close_spider
+                crawl.wait(60)
+            finally:
+                crawl.client.config_set("maxmemory", 0)
+            stored = [json.loads(raw)["url"] for raw in crawl.client.lrange("pages:items", 0, -1)]
+            (kept_file,) = tmp_path.glob("*.rejected.jl")
+            kept = [json.loads(line)["url"] for line in kept_file.read_text().splitlines()]
+            assert kept, crawl.logs()
+            # every page fetched gave one item, stored or kept, not both (but for the
+            # responses still downloading when the reactor stopped)
+            assert sorted(stored + kept) == sorted(set(stored) | set(kept))
+            in_flight = 4 + 1  # CONCURRENT_REQUESTS + SCHEDULER_PREFETCH
+            fetched = len(site.hits())
+            assert fetched - in_flight <= len(stored) + len(kept) <= fetched, crawl.logs()
+            assert f"{len(kept)} item(s) Redis did not take are kept in {kept_file}" in (
+                crawl.full_logs()
+            )
+        finally:
+            crawl.close()

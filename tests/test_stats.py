@@ -15,6 +15,8 @@ from redis.retry import Retry
 
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.stats import (
+    ITEMS_STAT,
+    PAGES_STAT,
     RedisStatsCollector,
     SharedStats,
     decode_stats,
@@ -23,7 +25,7 @@ from scrapy_dist.stats import (
     parse_samples,
     rates,
 )
-from scrapy_dist.testing.redis_server import free_port
+from scrapy_dist.testing.redis_server import RedisServer, free_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -156,7 +158,6 @@ def test_start_and_finish_time_merge_across_workers(make_crawler: Callable[..., 
     shared = first.crawl_stats()
     assert shared["start_time"] == t0
     assert shared["finish_time"] == t0 + timedelta(seconds=9)
-    assert shared["finish_reason"] == "finished"
     assert second.get_value("start_time") == t0 + timedelta(seconds=3)  # local value kept
 
 
@@ -173,11 +174,11 @@ def test_a_failed_flush_keeps_every_change(
     assert not stats.flush()
     stats.inc_value("a", 3)
     stats.set_value("b", "x")
-    assert stats.pending == 2
+    assert stats.pending == 3  # and the failed flush, counted
     stats.shared = working
     assert stats.flush()
     raw = cast("dict[bytes, bytes]", client.hgetall(f"{name}:stats"))  # bytes replies
-    assert decode_stats(raw) == {"a": 5, "b": "x"}
+    assert decode_stats(raw) == {"a": 5, "b": "x", "stats/redis/unreachable": 1}
 
 
 def test_close_flushes_and_logs_the_workers_own_stats(
@@ -224,3 +225,139 @@ def test_timeline_samples_give_crawl_rates(client: redis.Redis, name: str) -> No
     assert rates(samples, 16, 2, now + 5, window=1).pages_per_second == 0.0
     # a crawl younger than the window: everything counts
     assert rates([(100, 3.0, 1.0)], 3.0, 1.0, 120.0, window=60).pages_per_second == 3.0 / 60
+
+
+# -- Redis refusing writes: nothing lost, nothing counted twice, nothing raised -------
+
+
+def _oom(client: redis.Redis) -> Callable[[], object]:
+    client.config_set("maxmemory", 1)  # noeviction: every write refused (OOM)
+    return lambda: client.config_set("maxmemory", 0)
+
+
+def _noreplicas(client: redis.Redis) -> Callable[[], object]:
+    client.config_set("min-replicas-to-write", 1)
+    return lambda: client.config_set("min-replicas-to-write", 0)
+
+
+def _readonly(client: redis.Redis) -> Callable[[], object]:
+    client.replicaof("127.0.0.1", "1")  # a demoted master
+    return lambda: client.replicaof("NO", "ONE")
+
+
+def _timeline_of_wrong_type(client: redis.Redis) -> Callable[[], object]:
+    client.set("c:timeline", "oops")
+    return lambda: client.delete("c:timeline")
+
+
+def own_collector(
+    make_crawler: Callable[..., Crawler], server: RedisServer, **kwargs: Any
+) -> RedisStatsCollector:
+    """A collector writing to ``server`` (which the test makes refuse writes)."""
+    stats = collector(make_crawler({**STATS, "LOG_LEVEL": "CRITICAL"}))
+    stats.shared = SharedStats(server.client(), "c:stats", "c:timeline")
+    for name, value in kwargs.items():
+        setattr(stats, name, value)
+    return stats
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        (_oom, "OOM"),
+        (_noreplicas, "NOREPLICAS"),
+        (_readonly, "READONLY"),
+        (_timeline_of_wrong_type, "WRONGTYPE"),
+    ],
+    ids=["oom", "noreplicas", "readonly", "wrongtype"],
+)
+def test_a_refused_flush_keeps_its_deltas_for_the_next_one(
+    make_crawler: Callable[..., Crawler],
+    server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+    fault: Callable[[redis.Redis], Callable[[], object]],
+    code: str,
+) -> None:
+    stats = own_collector(make_crawler, server)
+    admin = server.client()
+    stats.inc_value(ITEMS_STAT, 5)
+    stats.inc_value(PAGES_STAT, 7)
+    assert stats.flush()
+    restore = fault(admin)
+    try:
+        with caplog.at_level(logging.INFO, logger="scrapy_dist.stats"):
+            for _ in range(3):
+                stats.inc_value(ITEMS_STAT, 2)
+                stats.max_value("depth", 4)
+                assert not stats.flush()
+    finally:
+        restore()
+    assert stats.flush()
+    # nothing applied in part and sent again, nothing lost
+    shared = decode_stats(cast("dict[str, str]", admin.hgetall("c:stats")))
+    assert shared[ITEMS_STAT] == 11
+    assert shared[PAGES_STAT] == 7
+    assert shared["depth"] == 4
+    assert shared[f"stats/redis/refused/{code}"] == 3
+    # one line when the outage starts, one when it ends
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(f"refuses writes ({code}" in line for line in lines) == 1, lines
+    assert sum("written to c:stats again" in line for line in lines) == 1, lines
+
+
+@pytest.mark.redis_server
+def test_close_retries_the_last_flush_until_redis_accepts(
+    make_crawler: Callable[..., Crawler], server: RedisServer
+) -> None:
+    stats = own_collector(make_crawler, server, close_timeout=20.0)
+    admin = server.client()
+    stats.inc_value(ITEMS_STAT, 3)
+    restore = _oom(admin)
+    lift = threading.Timer(1.5, restore)
+    lift.start()
+    try:
+        stats.close_spider(reason="finished")
+    finally:
+        lift.join()
+    shared = decode_stats(cast("dict[str, str]", admin.hgetall("c:stats")))
+    assert shared[ITEMS_STAT] == 3
+
+
+@pytest.mark.redis_server
+def test_close_reports_what_it_could_not_write(
+    make_crawler: Callable[..., Crawler], server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    stats = own_collector(make_crawler, server, close_timeout=1.0)
+    stats.inc_value(ITEMS_STAT, 3)
+    restore = _oom(server.client())
+    try:
+        with caplog.at_level(logging.ERROR, logger="scrapy_dist.stats"):
+            stats.close_spider(reason="finished")  # never raises
+    finally:
+        restore()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "within 1s" in errors[0]
+    assert f'"{ITEMS_STAT}": [["inc", 3]]' in errors[0]
+
+
+@pytest.mark.redis_server
+def test_an_error_that_is_not_redis_keeps_the_deltas_and_never_raises(
+    make_crawler: Callable[..., Crawler], server: RedisServer
+) -> None:
+    stats = own_collector(make_crawler, server)
+    working = stats.shared
+
+    class Broken(SharedStats):
+        def apply(self, ops: Any) -> int:
+            raise RuntimeError("a bug")
+
+    stats.shared = Broken(server.client(), "c:stats", "c:timeline")
+    stats.inc_value(ITEMS_STAT, 2)
+    assert not stats.flush()
+    stats.shared = working
+    assert stats.flush()
+    shared = decode_stats(cast("dict[str, str]", server.client().hgetall("c:stats")))
+    assert shared[ITEMS_STAT] == 2
+    assert shared["stats/redis/refused/ERR"] == 1

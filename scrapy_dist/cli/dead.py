@@ -55,7 +55,7 @@ def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
             break
         shown += 1
         if args.json:
-            out(json.dumps({"index": index, **record}, ensure_ascii=False))
+            out(json_line({"index": index, **record}))
             continue
         stamp = when(record["time"]) if isinstance(record.get("time"), (int, float)) else ""
         out(f"#{index:<5} {record.get('kind', '?'):<8} {stamp}  {deadletter.url_of(record)}")
@@ -63,6 +63,21 @@ def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
     if not args.json and args.limit and shown >= args.limit and total > shown:
         out(f"(first {shown} shown; --limit 0 shows all)")
     return EXIT_OK
+
+
+def json_line(value: Any) -> str:
+    """``value`` as one line of JSON, non-ASCII text kept readable except U+2028, U+2029
+    and U+0085, which are escaped: JSON allows them raw, but JavaScript (before ES2019)
+    takes the first two for line ends, and line-splitting readers (Python's
+    ``str.splitlines``) all three."""
+    text = json.dumps(value, ensure_ascii=False)
+    for char in _LINE_BREAKS:
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
+
+
+#: Characters ``json.dumps`` leaves raw that some readers take for line ends.
+_LINE_BREAKS = ("\u2028", "\u2029", "\x85")
 
 
 class RecordChecks:

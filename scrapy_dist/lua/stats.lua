@@ -17,6 +17,8 @@
 --   "set": set field to value (encoded)
 --   "max" / "min": set field to value if absent, larger / smaller, or not comparable
 -- Returns: the number of "inc" operations that found a non-number and replaced it
+-- Errors: "WRONGTYPE ..." before writing anything if a key holds another type (so a
+--   refused batch was not applied in part, and the worker can resend all of it)
 
 local stats, timeline = KEYS[1], KEYS[2]
 local pages_field, items_field, window = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -61,6 +63,13 @@ local function order(value)
     return "n", n
   end
   return "?", nil
+end
+
+for _, pair in ipairs({{stats, "hash"}, {timeline, "zset"}}) do
+  local kind = redis.call("TYPE", pair[1]).ok
+  if kind ~= "none" and kind ~= pair[2] then
+    return redis.error_reply("WRONGTYPE " .. pair[1] .. " holds a " .. kind .. ", not a " .. pair[2])
+  end
 end
 
 local conflicts, sample = 0, false
