@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 from scrapy import Request
+from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DONE
+from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
@@ -421,8 +423,12 @@ def test_a_full_bloom_filter_dead_letters_the_children_and_fails_the_parent(
     frontier.flush()
     parent = scheduler.next_request()
     assert parent is not None
-    for i in range(150):  # more new fingerprints than the filter may take
-        scheduler.enqueue_request(Request(f"https://example.com/child/{i}"))
+    links = ParentLinks.from_crawler(scheduler.crawler)  # as Scrapy's scraper runs it
+    assert scheduler.links is links.links
+    response = Response(parent.url, request=parent)
+    children = [Request(f"https://example.com/child/{i}") for i in range(150)]
+    for child in links.process_spider_output(response, children):  # more than it takes
+        scheduler.enqueue_request(child)
     scheduler._settle()  # the parent is done: its ack waits behind its children
     frontier.flush()  # refused for good: the children are dead-lettered
     frontier.flush()  # and the parent settled as failed (returned for another try)
