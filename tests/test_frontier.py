@@ -47,10 +47,12 @@ FAST = {
 class Worker:
     """A scheduler whose engine holds exactly the requests the test says it holds."""
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, started: float | None = None) -> None:
         # the spider middleware Scrapy builds before it opens the scheduler
         self.links = ParentLinks.from_crawler(crawler)
         self.scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
+        if started is not None:  # when its process started (monotonic seconds)
+            self.scheduler.registry.started = started
         self.holding: set[Request] = set()
         self.scheduler.in_flight = lambda: self.holding
         assert crawler.spider is not None
@@ -82,8 +84,8 @@ class Worker:
 def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worker]]:
     made: list[Worker] = []
 
-    def make(settings: dict[str, Any] | None = None) -> Worker:
-        made.append(Worker(make_crawler({**FAST, **(settings or {})})))
+    def make(settings: dict[str, Any] | None = None, started: float | None = None) -> Worker:
+        made.append(Worker(make_crawler({**FAST, **(settings or {})}), started))
         return made[-1]
 
     yield make
@@ -467,3 +469,26 @@ def test_children_of_a_lease_taken_over_are_refused(
     # the late settlement did not remove the other worker's lease
     assert set(lease_of_other) <= set(client.zrange(keys.leases, 0, -1))
     assert w.frontier.totals() == {}
+
+
+def test_a_replacement_that_joins_a_finished_crawl_leaves_no_key(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    started = time.monotonic()
+    w = worker()
+    w.scheduler.enqueue_request(Request(URL))
+    request = w.take()
+    assert request is not None
+    w.finish(request)
+    time.sleep(0.05)
+    assert _progress(w.frontier.progress(grace=0, clear=True)).state == "finished"
+    epoch = w.frontier.keys.epoch
+    assert client.exists(epoch) == 0
+    # a replacement started during that run joins after its keys were deleted: it
+    # belongs to the finished run, and the epoch it re-created goes again
+    late = worker(started=started)
+    assert client.exists(epoch) == 1
+    assert _progress(late.frontier.progress(grace=0, clear=True)).state == "finished"
+    assert client.exists(epoch) == 0
+    late.scheduler.close("finished")
+    assert client.exists(epoch) == 0
