@@ -53,6 +53,8 @@ FAST = {
     "CLOSE_WHEN_CRAWL_DONE": True,
     "CRAWL_DONE_GRACE": 1,
     "SCHEDULER_PERSIST": False,
+    # which request produced each request: a callback's requests are fenced by its lease
+    "SPIDER_MIDDLEWARES": '{"scrapy_dist.parents.ParentLinks": 0}',
 }
 
 
@@ -276,7 +278,33 @@ def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
             os.kill(paused.pid, signal.SIGCONT)
         assert crawl.wait() == [0, 0], crawl.logs()
         assert_all_once(crawl, allowed=BOUND)
-        assert "were taken back" in paused.log_file.read_text(), crawl.logs()
+        log = paused.log_file.read_text()
+        assert "were taken back" in log, crawl.logs()
+        # what the pages it held produce is not queued: their new holders queue it
+        assert (
+            "the requests they produce are dropped" in log or "whose leases this worker" in log
+        ), crawl.logs()
+
+
+@pytest.mark.e2e
+def test_an_outage_longer_than_the_lease_duplicates_within_the_bound(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    # a frozen server accepts connections and never answers: every worker stalls, and
+    # when it answers again every lease has expired (a stall of each worker)
+    with make_crawl(server, tmp_path, pages=600, delay=0.02) as crawl:
+        crawl.start(2, REDIS_PARAMS='{"socket_timeout": 1}')
+        crawl.seed()
+        crawl.hit_when(120)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            time.sleep(8)  # past the 5 s lease
+            assert all(w.returncode is None for w in crawl.workers), crawl.logs()
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert crawl.wait() == [0, 0], crawl.logs()
+        assert_all_once(crawl, allowed=2 * BOUND)  # the bound of each worker
 
 
 # -- 4 and 5. hand-back, the per-worker lease index, UNLINK ---------------------------
