@@ -492,3 +492,24 @@ def test_a_replacement_that_joins_a_finished_crawl_leaves_no_key(
     assert client.exists(epoch) == 0
     late.scheduler.close("finished")
     assert client.exists(epoch) == 0
+
+
+def test_a_late_settlement_or_renewal_leaves_the_new_holders_lease_alone(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w, other = worker(), worker()
+    w.scheduler.enqueue_request(Request(URL + "page"))
+    [lease] = w.frontier.reserve(1)
+    keys = w.frontier.keys
+    client.zadd(keys.leases, {lease.id: 0})  # w is paused past its lease
+    [taken] = other.frontier.reserve(1)  # the other worker takes the page over
+    assert taken.id == lease.id
+    deadline = client.zscore(keys.leases, lease.id)
+    assert w.frontier.renew([lease.id]) == [lease.id]  # not revived, not extended
+    assert client.zscore(keys.leases, lease.id) == deadline
+    w.frontier.settle([(lease.id, DONE)])  # it resumes and settles what it held
+    w.frontier.flush()
+    assert w.scheduler.stats.get_value("scheduler/leases/lease_lost") == 1
+    assert client.zscore(keys.leases, lease.id) == deadline  # still the other's
+    assert other.frontier.renew([lease.id]) == []
+    assert w.frontier.totals() == {}
