@@ -16,8 +16,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary, ref
 
-from scrapy_dist.connection import client_from_config
-from scrapy_dist.keys import keys_from_config, server_time
+from scrapy_dist.connection import client_from_config, crawl_client
+from scrapy_dist.keys import hash_tag_on, keys_from_config, server_time
 from scrapy_dist.scripts import Scripts, scripts_for
 from scrapy_dist.settings import Config
 
@@ -36,8 +36,13 @@ class Parts:
 
     Attributes:
         config: the crawler's settings, parsed.
-        client: the crawler's Redis client.
-        keys: the crawl's key names.
+        topology_client: the client of the configured topology (one server, Sentinel's
+            master, or a Redis Cluster), for commands that are not the crawl's.
+        client: the crawl's client (:func:`~scrapy_dist.connection.crawl_client`):
+            :attr:`topology_client` itself, or under Cluster a client pinned to the node
+            owning the crawl's hash slot, after checking that every key of the crawl
+            hashes to that slot.
+        keys: the crawl's key names (hash-tagged under Cluster).
         scripts: the Lua scripts, registered on :attr:`client`.
     """
 
@@ -52,8 +57,13 @@ class Parts:
         raise FrozenInstanceError(f"cannot assign to field {name!r}: Parts are frozen")
 
     @cached_property
-    def client(self) -> redis.Redis:
+    def topology_client(self) -> redis.Redis:
         return client_from_config(self.config.connection)
+
+    @cached_property
+    def client(self) -> redis.Redis:
+        items = self.keys.custom(self.config.keys.items, "REDIS_ITEMS_KEY")
+        return crawl_client(self.topology_client, self.keys, extra=(items,))
 
     @cached_property
     def keys(self) -> RedisKeys:
@@ -62,9 +72,11 @@ class Parts:
             raise RuntimeError("the crawler of these parts is gone")
         spider = getattr(crawler, "spider", None)
         name = spider.name if spider is not None else crawler.spidercls.name
-        now = server_time(self.client) if self.config.keys.job_timestamp else None
+        now = server_time(self.topology_client) if self.config.keys.job_timestamp else None
         redis_key = getattr(spider, "redis_key", None)
-        return keys_from_config(self.config.keys, name, now, redis_key=redis_key)
+        return keys_from_config(
+            self.config.keys, name, now, redis_key=redis_key, hash_tag=hash_tag_on(self.config)
+        )
 
     @cached_property
     def scripts(self) -> Scripts:

@@ -159,6 +159,34 @@ REDIS_WAIT_REPLICAS = None
 #: Seconds one ``WAIT`` for ``REDIS_WAIT_REPLICAS`` may block the worker.
 REDIS_WAIT_TIMEOUT = 1.0
 
+# -- topology: Redis Cluster and Sentinel (scrapy_dist.connection) ---------------------
+
+#: Redis Cluster: nodes to discover the cluster from, each ``"host:port"``,
+#: ``(host, port)`` or ``{"host": ..., "port": ...}`` (a string may list several,
+#: comma-separated). ``None``: no cluster (unless ``REDIS_URL`` is ``redis+cluster://``).
+REDIS_STARTUP_NODES = None
+
+#: The name scrapy-redis-cluster forks use for ``REDIS_STARTUP_NODES`` (set one of them).
+REDIS_MASTER_NODES = None
+
+#: Redis Cluster: keyword arguments of ``redis.cluster.RedisCluster`` (over
+#: ``REDIS_PARAMS``, which also apply to each node's connections).
+REDIS_CLUSTER_PARAMS: dict[str, object] = {}
+
+#: Redis Sentinel: the Sentinels, each ``"host:port"``, ``(host, port)`` or a dict
+#: (port 26379 when omitted). Needs ``REDIS_SENTINEL_PARAMS["service_name"]``.
+REDIS_SENTINELS = None
+
+#: Redis Sentinel: ``service_name`` (the master's name, required), options of the
+#: master's connections (``password``, ``db``...: over ``REDIS_PARAMS``), and the
+#: Sentinels' own authentication, ``sentinel_username``/``sentinel_password`` (or a whole
+#: ``sentinel_kwargs`` dict).
+REDIS_SENTINEL_PARAMS: dict[str, object] = {}
+
+#: Wrap the crawl name in a Cluster hash tag (``{books}:requests``) so every key of a
+#: crawl lives in one slot. ``None``: on under Redis Cluster, off otherwise.
+REDIS_KEY_HASH_TAG = None
+
 #: Template of the dupefilter key.
 SCHEDULER_DUPEFILTER_KEY = "%(spider)s:dupefilter"
 

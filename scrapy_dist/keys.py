@@ -5,6 +5,13 @@ A *crawl* is the spider name, or ``<spider>:<job>`` when ``SCHEDULER_JOB_ID`` or
 ``books:20261123:requests`` never meet. Key templates (scrapy-redis's settings) take the
 crawl name as ``%(spider)s``; ``%(name)s`` is accepted as the same value.
 
+Under Redis Cluster (or with ``REDIS_KEY_HASH_TAG = True``) the crawl name is wrapped in
+a hash tag, ``{books}`` or ``{books:20261122}``, so every key of a crawl
+(``{books}:requests``, ``{books}:start_urls``...) hashes to one slot and lives on one
+node: the frontier's scripts touch several keys at once, which a cluster allows only
+within one slot. :func:`crawl_slot` checks it when the crawl opens. Users push seeds to
+the tagged key: ``redis-cli -c lpush '{books}:start_urls' URL`` (or ``scrapy-dist push``).
+
 =========================  ===========  ==============================================
 key                        type         holds
 =========================  ===========  ==============================================
@@ -49,12 +56,13 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.crc import key_slot
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.settings import Config, KeysConfig
+from scrapy_dist.settings import CLUSTER, Config, KeysConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from scrapy.settings import BaseSettings
 
@@ -187,17 +195,69 @@ class RedisKeys:
         requests: str = "%(spider)s:requests",
         dupefilter: str = "%(spider)s:dupefilter",
         start_urls: str = "%(name)s:start_urls",
+        hash_tag: bool = False,
     ) -> RedisKeys:
-        """Build the keys of spider ``spider``'s crawl, isolated by ``job`` if given."""
+        """Build the keys of spider ``spider``'s crawl, isolated by ``job`` if given, the
+        crawl name wrapped in a Cluster hash tag with ``hash_tag`` (unless it has one)."""
         if not spider:
             raise ConfigurationError("a crawl needs a spider name to build its Redis keys")
         crawl = f"{spider}:{job}" if job else spider
+        if hash_tag and not has_hash_tag(crawl):
+            crawl = f"{{{crawl}}}"
         return cls(
             crawl=crawl,
             requests=expand(requests, crawl, setting="SCHEDULER_QUEUE_KEY"),
             dupefilter=expand(dupefilter, crawl, setting="SCHEDULER_DUPEFILTER_KEY"),
             start_urls=expand(start_urls, crawl, setting="REDIS_START_URLS_KEY"),
         )
+
+
+def has_hash_tag(name: str) -> bool:
+    """Whether ``name`` has a Redis Cluster hash tag (a ``{...}`` with something inside,
+    the first ``{`` and the first ``}`` after it), which then decides its slot."""
+    start = name.find("{")
+    if start < 0:
+        return False
+    end = name.find("}", start + 1)
+    return end > start + 1
+
+
+def hash_tag_on(config: Config) -> bool:
+    """Whether the crawl names get a hash tag: ``REDIS_KEY_HASH_TAG``, or by default
+    whether the settings name a Redis Cluster."""
+    if config.keys.hash_tag is not None:
+        return config.keys.hash_tag
+    return config.connection.topology == CLUSTER
+
+
+def slot_of(key: str | bytes) -> int:
+    """The Redis Cluster hash slot of ``key`` (CRC16 of its hash tag or whole name)."""
+    return int(key_slot(key.encode() if isinstance(key, str) else key))
+
+
+def crawl_slot(keys: RedisKeys, extra: Sequence[str] = ()) -> int:
+    """The one hash slot of every key of the crawl: :meth:`RedisKeys.every`, a worker's
+    lease index, a Bloom segment, and ``extra`` (the items key...).
+
+    Raises:
+        ConfigurationError: some keys hash to another slot than the frontier's (a key
+            template or ``redis_key`` without the crawl name's hash tag); the message
+            names them and the fix.
+    """
+    names = [*keys.every(), keys.held("worker"), keys.bloom_segment(0, 0), *extra]
+    slot = slot_of(keys.requests)
+    stray = [name for name in dict.fromkeys(names) if slot_of(name) != slot]
+    if stray:
+        raise ConfigurationError(
+            f"under Redis Cluster every key of crawl {keys.crawl!r} must hash to one slot "
+            f"(the queue {keys.requests!r} is in slot {slot}), but "
+            + ", ".join(f"{name!r} is in slot {slot_of(name)}" for name in stray)
+            + ": put %(spider)s in the key templates (SCHEDULER_QUEUE_KEY, "
+            "SCHEDULER_DUPEFILTER_KEY, REDIS_START_URLS_KEY, REDIS_ITEMS_KEY) and in the "
+            "spider's redis_key, so they carry the crawl's hash tag "
+            f"{keys.crawl.partition('}')[0] + '}'!r}"
+        )
+    return slot
 
 
 def job_name(config: KeysConfig, now: datetime | None = None) -> str | None:
@@ -209,7 +269,12 @@ def job_name(config: KeysConfig, now: datetime | None = None) -> str | None:
 
 
 def keys_from_config(
-    config: KeysConfig, spider: str, now: datetime | None = None, *, redis_key: Any = None
+    config: KeysConfig,
+    spider: str,
+    now: datetime | None = None,
+    *,
+    redis_key: Any = None,
+    hash_tag: bool | None = None,
 ) -> RedisKeys:
     """Build the keys of spider ``spider``'s crawl from the key settings.
 
@@ -219,19 +284,29 @@ def keys_from_config(
         now: when the job stamp is taken (``SCHEDULER_JOB_TIMESTAMP``); default: now.
         redis_key: the spider's ``redis_key`` (a template, or a list of them whose first
             is the main one), naming its seeds key instead of ``REDIS_START_URLS_KEY``.
+            With a hash tag, a literal ``redis_key`` that starts with the crawl name and a
+            colon (``books:start_urls``) gets the tag too (``{books}:start_urls``).
+        hash_tag: wrap the crawl name in a hash tag (``None``: ``REDIS_KEY_HASH_TAG``, else
+            not; see :func:`hash_tag_on`).
     """
+    tag = bool(config.hash_tag if hash_tag is None else hash_tag)
     keys = RedisKeys.build(
         spider,
         job=job_name(config, now),
         requests=config.requests,
         dupefilter=config.dupefilter,
         start_urls=config.start_urls,
+        hash_tag=tag,
     )
     template = redis_key
     if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
         template = template[0] if template else None
     if template and isinstance(template, str):
-        keys = replace(keys, start_urls=keys.start_urls_key(str(template)))
+        seeds = keys.start_urls_key(str(template))
+        plain = keys.crawl[1:-1] if tag and keys.crawl.startswith("{") else None
+        if plain and not has_hash_tag(seeds) and seeds.startswith(f"{plain}:"):
+            seeds = keys.crawl + seeds[len(plain) :]
+        keys = replace(keys, start_urls=seeds)
     return keys
 
 
@@ -244,7 +319,8 @@ def keys_from_settings(
     Raises:
         ConfigurationError: invalid key settings.
     """
-    return keys_from_config(Config.from_settings(settings).keys, spider, now)
+    config = Config.from_settings(settings)
+    return keys_from_config(config.keys, spider, now, hash_tag=hash_tag_on(config))
 
 
 def server_time(client: redis.Redis) -> datetime | None:

@@ -20,7 +20,7 @@ from scrapy_dist.assembly import assemble
 from scrapy_dist.bloom import parse_signature
 from scrapy_dist.connection import describe
 from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
-from scrapy_dist.keys import RedisKeys, expect_type, keys_from_config
+from scrapy_dist.keys import RedisKeys, expect_type, hash_tag_on, keys_from_config
 from scrapy_dist.queue import RedisQueue, leasable_queue
 from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
@@ -59,13 +59,12 @@ class CrawlLayout:
 
     @classmethod
     def _make(cls, config: Config, keys: RedisKeys, spidercls: type | None) -> CrawlLayout:
-        template = getattr(spidercls, "redis_key", None) if spidercls is not None else None
-        if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
-            template = template[0] if template else None
+        """The layout of ``keys`` (whose seeds key already follows the spider's
+        ``redis_key``, :func:`~scrapy_dist.keys.keys_from_config`)."""
         queue_cls = leasable_queue(config.queue.cls, config.queue.path)
         return cls(
             keys=keys,
-            seeds=keys.start_urls_key(template) if template else keys.start_urls,
+            seeds=keys.start_urls,
             seeds_kind=config.seeds.kind,
             queue_kind=queue_cls.kind,
             queue_cls=queue_cls,
@@ -95,7 +94,10 @@ class CrawlLayout:
             ConfigurationError: invalid key templates or queue class, or both seed
                 modes set.
         """
-        return cls._make(config, keys_from_config(config.keys, spider, now), spidercls)
+        tag = hash_tag_on(config)
+        redis_key = getattr(spidercls, "redis_key", None) if spidercls is not None else None
+        keys = keys_from_config(config.keys, spider, now, redis_key=redis_key, hash_tag=tag)
+        return cls._make(config, keys, spidercls)
 
     @classmethod
     def from_settings(
@@ -113,6 +115,7 @@ class CrawlLayout:
             requests=config.keys.requests,
             dupefilter=config.keys.dupefilter,
             start_urls=config.keys.start_urls,
+            hash_tag=hash_tag_on(config),
         )
         return cls._make(config, keys, None)
 

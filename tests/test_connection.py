@@ -7,8 +7,16 @@ from scrapy.settings import Settings
 
 from scrapy_dist.addon import with_defaults
 from scrapy_dist.assembly import assemble
-from scrapy_dist.connection import check, client_from_settings, describe, mask_url
+from scrapy_dist.connection import (
+    check,
+    client_from_config,
+    client_from_settings,
+    describe,
+    mask_url,
+    topology,
+)
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
+from scrapy_dist.settings import ConnectionConfig, connection_config
 from scrapy_dist.testing.redis_server import free_port
 
 if TYPE_CHECKING:
@@ -100,3 +108,115 @@ def test_one_client_per_crawler(make_crawler) -> None:  # type: ignore[no-untype
     crawler = make_crawler()
     assert assemble(crawler).client is assemble(crawler).client
     assert assemble(crawler).client is not assemble(make_crawler()).client
+
+
+# -- Cluster and Sentinel settings (no server) ----------------------------------------------
+
+
+def topo(**values: object) -> ConnectionConfig:
+    return connection_config(Settings(values))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"REDIS_STARTUP_NODES": ["a:7000", ("b", 7001), {"host": "c", "port": "7002"}]},
+        {"REDIS_MASTER_NODES": "a:7000,b:7001,c:7002"},
+        {"REDIS_URL": "redis+cluster://a:7000,b:7001,c:7002"},
+        {
+            "REDIS_URL": "redis://a:7000",
+            "REDIS_PARAMS": {"redis_cls": "redis.cluster.RedisCluster"},
+        },
+    ],
+)
+def test_cluster_settings(values: dict[str, object]) -> None:
+    config = topo(**values)
+    assert config.topology == "cluster"
+    assert config.nodes[0] == ("a", 7000)
+    client = client_from_config(config)  # no I/O
+    assert topology(client) == "cluster"
+    assert describe(client).startswith("redis+cluster://a:7000")
+
+
+def test_cluster_params_and_url_auth() -> None:
+    config = topo(
+        REDIS_URL="rediss+cluster://u:pw@a:7000/?socket_timeout=3",
+        REDIS_CLUSTER_PARAMS={"require_full_coverage": False},
+    )
+    assert config.ssl
+    assert config.params["username"] == "u"
+    assert config.params["password"] == "pw"
+    assert config.params["socket_timeout"] == 3
+    assert config.cluster_params == {"require_full_coverage": False}
+    text = describe(client_from_config(config))
+    assert text == "rediss+cluster://u:***@a:7000"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {
+            "REDIS_SENTINELS": ["s1:26379", ("s2", 26380), "s3"],
+            "REDIS_SENTINEL_PARAMS": {
+                "service_name": "mymaster",
+                "password": "master-pw",
+                "sentinel_password": "sentinel-pw",
+                "db": 2,
+            },
+        },
+        {
+            "REDIS_URL": "redis+sentinel://:master-pw@s1,s2:26380,s3/mymaster/2?sentinel_password=sentinel-pw"
+        },
+    ],
+)
+def test_sentinel_settings(values: dict[str, object]) -> None:
+    config = topo(**values)
+    assert config.topology == "sentinel"
+    assert config.nodes == (("s1", 26379), ("s2", 26380), ("s3", 26379))
+    assert config.service_name == "mymaster"
+    assert config.params["password"] == "master-pw"  # the master's auth ...
+    assert config.sentinel_params["password"] == "sentinel-pw"  # ... apart from the Sentinels'
+    assert config.params["db"] == 2
+    client = client_from_config(config)  # no I/O
+    assert topology(client) == "sentinel"
+    text = describe(client)
+    assert text == "redis+sentinel://:***@s1:26379,s2:26380,s3:26379/mymaster/2"
+    assert "pw" not in text
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"REDIS_URL": "redis://h/0", "REDIS_STARTUP_NODES": ["a:1"]}, "REDIS_URL .* both"),
+        ({"REDIS_SENTINELS": ["s:1"], "REDIS_STARTUP_NODES": ["a:1"]}, "both set"),
+        ({"REDIS_STARTUP_NODES": ["a:1"], "REDIS_MASTER_NODES": ["a:1"]}, "both set"),
+        ({"REDIS_SENTINELS": ["s:1"]}, "service_name"),
+        ({"REDIS_STARTUP_NODES": ["a:1"], "REDIS_HOST": "h"}, "REDIS_HOST"),
+        ({"REDIS_STARTUP_NODES": ["a:1"], "REDIS_DB": 3}, "only database 0"),
+        ({"REDIS_URL": "redis+cluster://a:1/2"}, "only database 0"),
+        ({"REDIS_STARTUP_NODES": ["a:port"]}, "not a node"),
+        ({"REDIS_STARTUP_NODES": [42]}, "not a node"),
+        ({"REDIS_CLUSTER_PARAMS": {"x": 1}}, "no Cluster nodes"),
+        ({"REDIS_SENTINEL_PARAMS": {"service_name": "m"}}, "no Sentinels"),
+        (
+            {"REDIS_STARTUP_NODES": ["a:1"], "REDIS_SENTINEL_PARAMS": {"service_name": "m"}},
+            "not both",
+        ),
+        (
+            {"REDIS_URL": "redis+sentinel://s/a", "REDIS_SENTINEL_PARAMS": {"service_name": "b"}},
+            "set only one",
+        ),
+        ({"REDIS_STARTUP_NODES": ["a:1"], "REDIS_PARAMS": {"host": "h"}}, "REDIS_PARAMS"),
+    ],
+)
+def test_contradicting_topology_settings_are_one_clear_error(
+    values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        topo(**values)
+
+
+def test_a_single_server_config_is_unchanged() -> None:
+    config = topo(REDIS_URL="redis://h:1/2")
+    assert (config.topology, config.url, config.nodes) == ("single", "redis://h:1/2", ())
+    assert topology(client_from_config(config)) == "single"

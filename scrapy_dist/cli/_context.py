@@ -78,6 +78,9 @@ class Context:
             settings.set(name, value, priority="cmdline")
         if self.args.redis_url:
             settings.set("REDIS_URL", self.args.redis_url, priority="cmdline")
+            # the URL names the whole topology: it replaces the project's nodes/Sentinels
+            for name in ("REDIS_STARTUP_NODES", "REDIS_MASTER_NODES", "REDIS_SENTINELS"):
+                settings.set(name, None, priority="cmdline")
         if self.args.job is not None:
             settings.set("SCHEDULER_JOB_ID", self.args.job or None, priority="cmdline")
             settings.set("SCHEDULER_JOB_TIMESTAMP", None, priority="cmdline")
@@ -145,6 +148,20 @@ class Context:
             check(client)
             self.connected = client
         return self.connected
+
+    def crawl_client(self, config: Config, layout: CrawlLayout) -> redis.Redis:
+        """A client for the crawl's keys: :meth:`client` itself, or under Redis Cluster
+        one pinned to the node owning the crawl's hash slot
+        (:func:`~scrapy_dist.connection.crawl_client`), so ``MOVED`` replies are followed,
+        never mistaken for a key's type.
+
+        Raises:
+            RedisUnavailable: the server cannot be reached.
+            ConfigurationError: under Cluster, the crawl's keys are not in one slot.
+        """
+        from scrapy_dist.connection import crawl_client
+
+        return crawl_client(self.client(config), layout.keys, extra=(layout.seeds, layout.items))
 
     def _redis_given(self) -> bool:
         """Whether the options name the Redis server (``--redis-url`` or ``-s REDIS_...``)."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from scrapy_dist.keys import RedisKeys
+from scrapy_dist.connection import primaries
+from scrapy_dist.keys import RedisKeys, hash_tag_on
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,6 +37,7 @@ def crawl_patterns(config: Config) -> list[tuple[str, str]]:
         requests=config.keys.requests,
         dupefilter=config.keys.dupefilter,
         start_urls=config.keys.start_urls,
+        hash_tag=hash_tag_on(config),
     )
     names = [
         probe.requests,
@@ -58,12 +60,16 @@ def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[
     """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
 
     A crawl is any name ``<crawl>`` for which one of the keys named by
-    :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``.
+    :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``. Under Redis
+    Cluster every primary is scanned, and names are given without their hash tag
+    (``books`` for ``{books}:requests``).
     """
     found: set[str] = set()
+    nodes = primaries(client)  # under Redis Cluster, SCAN every primary
     for prefix, suffix in crawl_patterns(config):
         pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
-        for raw in client.scan_iter(match=pattern, count=count):
+        keys = (raw for node in nodes for raw in node.scan_iter(match=pattern, count=count))
+        for raw in keys:
             key = _text(raw)
             crawl = key[len(prefix) : len(key) - len(suffix)]
             if crawl and key.startswith(prefix) and key.endswith(suffix):

@@ -39,7 +39,7 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     from scrapy_dist.filters import backend_from_config
 
     layout, config, _ = ctx.layout(args.spider)
-    client = ctx.client(config)
+    client = ctx.crawl_client(config, layout)
     crawl = layout.keys.crawl
     backend_keys = backend_from_config(config.dupefilter, client, layout.keys).keys()
     present = scan_owned(client, layout, backend_keys)
@@ -86,7 +86,7 @@ def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
     """Copy (or move, ``--delete``) the items list to a file; exit 1 if the crawl has no
     keys (no file is written then)."""
     layout, config, _ = ctx.layout(args.spider)
-    client = ctx.client(config)
+    client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
     key = layout.items

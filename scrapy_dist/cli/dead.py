@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
     """List the records (``--limit``, ``--kind``); exit 1 if the crawl has no keys."""
     layout, config, _ = ctx.layout(args.spider)
-    client = ctx.client(config)
+    client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
     key = layout.keys.dead
@@ -170,7 +170,7 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     from scrapy_dist.seeds import SeedQueue
 
     layout, config, spidercls = ctx.layout(args.spider)
-    client = ctx.client(config)
+    client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
     check_key(client, layout.keys.dead, "list", "dead letters")
@@ -220,7 +220,7 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_dead_purge(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the list (asks unless ``--yes``); exit 1 if refused or the crawl has no keys."""
     layout, config, _ = ctx.layout(args.spider)
-    client = ctx.client(config)
+    client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
     key = layout.keys.dead

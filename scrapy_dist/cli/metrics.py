@@ -29,7 +29,7 @@ def cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
     from scrapy_dist.status import read_status
 
     layout, config, _ = ctx.layout(args.spider)
-    client = ctx.client(config)
+    client = ctx.crawl_client(config, layout)
     crawl = layout.keys.crawl
 
     def read() -> CrawlStatus:

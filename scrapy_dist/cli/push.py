@@ -216,7 +216,7 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
     _warn_not_redis_spider(spidercls, layout.seeds)
     seeds = None
     if not args.dry_run:
-        client = ctx.client(config)
+        client = ctx.crawl_client(config, layout)
         if not crawl_exists(client, layout):  # this push starts it: fine, unless a job
             report_absent(client, layout, config, label="note", same_spider=True)
         seeds = SeedQueue(client, layout.seeds, layout.seeds_kind)

@@ -16,13 +16,17 @@ import redis
 from scrapy_dist.cli._context import (
     EXIT_OK,
     Context,
+    err,
     out,
     positive,
     report_absent,
     when,
 )
 from scrapy_dist.cli._crawls import find_crawls
+from scrapy_dist.connection import crawl_client, topology
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import key_type
+from scrapy_dist.settings import CLUSTER
 
 if TYPE_CHECKING:
     import argparse
@@ -99,6 +103,26 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _warn_untagged_seeds(client: redis.Redis, seeds: str) -> None:
+    """Under Redis Cluster, say on stderr if seeds wait in the crawl's seeds key without
+    its hash tag (``books:start_urls`` for ``{books}:start_urls``): the workers never
+    read them."""
+    if topology(client) != CLUSTER or not seeds.startswith("{"):
+        return
+    tag, _, rest = seeds[1:].partition("}")
+    untagged = tag + rest
+    try:
+        kind = key_type(client, untagged)
+    except redis.RedisError:
+        return
+    if kind != "none":
+        err(
+            f"scrapy-dist: warning: {untagged!r} exists ({kind}), but under Redis Cluster "
+            f"this crawl reads its seeds from {seeds!r}: push there (redis-cli -c lpush "
+            f"'{seeds}' URL, or scrapy-dist push)"
+        )
+
+
 def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     """Show one crawl's state, or every crawl's. A crawl with no keys is shown as
     ``absent`` (a state, so the exit status is 0) and reported on stderr with the
@@ -108,7 +132,8 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     absent = False
     if args.spider is not None:
         layout, config, _ = ctx.layout(args.spider)
-        client = ctx.client(config)
+        client = ctx.crawl_client(config, layout)
+        _warn_untagged_seeds(ctx.client(config), layout.seeds)
 
         def read() -> list[CrawlStatus]:
             nonlocal absent
@@ -122,9 +147,11 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         client = ctx.client(config)
 
         def read() -> list[CrawlStatus]:
+            layouts = [
+                CrawlLayout.for_crawl(config, crawl) for crawl in find_crawls(client, config)
+            ]
             return [
-                read_status(client, CrawlLayout.for_crawl(config, crawl), config)
-                for crawl in find_crawls(client, config)
+                read_status(crawl_client(client, layout.keys), layout, config) for layout in layouts
             ]
 
     tty = sys.stdout.isatty()
@@ -167,8 +194,9 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
         spider, _, job = crawl.partition(":")
         row: dict[str, Any] = {"crawl": crawl, "spider": spider, "job": job or None}
         try:
+            layout = CrawlLayout.for_crawl(config, crawl)
             status = read_status(
-                client, CrawlLayout.for_crawl(config, crawl), config, dupefilter=False
+                crawl_client(client, layout.keys), layout, config, dupefilter=False
             )
         except ConfigurationError as e:
             row["error"] = str(e)
