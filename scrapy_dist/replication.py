@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
-from scrapy_dist.connection import describe
+from scrapy_dist.connection import describe, topology
+from scrapy_dist.settings import CLUSTER, SENTINEL, SINGLE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,9 +66,6 @@ logger = logging.getLogger(__name__)
 #: Seconds between checks of the master's identity while Redis answers.
 CHECK_INTERVAL = 5.0
 
-#: Topologies (:func:`topology`).
-SINGLE, SENTINEL, CLUSTER = "single", "sentinel", "cluster"
-
 
 class Command(NamedTuple):
     """A plain command sent in a flush's pipeline among the script calls (``WAIT``)."""
@@ -84,22 +82,6 @@ class Identity(NamedTuple):
 
     def __str__(self) -> str:
         return f"run_id {self.run_id[:12]}, replication id {self.replid[:12]}"
-
-
-def topology(client: Any) -> str:
-    """:data:`SENTINEL`, :data:`CLUSTER` or :data:`SINGLE`: how ``client`` finds its master."""
-    from redis.cluster import RedisCluster
-    from redis.sentinel import SentinelConnectionPool
-
-    if isinstance(client, RedisCluster):
-        return CLUSTER
-    pool = getattr(client, "connection_pool", None)
-    if isinstance(pool, SentinelConnectionPool):
-        return SENTINEL
-    kwargs = getattr(pool, "connection_kwargs", {}) or {}
-    if kwargs.get("scrapy_dist_cluster_node") or getattr(client, "scrapy_dist_cluster", False):
-        return CLUSTER
-    return SINGLE
 
 
 def _text(value: Any) -> str:
