@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.queue import FilterBackend
-    from scrapy_dist.testing import RedisServer
+    from scrapy_dist.testing import ClusterServers, RedisServer
     from scrapy_dist.testing.redis_sentinel import SentinelServers
 
 pytestmark = pytest.mark.redis_server
@@ -352,3 +352,55 @@ def test_a_sentinel_failover_mid_crawl_loses_no_page(
     logs = "".join(w.log_file.read_text() for w in result.workers)
     assert "The Redis master of crawl pages changed" in logs, result.figures()
     assert "NOREPLICAS" in logs  # the old master's writes were never acknowledged on
+
+
+@pytest.fixture
+def clean_cluster(redis_cluster: ClusterServers) -> Iterator[ClusterServers]:
+    """The session's cluster, healthy, with no key of crawl ``pages`` (before and after)."""
+
+    def wipe() -> None:
+        redis_cluster.wait_ok(60)
+        with redis_cluster.client() as client:
+            for node in client.get_primaries():
+                conn = client.get_redis_connection(node)
+                for key in conn.scan_iter(match="*pages*"):
+                    conn.unlink(key)
+
+    wipe()
+    yield redis_cluster
+    wipe()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_kill_9_of_the_crawls_cluster_master_loses_no_page(
+    clean_cluster: ClusterServers, tmp_path: Path
+) -> None:
+    """``kill -9`` of the master owning the crawl's slot while 2 workers crawl: a replica
+    takes over after the node timeout. Every request whose parent was acknowledged had
+    reached that replica (WAIT), so nothing is lost."""
+    cluster = clean_cluster
+    nodes = [f"127.0.0.1:{port}" for _, port in cluster.startup_nodes]
+    project = make_project(tmp_path, f"REDIS_STARTUP_NODES = {nodes!r}")
+    seeds = "{pages}:start_urls"
+    killed: list[RedisServer] = []
+
+    def seed(url: str) -> None:
+        with cluster.client() as client:
+            client.lpush(seeds, url)
+
+    def kill() -> None:
+        master = cluster.master_for(seeds)
+        killed.append(master)
+        cluster.kill(master)
+
+    try:
+        with TestSite(2000, delay=0.02) as site:
+            result = run_crawl(project, site, tmp_path, seed, during=kill, during_after=500)
+    finally:
+        for node in killed:
+            cluster.restart(node, timeout=60)
+    print("kill -9 (cluster):", result.figures())
+    assert result.statuses == [0, 0], result.figures()
+    assert not result.missing, result.figures()
+    assert result.duplicates <= 2 * BOUND, result.figures()
