@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     import redis
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.queue import FilterBackend
+    from scrapy_dist.filters import DupefilterBackend
     from scrapy_dist.testing import ClusterServers, RedisServer
+    from scrapy_dist.testing.redis_cluster import ClusterNodeServer
     from scrapy_dist.testing.redis_sentinel import SentinelServers
 
 pytestmark = pytest.mark.redis_server
@@ -78,7 +79,9 @@ class Worker:
             replication=self.replication,
         )
         config = Config.from_settings(Settings())
-        self.backend: FilterBackend = backend_from_config(config.dupefilter, client, keys).open()
+        self.backend: DupefilterBackend = backend_from_config(
+            config.dupefilter, client, keys
+        ).open()
         self.frontier.join_epoch()
         self.replies: list[bool] = []
 
@@ -97,7 +100,8 @@ class Worker:
 
 
 def queued(client: redis.Redis, worker: Worker) -> list[bytes]:
-    return [e[16:] for e in client.lrange(worker.frontier.queue.key, 0, -1)]
+    entries: list[bytes] = client.lrange(worker.frontier.queue.key, 0, -1)  # type: ignore[assignment]
+    return [e[16:] for e in entries]
 
 
 # -- settings ----------------------------------------------------------------------------
@@ -335,6 +339,9 @@ def test_a_sentinel_failover_mid_crawl_loses_no_page(
         with clean.master().client() as client:
             client.lpush("pages:start_urls", url)
 
+    def failover() -> None:
+        clean.failover()
+
     with TestSite(PAGES, delay=0.02) as site:
         result = run_crawl(
             project,
@@ -342,7 +349,7 @@ def test_a_sentinel_failover_mid_crawl_loses_no_page(
             tmp_path,
             seed,
             settings={"SCHEDULER_LEASE_TIMEOUT": 60},
-            during=clean.failover,
+            during=failover,
             during_after=PAGES // 4,
         )
     print("SENTINEL FAILOVER:", result.figures())
@@ -383,7 +390,7 @@ def test_kill_9_of_the_crawls_cluster_master_loses_no_page(
     nodes = [f"127.0.0.1:{port}" for _, port in cluster.startup_nodes]
     project = make_project(tmp_path, f"REDIS_STARTUP_NODES = {nodes!r}")
     seeds = "{pages}:start_urls"
-    killed: list[RedisServer] = []
+    killed: list[ClusterNodeServer] = []
 
     def seed(url: str) -> None:
         with cluster.client() as client:
