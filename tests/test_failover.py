@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
-    import redis
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.filters import DupefilterBackend
@@ -411,3 +411,21 @@ def test_kill_9_of_the_crawls_cluster_master_loses_no_page(
     assert result.statuses == [0, 0], result.figures()
     assert not result.missing, result.figures()
     assert result.duplicates <= 2 * BOUND, result.figures()
+
+
+def test_a_server_that_refuses_info_turns_the_checks_off_not_the_crawl(
+    server: RedisServer, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with server.client() as admin:
+        admin.acl_setuser(
+            "crawler", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-info"]
+        )
+    client = redis.Redis(port=server.port, username="crawler", password="pw")
+    with caplog.at_level(logging.WARNING):
+        worker = Worker(client, name, replicas=0)
+    assert "Cannot read INFO" in caplog.text
+    assert not worker.replication.checks
+    worker.add("https://example.com/a")
+    worker.flush_until_sent(5)
+    assert len(queued(client, worker)) == 1
+    client.close()
