@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import redis
 
 from scrapy_dist.connection import describe, topology
-from scrapy_dist.settings import CLUSTER, SENTINEL, SINGLE
+from scrapy_dist.settings import SINGLE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,19 +52,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECK_INTERVAL",
-    "CLUSTER",
-    "SENTINEL",
-    "SINGLE",
+    "OUTAGE_CHECK_INTERVAL",
     "Command",
     "Identity",
     "Replication",
-    "topology",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between checks of the master's identity while Redis answers.
 CHECK_INTERVAL = 5.0
+#: Seconds between checks of the master's identity during an outage (at most one per
+#: attempt to reach Redis).
+OUTAGE_CHECK_INTERVAL = 0.5
 
 
 class Command(NamedTuple):
@@ -139,6 +139,8 @@ class Replication:
         #: if it does not).
         self.checks = True
         self._next_check = 0.0
+        #: Whether Redis was down at the last :meth:`due`.
+        self._down = False
 
     # -- WAIT -------------------------------------------------------------------------
 
@@ -176,11 +178,16 @@ class Replication:
     # -- who the master is ------------------------------------------------------------
 
     def due(self, outbox: Outbox) -> bool:
-        """Whether to check the master's identity before the next flush: after an
-        outage (at the next attempt), and every :attr:`check_interval` seconds."""
-        if not self.checks or not outbox.can_try():
+        """Whether to check the master's identity before the next flush: at the first
+        attempt after an outage began, then at most every :data:`OUTAGE_CHECK_INTERVAL`
+        seconds while it lasts, and every :attr:`check_interval` seconds otherwise."""
+        if not self.checks:
             return False
-        return not outbox.reachable or time.monotonic() >= self._next_check
+        down = not outbox.reachable
+        if down and not self._down:  # an outage began: look at the next attempt
+            self._next_check = 0.0
+        self._down = down
+        return outbox.can_try() and time.monotonic() >= self._next_check
 
     def _read(self, epoch_key: str) -> tuple[dict[str, Any], dict[str, Any], str] | None:
         """``INFO server``, ``INFO replication`` and the crawl's epoch, in one round trip
@@ -235,7 +242,8 @@ class Replication:
         except redis.RedisError as e:
             outbox.failed(e)
             return None
-        self._next_check = time.monotonic() + self.check_interval
+        pause = self.check_interval if outbox.reachable else OUTAGE_CHECK_INTERVAL
+        self._next_check = time.monotonic() + pause
         if read is None:
             return None
         server, replication, found = read

@@ -17,14 +17,15 @@ import redis
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
+from scrapy_dist.connection import topology
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import backend_from_config
 from scrapy_dist.frontier import DONE, VANISHED, Frontier
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
-from scrapy_dist.replication import SENTINEL, SINGLE, Replication, topology
+from scrapy_dist.replication import Replication
 from scrapy_dist.seeds import SeedQueue
-from scrapy_dist.settings import Config
+from scrapy_dist.settings import SENTINEL, SINGLE, Config
 from scrapy_dist.testing import TestSite
 from scrapy_dist.testing.topology import make_project, run_crawl
 
@@ -428,4 +429,26 @@ def test_a_server_that_refuses_info_turns_the_checks_off_not_the_crawl(
     worker.add("https://example.com/a")
     worker.flush_until_sent(5)
     assert len(queued(client, worker)) == 1
+    client.close()
+
+
+def test_an_outage_with_nothing_to_send_checks_the_master_at_a_modest_pace(
+    server: RedisServer, name: str
+) -> None:
+    client = server.client(socket_timeout=2)
+    worker = Worker(client, name, replicas=0)
+    server.kill()
+    worker.frontier.reserve(1)  # no server: an outage
+    assert not worker.frontier.reachable
+    server.restart()
+    time.sleep(0.6)  # the backoff
+    with server.client() as admin:
+        admin.config_resetstat()
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # the scheduler's flush timer, nothing to send
+            worker.frontier.flush()
+            time.sleep(0.02)
+        calls = admin.info("commandstats").get("cmdstat_info", {}).get("calls", 0)
+    # one check per half second (two INFO each), not one per tick
+    assert 2 <= calls <= 8
     client.close()
