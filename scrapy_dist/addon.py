@@ -26,6 +26,7 @@ __all__ = ["DistAddon", "settings_final", "with_defaults"]
 SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
 METRICS_EXTENSION = "scrapy_dist.metrics.PrometheusMetrics"
+PARENT_LINKS = "scrapy_dist.parents.ParentLinks"
 
 
 class DistAddon:
@@ -35,9 +36,12 @@ class DistAddon:
         """Install the components and defaults; project settings still override them.
 
         The metrics extension is enabled too; it stays off until ``METRICS_ENABLED``.
+        So is :class:`~scrapy_dist.parents.ParentLinks` (a spider middleware).
         """
         settings.set("SCHEDULER", SCHEDULER, "addon")
         settings.set("DUPEFILTER_CLASS", DUPEFILTER_CLASS, "addon")
         settings.setmodule(default_settings, "addon")
         # the class, not its path: Scrapy finds a project's own entry for it by class
         settings.set_in_component_priority_dict("EXTENSIONS", load_object(METRICS_EXTENSION), 500)
+        # which request produced each request: fences a callback's requests by its lease
+        settings.set_in_component_priority_dict("SPIDER_MIDDLEWARES", load_object(PARENT_LINKS), 0)

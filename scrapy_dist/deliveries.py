@@ -82,6 +82,13 @@ class Deliveries:
         held = len(self.buffer) + len(self.out) + self.frontier.pending_settlements
         return self.max_held - held
 
+    def lease_of(self, request: Request | None) -> str:
+        """The lease id of ``request`` if it is in the engine as this worker's, else
+        ``""`` (a start request, or a request this worker does not hold)."""
+        if request is None:
+            return ""
+        return self.out.get(request, "")
+
     def record_failure(self, request: Request, reason: str) -> None:
         """Remember that ``request``'s callback failed, to settle its lease with ``reason``
         (cut to :data:`REASON_MAX` characters); a request this worker does not hold is
@@ -98,9 +105,14 @@ class Deliveries:
         if not finished:
             return
         outcomes = []
+        taken = self.frontier.leases.taken
         for request in finished:
             reason = self.failures.pop(request, DONE)
-            outcomes.append((self.out.pop(request), reason))
+            lease_id = self.out.pop(request)
+            if lease_id in taken:  # another worker holds it now: nothing to settle
+                taken.discard(lease_id)
+                continue
+            outcomes.append((lease_id, reason))
             if reason:
                 self.stats.inc_value("scheduler/failed_callbacks")
         if not self.out and not self.buffer:
@@ -167,14 +179,15 @@ class Deliveries:
         self.buffer = deque(item for item in self.buffer if item[0].id not in gone)
         dropped = buffered - len(self.buffer)
         started = [request for request, lease_id in self.out.items() if lease_id in gone]
-        for request in started:
-            del self.out[request]
-            self.failures.pop(request, None)
+        # kept in the engine's map until they leave it, never settled: what their
+        # callbacks still produce is dropped (Redis would refuse it too)
+        self.frontier.leases.taken.update(self.out[request] for request in started)
         logger.warning(
             "%(n)d lease(s) of this worker expired and were taken back (was it paused, "
             "e.g. a stopped process, a long GC or a network partition, for longer than "
             "SCHEDULER_LEASE_TIMEOUT?): dropped %(dropped)d buffered request(s); %(started)d "
-            "already started may be crawled twice",
+            "already started are not settled and the requests they produce are dropped "
+            "(their downloads may be repeated by the new holders)",
             {"n": len(lost), "dropped": dropped, "started": len(started)},
             extra={"spider": spider},
         )

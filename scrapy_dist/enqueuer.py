@@ -25,6 +25,8 @@ from scrapy_dist.exceptions import SerializationError
 from scrapy_dist.spiders import RedisSpiderMixin
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request, Spider
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
@@ -50,6 +52,9 @@ class Enqueuer:
         codec: turns the spider's requests into bytes.
         spider: the spider whose requests these are.
         start_once: crawl a plain spider's start requests once per run of the crawl.
+        parent_of: the lease id of the request whose callback returned a request
+            (``""``: none); Redis refuses the request once this worker no longer
+            holds that lease.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Enqueuer:
         codec: RequestCodec,
         spider: Spider,
         start_once: bool,
+        parent_of: Callable[[Request], str] = lambda request: "",
     ) -> None:
         self.frontier = frontier
         self.df = dupefilter
@@ -72,6 +78,7 @@ class Enqueuer:
         self.codec = codec
         self.spider = spider
         self.start_once = start_once
+        self.parent_of = parent_of
         self._logunser = True
 
     def enqueue(self, request: Request) -> bool:
@@ -123,7 +130,9 @@ class Enqueuer:
             self.stats.inc_value("scheduler/enqueued")
 
         item = (payload, self.frontier.queue.score(request), fingerprint)
-        self.frontier.enqueue(item, shared.backend if shared else None, on_reply)
+        self.frontier.enqueue(
+            item, shared.backend if shared else None, on_reply, self.parent_of(request)
+        )
         # batched (the default): Redis answers at the next flush, so duplicates it finds
         # are logged and counted then, and Scrapy is told the request was stored
         return outcome[0] if outcome else True

@@ -35,7 +35,7 @@ from scrapy_dist.leases import DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
 from scrapy_dist.outbox import UNREACHABLE, Batch, Outbox, refusal
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
 from scrapy_dist.replication import Command, Replication
-from scrapy_dist.scripts import scripts_for
+from scrapy_dist.scripts import Fence, scripts_for
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.settings import check_frontier
 from scrapy_dist.workers import new_worker_id
@@ -362,17 +362,25 @@ class Frontier:
         item: tuple[bytes, float, bytes],
         dupefilter: FilterBackend | None,
         on_reply: Callable[[bool], None],
+        parent: str = "",
     ) -> None:
         """Add one ``(payload, score, fingerprint)`` item to the outbox.
 
         It is deduplicated and enqueued atomically when the outbox is flushed (with the
         next reserve, on the flush timer, when many are pending, or at once when
         ``eager``); ``on_reply`` then learns whether it was queued or filtered.
+        ``parent`` is the lease id of the request whose callback produced it (``""``:
+        none): if this worker no longer holds that lease when the item reaches Redis,
+        Redis refuses it and the lease is :meth:`taken_over` (``on_reply`` is not
+        called).
         """
         if self.lost is not None:
             self.stats.inc_value("scheduler/crawl_lost/dropped_writes")
             return
-        if self.outbox.add(item, dupefilter, on_reply) or self.eager:
+        if parent and parent in self.leases.taken:
+            self.stats.inc_value("scheduler/leases/children_refused")
+            return
+        if self.outbox.add(item, dupefilter, on_reply, parent) or self.eager:
             self.flush()
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
@@ -447,9 +455,10 @@ class Frontier:
     def _calls(self, reserve: int, *, seeds: bool | SeedQueue) -> list[_Call]:
         """The calls of one flush: enqueue, settle, reserve (each if needed)."""
         calls: list[_Call] = []
-        enqueue = self.outbox.enqueue_call((self.keys.epoch, self.epoch))
+        fence = Fence(self.keys.epoch, self.epoch, self.keys.leased, self.worker_id)
+        enqueue = self.outbox.enqueue_call(fence)
         if enqueue is not None:
-            calls.append(_Call("enqueue", enqueue, self.outbox.enqueued))
+            calls.append(_Call("enqueue", enqueue, self._enqueued))
             wait = self.replication.wait_call() if self.replication is not None else None
             if wait is not None:  # confirmed on replicas before the settlements behind it
                 calls.append(_Call("wait", wait, lambda reply: None))
@@ -460,6 +469,35 @@ class Frontier:
         if reserve > 0:
             calls.append(self._reserve_call(reserve, seeds=seeds))
         return calls
+
+    def _enqueued(self, flags: Any) -> None:
+        """Hand an enqueue's reply to the outbox; requests refused because this worker
+        no longer holds their parents' leases make those leases :meth:`taken_over`."""
+        refused = self.outbox.enqueued(flags)
+        if refused:
+            self.taken_over(refused)
+
+    def taken_over(self, refused: dict[str, int]) -> None:
+        """Redis refused the requests of these parent leases (id -> how many requests):
+        this worker was paused past its lease and another holds them, or will. Log it
+        once, count it, and drop what this worker holds for those parents (their
+        pending settlements; their requests still in the engine are not settled, and
+        their later requests are dropped here, see :attr:`LeaseClient.taken`)."""
+        ids = set(refused)
+        self.leases.forget(ids)
+        self.leases.taken.update(ids)
+        dropped = self.outbox.drop_settlements(ids)
+        n = sum(refused.values())
+        logger.warning(
+            "Redis refused %(n)d request(s) produced by %(m)d page(s) whose leases this "
+            "worker no longer holds (it was paused, e.g. a stopped process, a long GC or a "
+            "network partition, for longer than SCHEDULER_LEASE_TIMEOUT, and they were "
+            "taken over): dropped them and %(dropped)d pending settlement(s); the pages' "
+            "new holders crawl them",
+            {"n": n, "m": len(ids), "dropped": dropped},
+        )
+        self.stats.inc_value("scheduler/leases/children_refused", n)
+        self.stats.inc_value("scheduler/leases/taken_over", len(ids))
 
     def _reserve_call(self, count: int, *, seeds: bool | SeedQueue) -> _Call:
         source = None if seeds is False else self.seeds if seeds is True else seeds

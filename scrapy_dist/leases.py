@@ -90,6 +90,11 @@ class LeaseClient:
         self.held: set[str] = set()
         #: A reply was lost: Redis may have leased entries this worker never received.
         self.reply_lost = False
+        #: Leases this worker was found no longer to hold (a renewal found them taken
+        #: back, or Redis refused the requests their callbacks produced) while their
+        #: requests may still be in its engine: those are not settled, and what their
+        #: callbacks produce is dropped. Cleared by :meth:`settled_locally`.
+        self.taken: set[str] = set()
 
     @property
     def index(self) -> str:
@@ -143,7 +148,23 @@ class LeaseClient:
     def forget_all(self) -> None:
         """The crawl is gone, and every lease with it."""
         self.held.clear()
+        self.taken.clear()
         self.reply_lost = False
+
+    def settled_locally(self, lease_ids: Iterable[str]) -> list[str]:
+        """The requests of these leases left the engine: those :attr:`taken` over are
+        forgotten (nothing to settle).
+
+        Returns:
+            The ids of the leases to settle (those not taken over).
+        """
+        keep = []
+        for lease_id in lease_ids:
+            if lease_id in self.taken:
+                self.taken.discard(lease_id)
+            else:
+                keep.append(lease_id)
+        return keep
 
     # -- settle -----------------------------------------------------------------------
 

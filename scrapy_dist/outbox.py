@@ -8,7 +8,10 @@ READONLY, LOADING, BUSY, MASTERDOWN, TRYAGAIN, a key of the wrong type) is an ou
 like an unreachable one. A settlement is sent only once Redis has confirmed the enqueue
 of every request added before it, so a parent's acknowledgement never overtakes the
 requests it produced. A permanent refusal of an enqueue dead-letters its requests, and
-the settlements waiting behind them report their requests as failed.
+the requests whose callbacks produced them (their parents) are settled as failed; other
+settlements waiting behind them are sent as they are. Each request carries the lease id
+of its parent (``""`` for none), and Redis refuses a request whose parent lease this
+worker no longer holds (``lua/enqueue.lua``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from scrapy_dist.connection import describe
 from scrapy_dist.exceptions import StaleFilterView
 from scrapy_dist.filters import filter_error
 from scrapy_dist.replication import Command
-from scrapy_dist.scripts import DONE
+from scrapy_dist.scripts import DONE, Fence
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -91,6 +94,8 @@ class Batch(NamedTuple):
     items: list[Item]
     replies: list[Callable[[bool], None]]
     ready: list[tuple[str, str]]
+    #: The parent lease id of each item (``""``: none).
+    parents: list[str]
 
 
 class Outbox:
@@ -127,8 +132,14 @@ class Outbox:
         self.wrongtype_timeout = wrongtype_timeout
         self._items: list[Item] = []
         self._replies: list[Callable[[bool], None]] = []
-        #: Who wants the replies of the enqueue under way.
+        #: The parent lease id of each item (``""``: none).
+        self._parents: list[str] = []
+        #: Parents whose requests Redis refused for good -> the reason: their
+        #: settlements, queued now or later, become failures.
+        self._failed_parents: dict[str, str] = {}
+        #: Who wants the replies of the enqueue under way, and their parents.
         self._pending_replies: list[Callable[[bool], None]] = []
+        self._pending_parents: list[str] = []
         self._dupefilter: FilterBackend | None = None
         #: Settlements queued after requests not yet confirmed enqueued.
         self._outcomes: list[tuple[str, str]] = []
@@ -156,9 +167,15 @@ class Outbox:
         return len(self._outcomes) + len(self._ready)
 
     def add(
-        self, item: Item, dupefilter: FilterBackend | None, on_reply: Callable[[bool], None]
+        self,
+        item: Item,
+        dupefilter: FilterBackend | None,
+        on_reply: Callable[[bool], None],
+        parent: str = "",
     ) -> bool:
-        """Queue one enqueue; ``on_reply`` learns whether it was queued or filtered.
+        """Queue one enqueue; ``on_reply`` learns whether it was queued or filtered
+        (it is not called for a request Redis refuses because this worker no longer
+        holds ``parent``, the lease of the request whose callback produced it).
 
         Returns:
             Whether so many enqueues wait that they should be flushed now.
@@ -166,10 +183,15 @@ class Outbox:
         self._dupefilter = dupefilter
         self._items.append(item)
         self._replies.append(on_reply)
+        self._parents.append(parent)
         return len(self._items) >= FLUSH_MAX
 
     def add_settlements(self, outcomes: Sequence[tuple[str, str]]) -> None:
-        """Queue settlements behind the enqueues queued before them."""
+        """Queue settlements behind the enqueues queued before them; a parent whose
+        requests Redis refused for good is settled as failed."""
+        if self._failed_parents:
+            failed = self._failed_parents
+            outcomes = [(i, failed.pop(i) if o == DONE and i in failed else o) for i, o in outcomes]
         if self._items:
             self._outcomes.extend(outcomes)
         else:
@@ -189,16 +211,32 @@ class Outbox:
         """
         dropped = self.pending_writes
         self._items, self._replies, self._pending_replies = [], [], []
-        self._outcomes, self._ready = [], []
+        self._outcomes, self._ready, self._parents = [], [], []
+        self._failed_parents = {}
         return dropped
+
+    def drop_settlements(self, lease_ids: set[str]) -> int:
+        """Forget the settlements of these leases (this worker no longer holds them).
+
+        Returns:
+            How many were dropped.
+        """
+        before = len(self._outcomes) + len(self._ready)
+        self._outcomes = [o for o in self._outcomes if o[0] not in lease_ids]
+        self._ready = [o for o in self._ready if o[0] not in lease_ids]
+        for lease_id in lease_ids:
+            self._failed_parents.pop(lease_id, None)
+        return before - len(self._outcomes) - len(self._ready)
 
     # -- one flush ----------------------------------------------------------------------
 
-    def enqueue_call(self, fence: tuple[str, str]) -> ScriptCall | None:
-        """The enqueue of every waiting request (``None`` if none), fenced by
-        ``(epoch key, epoch)``; its reply goes to :meth:`enqueued`."""
+    def enqueue_call(self, fence: Fence) -> ScriptCall | None:
+        """The enqueue of every waiting request (``None`` if none), fenced by the
+        crawl's epoch and each request's parent lease (``fence`` without its parents,
+        which the outbox knows); its reply goes to :meth:`enqueued`."""
         if not self._items:
             return None
+        fence = fence._replace(parents=list(self._parents))
         return self.queue.enqueue_call(self._items, self._dupefilter, fence=fence)
 
     @property
@@ -208,21 +246,40 @@ class Outbox:
 
     def take(self) -> Batch:
         """Take the writes of the flush under way out of the buffer (see :meth:`restore`)."""
-        batch = Batch(self._items, self._replies, self._ready)
-        self._items, self._replies, self._ready = [], [], []
+        batch = Batch(self._items, self._replies, self._ready, self._parents)
+        self._items, self._replies, self._ready, self._parents = [], [], [], []
         self._pending_replies = batch.replies
+        self._pending_parents = batch.parents
         return batch
+
+    def _put_back(self, batch: Batch) -> None:
+        """Put a batch's enqueues back in front of what came since."""
+        self._items = batch.items + self._items
+        self._replies = batch.replies + self._replies
+        self._parents = batch.parents + self._parents
 
     def restore(self, batch: Batch) -> None:
         """Put a batch that was not sent back in front of what came since."""
-        self._items, self._replies = batch.items + self._items, batch.replies + self._replies
+        self._put_back(batch)
         self._ready = batch.ready + self._ready
 
-    def enqueued(self, flags: Any) -> None:
-        """Hand an enqueue's reply (one flag per request) to who wants it."""
-        for on_reply, flag in zip(self._pending_replies, flags, strict=True):
-            on_reply(bool(flag))
-        self._pending_replies = []
+    def enqueued(self, flags: Any) -> dict[str, int]:
+        """Hand an enqueue's reply (one flag per request) to who wants it.
+
+        Returns:
+            The parents whose requests Redis refused because this worker no longer
+            holds their leases, each with how many of its requests were refused.
+        """
+        refused: dict[str, int] = {}
+        for on_reply, parent, flag in zip(
+            self._pending_replies, self._pending_parents, flags, strict=True
+        ):
+            if int(flag) < 0:
+                refused[parent] = refused.get(parent, 0) + 1
+            else:
+                on_reply(bool(flag))
+        self._pending_replies, self._pending_parents = [], []
+        return refused
 
     def send(self, calls: Sequence[ScriptCall | Command]) -> list[Any]:
         """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script
@@ -293,7 +350,8 @@ class Outbox:
         next flush (which refreshes it). A permanent refusal (a full filter with
         ``BLOOM_ON_FULL = "refuse"``, a filter mismatch, a key of the wrong type for
         too long, an unknown error) dead-letters the batch with the reason, and the
-        settlements queued behind it report their requests as failed.
+        parents of its requests are settled as failed (the other settlements queued
+        behind it are sent as they are).
 
         Returns:
             Whether this is an outage (the caller backs off).
@@ -302,8 +360,7 @@ class Outbox:
             filter_error(error) if isinstance(error, redis.exceptions.ResponseError) else None
         )
         if isinstance(translated, StaleFilterView):
-            self._items = batch.items + self._items
-            self._replies = batch.replies + self._replies
+            self._put_back(batch)
             self._stats().inc_value("scheduler/redis/stale_filter_retries")
             return False
         now = time.monotonic()
@@ -317,19 +374,20 @@ class Outbox:
             or self._wrongtype_since is None
             or now - self._wrongtype_since < self.wrongtype_timeout
         )
-        if transient or not self._bury(batch.items, str(translated or error)):
-            self._items = batch.items + self._items
-            self._replies = batch.replies + self._replies
+        if transient or not self._bury(batch, str(translated or error)):
+            self._put_back(batch)
             return True
         self._wrongtype_since = None
         return False
 
-    def _bury(self, items: list[Item], reason: str) -> bool:
-        """Dead-letter refused requests; the settlements waiting for them become failures.
+    def _bury(self, batch: Batch, reason: str) -> bool:
+        """Dead-letter refused requests; the settlements of their parents become
+        failures (now, or when they are added).
 
         Returns:
             Whether the dead-letter records were written.
         """
+        items = batch.items
         why = f"Redis refused to enqueue it: {reason}"
         try:
             with self.client.pipeline(transaction=False) as pipe:
@@ -342,21 +400,27 @@ class Outbox:
                 {"n": len(items), "error": e},
             )
             return False
+        parents = {p for p in batch.parents if p}
         logger.error(
             "Redis refused to enqueue %(n)d request(s) of crawl %(crawl)s for good: "
-            "%(error)s; they are in %(dead)s, and the %(m)d request(s) settled after them "
-            "are settled as failed",
+            "%(error)s; they are in %(dead)s, and the %(m)d request(s) whose callbacks "
+            "produced them are settled as failed",
             {
                 "n": len(items),
                 "crawl": self.crawl,
                 "error": reason,
                 "dead": self.dead.key,
-                "m": len(self._outcomes),
+                "m": len(parents),
             },
         )
         self._stats().inc_value("scheduler/redis/refused_requests", len(items))
         failure = f"its requests were refused by Redis: {reason}"[:500]
-        self._outcomes = [(i, failure if o == DONE else o) for i, o in self._outcomes]
+        waiting = {i for i, _ in self._outcomes}
+        self._outcomes = [
+            (i, failure if o == DONE and i in parents else o) for i, o in self._outcomes
+        ]
+        for parent in parents - waiting:  # still in the engine: failed when settled
+            self._failed_parents[parent] = failure
         return True
 
     def rejected(self, error: Exception) -> None:

@@ -18,7 +18,7 @@ from scrapy import Request as _Request
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import expect_type, key_type
-from scrapy_dist.scripts import ENTRY_ID_LEN, ScriptCall, scripts_for
+from scrapy_dist.scripts import ENTRY_ID_LEN, Fence, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 
 if TYPE_CHECKING:
@@ -177,40 +177,40 @@ class RedisQueue(Base):
         self,
         items: Sequence[tuple[bytes, float, bytes]],
         dupefilter: FilterBackend | None = None,
-        fence: tuple[str, str] | None = None,
+        fence: tuple[str, str] | Fence | None = None,
     ) -> ScriptCall:
         """The call of ``lua/enqueue.lua`` that pushes these items (see :meth:`push`).
 
         Args:
             items: ``(payload, score, fingerprint)`` items.
             dupefilter: the dupefilter backend that tests and records fingerprints.
-            fence: ``(epoch key, epoch)``: the call is refused unless the crawl's epoch
-                is this one (a worker's writes); ``None`` for an unfenced caller.
+            fence: ``(epoch key, epoch)`` or a :class:`~scrapy_dist.scripts.Fence`: the
+                call is refused unless the crawl's epoch is this one (a worker's
+                writes), and an item whose parent lease the worker no longer holds is
+                refused; ``None`` for an unfenced caller.
         """
         # an unfenced call passes the sequence key where the epoch key goes (not read)
-        epoch_key, epoch = fence or (self.seq_key, "")
+        fenced = Fence(*fence).kwargs() if fence else Fence(self.seq_key, "").kwargs()
         enqueue = self._scripts.enqueue
         if dupefilter is None:
             return enqueue(
                 queue=self.key,
                 seq=self.seq_key,
-                epoch_key=epoch_key,
                 queue_kind=self.kind,
                 entries=[(b"", score, payload) for payload, score, _ in items],
-                epoch=epoch,
+                **fenced,
             )
         filter_keys = dupefilter.script_keys()  # (may refresh the backend's view: first)
         token = dupefilter.token
         return enqueue(
             queue=self.key,
             seq=self.seq_key,
-            epoch_key=epoch_key,
             queue_kind=self.kind,
             filter_kind=dupefilter.kind,
             filter_keys=filter_keys,
             filter_args=dupefilter.script_args(),
             entries=[(token(fp) if fp else b"", score, payload) for payload, score, fp in items],
-            epoch=epoch,
+            **fenced,
         )
 
     def push(

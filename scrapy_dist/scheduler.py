@@ -39,6 +39,8 @@ from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, Serializ
 from scrapy_dist.frontier import DEAD_NOW, Frontier, Lease
 from scrapy_dist.heartbeat import Heartbeat
 from scrapy_dist.membership import FRONTIER_LOST, Membership, exit_with
+from scrapy_dist.parents import ORDER as PARENTS_ORDER
+from scrapy_dist.parents import Links, links_for
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.settings import check_scheduler
@@ -96,6 +98,10 @@ class Scheduler(BaseScheduler):
         close_when_done: exit, rather than rejoin, when the crawl finished without
             this worker (``CLOSE_WHEN_CRAWL_DONE``).
         fault_exit_code: exit status of a worker closed with ``frontier_lost``.
+        links: the parents of the requests callbacks return
+            (:mod:`scrapy_dist.parents`): a callback's requests are then refused by
+            Redis once this worker no longer holds its request's lease; ``None``: they
+            are fenced by the crawl's epoch only.
 
     Raises:
         ConfigurationError: the options contradict each other
@@ -128,6 +134,7 @@ class Scheduler(BaseScheduler):
         max_held: int | None = None,
         close_when_done: bool = False,
         fault_exit_code: int = 0,
+        links: Links | None = None,
     ) -> None:
         check_scheduler(
             prefetch=prefetch,
@@ -143,6 +150,7 @@ class Scheduler(BaseScheduler):
         self.check_engine, self.crawler = check_engine, crawler
         self.idle_before_close, self.start_once = idle_before_close, start_once
         self.fault_exit_code = fault_exit_code
+        self.links = links
         #: The dupefilter, when its test-and-set runs inside the enqueue script.
         self._shared_df = (
             dupefilter if self.leased and isinstance(dupefilter, RFPDupeFilter) else None
@@ -248,6 +256,7 @@ class Scheduler(BaseScheduler):
             close_when_done=settings.close_when_done,
             fault_exit_code=settings.fault_exit_code,
             max_held=settings.max_held,
+            links=links_for(crawler),
         )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
@@ -327,6 +336,7 @@ class Scheduler(BaseScheduler):
             codec=self._codec,
             spider=spider,
             start_once=self.start_once,
+            parent_of=self._parent_lease,
         )
         if self.crawler is not None and start_failure(self.crawler) is not None:
             self._not_started = FailedScheduler(self.crawler)
@@ -355,6 +365,23 @@ class Scheduler(BaseScheduler):
             self._not_started = FailedScheduler(self.crawler)
             return
         self.heartbeat.start(spider)
+        if self.leased and self.links is not None and not self.links.installed:
+            logger.warning(
+                "The spider middleware %(mw)s is not enabled: the requests a callback "
+                "returns are fenced by the crawl's epoch only, so a worker paused past "
+                "SCHEDULER_LEASE_TIMEOUT may queue the children of pages another worker "
+                "took over (add it to SPIDER_MIDDLEWARES at %(order)d, or enable "
+                "scrapy_dist.addon.DistAddon)",
+                {"mw": "scrapy_dist.parents.ParentLinks", "order": PARENTS_ORDER},
+                extra={"spider": spider},
+            )
+
+    def _parent_lease(self, request: Request) -> str:
+        """The lease id of the request whose callback returned ``request`` while this
+        worker holds it in its engine, else ``""``."""
+        if self.links is None:
+            return ""
+        return self.deliveries.lease_of(self.links.parent(request))
 
     def close_if_failed(self) -> None:
         """``spider_idle``: close a spider whose start failed, with the failure's reason.

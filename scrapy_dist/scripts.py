@@ -139,6 +139,24 @@ def source(name: str) -> str:
     return "\n".join([constants(), *(_read(lib) for lib in _libraries(text, [])), text])
 
 
+class Fence(NamedTuple):
+    """What a worker's enqueue depends on (``lua/enqueue.lua``): the crawl's epoch it
+    joined and, per request, the lease of the request whose callback produced it."""
+
+    epoch_key: str
+    #: ``""``: unfenced (a command-line tool).
+    epoch: str
+    #: The crawl's leased hash (``""``: no request names a parent).
+    leased: str = ""
+    worker: str = ""
+    #: The parent lease id of each request (``""``: none).
+    parents: Sequence[str] = ()
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`Scripts.enqueue` this fence sets."""
+        return self._asdict()
+
+
 class ScriptCall(NamedTuple):
     """One call of a script: its ``KEYS`` and ``ARGV`` in the order its header gives."""
 
@@ -187,6 +205,9 @@ class Scripts:
         filter_args: Sequence[Arg] = (),
         entries: Iterable[tuple[bytes, float, bytes]],
         epoch: str = "",
+        leased: str = "",
+        worker: str = "",
+        parents: Sequence[str] = (),
     ) -> ScriptCall:
         """``lua/enqueue.lua``: dedupe and push ``(token, score, payload)`` entries.
 
@@ -198,12 +219,18 @@ class Scripts:
             filter_keys: the backend's keys; ``filter_args`` its arguments.
             entries: the token (``b""``: not filtered), score and payload of each request.
             epoch: the crawl epoch the caller joined (``""``: unfenced).
+            leased: the crawl's leased hash (read only for entries with a parent;
+                ``""``: the sequence key stands in, never read).
+            worker: the caller's worker id (``""``: no entry has a parent).
+            parents: the lease id of each entry's parent, aligned with ``entries``
+                (``""`` or missing: none, e.g. a seed's or a start request's); an entry
+                whose parent lease ``worker`` no longer holds is refused.
         """
         args: list[Arg] = [queue_kind, filter_kind, len(filter_args), *filter_args]
-        for token, score, payload in entries:
-            args += (token, score, payload)
-        args.append(epoch)
-        return self._call("enqueue", [queue, seq, epoch_key, *filter_keys], args)
+        for i, (token, score, payload) in enumerate(entries):
+            args += (token, score, payload, parents[i] if i < len(parents) else "")
+        args += (worker, epoch)
+        return self._call("enqueue", [queue, seq, epoch_key, leased or seq, *filter_keys], args)
 
     def reserve(
         self,

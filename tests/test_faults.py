@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 from scrapy import Request
+from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DONE
+from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
@@ -51,6 +53,8 @@ FAST = {
     "CLOSE_WHEN_CRAWL_DONE": True,
     "CRAWL_DONE_GRACE": 1,
     "SCHEDULER_PERSIST": False,
+    # which request produced each request: a callback's requests are fenced by its lease
+    "SPIDER_MIDDLEWARES": '{"scrapy_dist.parents.ParentLinks": 0}',
 }
 
 
@@ -274,7 +278,33 @@ def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
             os.kill(paused.pid, signal.SIGCONT)
         assert crawl.wait() == [0, 0], crawl.logs()
         assert_all_once(crawl, allowed=BOUND)
-        assert "were taken back" in paused.log_file.read_text(), crawl.logs()
+        log = paused.log_file.read_text()
+        assert "were taken back" in log, crawl.logs()
+        # what the pages it held produce is not queued: their new holders queue it
+        assert (
+            "the requests they produce are dropped" in log or "whose leases this worker" in log
+        ), crawl.logs()
+
+
+@pytest.mark.e2e
+def test_an_outage_longer_than_the_lease_duplicates_within_the_bound(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    # a frozen server accepts connections and never answers: every worker stalls, and
+    # when it answers again every lease has expired (a stall of each worker)
+    with make_crawl(server, tmp_path, pages=600, delay=0.02) as crawl:
+        crawl.start(2, REDIS_PARAMS='{"socket_timeout": 1}')
+        crawl.seed()
+        crawl.hit_when(120)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            time.sleep(8)  # past the 5 s lease
+            assert all(w.returncode is None for w in crawl.workers), crawl.logs()
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert crawl.wait() == [0, 0], crawl.logs()
+        assert_all_once(crawl, allowed=2 * BOUND)  # the bound of each worker
 
 
 # -- 4 and 5. hand-back, the per-worker lease index, UNLINK ---------------------------
@@ -421,8 +451,12 @@ def test_a_full_bloom_filter_dead_letters_the_children_and_fails_the_parent(
     frontier.flush()
     parent = scheduler.next_request()
     assert parent is not None
-    for i in range(150):  # more new fingerprints than the filter may take
-        scheduler.enqueue_request(Request(f"https://example.com/child/{i}"))
+    links = ParentLinks.from_crawler(scheduler.crawler)  # as Scrapy's scraper runs it
+    assert scheduler.links is links.links
+    response = Response(parent.url, request=parent)
+    children = [Request(f"https://example.com/child/{i}") for i in range(150)]
+    for child in links.process_spider_output(response, children):  # more than it takes
+        scheduler.enqueue_request(child)
     scheduler._settle()  # the parent is done: its ack waits behind its children
     frontier.flush()  # refused for good: the children are dead-lettered
     frontier.flush()  # and the parent settled as failed (returned for another try)

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy import Request
+from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler
 from twisted.python.failure import Failure
 
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
+from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -45,8 +47,12 @@ FAST = {
 class Worker:
     """A scheduler whose engine holds exactly the requests the test says it holds."""
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, started: float | None = None) -> None:
+        # the spider middleware Scrapy builds before it opens the scheduler
+        self.links = ParentLinks.from_crawler(crawler)
         self.scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
+        if started is not None:  # when its process started (monotonic seconds)
+            self.scheduler.registry.started = started
         self.holding: set[Request] = set()
         self.scheduler.in_flight = lambda: self.holding
         assert crawler.spider is not None
@@ -57,6 +63,13 @@ class Worker:
         if request is not None:
             self.holding.add(request)
         return request
+
+    def returns(self, parent: Request, *children: Request) -> None:
+        """``parent``'s callback returns ``children``: through the spider middleware
+        to the scheduler, as Scrapy's scraper sends them."""
+        response = Response(parent.url, request=parent)
+        for child in self.links.process_spider_output(response, children):
+            self.scheduler.enqueue_request(child)
 
     def finish(self, request: Request) -> None:
         self.holding.discard(request)
@@ -71,8 +84,8 @@ class Worker:
 def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worker]]:
     made: list[Worker] = []
 
-    def make(settings: dict[str, Any] | None = None) -> Worker:
-        made.append(Worker(make_crawler({**FAST, **(settings or {})})))
+    def make(settings: dict[str, Any] | None = None, started: float | None = None) -> Worker:
+        made.append(Worker(make_crawler({**FAST, **(settings or {})}), started))
         return made[-1]
 
     yield make
@@ -288,7 +301,7 @@ def test_a_permanent_refusal_dead_letters_the_children_and_fails_the_parent(
     w.scheduler.enqueue_request(Request(URL + "parent"))
     parent = w.take()
     assert parent is not None
-    w.scheduler.enqueue_request(Request(URL + "child"))
+    w.returns(parent, Request(URL + "child"))
     w.finish(parent)
     client.delete(w.scheduler.queue.key)
     client.set(w.scheduler.queue.key, b"not a queue")
@@ -389,3 +402,114 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     second.frontier.flush()
     assert _progress(g.progress(grace=0, clear=False)).state == "finished"
     second.close("finished")
+
+
+def test_a_permanent_refusal_fails_only_the_parents_of_the_refused_requests(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w = worker({"SCHEDULER_FLUSH_INTERVAL": 0.1, "SCHEDULER_WRONGTYPE_TIMEOUT": 0})
+    w.frontier.eager = False
+    for name in ("parent", "other", "late"):
+        w.scheduler.enqueue_request(Request(URL + name))
+    w.frontier.flush()
+    parent, other, late = w.take(), w.take(), w.take()
+    assert parent is not None
+    assert other is not None
+    assert late is not None
+    w.returns(parent, Request(URL + "child"))
+    w.returns(late, Request(URL + "late-child"))
+    w.finish(parent)
+    w.finish(other)  # no children: queued behind the refused batch, settled as done
+    client.delete(w.scheduler.queue.key)
+    client.set(w.scheduler.queue.key, b"not a queue")
+    w.frontier.flush()  # refused for good: both children are dead-lettered
+    client.delete(w.scheduler.queue.key)
+    w.finish(late)  # settled after the refusal: failed too, its child was refused
+    w.frontier.flush()
+    w.frontier.flush()
+    assert len(dead_letters(client, w.frontier)) == 2
+    assert w.frontier.totals() == {"retried": 2, "done": 1}
+    assert w.frontier.pending_writes == 0
+
+
+def test_children_of_a_lease_taken_over_are_refused(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w, other = worker({"SCHEDULER_FLUSH_INTERVAL": 0.1}), worker()
+    w.frontier.eager = False
+    w.scheduler.enqueue_request(Request(URL + "parent"))
+    w.frontier.flush()
+    parent = w.take()
+    assert parent is not None
+    w.returns(parent, Request(URL + "held"))  # sent while the lease is this worker's
+    w.frontier.flush()
+    # this worker is paused past its lease: the other worker takes the page over
+    keys = w.frontier.keys
+    client.zadd(keys.leases, {lease: 0 for lease in client.zrange(keys.leases, 0, -1)})
+    taken = other.take()
+    assert taken is not None
+    assert taken.url == URL + "parent"
+    lease_of_other = client.zrange(keys.leases, 0, -1)
+    # it resumes: the children of the page it held are refused by Redis, and dropped
+    w.returns(parent, Request(URL + "child/1"), Request(URL + "child/2"))
+    w.frontier.flush()
+    w.returns(parent, Request(URL + "child/3"))  # known taken over: not even sent
+    w.finish(parent)  # not settled: the other worker holds it
+    w.frontier.flush()
+    stats = w.scheduler.stats
+    assert stats.get_value("scheduler/leases/children_refused") == 3
+    assert stats.get_value("scheduler/leases/taken_over") == 1
+    assert w.frontier.pending_writes == 0
+    queued = [other.take(), other.take()]
+    assert [r.url for r in queued if r is not None] == [URL + "held"]
+    # the refused children are not recorded as seen: the new holder queues them
+    other.returns(taken, Request(URL + "child/1"))
+    other.frontier.flush()
+    assert other.take() is not None
+    # the late settlement did not remove the other worker's lease
+    assert set(lease_of_other) <= set(client.zrange(keys.leases, 0, -1))
+    assert w.frontier.totals() == {}
+
+
+def test_a_replacement_that_joins_a_finished_crawl_leaves_no_key(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    started = time.monotonic()
+    w = worker()
+    w.scheduler.enqueue_request(Request(URL))
+    request = w.take()
+    assert request is not None
+    w.finish(request)
+    time.sleep(0.05)
+    assert _progress(w.frontier.progress(grace=0, clear=True)).state == "finished"
+    epoch = w.frontier.keys.epoch
+    assert client.exists(epoch) == 0
+    # a replacement started during that run joins after its keys were deleted: it
+    # belongs to the finished run, and the epoch it re-created goes again
+    late = worker(started=started)
+    assert client.exists(epoch) == 1
+    assert _progress(late.frontier.progress(grace=0, clear=True)).state == "finished"
+    assert client.exists(epoch) == 0
+    late.scheduler.close("finished")
+    assert client.exists(epoch) == 0
+
+
+def test_a_late_settlement_or_renewal_leaves_the_new_holders_lease_alone(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w, other = worker(), worker()
+    w.scheduler.enqueue_request(Request(URL + "page"))
+    [lease] = w.frontier.reserve(1)
+    keys = w.frontier.keys
+    client.zadd(keys.leases, {lease.id: 0})  # w is paused past its lease
+    [taken] = other.frontier.reserve(1)  # the other worker takes the page over
+    assert taken.id == lease.id
+    deadline = client.zscore(keys.leases, lease.id)
+    assert w.frontier.renew([lease.id]) == [lease.id]  # not revived, not extended
+    assert client.zscore(keys.leases, lease.id) == deadline
+    w.frontier.settle([(lease.id, DONE)])  # it resumes and settles what it held
+    w.frontier.flush()
+    assert w.scheduler.stats.get_value("scheduler/leases/lease_lost") == 1
+    assert client.zscore(keys.leases, lease.id) == deadline  # still the other's
+    assert other.frontier.renew([lease.id]) == []
+    assert w.frontier.totals() == {}

@@ -4,16 +4,21 @@
 -- KEYS[1] = request queue (list or zset)
 -- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id
 -- KEYS[3] = crawl epoch (see lua/_fence.lua)
--- KEYS[4..] = the dupefilter backend's keys (none when ARGV[2] == "none")
+-- KEYS[4] = leased hash (lease id -> "<origin>|<score>|<worker>|<entry>"; read only for
+--           a request that names a parent lease)
+-- KEYS[5..] = the dupefilter backend's keys (none when ARGV[2] == "none")
 -- ARGV[1] = queue kind: "list" (LPUSH) or "zset" (ZADD with the given score)
 -- ARGV[2] = filter kind: "none", "set", "bloom" (bitmap) or "bf" (RedisBloom)
 -- ARGV[3] = F, the number of filter arguments that follow
 -- ARGV[4 .. 3+F] = filter arguments (backend-specific, see lua/_filters.lua;
 --                  ARGV[4], when given, is the expiry in milliseconds)
--- ARGV[4+F ..] = one triple per request: token ("" = dont_filter), score, payload;
+-- ARGV[4+F ..] = four per request: token ("" = dont_filter), score, payload, parent;
 --                the token is what the backend tests and sets (the raw fingerprint
---                for "set" and "bf", its 16-byte MurmurHash3 for "bloom")
--- ARGV[#ARGV] = the crawl epoch the caller joined ("" = unfenced), after the triples
+--                for "set" and "bf", its 16-byte MurmurHash3 for "bloom"); parent is
+--                the lease id of the request whose callback produced it ("" = none:
+--                a seed's, a start request's)
+-- ARGV[#ARGV - 1] = the caller's worker id, after the requests
+-- ARGV[#ARGV] = the crawl epoch the caller joined ("" = unfenced)
 --
 -- Entries are "<ENTRY_ID_LEN-digit id><payload>" (16 digits): ids keep identical payloads distinct, and in
 -- the zset they order equal scores first-in first-out.
@@ -21,15 +26,20 @@
 -- safe order: it only reads while deciding, pushes the new entries, and records their
 -- tokens last. A failure can at worst queue a request whose token is not recorded
 -- (crawled twice), never record a token whose request is not queued.
--- Returns: one integer per request, 1 if queued, 0 if its token was seen; an error
--- "EPOCH ..." if the crawl's epoch is not ARGV[#ARGV] (nothing written).
--- uses: _filters, _fence
+-- A request whose parent lease this worker no longer holds (it expired and was taken
+-- back, or was delivered again to another worker: the worker was paused past its lease)
+-- is refused: neither queued nor its token recorded; the parent's new holder crawls it.
+-- Returns: one integer per request, 1 if queued, 0 if its token was seen, -1 if its
+-- parent lease is not the caller's; an error "EPOCH ..." if the crawl's epoch is not
+-- ARGV[#ARGV] (nothing written).
+-- uses: _filters, _leases, _fence
 
-local queue, seq = KEYS[1], KEYS[2]
+local queue, seq, leased = KEYS[1], KEYS[2], KEYS[4]
 local queue_kind, filter_kind = ARGV[1], ARGV[2]
 local nfilter = tonumber(ARGV[3])
 local first = 4 + nfilter
-local n = (#ARGV - first) / 3
+local n = (#ARGV - first - 1) / 4
+local worker = ARGV[#ARGV - 1]
 local refused = fence(KEYS[3], ARGV[#ARGV])
 if refused then
   return redis.error_reply(refused)
@@ -42,7 +52,7 @@ if filter_kind ~= "none" then
   -- the kinds live in lua/_filters.lua; one that must refuse the call says so here,
   -- before anything is written
   local refusal
-  filters[filter_kind], refusal = filter_for(filter_kind, nfilter, n, 4, true)
+  filters[filter_kind], refusal = filter_for(filter_kind, nfilter, n, 5, true)
   if refusal then
     return redis.error_reply(refusal)
   end
@@ -58,19 +68,36 @@ if queue_type ~= "none" and queue_type ~= expected then
   return redis.error_reply("WRONGTYPE " .. queue .. " holds a " .. queue_type)
 end
 
+-- Whether this worker still holds the parent lease ``id`` (asked once per parent).
+local holds = {}
+local function held(id)
+  if holds[id] == nil then
+    local record = redis.call("HGET", leased, id)
+    local holder
+    if record then
+      local _
+      _, _, holder = parse_record(record)
+    end
+    holds[id] = holder == worker
+  end
+  return holds[id]
+end
+
 -- 1. decide (reads only); a token repeated inside the batch is new only once
 local result, accepted, tokens, pending = {}, {}, {}, {}
 for i = 0, n - 1 do
-  local token = ARGV[first + 3 * i]
+  local token, parent = ARGV[first + 4 * i], ARGV[first + 4 * i + 3]
   local new = true
-  if filter ~= nil and token ~= "" then
+  if parent ~= "" and not held(parent) then
+    new = nil
+  elseif filter ~= nil and token ~= "" then
     new = not pending[token] and filter.test(token)
     if new then
       pending[token] = true
       tokens[#tokens + 1] = token
     end
   end
-  result[i + 1] = new and 1 or 0
+  result[i + 1] = new and 1 or (new == nil and -1 or 0)
   if new then
     accepted[#accepted + 1] = i
   end
@@ -83,9 +110,9 @@ if #accepted > 0 then
   for _, i in ipairs(accepted) do
     id = id + 1
     local digits = tostring(id)
-    local entry = string.rep("0", ENTRY_ID_LEN - #digits) .. digits .. ARGV[first + 3 * i + 2]
+    local entry = string.rep("0", ENTRY_ID_LEN - #digits) .. digits .. ARGV[first + 4 * i + 2]
     if queue_kind == "zset" then
-      redis.call("ZADD", queue, ARGV[first + 3 * i + 1], entry)
+      redis.call("ZADD", queue, ARGV[first + 4 * i + 1], entry)
     else
       redis.call("LPUSH", queue, entry)
     end

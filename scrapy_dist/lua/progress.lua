@@ -10,7 +10,9 @@
 -- KEYS[5] = crawl epoch (deleted with the frontier, so a late write is refused)
 -- KEYS[6..] = frontier keys deleted (UNLINK) at completion when ARGV[4] == "1"
 -- ARGV[1] = queue type ("list" or "zset"), ARGV[2] = seeds type ("list", "set", "zset")
--- ARGV[3] = GRACE seconds, ARGV[4] = "1" to delete the frontier at completion
+-- ARGV[3] = GRACE seconds, ARGV[4] = "1" to delete the frontier at completion (and
+--           again whenever a finished crawl is found with its epoch re-created by a
+--           replacement that joined it late, so no key is left behind)
 -- ARGV[5] = seconds the stats hash is kept after completion when deleting (0 = forever)
 -- ARGV[6] = the crawl epoch this worker joined ("" = unfenced)
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
@@ -49,6 +51,13 @@ if queued + waiting + leased > 0 then
 end
 local finished_at = redis.call("HGET", stats, "finished_at")
 if finished_at then
+  if ARGV[4] == "1" then
+    -- a replacement that joined this run after its keys were deleted re-created its
+    -- epoch (and maybe a key or two, all empty now): delete them again
+    for i = 5, #KEYS do
+      redis.call("UNLINK", KEYS[i])
+    end
+  end
   return {"finished", 0, 0, 0, finished_at}
 end
 local settled = tonumber(redis.call("HGET", stats, "done") or "0")
