@@ -210,7 +210,8 @@ class Deliveries:
         close: the engine will not start it); returns how many were handed back."""
         self.settle()
         handed = [(lease.id, HAND_BACK) for lease, _ in self.buffer]
-        handed += [(lease_id, HAND_BACK) for lease_id in self.out.values()]
+        taken = self.frontier.leases.taken  # another worker holds those now
+        handed += [(lease_id, HAND_BACK) for lease_id in self.out.values() if lease_id not in taken]
         self.drop_all()
         self.frontier.settle(handed)
         return len(handed)

@@ -212,7 +212,7 @@ class Outbox:
         dropped = self.pending_writes
         self._items, self._replies, self._pending_replies = [], [], []
         self._outcomes, self._ready, self._parents = [], [], []
-        self._failed_parents = {}
+        self._pending_parents, self._failed_parents = [], {}
         return dropped
 
     def drop_settlements(self, lease_ids: set[str]) -> int:

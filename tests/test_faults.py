@@ -304,7 +304,13 @@ def test_an_outage_longer_than_the_lease_duplicates_within_the_bound(
         finally:
             os.kill(server.pid, signal.SIGCONT)
         assert crawl.wait() == [0, 0], crawl.logs()
-        assert_all_once(crawl, allowed=2 * BOUND)  # the bound of each worker
+        assert not crawl.missing(), crawl.logs()
+        # the README's bound for an outage: twice the bound of each worker (a page its
+        # worker held may be re-leased to it or another, and settled early by its stale
+        # copy); the pages whose leases were taken over are logged
+        assert duplicates(crawl.site.hits()) <= 2 * 2 * BOUND, crawl.logs()
+        # (whether a worker finds leases taken over depends on who calls Redis first)
+        assert "reachable again" in crawl.full_logs(), crawl.logs()
 
 
 # -- 4 and 5. hand-back, the per-worker lease index, UNLINK ---------------------------

@@ -513,3 +513,21 @@ def test_a_late_settlement_or_renewal_leaves_the_new_holders_lease_alone(
     assert client.zscore(keys.leases, lease.id) == deadline  # still the other's
     assert other.frontier.renew([lease.id]) == []
     assert w.frontier.totals() == {}
+
+
+def test_a_worker_closing_after_a_takeover_hands_back_only_what_it_holds(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    w, other = worker(), worker()
+    w.scheduler.enqueue_request(Request(URL + "page"))
+    page = w.take()  # in w's engine
+    assert page is not None
+    keys = w.frontier.keys
+    client.zadd(keys.leases, {lease: 0 for lease in client.zrange(keys.leases, 0, -1)})
+    assert other.take() is not None  # taken over while w was paused
+    w.scheduler.deliveries.renew()  # w resumes: its renewal finds the lease taken back
+    w.scheduler.close("shutdown")  # still in its engine: neither handed back nor settled
+    stats = w.scheduler.stats
+    assert stats.get_value("scheduler/leases/handed_back") is None
+    assert stats.get_value("scheduler/leases/lease_lost") is None
+    assert client.zcard(keys.leases) == 1  # the other worker's
