@@ -161,6 +161,16 @@ REDIS_URL = None
 #: at start-up with a ``ConfigurationError``.
 REDIS_URL_PRECEDENCE = True
 
+#: Replicas that must confirm a worker's new requests (Redis ``WAIT``) before it
+#: acknowledges the request that produced them, so an acknowledged request survives a
+#: failover. ``None``: 1 under Sentinel or Cluster when the master has a replica, else
+#: off; ``0``: off. Fewer confirmations than asked is an outage: the requests and the
+#: acknowledgements behind them are kept and retried, never skipped.
+REDIS_WAIT_REPLICAS = None
+
+#: Seconds one ``WAIT`` for ``REDIS_WAIT_REPLICAS`` may block the worker.
+REDIS_WAIT_TIMEOUT = 1.0
+
 # -- topology: Redis Cluster and Sentinel (scrapy_dist.connection) ---------------------
 
 #: Redis Cluster: nodes to discover the cluster from, each ``"host:port"``,

@@ -34,6 +34,7 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.leases import DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
 from scrapy_dist.outbox import UNREACHABLE, Batch, Outbox, refusal
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
+from scrapy_dist.replication import Command, Replication
 from scrapy_dist.scripts import Fence, scripts_for
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.settings import check_frontier
@@ -103,7 +104,7 @@ class _Call(NamedTuple):
     ``"reserve"``), and what to do with its reply (a reserve's returns leases)."""
 
     kind: str
-    call: ScriptCall
+    call: ScriptCall | Command
     on_reply: Callable[[Any], list[Lease] | None]
 
 
@@ -128,6 +129,7 @@ class Frontier:
         eager: send every write at once instead of with the next reserve or flush tick.
         clear_keys: keys of other parts (the crawl's shared dupefilter) deleted with the
             frontier's own when a crawl that does not persist finishes.
+        replication: replica confirmations and master checks (``None``: none).
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class Frontier:
         wrongtype_timeout: float = 300.0,
         eager: bool = False,
         clear_keys: Iterable[str] = (),
+        replication: Replication | None = None,
     ) -> None:
         check_frontier(eviction_check, lease_timeout, max_deliveries)
         if not getattr(queue, "take", None):
@@ -197,6 +200,8 @@ class Frontier:
         self.on_lost: list[Callable[[str], None]] = []
         #: This worker saw its crawl finished, holding nothing (lua/progress.lua).
         self._finished_seen = False
+        #: Children confirmed on replicas, the master watched (scrapy_dist.replication).
+        self.replication = replication
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> Frontier:
@@ -229,6 +234,13 @@ class Frontier:
             wrongtype_timeout=config.frontier.wrongtype_timeout,
             eager=config.frontier.eager,
             clear_keys=[] if shared is None else shared.keys(),
+            replication=Replication(
+                client,
+                replicas=config.replication.wait_replicas,
+                timeout=config.replication.wait_timeout,
+                crawl=keys.crawl,
+                stats=lambda: crawler.stats,
+            ),
         )
         return frontier
 
@@ -308,6 +320,8 @@ class Frontier:
         """Join the crawl's epoch, creating it if the crawl has none; clear :attr:`lost`."""
         self.epoch = join(self.client, self.keys.epoch)
         self.lost = None
+        if self.replication is not None:  # who the master is (scrapy_dist.replication)
+            self.replication.remember(self.keys.epoch)
         return self.epoch
 
     def _gone(self, error: BaseException) -> bool:
@@ -413,6 +427,10 @@ class Frontier:
             self._release_unknown()
             if self.lost is not None:
                 return None
+        if self.replication is not None and self.replication.due(outbox):
+            gone = self.replication.check(outbox, self.keys.epoch, self.epoch)
+            if gone is not None and self._gone(gone):  # the master changed, the crawl went
+                return None
         calls = self._calls(reserve, seeds=seeds)
         if not calls:
             return []
@@ -441,6 +459,9 @@ class Frontier:
         enqueue = self.outbox.enqueue_call(fence)
         if enqueue is not None:
             calls.append(_Call("enqueue", enqueue, self._enqueued))
+            wait = self.replication.wait_call() if self.replication is not None else None
+            if wait is not None:  # confirmed on replicas before the settlements behind it
+                calls.append(_Call("wait", wait, lambda reply: None))
         ready = self.outbox.ready
         if ready:
             settle = self.leases.settle_call(ready, self.epoch)
@@ -497,6 +518,11 @@ class Frontier:
         leases: list[Lease] | None = []
         problem: Exception | None = None
         for call, answer in zip(calls, answers, strict=True):
+            if call.kind == "wait" and self.replication is not None:  # replication.py
+                enqueued = not isinstance(answers[0], Exception)  # the enqueue precedes it
+                short = self.replication.waited(answer, batch if enqueued else None, self.outbox)
+                problem = short or problem
+                continue
             if isinstance(answer, Exception):
                 if self._gone(answer):
                     return None

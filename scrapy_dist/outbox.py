@@ -26,6 +26,7 @@ from scrapy_dist import deadletter
 from scrapy_dist.connection import describe
 from scrapy_dist.exceptions import StaleFilterView
 from scrapy_dist.filters import filter_error
+from scrapy_dist.replication import Command
 from scrapy_dist.scripts import DONE, Fence
 
 if TYPE_CHECKING:
@@ -280,9 +281,10 @@ class Outbox:
         self._pending_replies, self._pending_parents = [], []
         return refused
 
-    def send(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    def send(self, calls: Sequence[ScriptCall | Command]) -> list[Any]:
         """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script
-        support would add a ``SCRIPT EXISTS`` round trip to every flush).
+        support would add a ``SCRIPT EXISTS`` round trip to every flush), and any plain
+        command among them (:class:`~scrapy_dist.replication.Command`) as it is.
 
         Returns:
             One answer per call, an exception for a call that failed.
@@ -298,6 +300,9 @@ class Outbox:
             self._loaded = True
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
+                if isinstance(call, Command):  # replication.py's WAIT
+                    pipe.execute_command(*call.args)  # type: ignore[no-untyped-call]
+                    continue
                 pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
             answers: list[Any] = pipe.execute(raise_on_error=False)
         if any(isinstance(a, redis.exceptions.NoScriptError) for a in answers):
@@ -306,6 +311,11 @@ class Outbox:
             missing = [
                 i for i, a in enumerate(answers) if isinstance(a, redis.exceptions.NoScriptError)
             ]
+            # a WAIT after a redone call must follow it again (replication.py)
+            missing = sorted(
+                {*missing, *(i for i, c in enumerate(calls) if isinstance(c, Command))}
+                - set(range(missing[0]))
+            )
             redone = self.send([calls[i] for i in missing])
             for i, answer in zip(missing, redone, strict=True):
                 answers[i] = answer

@@ -184,6 +184,9 @@ class Scheduler(BaseScheduler):
             on_lost=self.membership.after_lost,
         )
         frontier.on_lost.append(self.membership.crawl_lost)
+        if frontier.replication is not None and self._shared_df is not None:
+            # a master that changed may have lost what the seen-cache vouches for
+            frontier.replication.on_change.append(self._shared_df.forget_local)
         self.spider: Spider | None = None
         self._codec: RequestCodec | None = None
         #: The way in for the spider's requests; created at open (it needs the spider).

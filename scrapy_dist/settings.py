@@ -673,6 +673,51 @@ def _workers(s: BaseSettings) -> WorkersConfig:
 
 
 @dataclass(frozen=True)
+class ReplicationConfig:
+    """Children confirmed on replicas before their parent's acknowledgement
+    (:mod:`scrapy_dist.replication`): ``REDIS_WAIT_REPLICAS`` (``None``: decided by the
+    topology) and ``REDIS_WAIT_TIMEOUT``."""
+
+    wait_replicas: int | None
+    wait_timeout: float
+
+
+def check_replication(wait_replicas: int | None, wait_timeout: float) -> None:
+    """Check ``REDIS_WAIT_REPLICAS`` and ``REDIS_WAIT_TIMEOUT``.
+
+    Raises:
+        ConfigurationError: a value out of range.
+    """
+    if wait_replicas is not None and wait_replicas < 0:
+        raise ConfigurationError(
+            f"REDIS_WAIT_REPLICAS must be None, 0 (off) or a number of replicas ({wait_replicas})"
+        )
+    if not wait_timeout > 0 or math.isinf(wait_timeout):
+        raise ConfigurationError(
+            f"REDIS_WAIT_TIMEOUT must be a positive number of seconds ({wait_timeout})"
+        )
+
+
+def _replication(s: BaseSettings) -> ReplicationConfig:
+    raw = s.get("REDIS_WAIT_REPLICAS")
+    try:
+        replicas = None if raw is None or raw == "" else int(raw)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"REDIS_WAIT_REPLICAS must be None, 0 (off) or a number of replicas ({raw!r})"
+        ) from None
+    try:
+        timeout = s.getfloat("REDIS_WAIT_TIMEOUT")
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"REDIS_WAIT_TIMEOUT must be a positive number of seconds "
+            f"({s.get('REDIS_WAIT_TIMEOUT')!r})"
+        ) from None
+    check_replication(replicas, timeout)
+    return ReplicationConfig(wait_replicas=replicas, wait_timeout=timeout)
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduler's settings.
 
@@ -1167,6 +1212,10 @@ class Config:
         return _workers(self.settings)
 
     @cached_property
+    def replication(self) -> ReplicationConfig:
+        return _replication(self.settings)
+
+    @cached_property
     def scheduler(self) -> SchedulerConfig:
         return _scheduler(self.settings, self.workers, self.frontier)
 
@@ -1217,6 +1266,7 @@ SECTIONS = (
     "queue",
     "frontier",
     "workers",
+    "replication",
     "scheduler",
     "requests",
     "seeds",
