@@ -10,6 +10,7 @@ from scrapy_dist.bloom import BloomParams, fit_segments
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters.base import REDISBLOOM_TYPES, wrong_type
 from scrapy_dist.filters.bitmap import BitmapBloomBackend
+from scrapy_dist.filters.buckets import BucketsBackend
 from scrapy_dist.filters.exact import SetBackend
 from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
 from scrapy_dist.keys import key_type
@@ -85,6 +86,8 @@ class BackendChoice:
         if actual in REDISBLOOM_TYPES:
             return self.redisbloom
         if actual == "hash":
+            if self.client.hexists(self.key, "gen"):
+                raise wrong_type(self.key, "buckets", "a Bloom filter or a set")
             return self.bitmap
         if actual == "set" and self.exact is not None:
             return self.exact
@@ -142,6 +145,8 @@ def backend_from_config(
         ConfigurationError: invalid Bloom sizes.
     """
     mode, ttl, on_full = config.backend, config.ttl, config.on_full
+    if mode == "buckets":
+        return BucketsBackend(client, keys.dupefilter, capacity=config.capacity, ttl=ttl)
     exact = SetBackend(client, keys.dupefilter, ttl=ttl)
     if mode == "set" or config.bloom is None:
         return exact
