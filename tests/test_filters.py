@@ -361,7 +361,7 @@ def _add_concurrently(url: str, name: str, kind: str, barrier: Any, worker: int)
     client.close()
 
 
-@pytest.mark.parametrize("kind", ["set", "bitmap", "bitmap-split", "bitmap-grow"])
+@pytest.mark.parametrize("kind", ["set", "buckets", "bitmap", "bitmap-split", "bitmap-grow"])
 def test_concurrent_workers_get_one_new_per_fingerprint(
     kind: str, client: redis.Redis, redis_url: str, name: str
 ) -> None:

@@ -194,7 +194,7 @@ class BucketsBackend(ScriptedBackend):
         if actual not in ("none", "hash"):
             raise wrong_type(self.key, actual, "the bucketed exact filter")
         self._run("add", [])
-        bits, gen, _, _ = self._meta()
+        bits, _gen, _, _ = self._meta()
         if bits is not None and bits != self.bits:
             logger.info(
                 "Dupefilter %(key)s keeps its %(n)d buckets (this worker's "
@@ -227,10 +227,10 @@ class BucketsBackend(ScriptedBackend):
                     pipe.unlink(*batch)
                     batch = []
                     if len(pipe) == 8:
-                        deleted += sum(pipe.execute())
+                        deleted += sum(int(n) for n in pipe.execute())
             if batch:
                 pipe.unlink(*batch)
-            deleted += sum(pipe.execute())
+            deleted += sum(int(n) for n in pipe.execute())
         return deleted
 
     def collect(self) -> int:
