@@ -52,6 +52,12 @@ def bucket_keys(client: redis.Redis, backend: BucketsBackend) -> list[bytes]:
     return list(client.scan_iter(match=f"{backend.key}:*", count=1000))
 
 
+def generation(client: redis.Redis, backend: BucketsBackend) -> str:
+    raw = client.hget(backend.key, "gen")
+    assert isinstance(raw, bytes)
+    return raw.decode()
+
+
 def test_bits_follow_the_capacity() -> None:
     assert bits_for(1) == 0
     assert bits_for(128) == 0
@@ -95,11 +101,11 @@ def test_no_false_positives_where_fingerprints_share_buckets(
     assert all(backend.contains_many(base + near))
     assert len(backend) == len(base) + len(near)
     # every bucket the Lua wrote is where Python says, holding what Python says
-    gen = client.hget(backend.key, "gen").decode()
+    gen = generation(client, backend)
     for fp in base[:50]:
         tok = token(fp)
         key = bucket_key(backend.key, gen, bucket_index(tok, bits))
-        assert client.lpos(key, stored(tok, bits)) is not None
+        assert client.lpos(key, stored(tok, bits)) is not None  # type: ignore[arg-type]
 
 
 def test_no_false_positives_on_many_fingerprints(client: redis.Redis, name: str) -> None:
@@ -157,7 +163,7 @@ def test_atomic_dedupe_and_enqueue(client: redis.Redis, name: str) -> None:
     assert len(backend) == 40
     # a bucket holding another type: the call fails before writing anything
     fresh = fps(11, 1)[0]
-    gen = client.hget(backend.key, "gen").decode()
+    gen = generation(client, backend)
     client.set(bucket_key(backend.key, gen, bucket_index(token(fresh), backend.bits)), b"x")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         queue.push([(b"f", 0.0, fresh)], backend)
