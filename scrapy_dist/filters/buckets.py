@@ -211,6 +211,12 @@ class BucketsBackend(ScriptedBackend):
         for index in range(2**bits):
             yield bucket_key(self.key, gen, index)
 
+    def current_bucket_keys(self) -> list[str]:
+        """Every bucket key of the current generation (one round trip; none before the
+        table exists)."""
+        bits, gen, _, _ = self._meta()
+        return [] if gen is None else list(self.bucket_keys(gen, bits or 0))
+
     def drop(self, gen: str, bits: int) -> int:
         """Delete generation ``gen``'s buckets, :data:`UNLINK_BATCH` keys per ``UNLINK``
         (freed in the background), a few commands per round trip.
