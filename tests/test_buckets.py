@@ -283,3 +283,22 @@ def test_two_worker_processes_crawl_each_page_once(
         with module_server.client() as client:
             left = [k for k in client.scan_iter(match="pages:dupefilter*", count=1000)]
         assert left == []  # the finished crawl's table and buckets are gone
+
+
+def test_auto_adopts_a_bucket_table_and_bloom_refuses_it(client: redis.Redis, name: str) -> None:
+    """``"auto"`` (what ``scrapy-dist status`` reads with) adopts the table and its
+    count; ``"bloom"`` stops at open."""
+    from scrapy.settings import Settings
+
+    from scrapy_dist.filters import BackendChoice, backend_from_settings
+
+    keys = RedisKeys.build(name)
+    backend_for(client, name).add_many(fps(18, 30))
+    auto = backend_from_settings(Settings({"DUPEFILTER_BACKEND": "auto"}), client, keys)
+    assert isinstance(auto, BackendChoice)
+    chosen = auto.open()
+    assert isinstance(chosen, BucketsBackend)
+    assert chosen.state().count == 30
+    bloom = backend_from_settings(Settings({"DUPEFILTER_BACKEND": "bloom"}), client, keys)
+    with pytest.raises(ConfigurationError, match="bucketed exact"):
+        bloom.open()

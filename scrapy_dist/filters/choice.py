@@ -47,6 +47,8 @@ class BackendChoice:
         exact: the set backend (``"auto"`` only).
         bitmap: the bitmap Bloom backend.
         redisbloom: the RedisBloom backend.
+        buckets: the bucketed exact backend, adopted by ``"auto"`` when the key holds
+            its table (never chosen for a new crawl).
 
     Raises:
         ValueError: ``mode`` is not one of :data:`MODES`, or ``exact`` is given for
@@ -61,6 +63,7 @@ class BackendChoice:
         exact: SetBackend | None,
         bitmap: BitmapBloomBackend,
         redisbloom: RedisBloomBackend,
+        buckets: BucketsBackend | None = None,
     ) -> None:
         if mode not in MODES or (mode == "auto") != (exact is not None):
             raise ValueError(f"BackendChoice needs mode 'bloom', or 'auto' with a set: {mode!r}")
@@ -69,6 +72,7 @@ class BackendChoice:
         self.exact = exact
         self.bitmap = bitmap
         self.redisbloom = redisbloom
+        self.buckets = buckets if mode == "auto" else None
         self.key = bitmap.key
 
     def _candidates(self) -> list[DupefilterBackend]:
@@ -87,7 +91,9 @@ class BackendChoice:
             return self.redisbloom
         if actual == "hash":
             if self.client.hexists(self.key, "gen"):
-                raise wrong_type(self.key, "buckets", "a Bloom filter or a set")
+                if self.buckets is not None:
+                    return self.buckets
+                raise wrong_type(self.key, "buckets", "a Bloom filter")
             return self.bitmap
         if actual == "set" and self.exact is not None:
             return self.exact
@@ -163,6 +169,7 @@ def backend_from_config(
         exact=exact if mode == "auto" else None,
         bitmap=bitmap,
         redisbloom=redisbloom,
+        buckets=BucketsBackend(client, keys.dupefilter, capacity=config.capacity, ttl=ttl),
     )
 
 
