@@ -302,3 +302,14 @@ def test_auto_adopts_a_bucket_table_and_bloom_refuses_it(client: redis.Redis, na
     bloom = backend_from_settings(Settings({"DUPEFILTER_BACKEND": "bloom"}), client, keys)
     with pytest.raises(ConfigurationError, match="bucketed exact"):
         bloom.open()
+
+
+def test_buckets_expire_with_the_table(client: redis.Redis, name: str) -> None:
+    key = RedisKeys.build(name).dupefilter
+    backend = BucketsBackend(client, key, capacity=1_000, ttl=5.0).open()
+    backend.add_many(fps(19, 200))
+    meta = int(client.pttl(key))
+    pttls = [int(client.pttl(k)) for k in backend.current_bucket_keys() if client.exists(k)]
+    assert len(pttls) == 8
+    assert all(0 < p <= meta for p in pttls)
+    assert meta - min(pttls) < 1_000  # one expiry for the whole table
