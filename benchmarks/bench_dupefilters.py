@@ -48,6 +48,7 @@ from scrapy_dist.filters import (
     SetBackend,
     has_redisbloom,
 )
+from scrapy_dist.filters.buckets import bits_for, bucket_index, bucket_key, stored
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.testing.redis_server import RedisServer
@@ -265,6 +266,41 @@ def exact_cpu_row(
     }
 
 
+def layout_row(
+    binary: str | None, layout: str, count: int, capacity: int | None = None
+) -> dict[str, Any]:
+    """Memory of the buckets' layout written directly (pipelined, no script): ``list``
+    (what the backend does: ``RPUSH``) or ``hash`` (``HSET`` field = the stored bytes,
+    value = ""), at the bits the backend would use for ``capacity`` (default ``count``):
+    why lists."""
+    bits = bits_for(capacity or count)
+    with RedisServer(binary=binary) as server:
+        client = server.client()
+        before = used_memory(client)
+        with client.pipeline(transaction=False) as pipe:
+            for chunk in chunks(1, count):
+                for fp in chunk:
+                    key = bucket_key("bench:df", "1", bucket_index(fp, bits))
+                    if layout == "list":
+                        pipe.rpush(key, stored(fp, bits))
+                    else:
+                        pipe.hset(key, stored(fp, bits), b"")
+                pipe.execute()
+        time.sleep(0.2)
+        grown = used_memory(client) - before
+        encodings = {
+            client.object("encoding", bucket_key("bench:df", "1", i)) for i in range(0, 2**bits, 97)
+        }
+        client.close()
+    return {
+        "backend": f"{layout} buckets, raw" + (f", sized for {capacity:,}" if capacity else ""),
+        "fingerprints": count,
+        "keys": 2**bits,
+        "bytes_per_fingerprint": round(grown / count, 3),
+        "encodings": ",".join(sorted(str(e, "ascii") for e in encodings if e)),
+    }
+
+
 def run_exact(binary: str | None, sizes: list[int], checks: int) -> dict[str, Any]:
     """Memory and Redis CPU of the two exact backends, and their ratios (one run).
 
@@ -280,6 +316,21 @@ def run_exact(binary: str | None, sizes: list[int], checks: int) -> dict[str, An
                 memory.append(row)
                 print(table([row], MEMORY_COLUMNS), flush=True)
     size = sizes[0]
+    for layout, capacity in (
+        ("list", None),
+        ("hash", None),
+        ("list", size // 4),
+        ("hash", size // 4),
+    ):
+        row = layout_row(binary, layout, size, capacity)
+        memory.append(row)
+        print(
+            table(
+                [row],
+                [*MEMORY_COLUMNS[:1], "fingerprints", "keys", "bytes_per_fingerprint", "encodings"],
+            ),
+            flush=True,
+        )
     for kind, capacity in (("set", None), ("buckets", None), ("buckets", size // 4)):
         row = exact_cpu_row(binary, kind, size, checks, capacity=capacity)
         cpu.append(row)
