@@ -38,7 +38,7 @@ CRAWL_DONE_GRACE = 2.0
 #: Where the dupefilter keeps fingerprints: ``"set"`` (exact, ~70 bytes each, as in
 #: scrapy-redis), ``"bloom"`` (RedisBloom if the server has it, else a bitmap Bloom filter
 #: in Lua), ``"bitmap"``, ``"redisbloom"``, ``"auto"`` (RedisBloom if the server has
-#: it, else the set), or ``"buckets"`` (exact, ~21 bytes each at 10 million: many small
+#: it, else the set), or ``"buckets"`` (exact, ~25 bytes each at 10 million: many small
 #: lists in Redis's compact encoding, sized by ``DUPEFILTER_CAPACITY``). With "bloom" or
 #: "auto" a crawl keeps the kind it started with.
 DUPEFILTER_BACKEND = "set"

@@ -5,7 +5,7 @@
 * :class:`SetBackend` (``"set"``, :mod:`.exact`): the raw digests in a Redis set.
   Exact, about 70 bytes each.
 * :class:`BucketsBackend` (``"buckets"``, :mod:`.buckets`): exact, in many small
-  Redis lists kept as listpacks; about 21 bytes each at 10 million.
+  Redis lists kept as listpacks; about 25 bytes each at 10 million.
 * :class:`BitmapBloomBackend` (``"bitmap"``, :mod:`.bitmap`): a scalable chain of Bloom
   filters in plain Redis strings (any server). Offsets come from MurmurHash3 with
   enhanced double hashing (:mod:`scrapy_dist.bloom`); one Lua call tests and sets all
