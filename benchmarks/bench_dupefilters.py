@@ -42,11 +42,13 @@ from scrapy_dist.bloom import BloomParams, LocalBloom, fit_segments
 from scrapy_dist.dupefilter import LOCAL_ERROR_SHARE, RFPDupeFilter
 from scrapy_dist.filters import (
     BitmapBloomBackend,
+    BucketsBackend,
     DupefilterBackend,
     RedisBloomBackend,
     SetBackend,
     has_redisbloom,
 )
+from scrapy_dist.filters.buckets import bits_for, bucket_index, bucket_key, stored
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.testing.redis_server import RedisServer
@@ -152,6 +154,8 @@ def warm_up(port: int, kind: str, count: int, error_rate: float) -> None:
     backend: DupefilterBackend
     if kind == "set":
         backend = SetBackend(client, keys.dupefilter)
+    elif kind.startswith("buckets"):
+        backend = BucketsBackend(client, keys.dupefilter, capacity=count).open()
     elif kind == "bitmap":
         backend = BitmapBloomBackend(client, keys, params).open()
     else:
@@ -186,6 +190,11 @@ def memory_row(
         if kind == "set":
             backend = SetBackend(filler, keys.dupefilter)
             fill_set(filler, keys.dupefilter, count)
+        elif kind.startswith("buckets"):
+            # "buckets-over": sized for a quarter of what it holds (4x past capacity)
+            capacity = count // 4 if kind == "buckets-over" else count
+            backend = BucketsBackend(filler, keys.dupefilter, capacity=capacity).open()
+            fill_backend(backend, count)
         elif kind == "bitmap":
             params = fit_segments(BloomParams.from_capacity(count, error_rate))
             backend = BitmapBloomBackend(filler, keys, params).open()
@@ -201,6 +210,8 @@ def memory_row(
         time.sleep(0.2)
         grown = used_memory(client) - before
         candidates = backend.keys()
+        if isinstance(backend, BucketsBackend):
+            candidates += backend.current_bucket_keys()
         owned = [key for key in candidates if client.exists(key)]
         usage = key_memory(client, owned)
         client.close()
@@ -214,6 +225,134 @@ def memory_row(
         "fpr_estimate": state.fpr_estimate,
         "fill_per_second": round(count / elapsed),
     }
+
+
+def exact_cpu_row(
+    binary: str | None, kind: str, count: int, checks: int, *, capacity: int | None = None
+) -> dict[str, Any]:
+    """Redis CPU per test-and-set through the enqueue script, on a fresh server whose
+    exact filter (``set`` or ``buckets``) holds ``count`` fingerprints: ``checks``
+    fingerprints, half recorded and half new, in batches of 100 (``INFO cpu`` of the
+    server before and after; the client's time is not counted)."""
+    with RedisServer(binary=binary) as server:
+        client = server.client()
+        keys = RedisKeys.build(f"bench-cpu-{kind}")
+        backend: DupefilterBackend
+        if kind == "set":
+            backend = SetBackend(client, keys.dupefilter)
+            fill_set(client, keys.dupefilter, count)
+        else:
+            backend = BucketsBackend(client, keys.dupefilter, capacity=capacity or count).open()
+            fill_backend(backend, count)
+        known = [fp for chunk in chunks(1, checks // 2) for fp in chunk]
+        fresh = [fp for chunk in chunks(99, checks - len(known)) for fp in chunk]
+        workload = [fp for pair in zip(known, fresh, strict=False) for fp in pair]
+        queue = FifoQueue(client, keys.requests, keys.seq)
+        cpu = client.info("cpu")
+        before = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+        started = time.perf_counter()
+        for i in range(0, len(workload), 100):
+            batch = workload[i : i + 100]
+            queue.push([(b"p", 0.0, fp) for fp in batch], backend)
+        elapsed = time.perf_counter() - started
+        cpu = client.info("cpu")
+        after = float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+        client.close()
+    return {
+        "backend": kind if capacity is None else f"{kind} (sized for {capacity:,})",
+        "fingerprints": count,
+        "redis_cpu_us_per_check": round((after - before) / len(workload) * 1e6, 2),
+        "checks_per_second": round(len(workload) / elapsed),
+    }
+
+
+def layout_row(
+    binary: str | None, layout: str, count: int, capacity: int | None = None
+) -> dict[str, Any]:
+    """Memory of the buckets' layout written directly (pipelined, no script): ``list``
+    (what the backend does: ``RPUSH``) or ``hash`` (``HSET`` field = the stored bytes,
+    value = ""), at the bits the backend would use for ``capacity`` (default ``count``):
+    why lists."""
+    bits = bits_for(capacity or count)
+    with RedisServer(binary=binary) as server:
+        client = server.client()
+        before = used_memory(client)
+        with client.pipeline(transaction=False) as pipe:
+            for chunk in chunks(1, count):
+                for fp in chunk:
+                    key = bucket_key("bench:df", "1", bucket_index(fp, bits))
+                    if layout == "list":
+                        pipe.rpush(key, stored(fp, bits))
+                    else:
+                        pipe.hset(key, stored(fp, bits), b"")
+                pipe.execute()
+        time.sleep(0.2)
+        grown = used_memory(client) - before
+        encodings = {
+            client.object("encoding", bucket_key("bench:df", "1", i)) for i in range(0, 2**bits, 97)
+        }
+        client.close()
+    return {
+        "backend": f"{layout} buckets, raw" + (f", sized for {capacity:,}" if capacity else ""),
+        "fingerprints": count,
+        "keys": 2**bits,
+        "bytes_per_fingerprint": round(grown / count, 3),
+        "encodings": ",".join(sorted(str(e, "ascii") for e in encodings if e)),
+    }
+
+
+def run_exact(binary: str | None, sizes: list[int], checks: int) -> dict[str, Any]:
+    """Memory and Redis CPU of the two exact backends, and their ratios (one run).
+
+    Memory at every size (``buckets-over``, 4x past its capacity, at the smallest); CPU
+    at the smallest size (filling 10M through the script three more times would take
+    longer than the memory rows together).
+    """
+    memory, cpu = [], []
+    for count in sizes:
+        for kind in ("set", "buckets", "buckets-over")[: 3 if count == sizes[0] else 2]:
+            row = memory_row(binary, kind, count, error_rate=0.001)  # (unused: exact)
+            if row is not None:
+                memory.append(row)
+                print(table([row], MEMORY_COLUMNS), flush=True)
+    size = sizes[0]
+    for layout, capacity in (
+        ("list", None),
+        ("hash", None),
+        ("list", size // 4),
+        ("hash", size // 4),
+    ):
+        row = layout_row(binary, layout, size, capacity)
+        memory.append(row)
+        print(
+            table(
+                [row],
+                [*MEMORY_COLUMNS[:1], "fingerprints", "keys", "bytes_per_fingerprint", "encodings"],
+            ),
+            flush=True,
+        )
+    for kind, capacity in (("set", None), ("buckets", None), ("buckets", size // 4)):
+        row = exact_cpu_row(binary, kind, size, checks, capacity=capacity)
+        cpu.append(row)
+        print(table([row], EXACT_CPU_COLUMNS), flush=True)
+    ratios = {}
+    for count in sizes:
+        rows = {row["backend"]: row for row in memory if row["fingerprints"] == count}
+        if "set" in rows and "buckets" in rows:
+            ratios[f"buckets/set bytes at {count}"] = round(
+                rows["buckets"]["bytes_per_fingerprint"] / rows["set"]["bytes_per_fingerprint"], 3
+            )
+    if len(cpu) >= 2:
+        ratios["buckets/set redis cpu per check"] = round(
+            cpu[1]["redis_cpu_us_per_check"] / cpu[0]["redis_cpu_us_per_check"], 2
+        )
+        ratios["buckets 4x past capacity / buckets cpu"] = round(
+            cpu[2]["redis_cpu_us_per_check"] / cpu[1]["redis_cpu_us_per_check"], 2
+        )
+    return {"memory": memory, "cpu": cpu, "ratios": ratios}
+
+
+EXACT_CPU_COLUMNS = ["backend", "fingerprints", "redis_cpu_us_per_check", "checks_per_second"]
 
 
 # --- 2. checks ----------------------------------------------------------------------
@@ -476,7 +615,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="sizes 100k,1M; fewer checks")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
-        "--sections", default="memory,checks,site", help="which parts to run (comma-separated)"
+        "--sections",
+        default="memory,checks,site",
+        help="which parts to run (comma-separated; 'exact': set vs buckets, memory and CPU)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -498,6 +639,9 @@ def main() -> None:
         print(f"redis {results['redis']}; RedisBloom: {'yes' if redisbloom else 'no'}")
 
         sections = set(args.sections.split(","))
+        if "exact" in sections:
+            results["exact"] = run_exact(args.redis_server, sizes, args.checks)
+            print(json.dumps(results["exact"]["ratios"], indent=2), flush=True)
         memory = []
         for count in sizes if "memory" in sections else []:
             for kind in ("set", "bitmap", "redisbloom"):

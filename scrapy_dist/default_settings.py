@@ -37,9 +37,16 @@ CRAWL_DONE_GRACE = 2.0
 
 #: Where the dupefilter keeps fingerprints: ``"set"`` (exact, ~70 bytes each, as in
 #: scrapy-redis), ``"bloom"`` (RedisBloom if the server has it, else a bitmap Bloom filter
-#: in Lua), ``"bitmap"``, ``"redisbloom"``, or ``"auto"`` (RedisBloom if the server has
-#: it, else the set). With "bloom" or "auto" a crawl keeps the kind it started with.
+#: in Lua), ``"bitmap"``, ``"redisbloom"``, ``"auto"`` (RedisBloom if the server has
+#: it, else the set), or ``"buckets"`` (exact, ~25 bytes each at 10 million: many small
+#: lists in Redis's compact encoding, sized by ``DUPEFILTER_CAPACITY``). With "bloom" or
+#: "auto" a crawl keeps the kind it started with.
 DUPEFILTER_BACKEND = "set"
+
+#: Fingerprints the ``"buckets"`` backend sizes its bucket count for (``None``:
+#: ``BLOOM_CAPACITY``). Past it the filter stays exact and compact; each test costs more
+#: CPU (buckets get longer). Fixed by a crawl's first worker.
+DUPEFILTER_CAPACITY = None
 
 #: Keep a per-worker cache of fingerprints known to be in Redis, to skip serializing and
 #: sending the links repeated on every page. ``None``: on; exact (a set of digests)

@@ -222,7 +222,7 @@ class RFPDupeFilter(BaseDupeFilter):
         size = config.local_cache_size
         local: LocalBloom | LocalSet | None = None
         enabled = wanted is None or wanted
-        if enabled and size > 0 and (mode == "set" or config.bloom is None):
+        if enabled and size > 0 and (mode in ("set", "buckets") or config.bloom is None):
             local = LocalSet(size)
         elif enabled and size > 0 and config.bloom is not None:
             rate = bloom_params_from_config(config.bloom).error_rate * LOCAL_ERROR_SHARE
@@ -285,6 +285,13 @@ class RFPDupeFilter(BaseDupeFilter):
             self.clear()
         if not self._opened:
             return
+        collect = getattr(self._backend, "collect", None)
+        if collect is not None:
+            # the buckets of a generation the crawl left (finished, flushed, expired)
+            try:
+                collect()
+            except redis.RedisError as e:
+                logger.warning("Could not delete old dupefilter buckets: %(error)s", {"error": e})
         try:
             self._refresh(time.monotonic())
         except redis.RedisError as e:

@@ -66,7 +66,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
 URL_SCHEMES = ("redis", "rediss", "unix")
 
 #: Values of ``DUPEFILTER_BACKEND``.
-BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto")
+BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto", "buckets")
 
 #: Values of ``BLOOM_ON_FULL``.
 ON_FULL = ("grow", "refuse")
@@ -926,6 +926,8 @@ class DupefilterConfig:
         local_cache_size: ``DUPEFILTER_LOCAL_CACHE_SIZE``.
         debug: ``DUPEFILTER_DEBUG``.
         standalone_per_run: ``DUPEFILTER_STANDALONE_PER_RUN``.
+        capacity: ``DUPEFILTER_CAPACITY``, else ``BLOOM_CAPACITY``: fingerprints the
+            ``"buckets"`` backend sizes its bucket count for.
     """
 
     backend: str
@@ -936,6 +938,18 @@ class DupefilterConfig:
     local_cache_size: int
     debug: bool
     standalone_per_run: bool
+    capacity: int = 10_000_000
+
+
+def _capacity(s: BaseSettings) -> int:
+    raw = s.get("DUPEFILTER_CAPACITY")
+    try:
+        capacity = s.getint("BLOOM_CAPACITY") if raw is None or raw == "" else int(raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"DUPEFILTER_CAPACITY must be an integer: {raw!r}") from e
+    if capacity < 1:
+        raise ConfigurationError(f"DUPEFILTER_CAPACITY must be at least 1: {capacity!r}")
+    return capacity
 
 
 def _ttl(raw: Any) -> float | None:
@@ -971,7 +985,7 @@ def _dupefilter(s: BaseSettings) -> DupefilterConfig:
     ttl = _ttl(s.get("DUPEFILTER_TTL"))
     on_full = str(s.get("BLOOM_ON_FULL")).lower()
     bloom = None
-    if mode != "set":
+    if mode not in ("set", "buckets"):
         check_on_full(on_full)
         bloom = _bloom(s)
     wanted = s.get("DUPEFILTER_LOCAL_CACHE")
@@ -984,6 +998,7 @@ def _dupefilter(s: BaseSettings) -> DupefilterConfig:
         local_cache_size=s.getint("DUPEFILTER_LOCAL_CACHE_SIZE"),
         debug=s.getbool("DUPEFILTER_DEBUG"),
         standalone_per_run=s.getbool("DUPEFILTER_STANDALONE_PER_RUN"),
+        capacity=_capacity(s),
     )
 
 

@@ -34,6 +34,7 @@ from scrapy_dist.exceptions import ConfigurationError, StaleFilterView
 from scrapy_dist.filters import (
     BackendChoice,
     BitmapBloomBackend,
+    BucketsBackend,
     DupefilterBackend,
     DupefilterFull,
     RedisBloomBackend,
@@ -49,7 +50,10 @@ from scrapy_dist.scripts import source
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-BACKENDS = ["set", "bitmap", "bitmap-split", "redisbloom"]
+BACKENDS = ["set", "buckets", "buckets-wide", "bitmap", "bitmap-split", "redisbloom"]
+
+#: A capacity that gives the buckets backend 2**17 buckets (its index drops 2 bytes).
+WIDE_CAPACITY = 2**17 * 128
 
 #: Bitmap options that let a chain grow as soon as a stage is full (tests only: the
 #: guard is what keeps workers' views current in production).
@@ -83,6 +87,9 @@ def make_backend(
     keys = RedisKeys.build(name)
     if kind == "set":
         return SetBackend(client, keys.dupefilter, ttl=ttl).open()
+    if kind.startswith("buckets"):
+        size = WIDE_CAPACITY if kind == "buckets-wide" else capacity
+        return BucketsBackend(client, keys.dupefilter, capacity=size, ttl=ttl).open()
     if kind == "redisbloom":
         params = BloomParams.from_capacity(capacity, error_rate)
         return RedisBloomBackend(client, keys.dupefilter, params, ttl=ttl, on_full=on_full).open()
@@ -201,6 +208,9 @@ def test_state_counts_insertions(backend: DupefilterBackend, kind: str) -> None:
     stats = state.stats()
     if kind == "set":
         assert stats == {"dupefilter/set/count": 300}
+        return
+    if kind.startswith("buckets"):
+        assert stats == {"dupefilter/buckets/count": 300}
         return
     assert stats["dupefilter/bloom/count"] == 300
     assert stats["dupefilter/bloom/capacity"] == state.design_capacity
@@ -351,7 +361,7 @@ def _add_concurrently(url: str, name: str, kind: str, barrier: Any, worker: int)
     client.close()
 
 
-@pytest.mark.parametrize("kind", ["set", "bitmap", "bitmap-split", "bitmap-grow"])
+@pytest.mark.parametrize("kind", ["set", "buckets", "bitmap", "bitmap-split", "bitmap-grow"])
 def test_concurrent_workers_get_one_new_per_fingerprint(
     kind: str, client: redis.Redis, redis_url: str, name: str
 ) -> None:
@@ -450,8 +460,8 @@ def test_stale_worker_retries_and_sees_every_stage(client: redis.Redis, name: st
 
 
 def test_refuse_when_full_writes_nothing(kind: str, server: redis.Redis, name: str) -> None:
-    if kind == "set":
-        pytest.skip("the set has no capacity")
+    if kind == "set" or kind.startswith("buckets"):
+        pytest.skip("exact filters never refuse")
     backend = make_backend(kind, server, name, capacity=100, on_full="refuse")
     assert sum(backend.add_many(fingerprints(22, 95))) >= 94
     before = len(backend)

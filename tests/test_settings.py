@@ -210,7 +210,8 @@ ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (
         {"DUPEFILTER_BACKEND": "x"},
         "dupefilter",
-        "DUPEFILTER_BACKEND must be one of 'set', 'bloom', 'bitmap', 'redisbloom', 'auto', not 'x'",
+        "DUPEFILTER_BACKEND must be one of 'set', 'bloom', 'bitmap', 'redisbloom', 'auto', "
+        "'buckets', not 'x'",
     ),
     (
         {"DUPEFILTER_TTL": "abc"},

@@ -4,6 +4,8 @@
 
 * :class:`SetBackend` (``"set"``, :mod:`.exact`): the raw digests in a Redis set.
   Exact, about 70 bytes each.
+* :class:`BucketsBackend` (``"buckets"``, :mod:`.buckets`): exact, in many small
+  Redis lists kept as listpacks; about 25 bytes each at 10 million.
 * :class:`BitmapBloomBackend` (``"bitmap"``, :mod:`.bitmap`): a scalable chain of Bloom
   filters in plain Redis strings (any server). Offsets come from MurmurHash3 with
   enhanced double hashing (:mod:`scrapy_dist.bloom`); one Lua call tests and sets all
@@ -35,6 +37,7 @@ from scrapy_dist.filters.base import (
     filter_error,
 )
 from scrapy_dist.filters.bitmap import BitmapBloomBackend
+from scrapy_dist.filters.buckets import BucketsBackend, migrate_set
 from scrapy_dist.filters.choice import (
     BackendChoice,
     backend_from_config,
@@ -47,6 +50,7 @@ from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
 __all__ = [
     "BackendChoice",
     "BitmapBloomBackend",
+    "BucketsBackend",
     "DupefilterBackend",
     "DupefilterFull",
     "FilterState",
@@ -58,4 +62,5 @@ __all__ = [
     "bloom_params_from_config",
     "filter_error",
     "has_redisbloom",
+    "migrate_set",
 ]

@@ -88,6 +88,8 @@ def wrong_type(key: str, actual: str, backend: str) -> ConfigurationError:
     held = {
         "set": "a set (DUPEFILTER_BACKEND = 'set')",
         "hash": "a bitmap Bloom filter (DUPEFILTER_BACKEND = 'bitmap')",
+        "bitmap": "a bitmap Bloom filter (DUPEFILTER_BACKEND = 'bitmap')",
+        "buckets": "a bucketed exact filter (DUPEFILTER_BACKEND = 'buckets')",
     }.get(actual)
     if actual in REDISBLOOM_TYPES:
         held = "a RedisBloom filter (DUPEFILTER_BACKEND = 'redisbloom')"
@@ -103,7 +105,7 @@ class FilterState:
     """What a backend holds, as one round trip reads it.
 
     Attributes:
-        backend: ``"set"``, ``"bitmap"`` or ``"redisbloom"``.
+        backend: ``"set"``, ``"buckets"``, ``"bitmap"`` or ``"redisbloom"``.
         key: The dupefilter key.
         count: Fingerprints recorded (set members; Bloom insertions).
         capacity: Fingerprints the open stages are sized for (``None`` for the set).
@@ -135,6 +137,8 @@ class FilterState:
         """Crawler stats that describe this state (``dupefilter/...``)."""
         if self.backend == "set":
             return {"dupefilter/set/count": self.count}
+        if self.backend == "buckets":
+            return {"dupefilter/buckets/count": self.count}
         return {
             "dupefilter/bloom/backend": self.backend,
             "dupefilter/bloom/count": self.count,

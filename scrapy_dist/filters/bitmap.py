@@ -234,6 +234,8 @@ class BitmapBloomBackend(ScriptedBackend):
         actual = key_type(self.client, self.key)
         if actual not in ("none", "hash"):
             raise wrong_type(self.key, actual, "a bitmap Bloom filter")
+        if actual == "hash" and self.client.hexists(self.key, "gen"):
+            raise wrong_type(self.key, "buckets", "a bitmap Bloom filter")
         try:
             self._run("add", [])
         except ConfigurationError as e:

@@ -10,6 +10,7 @@ from scrapy_dist.bloom import BloomParams, fit_segments
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters.base import REDISBLOOM_TYPES, wrong_type
 from scrapy_dist.filters.bitmap import BitmapBloomBackend
+from scrapy_dist.filters.buckets import BucketsBackend
 from scrapy_dist.filters.exact import SetBackend
 from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
 from scrapy_dist.keys import key_type
@@ -46,6 +47,8 @@ class BackendChoice:
         exact: the set backend (``"auto"`` only).
         bitmap: the bitmap Bloom backend.
         redisbloom: the RedisBloom backend.
+        buckets: the bucketed exact backend, adopted by ``"auto"`` when the key holds
+            its table (never chosen for a new crawl).
 
     Raises:
         ValueError: ``mode`` is not one of :data:`MODES`, or ``exact`` is given for
@@ -60,6 +63,7 @@ class BackendChoice:
         exact: SetBackend | None,
         bitmap: BitmapBloomBackend,
         redisbloom: RedisBloomBackend,
+        buckets: BucketsBackend | None = None,
     ) -> None:
         if mode not in MODES or (mode == "auto") != (exact is not None):
             raise ValueError(f"BackendChoice needs mode 'bloom', or 'auto' with a set: {mode!r}")
@@ -68,6 +72,7 @@ class BackendChoice:
         self.exact = exact
         self.bitmap = bitmap
         self.redisbloom = redisbloom
+        self.buckets = buckets if mode == "auto" else None
         self.key = bitmap.key
 
     def _candidates(self) -> list[DupefilterBackend]:
@@ -85,6 +90,10 @@ class BackendChoice:
         if actual in REDISBLOOM_TYPES:
             return self.redisbloom
         if actual == "hash":
+            if self.client.hexists(self.key, "gen"):
+                if self.buckets is not None:
+                    return self.buckets
+                raise wrong_type(self.key, "buckets", "a Bloom filter")
             return self.bitmap
         if actual == "set" and self.exact is not None:
             return self.exact
@@ -142,6 +151,8 @@ def backend_from_config(
         ConfigurationError: invalid Bloom sizes.
     """
     mode, ttl, on_full = config.backend, config.ttl, config.on_full
+    if mode == "buckets":
+        return BucketsBackend(client, keys.dupefilter, capacity=config.capacity, ttl=ttl)
     exact = SetBackend(client, keys.dupefilter, ttl=ttl)
     if mode == "set" or config.bloom is None:
         return exact
@@ -158,6 +169,7 @@ def backend_from_config(
         exact=exact if mode == "auto" else None,
         bitmap=bitmap,
         redisbloom=redisbloom,
+        buckets=BucketsBackend(client, keys.dupefilter, capacity=config.capacity, ttl=ttl),
     )
 
 

@@ -58,6 +58,8 @@ class SetBackend(ScriptedBackend):
             ConfigurationError: the key holds another type (e.g. a Bloom filter).
         """
         actual = key_type(self.client, self.key)
+        if actual == "hash" and self.client.hexists(self.key, "gen"):
+            actual = "buckets"
         if actual not in ("none", "set"):
             raise wrong_type(self.key, actual, "the set")
         return self

@@ -16,6 +16,20 @@
 --
 -- "set": exact, the raw fingerprints in a set at KEYS[first_key].
 --
+-- "buckets": exact, in many small lists that Redis keeps as listpacks at any length
+-- (a list has no size threshold past which it leaves its compact encoding, unlike a
+-- hash, a set or a zset). KEYS[first_key] = the meta hash: bits (the table has 2^bits
+-- buckets), gen (the generation, fixed when the hash is created), count. Filter
+-- arguments: expiry, bits (used only when this call creates the hash: a crawl keeps the
+-- layout it started with, whatever later workers are configured with). Bucket i of
+-- generation g is the list "<meta>:<g>:<i>" (undeclared keys, derived from the meta
+-- key by suffixing, so in its hash slot). A token (at least 3 bytes, uniformly
+-- distributed leading bytes) goes to bucket i = its first `bits` bits; the bucket
+-- stores the token without its first floor(bits / 8) bytes, which i determines, so
+-- nothing is lost: exact. A new generation (a hash created after the last was deleted:
+-- a finished, flushed or expired crawl) starts from empty buckets; the worker deletes
+-- the old generation's buckets (scrapy_dist.filters.buckets).
+--
 -- "bf": a RedisBloom filter (Redis 8, Redis Stack, valkey-bloom) at KEYS[first_key];
 -- the token is the raw fingerprint. Filter arguments: expiry, capacity, error rate,
 -- "grow" (EXPANSION 2) or "refuse" (NONSCALING; a call that could take the count past
@@ -329,6 +343,53 @@ local function bloom_filter(state, first_key, n, writes)
   }
 end
 
+-- The bucket of a token and what it stores of it, for 2^bits buckets.
+local function bucket_of(prefix, bits, token)
+  local b1, b2, b3 = string.byte(token, 1, 3)
+  local index = floor(((b1 or 0) * 65536 + (b2 or 0) * 256 + (b3 or 0)) / 2 ^ (24 - bits))
+  return prefix .. index, string.sub(token, floor(bits / 8) + 1)
+end
+
+local function buckets_filter(state, meta, writes)
+  local stored = redis.call("HMGET", meta, "bits", "gen")
+  local bits, gen = tonumber(stored[1]), stored[2]
+  if not gen then
+    if not writes then
+      return {
+        test = function()
+          return true
+        end,
+      }
+    end
+    bits = tonumber(ARGV[5])
+    if not bits or bits < 0 or bits > 24 or bits ~= floor(bits) then
+      return nil, "DUPEFILTER_LAYOUT " .. meta .. ": bits must be an integer 0..24"
+    end
+    local now = redis.call("TIME")
+    gen = now[1] .. string.format("%06d", tonumber(now[2]))
+    redis.call("HSET", meta, "bits", bits, "gen", gen, "count", 0)
+    filter_expire(state, meta)
+  end
+  local prefix, pttl = meta .. ":" .. gen .. ":", nil
+  return {
+    test = function(token)
+      local key, rest = bucket_of(prefix, bits, token)
+      return redis.call("LPOS", key, rest) == false
+    end,
+    record = function(token)
+      local key, rest = bucket_of(prefix, bits, token)
+      if redis.call("RPUSH", key, rest) == 1 and state.ttl > 0 then
+        -- a new bucket expires with the meta hash, not a whole TTL after it
+        pttl = pttl or redis.call("PTTL", meta)
+        if pttl > 0 then
+          redis.call("PEXPIRE", key, pttl)
+        end
+      end
+      redis.call("HINCRBY", meta, "count", 1)
+    end,
+  }
+end
+
 local function filter_for(kind, nfilter, n, first_key, writes)
   local state = {ttl = nfilter > 0 and tonumber(ARGV[4]) or 0, checked = {}}
   if kind == "set" then
@@ -337,6 +398,8 @@ local function filter_for(kind, nfilter, n, first_key, writes)
     return bf_filter(state, KEYS[first_key], n, writes)
   elseif kind == "bloom" then
     return bloom_filter(state, first_key, n, writes)
+  elseif kind == "buckets" then
+    return buckets_filter(state, KEYS[first_key], writes)
   end
   return nil
 end

@@ -9,7 +9,7 @@
 -- KEYS[2] = one segment; ARGV[2] = the segment's size in bits. It creates the segment
 -- at full size if missing, with the hash's expiry, outside any enqueue (see
 -- lua/_filters.lua). Returns 1 if it created the segment, else 0.
--- ARGV[2] = filter kind: "set", "bloom" (bitmap) or "bf" (RedisBloom)
+-- ARGV[2] = filter kind: "set", "bloom" (bitmap), "bf" (RedisBloom) or "buckets"
 -- ARGV[3] = F, the number of filter arguments that follow
 -- ARGV[4 .. 3+F] = filter arguments (backend.script_args())
 -- ARGV[4+F ..] = one token per fingerprint (backend.token())
