@@ -457,6 +457,7 @@ def test_a_full_bloom_filter_dead_letters_the_children_and_fails_the_parent(
     frontier.flush()
     parent = scheduler.next_request()
     assert parent is not None
+    assert scheduler.crawler is not None
     links = ParentLinks.from_crawler(scheduler.crawler)  # as Scrapy's scraper runs it
     assert scheduler.links is links.links
     response = Response(parent.url, request=parent)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request
@@ -445,7 +445,8 @@ def test_children_of_a_lease_taken_over_are_refused(
     w.frontier.flush()
     # this worker is paused past its lease: the other worker takes the page over
     keys = w.frontier.keys
-    client.zadd(keys.leases, {lease: 0 for lease in client.zrange(keys.leases, 0, -1)})
+    expire_all = {cast(bytes, lease): 0 for lease in client.zrange(keys.leases, 0, -1)}
+    client.zadd(keys.leases, expire_all)
     taken = other.take()
     assert taken is not None
     assert taken.url == URL + "parent"
@@ -523,7 +524,8 @@ def test_a_worker_closing_after_a_takeover_hands_back_only_what_it_holds(
     page = w.take()  # in w's engine
     assert page is not None
     keys = w.frontier.keys
-    client.zadd(keys.leases, {lease: 0 for lease in client.zrange(keys.leases, 0, -1)})
+    expire_all = {cast(bytes, lease): 0 for lease in client.zrange(keys.leases, 0, -1)}
+    client.zadd(keys.leases, expire_all)
     assert other.take() is not None  # taken over while w was paused
     w.scheduler.deliveries.renew()  # w resumes: its renewal finds the lease taken back
     w.scheduler.close("shutdown")  # still in its engine: neither handed back nor settled
