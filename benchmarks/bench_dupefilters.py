@@ -48,8 +48,8 @@ from scrapy_dist.filters import (
     SetBackend,
     has_redisbloom,
 )
-from scrapy_dist.filters.buckets import bits_for, bucket_index, bucket_key, stored
-from scrapy_dist.keys import RedisKeys
+from scrapy_dist.filters.buckets import bits_for, bucket_index, stored
+from scrapy_dist.keys import RedisKeys, bucket_key
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.testing.redis_server import RedisServer
 

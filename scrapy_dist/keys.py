@@ -85,6 +85,14 @@ def expand(template: str, crawl: str, *, setting: str = "key template") -> str:
         ) from e
 
 
+def bucket_key(dupefilter: str, gen: str, index: int) -> str:
+    """Bucket ``index`` of generation ``gen`` of a ``buckets`` dupefilter:
+    ``<dupefilter>:<gen>:<index>``, next to the dupefilter key like a Bloom segment (so
+    a Cluster hash tag applies, and ``scrapy-dist reset`` finds both with one pattern).
+    ``lua/_filters.lua`` builds the same names."""
+    return f"{dupefilter}:{gen}:{index}"
+
+
 @dataclass(frozen=True)
 class RedisKeys:
     """The key names of one crawl (see the module docstring for what each holds)."""

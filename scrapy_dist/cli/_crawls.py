@@ -79,7 +79,9 @@ def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[
 
 def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[str]) -> list[str]:
     """The keys of this crawl that exist: those its layout and its dupefilter backend
-    name, plus Bloom segments of any size found under the dupefilter key with ``SCAN``.
+    name, plus Bloom segments and dupefilter buckets (both ``<dupefilter>:<n>:<n>``,
+    :func:`scrapy_dist.keys.bucket_key`) of any number found under the dupefilter key
+    with ``SCAN``.
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))

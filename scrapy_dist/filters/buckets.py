@@ -52,7 +52,7 @@ from scrapy_dist.filters.base import (
     ttl_ms,
     wrong_type,
 )
-from scrapy_dist.keys import key_type
+from scrapy_dist.keys import bucket_key, key_type
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -112,11 +112,6 @@ def bucket_index(tok: bytes, bits: int) -> int:
 def stored(tok: bytes, bits: int) -> bytes:
     """What bucket :func:`bucket_index` stores of a token."""
     return tok[bits // 8 :]
-
-
-def bucket_key(dupefilter: str, gen: str, index: int) -> str:
-    """Bucket ``index`` of generation ``gen``: ``<dupefilter>:<gen>:<index>``."""
-    return f"{dupefilter}:{gen}:{index}"
 
 
 class BucketsBackend(ScriptedBackend):
