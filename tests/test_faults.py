@@ -31,6 +31,7 @@ from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
 
 if TYPE_CHECKING:
@@ -91,21 +92,6 @@ def assert_all_once(crawl: Crawl, allowed: int = 0) -> None:
 # -- 1. refusals are outages --------------------------------------------------------
 
 
-def _refuse_oom(client: redis.Redis) -> Callable[[], object]:
-    client.config_set("maxmemory", 1)  # noeviction (the default): every write refused
-    return lambda: client.config_set("maxmemory", 0)
-
-
-def _refuse_noreplicas(client: redis.Redis) -> Callable[[], object]:
-    client.config_set("min-replicas-to-write", 1)  # no replica: writes get NOREPLICAS
-    return lambda: client.config_set("min-replicas-to-write", 0)
-
-
-def _replica(client: redis.Redis) -> Callable[[], object]:
-    client.replicaof("127.0.0.1", "1")  # a demoted master: writes get READONLY
-    return lambda: client.replicaof("NO", "ONE")
-
-
 def _busy_script(client: redis.Redis) -> Callable[[], object]:
     # another client's script runs too long: every other call gets BUSY
     client.config_set("busy-reply-threshold", 100)
@@ -145,9 +131,9 @@ def _queue_of_wrong_type(client: redis.Redis) -> Callable[[], object]:
 @pytest.mark.parametrize(
     ("fault", "logged"),
     [
-        (_refuse_oom, "refuses writes (OOM"),
-        (_refuse_noreplicas, "refuses writes (NOREPLICAS"),
-        (_replica, "refuses writes (READONLY"),
+        (refuse_oom, "refuses writes (OOM"),
+        (refuse_noreplicas, "refuses writes (NOREPLICAS"),
+        (refuse_readonly, "refuses writes (READONLY"),
         (_busy_script, "refuses writes (BUSY"),
         (_queue_of_wrong_type, "refuses writes (WRONGTYPE"),
     ],

@@ -23,6 +23,7 @@ from scrapy_dist.pipelines import ItemWriter, RedisPipeline
 from scrapy_dist.stats import decode_stats
 from scrapy_dist.testing.crawl import WorkerCrawl
 from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
 
 if TYPE_CHECKING:
@@ -161,21 +162,6 @@ def test_export_copies_and_moves_items_exactly_once(
 # -- Redis refusing writes: kept, retried, said once, counted, never dropped -------
 
 
-def _oom(client: redis.Redis) -> Callable[[], object]:
-    client.config_set("maxmemory", 1)  # noeviction: every write refused (OOM)
-    return lambda: client.config_set("maxmemory", 0)
-
-
-def _noreplicas(client: redis.Redis) -> Callable[[], object]:
-    client.config_set("min-replicas-to-write", 1)
-    return lambda: client.config_set("min-replicas-to-write", 0)
-
-
-def _readonly(client: redis.Redis) -> Callable[[], object]:
-    client.replicaof("127.0.0.1", "1")  # a demoted master
-    return lambda: client.replicaof("NO", "ONE")
-
-
 def _wrong_type(client: redis.Redis) -> Callable[[], object]:
     pipe = client.pipeline(transaction=True)
     pipe.rename("x:items", "x:saved")
@@ -216,9 +202,9 @@ def wait_for(done: Callable[[], bool], timeout: float = 15.0) -> None:
 @pytest.mark.parametrize(
     ("fault", "code"),
     [
-        (_oom, "OOM"),
-        (_noreplicas, "NOREPLICAS"),
-        (_readonly, "READONLY"),
+        (refuse_oom, "OOM"),
+        (refuse_noreplicas, "NOREPLICAS"),
+        (refuse_readonly, "READONLY"),
         (_wrong_type, "WRONGTYPE"),
     ],
     ids=["oom", "noreplicas", "readonly", "wrongtype"],
@@ -281,7 +267,7 @@ def test_close_keeps_what_redis_still_refuses_and_reports_it(
     admin = server.client()
     p = RedisPipeline(writer_of(server, tmp_path))
     p.close_timeout = 1.0
-    restore = _oom(admin)
+    restore = refuse_oom(admin)
     try:
         for i in range(25):
             p.process_item({"n": i})
@@ -301,7 +287,7 @@ def test_a_full_buffer_makes_scrapy_wait_instead_of_growing(
 ) -> None:
     admin = server.client()
     p = RedisPipeline(writer_of(server, tmp_path, buffer_max=20))
-    restore = _oom(admin)
+    restore = refuse_oom(admin)
     try:
         results = [p.process_item({"n": i}) for i in range(25)]
         assert all(isinstance(r, dict) for r in results[:19])

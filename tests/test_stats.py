@@ -26,6 +26,7 @@ from scrapy_dist.stats import (
     rates,
 )
 from scrapy_dist.testing.redis_server import RedisServer, free_port
+from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -230,21 +231,6 @@ def test_timeline_samples_give_crawl_rates(client: redis.Redis, name: str) -> No
 # -- Redis refusing writes: nothing lost, nothing counted twice, nothing raised -------
 
 
-def _oom(client: redis.Redis) -> Callable[[], object]:
-    client.config_set("maxmemory", 1)  # noeviction: every write refused (OOM)
-    return lambda: client.config_set("maxmemory", 0)
-
-
-def _noreplicas(client: redis.Redis) -> Callable[[], object]:
-    client.config_set("min-replicas-to-write", 1)
-    return lambda: client.config_set("min-replicas-to-write", 0)
-
-
-def _readonly(client: redis.Redis) -> Callable[[], object]:
-    client.replicaof("127.0.0.1", "1")  # a demoted master
-    return lambda: client.replicaof("NO", "ONE")
-
-
 def _timeline_of_wrong_type(client: redis.Redis) -> Callable[[], object]:
     client.set("c:timeline", "oops")
     return lambda: client.delete("c:timeline")
@@ -265,9 +251,9 @@ def own_collector(
 @pytest.mark.parametrize(
     ("fault", "code"),
     [
-        (_oom, "OOM"),
-        (_noreplicas, "NOREPLICAS"),
-        (_readonly, "READONLY"),
+        (refuse_oom, "OOM"),
+        (refuse_noreplicas, "NOREPLICAS"),
+        (refuse_readonly, "READONLY"),
         (_timeline_of_wrong_type, "WRONGTYPE"),
     ],
     ids=["oom", "noreplicas", "readonly", "wrongtype"],
@@ -313,7 +299,7 @@ def test_close_retries_the_last_flush_until_redis_accepts(
     stats = own_collector(make_crawler, server, close_timeout=20.0)
     admin = server.client()
     stats.inc_value(ITEMS_STAT, 3)
-    restore = _oom(admin)
+    restore = refuse_oom(admin)
     lift = threading.Timer(1.5, restore)
     lift.start()
     try:
@@ -330,7 +316,7 @@ def test_close_reports_what_it_could_not_write(
 ) -> None:
     stats = own_collector(make_crawler, server, close_timeout=1.0)
     stats.inc_value(ITEMS_STAT, 3)
-    restore = _oom(server.client())
+    restore = refuse_oom(server.client())
     try:
         with caplog.at_level(logging.ERROR, logger="scrapy_dist.stats"):
             stats.close_spider(reason="finished")  # never raises
