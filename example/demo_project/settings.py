@@ -15,6 +15,8 @@ ROBOTSTXT_OBEY = False
 # scrapy_dist: one shared frontier in Redis for every worker.
 SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
+# a page's new requests are fenced by its lease (the add-on would add it)
+SPIDER_MIDDLEWARES = {"scrapy_dist.parents.ParentLinks": 0}
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the demo always overrides it with -s REDIS_URL=...
 SCHEDULER_PERSIST = False
 # A batch crawl: every worker exits by itself a few seconds after the crawl as a whole
