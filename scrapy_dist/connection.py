@@ -309,6 +309,15 @@ _RERESOLVE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAg
 #: Seconds between two look-ups of the slot's owner after errors.
 RESOLVE_INTERVAL = 0.5
 
+#: redis-py before 5.1 turns ``MOVED``/``ASK``/``TRYAGAIN``/``CLUSTERDOWN`` replies into
+#: their exception classes only on connections with its cluster parser (later versions
+#: always do, and have no such class): the pinned pool's connections use it when it exists.
+_CLUSTER_PARSER: dict[str, Any] = (
+    {"parser_class": parser}
+    if (parser := getattr(redis.cluster, "ClusterParser", None)) is not None
+    else {}
+)
+
 
 class _PinnedPool(redis.ConnectionPool):
     """A connection pool to one node that can be turned to another (:meth:`repoint`);
@@ -371,7 +380,9 @@ class ClusterClient(redis.Redis):
         self._resolve_lock = threading.Lock()
         self._stale = True  # find the slot's owner (or a live primary) at the first command
         self._resolved_at = 0.0
-        super().__init__(connection_pool=_PinnedPool(host=host, port=port, **kwargs))
+        super().__init__(
+            connection_pool=_PinnedPool(host=host, port=port, **{**_CLUSTER_PARSER, **kwargs})
+        )
 
     # -- topology -------------------------------------------------------------------
 
