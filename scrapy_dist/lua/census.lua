@@ -1,0 +1,26 @@
+-- Count what one shard of a sharded crawl holds, for the crawl's completion
+-- (lua/progress.lua on shard 0 adds these up): fenced by the shard's epoch like every
+-- frontier script, so a shard that refuses writes (or whose master rolled back) makes
+-- the crawl unknown rather than finished.
+--
+-- KEYS[1] = the shard's request queue, KEYS[2] = its leases zset
+-- KEYS[3] = its progress hash (counters: done, dead), KEYS[4] = its epoch
+-- ARGV[1] = queue type ("list" or "zset")
+-- ARGV[2] = the crawl epoch this worker joined in that shard ("" = unfenced)
+-- Returns: {queued, leased, settled (done + dead)}; an error "EPOCH ..." if the shard's
+--          epoch is not ARGV[2]
+-- uses: _fence
+
+local refused = fence(KEYS[4], ARGV[2])
+if refused then
+  return redis.error_reply(refused)
+end
+local queued
+if ARGV[1] == "zset" then
+  queued = redis.call("ZCARD", KEYS[1])
+else
+  queued = redis.call("LLEN", KEYS[1])
+end
+local settled = tonumber(redis.call("HGET", KEYS[3], "done") or "0")
+  + tonumber(redis.call("HGET", KEYS[3], "dead") or "0")
+return {queued, redis.call("ZCARD", KEYS[2]), settled}

@@ -1,0 +1,510 @@
+"""A sharded frontier (``SCHEDULER_SHARDS = N > 1``): one crawl's queue, leases and
+dupefilter spread over N hash tags, so that on a Redis Cluster a crawl's Redis work
+spreads over N masters.
+
+- **Placement by host**: a request goes to shard ``mmh3(host) % N``
+  (:func:`shard_of`), so a host's requests, and a URL's fingerprint, always meet in one
+  shard: its dupefilter there decides. Shard 0 is the crawl's usual keys, which also
+  keep the seeds, the workers, the dead letters of seeds, the items and the stats;
+  shards ``1..N-1`` have keys of their own (:func:`scrapy_dist.keys.shard_keys`).
+- **One frontier per shard**: each shard is a :class:`~scrapy_dist.frontier.Frontier`
+  on its own keys (and, under Cluster, on a client pinned to its node): its own epoch
+  (every script is fenced by its shard's copy), outbox, leases, lease index, renewals
+  and hand-backs, replica ``WAIT``. A lease id of shard ``i > 0`` is ``#<i>:<id>`` for
+  the worker's engine and is routed back to its shard.
+- **Acknowledgements across shards**: a settlement is held until every other shard has
+  confirmed every request added before it (the children of that page, whatever shard
+  they went to); then it joins its own shard's outbox, which sends it after that
+  shard's own earlier requests. A request sent to another shard than its parent's is
+  not fenced by the parent's lease (a script sees one slot only).
+- **Reserving in turn**: shards are asked round-robin; a shard found empty is skipped
+  for :data:`EMPTY_SKIP` seconds, so empty shards cost no round trip per reserve.
+- **Completion across shards**: every other shard is counted (``lua/census.lua``,
+  fenced) and shard 0's ``lua/progress.lua`` adds their counts: the crawl is finished
+  only when every shard is empty and unleased for the grace period; a shard that cannot
+  be read makes the answer unknown, never "finished".
+- **Shard count**: recorded in ``<crawl>:shards`` at open; a worker with another count
+  refuses to start (:meth:`Frontier.check_shards`).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
+
+import mmh3
+import redis
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_dist.connection import ClusterClient, crawl_client
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier import Frontier, Progress, recorded_shards, shared_filter
+from scrapy_dist.keys import crawl_slot, shard_keys
+from scrapy_dist.queue import unleased_queue
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.assembly import Parts
+    from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
+    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.leases import Lease
+    from scrapy_dist.queue import FilterBackend, RedisQueue
+    from scrapy_dist.seeds import SeedQueue
+    from scrapy_dist.settings import KeysConfig
+
+#: Seconds a shard found empty is not asked again by a reserve (unless all were).
+EMPTY_SKIP = 1.0
+
+#: How a lease id of shard ``i > 0`` starts: ``#<i>:``.
+ID_MARK = "#"
+
+
+def shard_of(host: str, count: int) -> int:
+    """The shard of a request to ``host`` among ``count`` (MurmurHash3 of the lowercase
+    host name, port excluded, modulo ``count``): stable across workers and runs."""
+    if count <= 1:
+        return 0
+    return int(mmh3.hash(host.lower().encode("utf-8", "surrogatepass"), 0, signed=False)) % count
+
+
+def host_of(request: Request) -> str:
+    """The host name of ``request``'s URL (``""`` if it has none)."""
+    return urlparse_cached(request).hostname or ""
+
+
+def split_id(lease_id: str) -> tuple[int, str]:
+    """``(shard, id in that shard)`` of a lease id (see :func:`join_id`)."""
+    if lease_id.startswith(ID_MARK):
+        head, sep, raw = lease_id[1:].partition(":")
+        if sep and head.isdigit():
+            return int(head), raw
+    return 0, lease_id
+
+
+def join_id(index: int, raw: str) -> str:
+    """The lease id a worker uses for lease ``raw`` of shard ``index``."""
+    return raw if index == 0 else f"{ID_MARK}{index}:{raw}"
+
+
+class AllShards:
+    """Shard 0's request queue, whose length is that of every shard's queue together
+    (one ``ZCARD``/``LLEN`` per shard): what the scheduler asks when it wonders whether
+    work is pending. Everything else is shard 0's queue's."""
+
+    def __init__(self, first: RedisQueue, others: Sequence[RedisQueue]) -> None:
+        self._first = first
+        self._others = list(others)
+
+    def __len__(self) -> int:
+        return len(self._first) + sum(len(q) for q in self._others)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._first, name)
+
+
+class Shard(Frontier):
+    """Shard ``index > 0`` of a sharded crawl: a frontier on its own keys whose crawl,
+    when its epoch is gone, is judged by shard 0 (where completion is recorded)."""
+
+    main: ShardedFrontier
+    index: int
+    #: Its dupefilter backend before it is opened (``None``: no shared dupefilter).
+    unopened: UnopenedBackend | None = None
+
+    def why_gone(self, found: str) -> str:
+        return self.main.why_gone(found)
+
+    def check_shards(self, count: int = 1) -> None:
+        """Shard 0 keeps the crawl's shard count."""
+
+    def taken_over(self, refused: dict[str, int]) -> None:
+        super().taken_over(refused)
+        self.main.leases.taken.update(join_id(self.index, i) for i in refused)
+
+
+class ShardedFrontier(Frontier):
+    """Shard 0 of a sharded crawl and the worker's gateway to all its shards (see the
+    module docstring): the scheduler and the spider use it like a :class:`Frontier`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Shards ``1..N-1``.
+        self.others: list[Shard] = []
+        #: Requests added per shard (for the acknowledgement barrier).
+        self._adds: list[int] = [0]
+        #: Settlements waiting for other shards: (requests added per shard when it was
+        #: settled, its shard, its (raw id, outcome) pairs).
+        self._held: list[tuple[list[int], int, list[tuple[str, str]]]] = []
+        #: Opened dupefilter backends of shards ``1..``, by shard.
+        self._filters: dict[int, DupefilterBackend] = {}
+        self._next = 0
+        self._empty_at: list[float] = [-EMPTY_SKIP]
+        self.flush_on_start = False
+
+    @classmethod
+    def build(cls, crawler: Crawler, parts: Parts) -> ShardedFrontier:
+        """The sharded frontier of a crawler (no I/O): shard 0 on the crawl's client,
+        each other shard on a client for its own slot."""
+        config = parts.config
+        count = config.frontier.shards
+        if unleased_queue(config.queue.cls):
+            raise ConfigurationError(
+                f"SCHEDULER_SHARDS = {count} needs one of scrapy_dist's leased queues, not "
+                f"the unleased {config.queue.path}: a scrapy-redis style queue pops "
+                "from one key"
+            )
+        every = shard_keys(parts.keys, config.keys, count)
+        main = cls.build_one(crawler, config, parts.client, parts.keys)
+        main.shard_count = count
+        main.flush_on_start = config.scheduler.flush_on_start
+        for index, keys in enumerate(every[1:], 1):
+            client = crawl_client(parts.topology_client, keys)
+            shard = Shard.build_one(crawler, config, client, keys, worker_id=main.worker_id)
+            shard.main, shard.index = main, index
+            shard.unopened = shared_filter(config, client, keys)
+            shard.on_lost.append(main._shard_lost)
+            if shard.replication is not None:  # a shard's master changed: so did the crawl's
+                shard.replication.on_change.append(main._master_changed)
+            main.others.append(shard)
+        main._adds = [0] * count
+        main._empty_at = [-EMPTY_SKIP] * count
+        # what the scheduler asks the queue (its length) is every shard's
+        main.queue = cast("RedisQueue", AllShards(main.queue, [s.queue for s in main.others]))
+        return main
+
+    def shard(self, index: int) -> Frontier:
+        """Shard ``index`` (0: this frontier)."""
+        return self if index == 0 else self.others[index - 1]
+
+    @property
+    def shards(self) -> list[Frontier]:
+        return [self, *self.others]
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def reachable(self) -> bool:
+        return all(s.outbox.reachable for s in self.shards)
+
+    @property
+    def pending_writes(self) -> int:
+        held = sum(len(group) for _, _, group in self._held)
+        return held + sum(s.outbox.pending_writes for s in self.shards)
+
+    @property
+    def pending_settlements(self) -> int:
+        held = sum(len(group) for _, _, group in self._held)
+        return held + sum(s.outbox.pending_settlements for s in self.shards)
+
+    def _shard_lost(self, state: str) -> None:
+        """Another shard found the crawl gone: so is this worker's crawl."""
+        if self.lost is not None:
+            return
+        self.lost = state
+        self._drop_all()
+        for listener in self.on_lost:
+            listener(state)
+
+    def _master_changed(self) -> None:
+        """A shard's master changed (it may have lost writes): tell shard 0's listeners
+        (the dupefilter drops its seen-cache)."""
+        if self.replication is not None:
+            for listener in self.replication.on_change:
+                listener()
+
+    def _drop_all(self) -> None:
+        self._held = []
+        for shard in self.shards:
+            shard.outbox.drop()
+            shard.leases.forget_all()
+            if shard.lost is None:
+                shard.lost = self.lost
+
+    def _gone(self, error: BaseException) -> bool:
+        gone = super()._gone(error)
+        if gone:
+            self._drop_all()
+        return gone
+
+    # -- open ------------------------------------------------------------------------
+
+    def check_eviction_policy(self, expiring: Sequence[str] = ()) -> None:
+        super().check_eviction_policy(expiring)
+        for shard in self.others:
+            shard.check_eviction_policy()
+
+    def join_epoch(self) -> str:
+        """Join the epoch of every shard (a worker that flushes at start and finds
+        shard 0 flushed flushes the others too), and open their dupefilters."""
+        if not self.epoch:
+            self.check_shards(self.shard_count)
+            if self.flush_on_start and not self.client.exists(self.keys.epoch):
+                for shard in self.others:
+                    shard.delete_keys()
+        epoch = super().join_epoch()
+        for shard in self.others:
+            shard.join_epoch()
+            if shard.unopened is not None and shard.index not in self._filters:
+                self._filters[shard.index] = shard.unopened.open()
+        return epoch
+
+    def delete_keys(self) -> None:
+        super().delete_keys()
+        for shard in self.others:
+            shard.delete_keys()
+
+    # -- writes ----------------------------------------------------------------------
+
+    def _filter(self, index: int, backend: FilterBackend | None) -> FilterBackend | None:
+        if backend is None or index == 0:
+            return backend
+        return self._opened(index)
+
+    def _opened(self, index: int) -> DupefilterBackend | None:
+        """Shard ``index``'s dupefilter backend, opened on first use."""
+        found = self._filters.get(index)
+        if found is None:  # not opened yet (opened when the crawl is joined)
+            unopened = self.others[index - 1].unopened
+            if unopened is None:
+                return None
+            found = self._filters[index] = unopened.open()
+        return found
+
+    def by_filter(
+        self, backend: DupefilterBackend, requests: Sequence[Request]
+    ) -> list[tuple[DupefilterBackend, list[Request]]]:
+        groups: dict[int, list[Request]] = {}
+        for request in requests:
+            groups.setdefault(shard_of(host_of(request), self.shard_count), []).append(request)
+        out = []
+        for index, group in sorted(groups.items()):
+            found = backend if index == 0 else self._opened(index)
+            if found is not None:
+                out.append((found, group))
+        return out
+
+    def enqueue(
+        self,
+        item: tuple[bytes, float, bytes],
+        dupefilter: FilterBackend | None,
+        on_reply: Callable[[bool], None],
+        parent: str = "",
+        host: str = "",
+    ) -> None:
+        """Add a request to the outbox of its host's shard (see :meth:`Frontier.enqueue`;
+        its parent lease fences it only when the parent is in the same shard)."""
+        if self.lost is not None:
+            self.stats.inc_value("scheduler/crawl_lost/dropped_writes")
+            return
+        if parent and parent in self.leases.taken:
+            self.stats.inc_value("scheduler/leases/children_refused")
+            return
+        index = shard_of(host, self.shard_count)
+        origin, raw = split_id(parent)
+        self._adds[index] += 1
+        target = self.shard(index)
+        Frontier.enqueue(
+            target, item, self._filter(index, dupefilter), on_reply, raw if origin == index else ""
+        )
+
+    def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
+        """Hold settlements until every other shard confirmed the requests added before
+        them, then add them to their shard's outbox (see the module docstring)."""
+        if self.lost is not None:
+            if outcomes:
+                self.stats.inc_value("scheduler/crawl_lost/dropped_writes", len(outcomes))
+            return
+        groups: dict[int, list[tuple[str, str]]] = {}
+        for lease_id, outcome in outcomes:
+            index, raw = split_id(lease_id)
+            if index >= self.shard_count:  # not a lease of this crawl's shards
+                continue
+            groups.setdefault(index, []).append((raw, outcome))
+        mark = list(self._adds)
+        for index, group in groups.items():
+            self._held.append((mark, index, group))
+        self._release()
+        if self.eager and outcomes:
+            self.flush()
+
+    def _confirmed(self, index: int) -> int:
+        """Requests of shard ``index`` Redis has confirmed (or that left its outbox for
+        good): the outbox confirms them in order, so these are the first ones added."""
+        return self._adds[index] - self.shard(index).outbox.pending_items
+
+    def _release(self) -> None:
+        """Move held settlements whose other shards confirmed their requests to their
+        own shard's outbox."""
+        keep = []
+        confirmed = [self._confirmed(i) for i in range(self.shard_count)]
+        for mark, index, group in self._held:
+            if all(confirmed[j] >= mark[j] for j in range(self.shard_count) if j != index):
+                self.shard(index).outbox.add_settlements(group)
+            else:
+                keep.append((mark, index, group))
+        self._held = keep
+
+    def flush(self, *, reserve: int = 0, seeds: bool | SeedQueue = False) -> list[Lease] | None:
+        """Send every shard's pending writes (and the settlements they release), then
+        lease up to ``reserve`` requests from the shards in turn (seeds: from shard 0).
+
+        Returns:
+            As :meth:`Frontier.flush`; ``None`` when no shard could be asked.
+        """
+        if self.lost is not None:
+            return None
+        if self._finished_seen and (self.pending_writes or reserve):
+            self._finished_seen = False  # new work after the crawl finished: a new run
+            self.join_epoch()
+        reserving = reserve > 0 and seeds is False
+        ask = self._reserve_order() if reserving else [0]
+        for shard in self.shards:  # the first shard asked carries its own writes
+            if shard is not self.shard(ask[0]) and shard.outbox.pending_writes:
+                self._release()
+                Frontier.flush(shard)
+                if self.lost is not None:
+                    return None
+        self._release()
+        if not reserving:
+            leases = Frontier.flush(self, reserve=reserve, seeds=seeds)
+            self._release()
+            return leases
+        return self._reserve_in_turn(reserve, ask)
+
+    def _reserve_order(self) -> list[int]:
+        """The shards to ask for requests, in turn from the one after the last that had
+        some, skipping those found empty in the last :data:`EMPTY_SKIP` seconds (if all
+        were, the one found empty longest ago)."""
+        n = self.shard_count
+        now = time.monotonic()
+        order = [(self._next + k) % n for k in range(n)]
+        ask = [i for i in order if now - self._empty_at[i] >= EMPTY_SKIP]
+        return ask or [min(order, key=lambda i: self._empty_at[i])]
+
+    def _reserve_in_turn(self, count: int, ask: list[int]) -> list[Lease] | None:
+        """Lease from the first shard of ``ask`` that has requests (each asked also
+        sends its pending writes)."""
+        answered = False
+        for index in ask:
+            got = Frontier.flush(self.shard(index), reserve=count)
+            self._release()
+            if self.lost is not None:
+                return None
+            if got is None:  # that shard is unreachable or refuses: ask the next
+                continue
+            answered = True
+            if got:
+                self._next = (index + 1) % self.shard_count
+                return [lease._replace(id=join_id(index, lease.id)) for lease in got]
+            self._empty_at[index] = time.monotonic()
+        return [] if answered else None
+
+    def renew(self, lease_ids: Sequence[str]) -> list[str] | None:
+        """Renew leases in each shard holding some (one call per such shard).
+
+        Returns:
+            The ids of leases no longer held, or ``None`` if a shard could not be asked.
+        """
+        groups: dict[int, list[str]] = {}
+        for lease_id in lease_ids:
+            index, raw = split_id(lease_id)
+            if index < self.shard_count:
+                groups.setdefault(index, []).append(raw)
+        lost: list[str] = []
+        failed = False
+        for index, raws in sorted(groups.items()):
+            reply = Frontier.renew(self.shard(index), raws)
+            if reply is None:
+                failed = True
+            else:
+                lost += [join_id(index, raw) for raw in reply]
+        return None if failed else lost
+
+    # -- reads ----------------------------------------------------------------------
+
+    def census(self) -> tuple[int, int] | None:
+        """``(queued + leased, settled)`` over shards ``1..N-1`` (one call each), or
+        ``None`` if one cannot be read (unreachable, refusing, or its crawl gone)."""
+        busy = settled = 0
+        for shard in self.others:
+            call = shard._scripts.census(
+                queue=shard.queue.key,
+                leases=shard.keys.leases,
+                progress=shard.keys.progress,
+                epoch_key=shard.keys.epoch,
+                queue_kind=shard.queue.kind,
+                epoch=shard.epoch,
+            )
+            reply = shard.call(call.run)
+            if reply is None:
+                return None
+            queued, leased, done = (int(x) for x in reply)
+            busy += queued + leased
+            settled += done
+        return busy, settled
+
+    def progress(
+        self,
+        *,
+        grace: float,
+        clear: bool,
+        keep_for: float = 86400,
+        others: tuple[int, int] | None = None,
+    ) -> Progress | None:
+        """Where the crawl stands across every shard (see :meth:`Frontier.progress`):
+        ``None`` if a shard cannot be read; a finished crawl that does not persist
+        deletes every shard's keys."""
+        if self.lost is not None:
+            return None
+        counted = self.census()
+        if counted is None:
+            return None
+        progress = super().progress(grace=grace, clear=clear, keep_for=keep_for, others=counted)
+        if progress is not None and progress.state == "finished" and clear:
+            for shard in self.others:  # its counters go with shard 0's (others_base)
+                shard.call(shard.delete_keys)
+                if keep_for > 0:
+                    shard.call(partial(shard.client.expire, shard.keys.progress, int(keep_for)))
+        return progress
+
+    def totals(self) -> dict[str, int]:
+        totals = super().totals()
+        for shard in self.others:
+            for name, value in Frontier.totals(shard).items():
+                totals[name] = totals.get(name, 0) + value
+        return totals
+
+
+# -- reading a sharded crawl (the command line, status, metrics) -----------------------------
+
+
+def shard_count(client: redis.Redis, keys: RedisKeys) -> int:
+    """The shard count a crawl's workers recorded (``<crawl>:shards``; 1 if none, or if
+    that key holds something else, such as junk or a count above ``MAX_SHARDS``)."""
+    try:
+        raw = client.get(keys.shards)
+    except redis.ResponseError:  # WRONGTYPE: not a sharded crawl's count
+        return 1
+    return 1 if raw is None else recorded_shards(raw) or 1
+
+
+def shard_client(client: redis.Redis, keys: RedisKeys) -> redis.Redis:
+    """A client for a shard's keys: under Cluster one pinned to its slot's owner, else
+    ``client`` itself."""
+    if isinstance(client, ClusterClient):
+        return client.for_slot(crawl_slot(keys))
+    return client
+
+
+def other_shards(
+    client: redis.Redis, keys: RedisKeys, config: KeysConfig
+) -> list[tuple[redis.Redis, RedisKeys]]:
+    """Shards ``1..N-1`` of a crawl (none for a one-shard crawl), each with a client for
+    its keys, N read from the crawl's ``<crawl>:shards`` (one round trip)."""
+    every = shard_keys(keys, config, shard_count(client, keys))
+    return [(shard_client(client, k), k) for k in every[1:]]
