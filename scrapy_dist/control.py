@@ -1,0 +1,761 @@
+"""Crawl control: pause, resume and drain a running crawl.
+
+A crawl's control state lives in one small hash, ``<crawl>:control``
+(:attr:`RedisKeys.control <scrapy_dist.keys.RedisKeys.control>`), owned by this module:
+``state`` (``running``, ``paused`` or ``draining``), ``by`` (who set it), ``reason``
+(why) and ``since`` (the Redis server's clock when it was set, seconds). No key means
+``running``. Operators write it with ``scrapy-dist pause|resume|drain SPIDER`` or with
+:class:`CrawlControl`; every worker reads it every :data:`POLL_INTERVAL` seconds (one
+``HGETALL``), carried by the pipeline its scheduler's timer sends anyway (its writes,
+its reserve), so the read costs no round trip of its own while the worker crawls; a
+worker whose timer does not carry it in time reads it on its own, :data:`CARRY_SLACK`
+seconds later. Then:
+
+- **paused**: the scheduler hands out nothing more and reserves nothing, the spider
+  reads no seeds, and the leases buffered but not started are handed back to the
+  queue (a pause may last long: nothing stays leased to a worker that does not use
+  it). Requests already in Scrapy's engine finish; their acknowledgements and the
+  requests their callbacks return are still sent. The spider stays open when idle,
+  and no worker checks the crawl for completion: a paused crawl is never "finished".
+- **running** again: workers take work within :data:`POLL_INTERVAL` seconds and a
+  timer tick (at most :data:`CARRY_SLACK` more; the engine is woken at once).
+- **draining**: as paused, then, once the engine holds nothing, the worker sends what
+  is pending and closes its spider with the reason :data:`DRAINED` (``scrapy crawl``
+  exits 0). A worker started while the crawl drains closes at once the same way,
+  saying that ``scrapy-dist resume`` lets workers run again. The queue keeps what was
+  not crawled; nothing stays leased.
+
+Faults: a read that fails (Redis unreachable, refusing, an ACL) changes nothing: the
+worker keeps the state it last read, logs once and retries with a backoff (up to
+:data:`READ_BACKOFF_MAX` seconds). A control key that does not hold a valid state (a
+wrong type, an unknown ``state``) is read as **paused** (the safe reading: never crawl
+against an operator's wish) and logged as an ERROR, repeated every
+:data:`INVALID_REMINDER` seconds while it lasts, so a crawl never stops silently.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+from weakref import WeakKeyDictionary
+
+import redis
+
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.replication import Command
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_dist.deliveries import Deliveries
+    from scrapy_dist.frontier import Frontier, Read
+    from scrapy_dist.keys import RedisKeys
+
+__all__ = [
+    "DRAINED",
+    "DRAINING",
+    "PAUSED",
+    "RUNNING",
+    "STATES",
+    "ControlState",
+    "ControlWatcher",
+    "CrawlControl",
+    "WorkerControl",
+    "drain",
+    "pause",
+    "read_state",
+    "resume",
+    "set_state",
+]
+
+logger = logging.getLogger(__name__)
+
+RUNNING, PAUSED, DRAINING = "running", "paused", "draining"
+#: The states a crawl may be set to.
+STATES = (RUNNING, PAUSED, DRAINING)
+#: Close reason of a worker that finished its work because the crawl drains.
+DRAINED = "drained"
+#: Seconds between two reads of the control state by a worker.
+POLL_INTERVAL = 0.5
+#: Seconds past a due read that a watcher whose reads the frontier's flushes carry
+#: waits for one before it reads on its own (a flush tick is 0.1 s by default).
+CARRY_SLACK = 0.25
+#: Longest pause between reads while they fail (the pause doubles from POLL_INTERVAL).
+READ_BACKOFF_MAX = 5.0
+#: Seconds between the ERROR lines of a control key that holds no valid state.
+INVALID_REMINDER = 60.0
+#: Longest ``reason`` and ``by`` kept (characters).
+REASON_MAX, BY_MAX = 500, 100
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """A crawl's control state as read from Redis.
+
+    Attributes:
+        state: ``"running"``, ``"paused"`` or ``"draining"``; a key that holds no valid
+            state reads as ``"paused"`` (see :attr:`problem`).
+        by: who set it (empty when no key exists).
+        reason: why (may be empty).
+        since: when, on the Redis server's clock (seconds since the epoch); ``None``
+            when no key exists.
+        problem: why the stored value is not a valid state (empty when it is).
+    """
+
+    state: str = RUNNING
+    by: str = ""
+    reason: str = ""
+    since: float | None = None
+    problem: str = ""
+
+    @property
+    def running(self) -> bool:
+        """Whether workers take work."""
+        return self.state == RUNNING
+
+    def as_dict(self) -> dict[str, Any]:
+        """The state as JSON-able values."""
+        return {
+            "state": self.state,
+            "by": self.by or None,
+            "reason": self.reason or None,
+            "since": self.since,
+            "problem": self.problem or None,
+        }
+
+    def describe(self) -> str:
+        """One line: the state, who set it, when (server time, local) and why."""
+        if self.problem:
+            return f"{self.state} (invalid control key: {self.problem})"
+        text = self.state
+        if self.since is not None:
+            text += " since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+        if self.by:
+            text += f" by {self.by}"
+        if self.reason:
+            text += f": {self.reason}"
+        return text
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def parse_state(raw: Mapping[Any, Any]) -> ControlState:
+    """The state a control hash holds (``HGETALL``'s reply; empty: ``running``).
+
+    An unknown ``state``, a missing one, or a ``since`` that is not a number reads as
+    ``paused`` with :attr:`ControlState.problem` saying why (never raises).
+    """
+    if not raw:
+        return ControlState()
+    fields = {_text(k): _text(v) for k, v in raw.items()}
+    state = fields.get("state", "")
+    by, reason = fields.get("by", "")[:BY_MAX], fields.get("reason", "")[:REASON_MAX]
+    try:
+        since: float | None = float(fields["since"]) if "since" in fields else None
+    except ValueError:
+        since = None
+    if state not in STATES:
+        problem = f"state {state[:40]!r} is not one of {', '.join(STATES)}"
+        return ControlState(PAUSED, by, reason, since, problem)
+    return ControlState(state, by, reason, since)
+
+
+def read_state(client: redis.Redis, keys: RedisKeys) -> ControlState:
+    """Read a crawl's control state (one ``HGETALL``).
+
+    A key of the wrong type reads as ``paused`` with the problem named (as workers
+    read it).
+
+    Raises:
+        redis.RedisError: Redis is unreachable or refused the read.
+    """
+    try:
+        raw = cast("dict[bytes, bytes]", client.hgetall(keys.control))
+    except redis.ResponseError as e:
+        if not str(e).startswith("WRONGTYPE"):
+            raise
+        return ControlState(PAUSED, problem=f"{keys.control} is not a hash ({e})")
+    return parse_state(raw)
+
+
+def default_by() -> str:
+    """``user@host`` of this process (who sets a state when nobody says)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name (a container without /etc/passwd entry)
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def check_text(value: str, what: str, most: int) -> str:
+    """``value`` stripped, if it is at most ``most`` printable characters.
+
+    Raises:
+        ConfigurationError: it is longer, or has control characters (newlines...).
+    """
+    value = value.strip()
+    if len(value) > most:
+        raise ConfigurationError(f"{what} must be at most {most} characters, not {len(value)}")
+    if not value.isprintable():
+        raise ConfigurationError(f"{what} must be printable text, without control characters")
+    return value
+
+
+def set_state(
+    client: redis.Redis, keys: RedisKeys, state: str, *, by: str | None = None, reason: str = ""
+) -> tuple[ControlState, ControlState]:
+    """Set a crawl's control state, recording who, why and when (the server's clock).
+    Setting the state it already has changes nothing (its ``since`` is kept).
+
+    Returns:
+        ``(before, after)``: the state found and the state now.
+
+    Raises:
+        ConfigurationError: an unknown ``state``, an invalid ``by`` or ``reason``
+            (:func:`check_text`), or the control key holds another type than a hash
+            (it is left alone: delete it if it is garbage).
+        redis.RedisError: Redis is unreachable or refused the write.
+    """
+    if state not in STATES:
+        raise ConfigurationError(f"unknown crawl state {state!r}: use one of {', '.join(STATES)}")
+    who = check_text(default_by() if by is None else by, "by", BY_MAX)
+    why = check_text(reason, "reason", REASON_MAX)
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.type(keys.control)
+        pipe.hgetall(keys.control)
+        now_reply, kind, raw = pipe.execute(raise_on_error=False)
+    if _text(kind) not in ("hash", "none"):
+        raise ConfigurationError(
+            f"Redis key {keys.control!r} (crawl control) holds a {_text(kind)}, not a hash: "
+            f"workers read it as paused; delete it if it is garbage (redis-cli del "
+            f"'{keys.control}'), then set the state again"
+        )
+    for reply in (now_reply, raw):
+        if isinstance(reply, Exception):
+            raise reply
+    before = parse_state(raw)
+    if before.state == state and not before.problem:
+        return before, before
+    seconds, micros = cast("tuple[int, int]", now_reply)
+    since = seconds + micros / 1e6
+    after = ControlState(state, who, why, since)
+    client.hset(
+        keys.control, mapping={"state": state, "by": who, "reason": why, "since": repr(since)}
+    )
+    return before, after
+
+
+def pause(
+    client: redis.Redis, keys: RedisKeys, *, reason: str = "", by: str | None = None
+) -> ControlState:
+    """Pause the crawl (see the module docstring); returns the state now."""
+    return set_state(client, keys, PAUSED, by=by, reason=reason)[1]
+
+
+def resume(
+    client: redis.Redis, keys: RedisKeys, *, reason: str = "", by: str | None = None
+) -> ControlState:
+    """Let the crawl's workers take work again (after a pause or a drain)."""
+    return set_state(client, keys, RUNNING, by=by, reason=reason)[1]
+
+
+def drain(
+    client: redis.Redis, keys: RedisKeys, *, reason: str = "", by: str | None = None
+) -> ControlState:
+    """Drain the crawl: workers finish what they started, hand back the rest and exit."""
+    return set_state(client, keys, DRAINING, by=by, reason=reason)[1]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What a wait found: leases still held by live workers, live workers."""
+
+    leased: int
+    workers: int
+
+
+class CrawlControl:
+    """Steer one crawl from Python: the same as ``scrapy-dist pause|resume|drain``.
+
+    Example::
+
+        control = CrawlControl.from_settings(get_project_settings(), "books")
+        control.pause(reason="deploying")
+        control.wait_settled()          # in-flight requests finished
+        ...
+        control.resume()
+
+    Args:
+        client: a client of the crawl's Redis (under Redis Cluster, one that reaches the
+            crawl's slot).
+        keys: the crawl's keys.
+        worker_timeout: seconds without heartbeat after which a worker counts as gone
+            (``SCHEDULER_WORKER_TIMEOUT``), for :meth:`wait_settled`.
+    """
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys, *, worker_timeout: float = 30.0):
+        self.client = client
+        self.keys = keys
+        self.worker_timeout = worker_timeout
+
+    @classmethod
+    def from_settings(
+        cls, settings: BaseSettings, spider: str, *, job: str | None = None
+    ) -> CrawlControl:
+        """The control of spider ``spider``'s crawl (its job from the settings, or
+        ``job``), with a client made from the settings (no I/O).
+
+        Raises:
+            ConfigurationError: invalid settings.
+        """
+        from scrapy_dist.connection import client_from_config, crawl_client
+        from scrapy_dist.keys import hash_tag_on, keys_from_config, server_time
+        from scrapy_dist.settings import Config
+
+        config = Config.from_settings(settings)
+        if job is not None:
+            config = config.with_values({"SCHEDULER_JOB_ID": job, "SCHEDULER_JOB_TIMESTAMP": None})
+        client = client_from_config(config.connection)
+        now = server_time(client) if config.keys.job_timestamp else None
+        keys = keys_from_config(config.keys, spider, now, hash_tag=hash_tag_on(config))
+        return cls(crawl_client(client, keys), keys, worker_timeout=config.workers.worker_timeout)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> CrawlControl:
+        """The control of a running crawler's own crawl (e.g. an extension that pauses
+        the crawl when the site asks to slow down); its calls block the reactor for one
+        round trip each."""
+        from scrapy_dist.assembly import assemble
+
+        parts = assemble(crawler)
+        return cls(parts.client, parts.keys, worker_timeout=parts.config.workers.worker_timeout)
+
+    @property
+    def state(self) -> ControlState:
+        """The crawl's control state now (one round trip)."""
+        return read_state(self.client, self.keys)
+
+    def pause(self, reason: str = "", *, by: str | None = None) -> ControlState:
+        """Pause the crawl; returns the state now (see :func:`set_state` for errors)."""
+        return pause(self.client, self.keys, reason=reason, by=by)
+
+    def resume(self, reason: str = "", *, by: str | None = None) -> ControlState:
+        """Resume the crawl; returns the state now."""
+        return resume(self.client, self.keys, reason=reason, by=by)
+
+    def drain(self, reason: str = "", *, by: str | None = None) -> ControlState:
+        """Drain the crawl; returns the state now."""
+        return drain(self.client, self.keys, reason=reason, by=by)
+
+    def settled(self) -> Settled:
+        """Unexpired leases held by live workers (in every shard of a sharded crawl)
+        and live workers, now: one round trip, then two per shard. Leases of a worker
+        that died (no heartbeat for ``worker_timeout`` seconds) are not counted: they
+        expire, and the next reserve after a resume takes them back."""
+        from scrapy_dist.shards import shard_count
+
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.hgetall(self.keys.workers)
+            now_reply, workers = pipe.execute()
+        seconds, micros = cast("tuple[int, int]", now_reply)
+        now = seconds + micros / 1e6
+        live: list[str] = []
+        for member, beat in cast("dict[bytes, bytes]", workers).items():
+            try:
+                if now - float(beat) <= self.worker_timeout:
+                    live.append(_text(member))
+            except ValueError:
+                continue
+        held = 0
+        if live:
+            for client, keys in self._shards(shard_count(self.client, self.keys)):
+                with client.pipeline(transaction=False) as pipe:
+                    for worker in live:
+                        pipe.smembers(keys.held(worker))
+                    ids = sorted({i for found in pipe.execute() for i in found})
+                if ids:
+                    scores = client.zmscore(keys.leases, ids)
+                    held += sum(1 for score in scores if score is not None and score > now)
+        return Settled(held, len(live))
+
+    def _shards(self, count: int) -> list[tuple[redis.Redis, RedisKeys]]:
+        """The keys of each of the crawl's ``count`` shards, with a client reaching them."""
+        from scrapy_dist.keys import RedisKeys, shard_crawl
+        from scrapy_dist.shards import shard_client
+
+        found = [(self.client, self.keys)]
+        for index in range(1, count):
+            crawl = shard_crawl(self.keys.crawl, index, count)
+            keys = RedisKeys(
+                crawl, f"{crawl}:requests", f"{crawl}:dupefilter", f"{crawl}:start_urls"
+            )
+            found.append((shard_client(self.client, keys), keys))
+        return found
+
+    def wait_settled(
+        self, *, exited: bool = False, timeout: float = 60.0, interval: float = 0.25
+    ) -> Settled:
+        """Wait until no live worker holds a lease (in-flight requests finished and
+        acknowledged, buffers handed back), and with ``exited`` until no worker is
+        live (a drain is over).
+
+        Returns:
+            What the last look found: all zero when it is settled, else what remains
+            after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.settled()
+            if found.leased == 0 and (not exited or found.workers == 0):
+                return found
+            if time.monotonic() >= deadline:
+                return found
+            time.sleep(interval)
+
+
+class ControlWatcher:
+    """A worker's view of its crawl's control state, read every :data:`POLL_INTERVAL`
+    seconds (see the module docstring for faults). One per frontier
+    (:meth:`for_frontier`, which has the frontier's flushes carry the reads: see
+    :meth:`rider`), shared by the scheduler and the spider.
+
+    Args:
+        client: the crawl's client.
+        keys: the crawl's keys.
+        stats: returns the crawler's stats collector (``None``: no stats).
+        interval: seconds between reads.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RedisKeys,
+        *,
+        stats: Callable[[], StatsCollector | None] = lambda: None,
+        interval: float = POLL_INTERVAL,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self._stats = stats
+        self.interval = interval
+        #: The state last read (``running`` until a read says otherwise).
+        self.state = ControlState()
+        #: Whether a read has succeeded yet.
+        self.read_once = False
+        self._next_read = 0.0
+        self._failures = 0
+        self._error = ""
+        self._reminded = 0.0
+        #: A frontier's flushes carry the reads (:meth:`rider`, set by
+        #: :meth:`for_frontier`): :meth:`poll` then waits :data:`CARRY_SLACK` seconds
+        #: past a due read for one before it reads on its own.
+        self.carried = False
+
+    @classmethod
+    def for_frontier(cls, frontier: Frontier) -> ControlWatcher:
+        """The watcher of this frontier's crawl (made on first use, no I/O); the
+        frontier's flushes carry its reads."""
+        try:
+            return _watchers[frontier]
+        except KeyError:
+            pass
+        watcher = _watchers[frontier] = cls(
+            frontier.client, frontier.keys, stats=lambda: frontier.stats
+        )
+        frontier.riders.append(watcher.rider)
+        watcher.carried = True
+        return watcher
+
+    def rider(self) -> Read | None:
+        """The read for a flush's pipeline to carry when one is due (``None``: not due,
+        or reads are failing and backing off, which :meth:`poll` handles)."""
+        from scrapy_dist.frontier import Read
+
+        if self._failures or time.monotonic() < self._next_read:
+            return None
+        return Read(Command(("HGETALL", self.keys.control)), self._carried_reply)
+
+    def _carried_reply(self, reply: Any) -> None:
+        """The reply (or error) of a read a flush carried."""
+        now = time.monotonic()
+        if isinstance(reply, redis.ResponseError) and str(reply).startswith("WRONGTYPE"):
+            self._read_ok(now, ControlState(PAUSED, problem=f"it is not a hash ({reply})"))
+        elif isinstance(reply, Exception):
+            error = reply if isinstance(reply, redis.RedisError) else redis.RedisError(reply)
+            self._read_failed(now, error)
+        else:
+            self._inc("control/reads/carried")
+            self._read_ok(now, parse_state(cast("dict[bytes, bytes]", reply)))
+
+    def holds(self) -> bool:
+        """Whether workers must take no new work: the state last read is not
+        ``running``; reads it first when due."""
+        return not self.poll().running
+
+    def poll(self, *, force: bool = False) -> ControlState:
+        """The state, read first if :attr:`interval` has passed since the last read (or
+        ``force``, unless reads are failing and backing off)."""
+        now = time.monotonic()
+        slack = CARRY_SLACK if self.carried and not self._failures else 0.0
+        if now >= self._next_read + slack or (force and not self._failures):
+            self._read(now)
+        return self.state
+
+    def _inc(self, name: str) -> None:
+        stats = self._stats()
+        if stats is not None:
+            stats.inc_value(name)
+
+    def _read(self, now: float) -> None:
+        try:
+            raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys.control))
+        except redis.ResponseError as e:
+            if str(e).startswith("WRONGTYPE"):
+                self._read_ok(now, ControlState(PAUSED, problem=f"it is not a hash ({e})"))
+            else:
+                self._read_failed(now, e)
+            return
+        except redis.RedisError as e:
+            self._read_failed(now, e)
+            return
+        self._inc("scheduler/redis/round_trips")
+        self._read_ok(now, parse_state(raw))
+
+    def _read_ok(self, now: float, state: ControlState) -> None:
+        self._next_read = now + self.interval
+        if self._failures:
+            logger.info(
+                "Crawl control state of %(crawl)s readable again: %(state)s",
+                {"crawl": self.keys.crawl, "state": state.describe()},
+            )
+        self._failures, self._error = 0, ""
+        self.read_once = True
+        if state.problem and (state != self.state or now - self._reminded >= INVALID_REMINDER):
+            self._reminded = now
+            self._inc("control/invalid")
+            logger.error(
+                "Crawl control key %(key)s holds no valid state (%(problem)s): this worker "
+                "takes no new work, as if the crawl were paused. Set the state with "
+                "scrapy-dist resume|pause|drain (a key of the wrong type must be deleted "
+                "first)",
+                {"key": self.keys.control, "problem": state.problem},
+            )
+        self.state = state
+
+    def _read_failed(self, now: float, error: redis.RedisError) -> None:
+        self._failures += 1
+        self._inc("control/read_errors")
+        pause = min(self.interval * 2 ** (self._failures - 1), READ_BACKOFF_MAX)
+        self._next_read = now + pause
+        kind = f"{type(error).__name__}: {error}"
+        if kind != self._error:
+            self._error = kind
+            unreachable = isinstance(error, (redis.ConnectionError, redis.TimeoutError))
+            logger.warning(
+                "Cannot read the crawl control state %(key)s (%(why)s%(error)s): keeping "
+                "the state last read (%(state)s) and trying again",
+                {
+                    "key": self.keys.control,
+                    "why": "Redis is unreachable: " if unreachable else "",
+                    "error": kind,
+                    "state": self.state.state,
+                },
+            )
+
+
+_watchers: WeakKeyDictionary[Frontier, ControlWatcher] = WeakKeyDictionary()
+
+
+class WorkerControl:
+    """What the control state makes one worker's scheduler do (see the module
+    docstring): nothing handed out while the crawl is not running, the buffered leases
+    handed back when it stops running, the engine woken when it runs again, the spider
+    closed (:data:`DRAINED`) once a draining worker holds nothing.
+
+    Args:
+        watcher: the crawl's control state.
+        frontier: the crawl's frontier (settlements of handed-back leases).
+        deliveries: the leases this worker holds.
+        crawler: the crawler whose engine is woken and whose spider a drain closes
+            (``None``: neither).
+    """
+
+    def __init__(
+        self,
+        watcher: ControlWatcher,
+        frontier: Frontier,
+        deliveries: Deliveries,
+        *,
+        crawler: Crawler | None,
+    ) -> None:
+        self.watcher = watcher
+        self.frontier = frontier
+        self.deliveries = deliveries
+        self.crawler = crawler
+        #: The state this worker last acted on.
+        self.applied = RUNNING
+        #: Set once this worker asked its engine to close because the crawl drains.
+        self.closing = False
+        self.spider: object = None
+        #: When a draining worker that holds nothing first had writes Redis did not take.
+        self._unsent_since: float | None = None
+
+    def open(self, spider: object) -> None:
+        """Read the state at open (a worker started while the crawl drains closes at
+        its first tick) and act on it."""
+        self.spider = spider
+        state = self.watcher.poll(force=True)
+        if state.state == DRAINING:
+            logger.warning(
+                "Crawl %(crawl)s is draining (%(state)s): this worker takes no work and "
+                "exits; run 'scrapy-dist resume %(spider)s' to let workers run again",
+                {
+                    "crawl": self.frontier.keys.crawl,
+                    "state": state.describe(),
+                    "spider": getattr(spider, "name", "SPIDER"),
+                },
+                extra={"spider": spider},
+            )
+            self.applied = DRAINING
+        else:
+            self._apply(state)
+
+    def holds(self) -> bool:
+        """Whether the scheduler must hand out nothing now (acting on a change first)."""
+        state = self.watcher.poll()
+        if state.state != self.applied:
+            self._apply(state)
+        return not state.running
+
+    def tick(self) -> None:
+        """On the scheduler's timer: read the state when due, act on a change, and
+        close a draining worker's spider once it holds nothing and Redis took its
+        pending writes (acknowledgements, hand-backs, children), or once it waited
+        ``SCHEDULER_LEASE_TIMEOUT`` seconds for them (Redis unreachable or refusing:
+        its leases then expire and are re-queued)."""
+        self.holds()
+        if self.applied != DRAINING or self.closing or not self._holds_nothing():
+            self._unsent_since = None
+            return
+        if self.frontier.pending_writes and not self._waited_for_writes():
+            return
+        self._close()
+
+    def _waited_for_writes(self) -> bool:
+        """Whether a draining worker that holds nothing has waited long enough for
+        Redis to take its pending writes (the timer keeps sending them)."""
+        now = time.monotonic()
+        if self._unsent_since is None:
+            self._unsent_since = now
+            logger.warning(
+                "Crawl %(crawl)s is draining and this worker finished its work, but Redis "
+                "has not taken %(n)d pending write(s) (acknowledgements, hand-backs, new "
+                "requests): waiting for it up to SCHEDULER_LEASE_TIMEOUT (%(timeout)gs) "
+                "before exiting",
+                {
+                    "crawl": self.frontier.keys.crawl,
+                    "n": self.frontier.pending_writes,
+                    "timeout": self.frontier.lease_timeout,
+                },
+                extra={"spider": self.spider},
+            )
+        return now - self._unsent_since >= self.frontier.lease_timeout
+
+    def allows_completion(self, *, fresh: bool = False) -> bool:
+        """Whether the crawl may be checked for completion (it runs); ``fresh`` reads
+        the state first (at close)."""
+        return self.watcher.poll(force=fresh).running
+
+    def on_idle(self) -> None:
+        """``spider_idle``: a crawl that does not run keeps the spider open (a draining
+        worker closes from its timer, with :data:`DRAINED`).
+
+        Raises:
+            DontCloseSpider: the crawl is paused or draining.
+        """
+        from scrapy.exceptions import DontCloseSpider
+
+        if self.holds():
+            raise DontCloseSpider
+
+    def _holds_nothing(self) -> bool:
+        d = self.deliveries
+        return not d.out and not d.buffer and not d.in_flight()
+
+    def _apply(self, state: ControlState) -> None:
+        before, self.applied = self.applied, state.state
+        crawl = self.frontier.keys.crawl
+        if state.running:
+            if before != RUNNING:
+                logger.info(
+                    "Crawl %(crawl)s resumed (%(state)s)",
+                    {"crawl": crawl, "state": state.describe()},
+                    extra={"spider": self.spider},
+                )
+                self._wake()
+            return
+        if before == RUNNING:
+            handed = self._hand_back()
+            logger.info(
+                "Crawl %(crawl)s is %(state)s: this worker takes no new work; handed back "
+                "%(handed)d buffered request(s); %(out)d in progress finish",
+                {
+                    "crawl": crawl,
+                    "state": state.describe(),
+                    "handed": handed,
+                    "out": len(self.deliveries.out),
+                },
+                extra={"spider": self.spider},
+            )
+        else:
+            logger.info(
+                "Crawl %(crawl)s is %(state)s",
+                {"crawl": crawl, "state": state.describe()},
+                extra={"spider": self.spider},
+            )
+
+    def _hand_back(self) -> int:
+        """Hand the buffered leases back to the queue (through the outbox)."""
+        from scrapy_dist.frontier import HAND_BACK
+
+        buffer = self.deliveries.buffer
+        handed = [(lease.id, HAND_BACK) for lease, _ in buffer]
+        buffer.clear()
+        if handed:
+            self.frontier.settle(handed)
+            self.frontier.stats.inc_value("control/handed_back", len(handed))
+        return len(handed)
+
+    def _wake(self) -> None:
+        if self.crawler is None:
+            return
+        from scrapy_dist import _engine
+
+        engine = _engine.engine_of(self.crawler)
+        if engine is not None:
+            _engine.wake(engine)
+
+    def _close(self) -> None:
+        self.closing = True
+        logger.info(
+            "Crawl %(crawl)s is draining and this worker finished its work: closing "
+            "(reason %(reason)r)",
+            {"crawl": self.frontier.keys.crawl, "reason": DRAINED},
+            extra={"spider": self.spider},
+        )
+        if self.crawler is not None:
+            from scrapy_dist.membership import close_spider
+
+            close_spider(self.crawler, DRAINED)
