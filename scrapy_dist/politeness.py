@@ -1,0 +1,670 @@
+"""Cluster-wide politeness: one rate and concurrency limit per download slot, shared by
+every worker of a crawl through Redis (``SCHEDULER_POLITENESS``).
+
+Scrapy applies ``DOWNLOAD_DELAY`` and ``CONCURRENT_REQUESTS_PER_DOMAIN`` per process, so
+N workers hit a host N times as hard. With politeness on, a worker sends a request only
+with a *token* of the request's download slot (``request.meta["download_slot"]``, else
+its host name, as Scrapy's downloader decides) granted by ``lua/politeness.lua``: a slot
+never has more tokens outstanding than its concurrency, and the send times of its
+tokens are spaced by its delay. Limits come from Scrapy's own settings: ``DOWNLOAD_SLOTS``
+(``"delay"``, ``"concurrency"``, ``"jitter"`` per slot), else ``DOWNLOAD_DELAY`` and
+``CONCURRENT_REQUESTS_PER_DOMAIN`` (or the spider's ``download_delay`` and
+``max_concurrent_requests``); a robots.txt ``Crawl-delay`` that Scrapy's
+``RobotsTxtMiddleware`` read raises a slot's delay.
+
+How it is gated: the scheduler hands out the first buffered request whose slot holds a
+token due now (:meth:`Politeness.take`); requests of slots without one stay buffered
+(leased, renewed with the others) while other slots' requests go through, and when
+the buffer holds only waiting slots the worker leases more (within ``max_held``). Tokens
+are asked for in batches: one call per flush tick (``SCHEDULER_FLUSH_INTERVAL``) for
+every slot with waiting requests, carrying the releases of finished downloads and,
+every heartbeat, the renewal of the tokens held; and at once when the engine asks for
+a request, nothing is granted and a slot was never asked for. The engine is woken
+when a token falls due. A token is released when its download leaves the downloader
+(``request_left_downloader``) or, failing that, when its request leaves the engine; a
+slot without delay keeps its token for this worker's next request of the slot while it
+has one. A killed worker's tokens expire ``SCHEDULER_POLITENESS_TIMEOUT`` seconds after
+their send time (or last renewal).
+
+Faults: while Redis is unreachable or refuses, no token is granted: requests of gated
+slots wait (buffered and leased), the releases wait to be sent, and the worker backs
+off; one log line when it starts and one when it ends. Politeness never falls back to
+no limit. A slot name from request meta is untrusted: it is only ever a hash field or
+part of a zset member, never a key name, and one longer than :data:`SLOT_MAX`
+characters is replaced by its SHA-1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+from scrapy import signals
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_dist import _engine
+from scrapy_dist.scripts import scripts_for
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from twisted.internet.base import DelayedCall
+    from twisted.internet.task import LoopingCall
+
+    from scrapy_dist.deliveries import Deliveries
+    from scrapy_dist.exceptions import SerializationError
+    from scrapy_dist.frontier import Frontier, Lease
+    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.settings import PolitenessConfig
+
+logger = logging.getLogger(__name__)
+
+#: Longest slot name used as is; a longer one is replaced by ``sha1:<hex>``.
+SLOT_MAX = 200
+#: Idle expiry of the politeness keys (renewed by every call): a crawl that stopped
+#: leaves nothing behind for long.
+KEYS_IDLE = 3600.0
+#: Longest pause between calls while Redis is unreachable or refuses.
+BACKOFF_MAX = 5.0
+#: Milliseconds added to a slot's delay between two send times: what a request may be
+#: late on its send time (the reactor's timer, a busy worker) is not taken from the
+#: next request's gap.
+SPACING_MARGIN_MS = 2.0
+#: Seconds a token of a slot without delay is kept for this worker's next request of
+#: the slot; past it, it is released when its download ends, so the workers share the
+#: slot's concurrency rather than the first to ask keeping it.
+REUSE_MAX = 1.0
+#: Seconds a slot counts as blocked after Redis refused it a token.
+BLOCKED_FOR = 1.0
+#: Longest delay of the release of a token of a slot without delay.
+LAZY_RELEASE = 0.5
+#: Slots remembered as asked for before the memory starts over.
+KNOWN_MAX = 10_000
+#: Share of the token timeout a token is used for locally after its last renewal (the
+#: rest is margin for clocks and round trips).
+VALID_SHARE = 0.8
+
+
+def slot_of(request: Request) -> str:
+    """The download slot of ``request`` as Scrapy's downloader names it
+    (``meta["download_slot"]``, else the URL's host name), bounded to :data:`SLOT_MAX`
+    characters; one longer, or without a UTF-8 form, is named by its SHA-1."""
+    raw: Any = request.meta.get("download_slot")
+    slot = str(urlparse_cached(request).hostname or "" if raw is None else raw)
+    if len(slot) > SLOT_MAX or (not slot.isascii() and _unencodable(slot)):
+        digest = hashlib.sha1(slot.encode("utf-8", "surrogatepass"), usedforsecurity=False)
+        slot = "sha1:" + digest.hexdigest()
+    return slot
+
+
+def _unencodable(slot: str) -> bool:
+    """Whether ``slot`` has no UTF-8 form (a lone surrogate): Redis could not be sent it."""
+    try:
+        slot.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One slot's cluster-wide limits: ``concurrency`` tokens at most, send times at least
+    ``delay`` seconds apart (``jitter``: up to ``delay * jitter`` more, at random)."""
+
+    concurrency: int
+    delay: float
+    jitter: float = 0.0
+
+    def spacing_ms(self) -> float:
+        """The spacing of one call's grants, in ms: never below the delay, so the mean
+        gap between sends stays at least ``delay`` whatever the jitter."""
+        if not self.delay:
+            return 0.0
+        extra = random.uniform(0, self.jitter) if self.jitter else 0.0
+        return round(self.delay * (1 + extra) * 1000 + SPACING_MARGIN_MS, 3)
+
+
+@dataclass
+class Limits:
+    """The limits of each slot: ``DOWNLOAD_SLOTS``, else the defaults; a robots.txt
+    ``Crawl-delay`` (``crawl_delays``, per slot) raises a slot's delay."""
+
+    default: Limit
+    slots: dict[str, Limit] = field(default_factory=dict)
+    crawl_delays: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, config: PolitenessConfig, spider: object = None) -> Limits:
+        """From the settings, with the spider's ``download_delay`` and
+        ``max_concurrent_requests`` attributes over the defaults, as Scrapy does."""
+        delay = float(getattr(spider, "download_delay", config.delay))
+        concurrency = int(getattr(spider, "max_concurrent_requests", config.concurrency))
+        default = Limit(max(1, concurrency), max(0.0, delay), min(1.0, config.jitter))
+        slots = {}
+        for name, values in config.slots.items():
+            jitter = values.get("jitter")
+            if jitter is None and "randomize_delay" in values:
+                jitter = 0.5 if values["randomize_delay"] else 0.0
+            slots[str(name)] = Limit(
+                max(1, int(values.get("concurrency", default.concurrency))),
+                max(0.0, float(values.get("delay", default.delay))),
+                min(1.0, float(default.jitter if jitter is None else jitter)),
+            )
+        return cls(default, slots)
+
+    def of(self, slot: str) -> Limit:
+        limit = self.slots.get(slot, self.default)
+        crawl_delay = self.crawl_delays.get(slot, 0.0)
+        if crawl_delay > limit.delay:
+            return Limit(limit.concurrency, crawl_delay, limit.jitter)
+        return limit
+
+
+@dataclass
+class Token:
+    """The right to send one request to ``slot`` from ``send_at`` (monotonic seconds)
+    until ``valid_until`` (past it, Redis may have given it to another worker)."""
+
+    member: str
+    slot: str
+    send_at: float
+    valid_until: float
+    #: When it was granted (monotonic seconds).
+    granted_at: float = 0.0
+
+
+class Politeness:
+    """One worker's side of cluster-wide politeness (see the module docstring).
+
+    Args:
+        client: the crawl's Redis client.
+        keys: the crawl's keys.
+        deliveries: the leases this worker holds (its buffer is what is gated).
+        limits: each slot's limits.
+        stats: the crawler's stats collector.
+        timeout: seconds a token lasts past its send time or renewal.
+        flush_interval: seconds between the timer's calls (``0``: 0.1).
+        heartbeat_interval: seconds between renewals of the tokens held.
+        wake: asks the engine to look at the scheduler now.
+        crawl_delay: returns the robots.txt ``Crawl-delay`` of a request's site once
+            Scrapy's robots middleware read it, else ``None``.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RedisKeys,
+        deliveries: Deliveries,
+        limits: Limits,
+        *,
+        stats: StatsCollector,
+        timeout: float = 60.0,
+        flush_interval: float = 0.1,
+        heartbeat_interval: float = 5.0,
+        wake: Callable[[], None] = lambda: None,
+        crawl_delay: Callable[[Request], float | None] = lambda request: None,
+    ) -> None:
+        self.client, self.keys, self.deliveries = client, keys, deliveries
+        self.limits, self.stats = limits, stats
+        self.timeout = timeout
+        self.flush_interval = flush_interval or 0.1
+        self.heartbeat_interval = heartbeat_interval
+        self.wake = wake
+        self.crawl_delay = crawl_delay
+        self._scripts = scripts_for(client)
+        #: Names this worker's tokens: unique per worker, no "|".
+        self._prefix = secrets.token_hex(6) + ":"
+        self._calls = 0
+        #: Granted tokens not used yet, per slot, by send time.
+        self.pending: dict[str, list[Token]] = {}
+        #: Tokens of slots without delay whose download finished, kept for the next one.
+        self.idle: dict[str, list[Token]] = {}
+        #: Requests in the engine -> the token they were sent with.
+        self.out: dict[Request, Token] = {}
+        #: Members to release with the next call.
+        self.releases: list[str] = []
+        #: When the releases must be sent at the latest (monotonic).
+        self._release_by = math.inf
+        #: The engine asked for a request and every buffered one waited for a token
+        #: since the last call: the timer asks for tokens only then.
+        self.starved = False
+        #: Slot -> monotonic time before which asking again is pointless.
+        self.retry_at: dict[str, float] = {}
+        #: Slot -> when Redis last refused it a token (kept :data:`BLOCKED_FOR` seconds):
+        #: a buffer of such slots only makes this worker lease more.
+        self.refused_at: dict[str, float] = {}
+        #: Slots asked for lately (the first ask for a slot is made at once, later ones
+        #: on the timer); forgotten past :data:`KNOWN_MAX`.
+        self._known: set[str] = set()
+
+        self._renew_at = 0.0
+        self._last_call = 0.0
+        self._refilled_at = 0.0
+        #: Since when Redis fails (monotonic), and until when not to call.
+        self._outage_since: float | None = None
+        self._backoff = 0.0
+        self._backoff_until = 0.0
+        self._alarm: DelayedCall | None = None
+        self._alarm_at = 0.0
+        self.ticker: LoopingCall | None = None
+        self.spider: object = None
+
+    @classmethod
+    def for_crawler(
+        cls, crawler: Crawler, frontier: Frontier, deliveries: Deliveries
+    ) -> Politeness | None:
+        """The crawler's politeness when ``SCHEDULER_POLITENESS`` is on, else ``None``
+        (no I/O; the timer starts at :meth:`open`)."""
+        from scrapy_dist.assembly import assemble
+
+        config = assemble(crawler).config
+        settings = config.politeness
+        if not settings.enabled:
+            return None
+
+        def wake() -> None:
+            engine = _engine.engine_of(crawler)
+            if engine is not None:
+                _engine.wake(engine)
+
+        politeness = cls(
+            frontier.client,
+            frontier.keys,
+            deliveries,
+            Limits.build(settings),
+            stats=crawler.stats,
+            timeout=settings.timeout,
+            flush_interval=config.scheduler.flush_interval,
+            heartbeat_interval=config.workers.heartbeat_interval,
+            wake=wake,
+            crawl_delay=(lambda r: _engine.robots_crawl_delay(crawler, r))
+            if settings.robots
+            else (lambda r: None),
+        )
+        politeness.crawler = crawler
+        politeness.config = settings
+        return politeness
+
+    crawler: Crawler | None = None
+    config: PolitenessConfig | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def open(self, spider: Spider) -> None:
+        """Start: the spider's own limits, the release signal, the timer."""
+        from twisted.internet.task import LoopingCall
+
+        self.spider = spider
+        self.deliveries.on_finished.append(self.finished)
+        if self.config is not None:
+            self.limits = Limits.build(self.config, spider)
+            if self.config.per_ip:
+                logger.warning(
+                    "CONCURRENT_REQUESTS_PER_IP is applied by each worker on its own: "
+                    "SCHEDULER_POLITENESS limits download slots by host name",
+                    extra={"spider": spider},
+                )
+        if self.crawler is not None:
+            self.crawler.signals.connect(self.finished, signal=signals.request_left_downloader)
+            if self.config is not None and not self.config.autothrottle:
+                self.crawler.signals.connect(
+                    self._local_delay_off, signal=signals.request_reached_downloader
+                )
+            if self.config is not None and self.config.robots:
+                _engine.check_robots(self.crawler)
+        self.ticker = LoopingCall(self.tick)
+        self.ticker.start(self.flush_interval, now=False)
+        logger.info(
+            "Cluster-wide politeness on: %(c)d request(s) at once and %(d)gs between "
+            "requests per download slot, for all workers together (DOWNLOAD_SLOTS: "
+            "%(n)d slot(s) of their own)",
+            {
+                "c": self.limits.default.concurrency,
+                "d": self.limits.default.delay,
+                "n": len(self.limits.slots),
+            },
+            extra={"spider": spider},
+        )
+
+    def close(self) -> None:
+        """Stop the timer and release every token held (best effort: what is not
+        released expires)."""
+        if self.ticker is not None and self.ticker.running:
+            self.ticker.stop()
+        if self._alarm is not None and self._alarm.active():
+            self._alarm.cancel()
+        self.releases += [t.member for t in self._held()]
+        self.pending.clear()
+        self.idle.clear()
+        self.out.clear()
+        if self.releases:
+            try:
+                self._call([], renew=False)
+            except redis.RedisError as e:
+                logger.info(
+                    "Could not release %(n)d politeness token(s) at close (%(e)s): they "
+                    "expire in at most %(t)gs",
+                    {"n": len(self.releases), "e": e, "t": self.timeout},
+                    extra={"spider": self.spider},
+                )
+
+    # -- gating ---------------------------------------------------------------------
+
+    def take(
+        self,
+        decode: Callable[[bytes], Request],
+        reject: Callable[[Lease, SerializationError], str],
+    ) -> Request | None:
+        """The first buffered request whose slot holds a token due now, in the engine;
+        ``None`` if none does. When every buffered request waits, lease more (other
+        slots' requests may be behind them) and ask for tokens of slots never asked."""
+        request = self._pick()
+        if request is not None or not self.deliveries.buffer:
+            return request
+        self.starved = True
+        now = time.monotonic()
+        waiting = self._waiting()
+        blocked = all(slot in self.refused_at or slot in self.pending for slot in waiting)
+        if (
+            blocked  # Redis refused each slot, or its next send time is ahead: lease more
+            and now - self.deliveries.frontier.found_empty_at > 0.25
+            and now - self._refilled_at >= self.flush_interval / 2
+        ):
+            self._refilled_at = now
+            self.deliveries.refill_more(decode, reject)
+        if time.monotonic() - self._last_call >= self.flush_interval / 4 and any(
+            slot not in self._known for slot in self._waiting()
+        ):
+            self.sync()  # a slot never asked for: ask now rather than at the next tick
+        return self._pick()
+
+    def _pick(self) -> Request | None:
+        now = time.monotonic()
+        waiting: set[str] = set()  # slots without a token due: not looked at twice
+        for index, (_, request) in enumerate(self.deliveries.buffer):
+            slot = slot_of(request)
+            if slot in waiting:
+                continue
+            token = self._usable(slot, now)
+            if token is None:
+                waiting.add(slot)
+            else:
+                self.deliveries.take_at(index)
+                self.out[request] = token
+                self.stats.inc_value("scheduler/politeness/sent")
+                return request
+        return None
+
+    def _usable(self, slot: str, now: float) -> Token | None:
+        """A token of ``slot`` this worker may send with now (taken off its list)."""
+        for held in (self.idle, self.pending):
+            tokens = held.get(slot)
+            found = None
+            while tokens:
+                token = tokens[0]
+                if token.valid_until <= now:  # Redis may have given it away
+                    tokens.pop(0)
+                    self._release(token, urgent=False)
+                    continue
+                if token.send_at <= now:
+                    found = tokens.pop(0)
+                break
+            if tokens is not None and not tokens:
+                del held[slot]
+            if found is not None:
+                return found
+        return None
+
+    def finished(self, request: Request, spider: object = None) -> None:
+        """``request`` left the downloader (or the engine): free its token, or keep it
+        for the next request of a slot without delay."""
+        token = self.out.pop(request, None)
+        if token is None:
+            return
+        now = time.monotonic()
+        if (
+            not self.limits.of(token.slot).delay
+            and token.valid_until > now
+            and now - token.granted_at < REUSE_MAX
+        ):
+            self.idle.setdefault(token.slot, []).append(token)
+        else:
+            self._release(token, urgent=bool(self.limits.of(token.slot).delay))
+
+    def _release(self, token: Token, *, urgent: bool) -> None:
+        """Send the release of ``token`` with the next call: at the next tick when
+        ``urgent`` (a slot with delay: others may wait for it), else within
+        :data:`LAZY_RELEASE` seconds (a slot without delay, whose tokens workers keep
+        for :data:`REUSE_MAX` anyway)."""
+        self.releases.append(token.member)
+        deadline = time.monotonic() + (0.0 if urgent else LAZY_RELEASE)
+        self._release_by = min(self._release_by, deadline)
+
+    def _local_delay_off(self, request: Request, spider: object = None) -> None:
+        """``request_reached_downloader``: the shared gate spaced this request already;
+        Scrapy's own per-worker delay of its slot would only add to it."""
+        engine = _engine.engine_of(self.crawler) if self.crawler is not None else None
+        downloader = getattr(engine, "downloader", None)
+        slot = getattr(downloader, "slots", {}).get(request.meta.get("download_slot"))
+        if slot is not None and slot.delay:
+            slot.delay = 0.0
+
+    # -- the calls ------------------------------------------------------------------
+
+    def _waiting(self) -> Counter[str]:
+        """Buffered requests per slot."""
+        return Counter(slot_of(request) for _, request in self.deliveries.buffer)
+
+    def tick(self) -> None:
+        """The timer: one call if anything is to be asked, released or renewed; never
+        raises."""
+        try:
+            self.sync()
+        except Exception:  # the timer must survive anything
+            logger.exception("Politeness timer", extra={"spider": self.spider})
+
+    def sync(self) -> bool:
+        """Ask for tokens of the slots with waiting requests, release and renew, in one
+        call (none if there is nothing to do, or while backing off).
+
+        Returns:
+            Whether a call was made and answered.
+        """
+        now = time.monotonic()
+        if now < self._backoff_until:
+            return False
+        waiting = self._waiting()
+        # idle tokens of slots with nothing waiting go back
+        for slot in [s for s in self.idle if not waiting.get(s)]:
+            for token in self.idle.pop(slot):
+                self._release(token, urgent=False)
+        # granted tokens beyond the requests still buffered (handed back on a pause,
+        # taken back with an expired lease) go back at once: others may wait for them
+        for slot in list(self.pending):
+            tokens = self.pending[slot]
+            while len(tokens) > waiting.get(slot, 0):
+                self._release(tokens.pop(), urgent=True)
+            if not tokens:
+                del self.pending[slot]
+        asks = []
+        for slot, count in waiting.items() if self.starved else ():
+            held = len(self.pending.get(slot, ())) + len(self.idle.get(slot, ()))
+            if count <= held or self.retry_at.get(slot, 0.0) > now:
+                continue
+            self._refresh_crawl_delay(slot)
+            limit = self.limits.of(slot)
+            asks.append((slot, min(count - held, limit.concurrency), limit))
+        for slot in [s for s, t in self.retry_at.items() if t <= now]:
+            del self.retry_at[slot]
+        for slot in [s for s, t in self.refused_at.items() if now - t > BLOCKED_FOR]:
+            del self.refused_at[slot]
+        renew = now >= self._renew_at and bool(self._held())
+        release = bool(self.releases) and (now >= self._release_by or bool(asks) or renew)
+        if not asks and not release and not renew:
+            return False
+        why = "asks" if asks else "renewals" if renew else "releases"
+        self.stats.inc_value(f"scheduler/politeness/calls/{why}")
+        try:
+            self._call(asks, renew=renew)
+        except redis.RedisError as e:
+            self._failed(e)
+            return False
+        self._recovered()
+        return True
+
+    def _held(self) -> list[Token]:
+        tokens = [t for ts in (*self.pending.values(), *self.idle.values()) for t in ts]
+        return tokens + list(self.out.values())
+
+    def _call(self, asks: list[tuple[str, int, Limit]], *, renew: bool) -> None:
+        """One call of ``lua/politeness.lua``; applies its answer.
+
+        Raises:
+            redis.RedisError: Redis did not answer, or refused (the releases stay).
+        """
+        started = time.monotonic()
+        renewed = self._held() if renew else []
+        spacing = [limit.spacing_ms() for _, _, limit in asks]
+        prefix = f"{self._prefix}{self._calls}."
+        releases = list(self.releases)
+        call = self._scripts.politeness(
+            tokens=self.keys.politeness_tokens,
+            busy=self.keys.politeness_busy,
+            next_send=self.keys.politeness_next,
+            prefix=prefix,
+            timeout_ms=int(self.timeout * 1000),
+            idle_ms=int(max(KEYS_IDLE, 2 * self.timeout) * 1000),
+            releases=releases,
+            renewals=[t.member for t in renewed],
+            asks=[
+                (slot, want, limit.concurrency, ms)
+                for (slot, want, limit), ms in zip(asks, spacing, strict=True)
+            ],
+        )
+        self._last_call = started
+        # counted before it runs: a call whose reply is lost must not lend its token names
+        # to the next (Redis would overwrite those tokens and count them twice)
+        self._calls += 1
+        reply = call.run()
+        self.stats.inc_value("scheduler/politeness/round_trips")
+        self.stats.inc_value("scheduler/redis/round_trips")
+        del self.releases[: len(releases)]
+        self._release_by = math.inf if not self.releases else self._release_by
+        self.starved = False
+        now = time.monotonic()
+        valid = started + VALID_SHARE * self.timeout
+        grants, lost = reply
+        if renew:
+            self._renew_at = now + self.heartbeat_interval
+            gone = {m.decode() if isinstance(m, bytes) else m for m in lost}
+            for token in renewed:  # Redis keeps the later deadline (ZADD GT): so do we
+                token.valid_until = -1.0 if token.member in gone else max(token.valid_until, valid)
+        n = 0
+        due = None
+        if len(self._known) > KNOWN_MAX:
+            self._known.clear()
+        for index, (slot, _, _) in enumerate(asks):
+            self._known.add(slot)
+            count = int(grants[3 * index])
+            offset = float(grants[3 * index + 1]) / 1000
+            if not count:
+                hint = float(grants[3 * index + 2]) / 1000
+                self.retry_at[slot] = now + max(self.flush_interval, hint)
+                self.refused_at[slot] = now
+                self.stats.inc_value("scheduler/politeness/refused")
+                continue
+            self.retry_at.pop(slot, None)
+            step = spacing[index] / 1000
+            tokens = self.pending.setdefault(slot, [])
+            for k in range(count):
+                send_at = now + offset + k * step
+                member = f"{prefix}{n}|{slot}"
+                n += 1
+                tokens.append(Token(member, slot, send_at, send_at - now + valid, now))
+                due = send_at if due is None else min(due, send_at)
+            tokens.sort(key=lambda t: t.send_at)
+            self.stats.inc_value("scheduler/politeness/granted", count)
+        if due is not None:
+            self._wake_at(due)
+
+    def _wake_at(self, when: float) -> None:
+        """Wake the engine at ``when`` (monotonic), or now if it is due."""
+        delay = when - time.monotonic()
+        if delay <= 0.001:
+            self.wake()
+            return
+        if self._alarm is not None and self._alarm.active():
+            if self._alarm_at <= when:
+                return
+            self._alarm.cancel()
+        from twisted.internet import reactor
+
+        self._alarm_at = when
+        self._alarm = reactor.callLater(delay, self._alarmed)  # type: ignore[arg-type]
+
+    def _alarmed(self) -> None:
+        self._alarm = None
+        self.wake()
+        # the next token of any slot, if one waits
+        upcoming = [ts[0].send_at for ts in self.pending.values() if ts]
+        later = [t for t in upcoming if t > time.monotonic()]
+        if later:
+            self._wake_at(min(later))
+
+    def _refresh_crawl_delay(self, slot: str) -> None:
+        """Take a robots.txt ``Crawl-delay`` of ``slot`` into its limits once read."""
+        if slot in self.limits.crawl_delays:
+            return
+        for _, request in self.deliveries.buffer:
+            if slot_of(request) == slot:
+                delay = self.crawl_delay(request)
+                if delay is not None:
+                    if len(self.limits.crawl_delays) > KNOWN_MAX:
+                        self.limits.crawl_delays.clear()  # read again from the parsers
+                    self.limits.crawl_delays[slot] = float(delay)
+                    if delay > 0 and self.limits.of(slot).delay == delay:
+                        logger.info(
+                            "robots.txt of %(slot)s asks for Crawl-delay %(d)gs: used as "
+                            "the slot's delay for all workers",
+                            {"slot": slot, "d": delay},
+                            extra={"spider": self.spider},
+                        )
+                return
+
+    # -- faults ---------------------------------------------------------------------
+
+    def _failed(self, error: redis.RedisError) -> None:
+        now = time.monotonic()
+        self.stats.inc_value("scheduler/politeness/redis/errors")
+        self._backoff = min(BACKOFF_MAX, max(0.25, 2 * self._backoff))
+        self._backoff_until = now + self._backoff
+        if self._outage_since is None:
+            self._outage_since = now
+            logger.error(
+                "Cluster-wide politeness: Redis did not grant download tokens (%(e)s): "
+                "requests of rate-limited slots wait, leased, until it does (no request "
+                "is sent without a token)",
+                {"e": f"{type(error).__name__}: {error}"},
+                extra={"spider": self.spider},
+            )
+
+    def _recovered(self) -> None:
+        self._backoff = 0.0
+        if self._outage_since is not None:
+            logger.warning(
+                "Cluster-wide politeness: Redis grants download tokens again, after %(s).1fs",
+                {"s": time.monotonic() - self._outage_since},
+                extra={"spider": self.spider},
+            )
+            self._outage_since = None

@@ -1,0 +1,642 @@
+"""Cluster-wide politeness (``SCHEDULER_POLITENESS``, scrapy_dist/politeness.py).
+
+From the user's side first: 4 ``scrapy crawl`` workers crawl two hosts of one local
+site (``127.0.0.1``, rate-limited by ``DOWNLOAD_DELAY``/``CONCURRENT_REQUESTS_PER_DOMAIN``,
+and ``localhost``, unlimited through ``DOWNLOAD_SLOTS``); the site's access log shows
+the limits held across all workers while the other host went at full speed. Then the
+script against a real redis-server, and the gate's local logic.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request
+
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier import Lease
+from scrapy_dist.keys import RedisKeys
+from scrapy_dist.politeness import SLOT_MAX, Limit, Limits, Politeness, slot_of
+from scrapy_dist.scripts import scripts_for
+from scrapy_dist.testing.crawl import WorkerCrawl
+from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import redis
+
+    from scrapy_dist.testing.redis_server import RedisServer
+
+PROJECT = Path(__file__).parent / "project"
+
+#: Pages per host, and the seconds a page of the polite host takes to serve (longer
+#: than the delay, so the concurrency limit binds too).
+A_PAGES, B_PAGES, A_SERVE, B_SERVE = 30, 120, 0.3, 0.02
+
+
+class TwoHostSite:
+    """``/p/<i>`` pages on every host name of one port (page 0 links to all others, so
+    every worker has work for both hosts at once), with an access log of
+    ``(host, path, start, end)``."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, float, float]] = []
+        self.lock = threading.Lock()
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                start = time.monotonic()
+                host = (self.headers.get("Host") or "").split(":")[0]
+                pages, serve = (A_PAGES, A_SERVE) if host == "127.0.0.1" else (B_PAGES, B_SERVE)
+                i = int(self.path.rsplit("/", 1)[-1]) if self.path.startswith("/p/") else -1
+                links = list(range(1, pages)) if i == 0 else []
+                body = "".join(f'<a href="/p/{j}">{j}</a>' for j in links)
+                data = f"<html><body>{body}</body></html>".encode()
+                time.sleep(serve)
+                self.send_response(200 if 0 <= i < pages else 404)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                with site.lock:
+                    site.log.append((host, self.path, start, time.monotonic()))
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, host: str, i: int) -> str:
+        return f"http://{host}:{self.port}/p/{i}"
+
+    def entries(self, host: str) -> list[tuple[str, float, float]]:
+        with self.lock:
+            return sorted((p, s, e) for h, p, s, e in self.log if h == host)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def max_concurrency(entries: list[tuple[str, float, float]]) -> int:
+    events = sorted([(s, 1) for _, s, _ in entries] + [(e, -1) for _, _, e in entries])
+    now = top = 0
+    for _, step in events:
+        now += step
+        top = max(top, now)
+    return top
+
+
+def mean_gap(entries: list[tuple[str, float, float]]) -> float:
+    starts = sorted(s for _, s, _ in entries)
+    return (starts[-1] - starts[0]) / (len(starts) - 1)
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[TwoHostSite]:
+    site = TwoHostSite()
+    yield site
+    site.close()
+
+
+def crawl_two_hosts(
+    server: RedisServer, site: TwoHostSite, tmp_path: Path, *, politeness: bool
+) -> tuple[list[tuple[str, float, float]], list[tuple[str, float, float]], str]:
+    """Crawl both hosts with 4 workers; returns host A's and B's access log entries and
+    the workers' logs."""
+    settings = {
+        "SCHEDULER_POLITENESS": politeness,
+        "DOWNLOAD_DELAY": 0.2,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "DOWNLOAD_SLOTS": json.dumps({"localhost": {"concurrency": 16, "delay": 0}}),
+        "CONCURRENT_REQUESTS": 16,
+        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+        "SCHEDULER_WORKER_TIMEOUT": 2,
+        "CLOSE_WHEN_CRAWL_DONE": True,
+        "CRAWL_DONE_GRACE": 1,
+    }
+    crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)  # type: ignore[arg-type]
+    try:
+        crawl.start(4)
+        crawl.wait_ready()
+        crawl.seed(site.url("127.0.0.1", 0))
+        crawl.seed(site.url("localhost", 0))
+        assert crawl.wait(60) == [0, 0, 0, 0], crawl.logs()
+        logs = crawl.full_logs()
+    finally:
+        crawl.close()
+    a, b = site.entries("127.0.0.1"), site.entries("localhost")
+    # every page once
+    assert [p for p, _, _ in a] == sorted(f"/p/{i}" for i in range(A_PAGES)), logs
+    assert [p for p, _, _ in b] == sorted(f"/p/{i}" for i in range(B_PAGES)), logs
+    return a, b, logs
+
+
+def duration(entries: list[tuple[str, float, float]]) -> float:
+    return max(e for _, _, e in entries) - min(s for _, s, _ in entries)
+
+
+@pytest.mark.e2e
+def test_four_workers_share_one_hosts_budget_and_crawl_another_at_full_speed(
+    server: RedisServer, two_hosts: TwoHostSite, tmp_path: Path
+) -> None:
+    a, b, logs = crawl_two_hosts(server, two_hosts, tmp_path, politeness=True)
+    print(
+        f"A: max {max_concurrency(a)} at once, mean gap {mean_gap(a):.3f}s, "
+        f"{duration(a):.2f}s; B: {duration(b):.2f}s"
+    )
+    # host A's budget held across all four workers
+    assert max_concurrency(a) <= 2
+    assert mean_gap(a) >= 0.2
+    # host B was not held up behind A: done while A still had many pages to go
+    b_done = max(e for _, _, e in b)
+    assert sum(1 for _, s, _ in a if s > b_done) >= A_PAGES // 4
+    assert logs.count("Cluster-wide politeness on") == 4
+    assert "scheduler/politeness/granted" in logs
+
+
+@pytest.mark.e2e
+def test_without_politeness_four_workers_exceed_the_hosts_budget(
+    server: RedisServer, two_hosts: TwoHostSite, tmp_path: Path
+) -> None:
+    a, b, logs = crawl_two_hosts(server, two_hosts, tmp_path, politeness=False)
+    print(
+        f"A: max {max_concurrency(a)} at once, mean gap {mean_gap(a):.3f}s, "
+        f"{duration(a):.2f}s; B: {duration(b):.2f}s"
+    )
+    assert max_concurrency(a) > 2 or mean_gap(a) < 0.2
+    assert "Cluster-wide politeness on" not in logs
+
+
+# -- the script, against a real redis-server ---------------------------------------------
+
+
+@pytest.fixture
+def keys(name: str) -> RedisKeys:
+    return RedisKeys(
+        crawl=name, requests=f"{name}:requests", dupefilter=f"{name}:df", start_urls=f"{name}:s"
+    )
+
+
+def call(  # noqa: PLR0917 (the script's arguments, for short tests)
+    client: redis.Redis,
+    keys: RedisKeys,
+    prefix: str,
+    asks: list[tuple[str, int, int, float]] = [],  # noqa: B006
+    releases: list[str] = [],  # noqa: B006
+    renewals: list[str] = [],  # noqa: B006
+    timeout_ms: int = 60_000,
+) -> tuple[list[tuple[int, float, float]], list[bytes]]:
+    reply = (
+        scripts_for(client)
+        .politeness(
+            tokens=keys.politeness_tokens,
+            busy=keys.politeness_busy,
+            next_send=keys.politeness_next,
+            prefix=prefix,
+            timeout_ms=timeout_ms,
+            idle_ms=3_600_000,
+            releases=releases,
+            renewals=renewals,
+            asks=asks,
+        )
+        .run()
+    )
+    grants, lost = reply
+    triples = [
+        (int(grants[i]), float(grants[i + 1]), float(grants[i + 2]))
+        for i in range(0, len(grants), 3)
+    ]
+    return triples, lost
+
+
+def test_grants_up_to_the_concurrency_across_workers(client: redis.Redis, keys: RedisKeys) -> None:
+    (g,), _ = call(client, keys, "w1:", [("a.com", 5, 2, 0)])
+    assert g[0] == 2
+    (g,), _ = call(client, keys, "w2:", [("a.com", 5, 2, 0)])
+    assert g[0] == 0  # the other worker holds both
+    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+    # a release frees one for the other worker
+    (g,), _ = call(client, keys, "w2:", [("a.com", 5, 2, 0)], releases=["w1:0|a.com"])
+    assert g[0] == 1
+    # releasing twice (a reply lost and the call sent again) frees nothing twice
+    (g,), _ = call(client, keys, "w3:", [("a.com", 5, 2, 0)], releases=["w1:0|a.com"])
+    assert g[0] == 0
+    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+    # another slot is not affected
+    (g,), _ = call(client, keys, "w3:", [("b.com", 3, 8, 0)])
+    assert g[0] == 3
+
+
+def test_delay_spaces_send_times_across_calls(client: redis.Redis, keys: RedisKeys) -> None:
+    (g,), _ = call(client, keys, "w1:", [("a.com", 3, 3, 200)])
+    assert g[0] == 3
+    assert g[1] == pytest.approx(0, abs=5)
+    # the next grant comes after the three already given: 600 ms from the first
+    (g,), _ = call(client, keys, "w2:", [("a.com", 1, 4, 200)])
+    assert g[0] == 1
+    assert g[1] == pytest.approx(600, abs=20)
+    # full (4 outstanding): refused, with a hint when to ask again
+    (g,), _ = call(client, keys, "w3:", [("a.com", 1, 4, 200)])
+    assert g[0] == 0
+    assert 0 <= g[2] <= 800
+
+
+def test_a_dead_workers_tokens_expire(client: redis.Redis, keys: RedisKeys) -> None:
+    (g,), _ = call(client, keys, "dead:", [("a.com", 2, 2, 0)], timeout_ms=300)
+    assert g[0] == 2
+    (g,), _ = call(client, keys, "live:", [("a.com", 2, 2, 0)])
+    assert g[0] == 0
+    time.sleep(0.4)
+    (g,), _ = call(client, keys, "live:", [("a.com", 2, 2, 0)])
+    assert g[0] == 2
+    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+    assert client.zcard(keys.politeness_tokens) == 2
+
+
+def test_renewal_keeps_tokens_and_reports_lost_ones(client: redis.Redis, keys: RedisKeys) -> None:
+    call(client, keys, "w:", [("a.com", 1, 2, 0)], timeout_ms=300)
+    time.sleep(0.2)
+    _, lost = call(client, keys, "w:", renewals=["w:0|a.com", "w:gone|a.com"], timeout_ms=300)
+    assert lost == [b"w:gone|a.com"]
+    time.sleep(0.2)  # past the first deadline, within the renewed one
+    _, lost = call(client, keys, "w:", renewals=["w:0|a.com"], timeout_ms=300)
+    assert lost == []
+    time.sleep(0.4)
+    _, lost = call(client, keys, "w:", renewals=["w:0|a.com"], timeout_ms=300)
+    assert lost == [b"w:0|a.com"]
+    assert client.hget(keys.politeness_busy, "a.com") is None
+
+
+def test_keys_expire_when_idle_and_past_send_times_are_pruned(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    call(client, keys, "w:", [("a.com", 1, 1, 50)])
+    assert 0 < client.pttl(keys.politeness_tokens) <= 3_600_000
+    time.sleep(0.1)
+    call(client, keys, "w:", releases=["w:0|a.com"])
+    assert client.zcard(keys.politeness_next) == 0
+
+
+def test_hostile_slot_names_stay_fields(client: redis.Redis, keys: RedisKeys) -> None:
+    for slot in ["a|b|c", "", "{other}:key", "x" * SLOT_MAX, "\x00\n"]:
+        (g,), _ = call(client, keys, "w:", [(slot, 1, 1, 0)])
+        assert g[0] == 1
+        _, _ = call(client, keys, "w:", releases=[f"w:0|{slot}"])
+        assert client.hget(keys.politeness_busy, slot) is None, slot
+    made = {k.decode() for k in client.scan_iter(f"{keys.crawl}*")}
+    assert made <= {keys.politeness_tokens, keys.politeness_busy, keys.politeness_next}
+    long = Request("http://h/", meta={"download_slot": "y" * 10_000})
+    assert slot_of(long).startswith("sha1:")
+    assert len(slot_of(long)) < 50
+    assert slot_of(Request("http://Example.COM:81/x")) == "example.com"
+    assert slot_of(Request("http://e.com/", meta={"download_slot": 7})) == "7"
+
+
+def test_limits_follow_scrapys_settings() -> None:
+    from scrapy.settings import Settings
+
+    from scrapy_dist.settings import Config
+
+    config = Config(
+        Settings(
+            {
+                "SCHEDULER_POLITENESS": True,
+                "DOWNLOAD_DELAY": 1.5,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 3,
+                "DOWNLOAD_SLOTS": {"fast": {"delay": 0, "concurrency": 20}, "slow": {"delay": 4}},
+            }
+        )
+    ).politeness
+    limits = Limits.build(config)
+    assert limits.of("other") == Limit(3, 1.5, 0.5)
+    assert limits.of("fast") == Limit(20, 0.0, 0.5)
+    assert limits.of("slow") == Limit(3, 4.0, 0.5)
+
+    class Spider:
+        download_delay = 0.25
+        max_concurrent_requests = 1
+
+    assert Limits.build(config, Spider()).of("other") == Limit(1, 0.25, 0.5)
+    limits.crawl_delays["other"] = 10.0
+    assert limits.of("other").delay == 10.0
+    # jitter only ever lengthens the gap: the mean never drops below the delay
+    assert all(1502 <= Limit(1, 1.5, 0.5).spacing_ms() <= 2252 for _ in range(200))
+    assert Limit(1, 0.0, 0.5).spacing_ms() == 0
+
+
+def test_bad_politeness_settings_are_refused() -> None:
+    from scrapy.settings import Settings
+
+    from scrapy_dist.exceptions import ConfigurationError
+    from scrapy_dist.settings import Config
+
+    for bad in (
+        {"CONCURRENT_REQUESTS_PER_DOMAIN": 0},
+        {"DOWNLOAD_DELAY": -1},
+        {"SCHEDULER_POLITENESS_TIMEOUT": 0},
+        {"DOWNLOAD_SLOTS": {"a": {"concurrency": "x"}}},
+        {"DOWNLOAD_SLOTS": {"a": 3}},
+    ):
+        with pytest.raises(ConfigurationError):
+            _ = Config(Settings({"SCHEDULER_POLITENESS": True, **bad})).politeness
+    # off: Scrapy's own settings are Scrapy's business
+    assert not Config(Settings({"CONCURRENT_REQUESTS_PER_DOMAIN": 0})).politeness.enabled
+
+
+# -- the gate (Politeness) with a stand-in buffer, against a real redis-server ------------
+
+
+class Buffer:
+    """What :class:`Politeness` uses of :class:`~scrapy_dist.deliveries.Deliveries`."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.buffer = deque((Lease(str(i), 1, b""), Request(u)) for i, u in enumerate(urls))
+        self.out: list[Request] = []
+        self.on_finished: list[Any] = []
+        self.frontier = SimpleNamespace(found_empty_at=0.0)
+        self.more: list[str] = []
+
+    def take_at(self, index: int) -> Request:
+        _, request = self.buffer[index]
+        del self.buffer[index]
+        self.out.append(request)
+        return request
+
+    def refill_more(self, decode: Any, reject: Any) -> bool:
+        for url in self.more:
+            self.buffer.append((Lease(url, 1, b""), Request(url)))
+        added, self.more = bool(self.more), []
+        return added
+
+
+def gate(client: redis.Redis, keys: RedisKeys, buffer: Buffer, limits: Limits) -> Politeness:
+    from scrapy.statscollectors import MemoryStatsCollector
+    from scrapy.utils.test import get_crawler
+
+    return Politeness(
+        client,
+        keys,
+        buffer,  # type: ignore[arg-type]
+        limits,
+        stats=MemoryStatsCollector(get_crawler()),
+        timeout=30,
+        flush_interval=0.05,
+    )
+
+
+def take(politeness: Politeness) -> Request | None:
+    return politeness.take(lambda data: Request("http://x/"), lambda lease, error: "")
+
+
+def test_a_blocked_slot_does_not_hold_up_another(client: redis.Redis, keys: RedisKeys) -> None:
+    limits = Limits(Limit(1, 0.3), {"b.com": Limit(8, 0.0)})
+    buffer = Buffer(["http://a.com/1", "http://a.com/2", "http://a.com/3", "http://b.com/1"])
+    politeness = gate(client, keys, buffer, limits)
+    first = take(politeness)  # asks for both slots at once
+    assert first is not None
+    assert first.url == "http://a.com/1"
+    second = take(politeness)
+    assert second is not None
+    assert second.url == "http://b.com/1"  # a.com waits, b.com does not
+    assert take(politeness) is None
+    assert [r.url for _, r in buffer.buffer] == ["http://a.com/2", "http://a.com/3"]
+    # the buffer holds only a slot Redis refuses: more is leased, other slots go through
+    politeness.tick()  # the engine went without: the timer asks for a.com, refused
+    assert "a.com" in politeness.refused_at
+    buffer.more = ["http://c.com/1", "http://b.com/2"]
+    time.sleep(0.02)  # on-demand calls are at most 4 per flush interval
+    third = take(politeness)  # a slot never asked for is asked for at once
+    assert third is not None
+    assert third.url == "http://c.com/1"
+    fourth = take(politeness)  # the same call asked for b.com's second token
+    assert fourth is not None
+    assert fourth.url == "http://b.com/2"
+    # a.com's next token comes when the first download is released, 0.3 s after it
+    politeness.finished(first)
+    assert take(politeness) is None  # the engine asks: a.com waits for a token
+    time.sleep(0.06)
+    politeness.tick()  # asks (and releases) on the timer
+    assert not politeness.releases
+    assert take(politeness) is None  # granted, not due yet
+    time.sleep(0.3)
+    fifth = take(politeness)
+    assert fifth is not None
+    assert fifth.url == "http://a.com/2"
+
+
+# (Not OOM: the script's first write frees memory, and Redis then lets a script finish
+# whatever it writes, so OOM never refuses it; the gate goes on under OOM.)
+@pytest.mark.parametrize("refuse", [refuse_noreplicas, refuse_readonly])
+def test_a_refusing_redis_holds_requests_and_keeps_releases(
+    server: RedisServer,
+    name: str,
+    caplog: pytest.LogCaptureFixture,
+    refuse: Callable[[redis.Redis], Callable[[], object]],
+) -> None:
+    client = server.client()
+    keys = RedisKeys(crawl=name, requests="r", dupefilter="d", start_urls="s")
+    buffer = Buffer(["http://a.com/1", "http://a.com/2"])
+    politeness = gate(client, keys, buffer, Limits(Limit(1, 0.0)))
+    first = take(politeness)
+    assert first is not None
+    politeness.finished(first)
+    politeness.releases += [t.member for t in politeness.idle.pop("a.com")]  # as after REUSE_MAX
+    lift = refuse(client)
+    try:
+        for _ in range(3):
+            time.sleep(0.015)
+            politeness._backoff_until = 0  # no waiting in a test
+            politeness.tick()
+            assert take(politeness) is None
+        assert len(buffer.buffer) == 1  # held, not lost
+        assert politeness.releases  # still to be sent
+    finally:
+        lift()
+    assert caplog.text.count("Redis did not grant download tokens") == 1
+    politeness._backoff_until = 0
+    assert politeness.sync()
+    assert not politeness.releases
+    assert "grants download tokens again" in caplog.text
+    second = take(politeness)
+    assert second is not None
+    assert second.url == "http://a.com/2"
+    assert client.hget(keys.politeness_busy, "a.com") == b"1"
+    client.close()
+
+
+def test_the_gate_goes_on_under_oom(server: RedisServer, name: str) -> None:
+    client = server.client()
+    keys = RedisKeys(crawl=name, requests="r", dupefilter="d", start_urls="s")
+    buffer = Buffer(["http://a.com/1"])
+    politeness = gate(client, keys, buffer, Limits(Limit(1, 0.0)))
+    lift = refuse_oom(client)
+    try:
+        assert take(politeness) is not None
+    finally:
+        lift()
+    client.close()
+
+
+def test_robots_crawl_delay_becomes_the_slots_delay(client: redis.Redis, keys: RedisKeys) -> None:
+    from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+    from scrapy.robotstxt import ProtegoRobotParser
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_dist import _engine
+
+    crawler = get_crawler(settings_dict={"ROBOTSTXT_OBEY": True, "USER_AGENT": "bot"})
+    mw = RobotsTxtMiddleware(crawler)
+    body = b"User-agent: *\nCrawl-delay: 0.4\n"
+    mw._parsers["a.com"] = ProtegoRobotParser(body, None)
+    fake = SimpleNamespace(
+        engine=SimpleNamespace(
+            downloader=SimpleNamespace(middleware=SimpleNamespace(middlewares=[mw]))
+        ),
+        settings=crawler.settings,
+    )
+    _engine.check_robots(fake)  # type: ignore[arg-type]
+    assert _engine.robots_crawl_delay(fake, Request("http://a.com/x")) == 0.4  # type: ignore[arg-type]
+    assert _engine.robots_crawl_delay(fake, Request("http://b.com/x")) is None  # type: ignore[arg-type]
+    buffer = Buffer(["http://a.com/1", "http://a.com/2"])
+    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.0)))
+    politeness.crawl_delay = lambda request: _engine.robots_crawl_delay(fake, request)  # type: ignore[arg-type]
+    assert take(politeness) is not None
+    assert politeness.limits.of("a.com").delay == 0.4
+    assert take(politeness) is None  # its second token is 0.4 s later
+    time.sleep(0.45)
+    assert take(politeness) is not None
+    # a Scrapy that moved the parsers: refuse to start rather than ignore Crawl-delay
+    del mw._parsers
+    with pytest.raises(ConfigurationError):
+        _engine.check_robots(fake)  # type: ignore[arg-type]
+
+
+def test_tokens_of_requests_handed_back_are_released(client: redis.Redis, keys: RedisKeys) -> None:
+    """A pause hands the buffer back (scrapy_dist.control): the tokens granted for those
+    requests go back too, rather than being renewed while this worker holds nothing of
+    their slot (the host would stay blocked for the others)."""
+    buffer = Buffer(["http://a.com/1", "http://a.com/2", "http://a.com/3"])
+    politeness = gate(client, keys, buffer, Limits(Limit(3, 0.3)))
+    first = take(politeness)
+    assert first is not None
+    assert len(politeness.pending["a.com"]) == 2  # granted, not due yet
+    buffer.buffer.clear()  # the crawl was paused: the buffered leases went back
+    politeness._renew_at = 0.0  # a renewal is due
+    politeness.tick()
+    assert not politeness.pending
+    assert client.hget(keys.politeness_busy, "a.com") == b"1"  # only the one sent
+    other = Buffer(["http://a.com/2"])
+    assert take(gate(client, keys, other, Limits(Limit(3, 0.3)))) is None  # spaced, granted
+    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+
+
+def test_bad_download_slot_jitter_is_refused() -> None:
+    from scrapy.settings import Settings
+
+    from scrapy_dist.settings import Config
+
+    for jitter in ("x", -1, None, float("nan")):
+        with pytest.raises(ConfigurationError):
+            _ = Config(
+                Settings(
+                    {"SCHEDULER_POLITENESS": True, "DOWNLOAD_SLOTS": {"a": {"jitter": jitter}}}
+                )
+            ).politeness
+
+
+def test_download_slots_are_scrapys_business_with_politeness_off() -> None:
+    """Off by default, nothing changes for existing crawls: their DOWNLOAD_SLOTS are not
+    checked against politeness's rules."""
+    from scrapy.settings import Settings
+
+    from scrapy_dist.settings import Config
+
+    for slots in ({"a": {"concurrency": 0}}, {"a": {"jitter": -1}}, {"a": {"delay": "x"}}):
+        assert not Config(Settings({"DOWNLOAD_SLOTS": slots})).politeness.enabled
+
+
+def test_a_renewal_does_not_cut_a_tokens_wait_for_its_send_time(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """A token whose send time is further than the timeout's share ahead (delay times
+    concurrency, or a long Crawl-delay) stays usable at its send time after a renewal:
+    Redis keeps the later of its deadlines, so must the worker."""
+    buffer = Buffer(["http://a.com/1", "http://a.com/2"])
+    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.6)))
+    politeness.timeout = 0.5  # a token is used for 0.4 s past its renewal
+    assert take(politeness) is not None
+    (second,) = politeness.pending["a.com"]
+    politeness._renew_at = 0.0
+    politeness.tick()  # renews: Redis keeps its deadline (send time + timeout)
+    assert second.valid_until > second.send_at
+    time.sleep(max(0.0, second.send_at - time.monotonic()) + 0.01)
+    request = take(politeness)
+    assert request is not None
+    assert request.url == "http://a.com/2"
+
+
+def test_a_slot_name_redis_cannot_encode_holds_up_nothing(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """A download_slot with a lone surrogate (pickle serializer, a slot built from
+    decoded JSON) is named by its SHA-1: the call that asks for it must not fail for
+    every other slot."""
+    buffer = Buffer(["http://b.com/1"])
+    buffer.buffer.appendleft(
+        (Lease("s", 1, b""), Request("http://a.com/", meta={"download_slot": "x\ud800"}))
+    )
+    politeness = gate(client, keys, buffer, Limits(Limit(1, 0.0)))
+    assert slot_of(buffer.buffer[0][1]).startswith("sha1:")
+    first, second = take(politeness), take(politeness)
+    assert first is not None
+    assert second is not None
+
+
+def test_a_lost_reply_does_not_leak_a_slots_concurrency(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """The script ran but its reply was lost (a socket timeout): the next call names its
+    tokens anew, so the lost grants expire on their own rather than being overwritten
+    while the slot's count keeps them (the slot would lose that concurrency for good)."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    buffer = Buffer(["http://a.com/1"])
+    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.0)))
+    scripts = politeness._scripts
+    real = scripts.politeness
+
+    def lost(**kwargs: Any) -> Any:
+        call = real(**kwargs)
+
+        class Lost:
+            def run(self) -> Any:
+                call.run()
+                raise RedisTimeoutError("reply lost")
+
+        return Lost()
+
+    scripts.politeness = lost  # type: ignore[method-assign]
+    assert take(politeness) is None  # granted in Redis, the reply lost
+    scripts.politeness = real  # type: ignore[method-assign]
+    politeness._backoff_until = 0.0
+    politeness.starved = True
+    politeness.tick()
+    busy = int(client.hget(keys.politeness_busy, "a.com") or 0)
+    assert busy == client.zcard(keys.politeness_tokens) == 2
