@@ -1,0 +1,738 @@
+"""Items as a Redis Stream: consumer groups, acknowledgement, reclaim, lag, replay.
+
+:class:`~scrapy_dist.pipelines.RedisStreamPipeline` adds every item to
+``<crawl>:items:stream`` (``REDIS_ITEMS_STREAM_KEY``) as an entry
+``{"item": <JSON>, "spider": ..., "worker": ...}``. Downstream programs read it with an
+:class:`ItemConsumer`: each *group* (one per purpose: "store", "index"...) reads every
+item once; the consumers of a group share its items. An item read is *pending* until
+acknowledged (:meth:`ItemConsumer.ack`); the items of a consumer that died are taken
+over by another one of its group once idle for ``min_idle`` seconds (``XAUTOCLAIM``),
+so a crash loses none (at-least-once: a consumer killed between storing an item and
+acknowledging it sees it again). An item rejected (:meth:`ItemConsumer.reject`) or
+delivered ``max_deliveries`` times without acknowledgement moves to ``<stream>:dead-letters``
+with the reason, atomically (``lua/item_stream.lua``); so do malformed entries.
+
+Stream entries are untrusted input: the item is decoded with :func:`json.loads` (or
+the ``decode`` given), never unpickled, never imported.
+
+Redis >= 6.2 (``XAUTOCLAIM``, exclusive ranges). Lag (:func:`group_states`) is Redis 7's
+``XINFO GROUPS`` ``lag`` where it has one, else counted (exactly, up to a bound).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+import redis
+
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import stream_dead_key
+from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
+from scrapy_dist.scripts import scripts_for
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+logger = logging.getLogger(__name__)
+
+#: Entries counted per ``XRANGE`` when Redis cannot tell a group's lag.
+COUNT_CHUNK = 1_000
+#: Entries counted at most per group when Redis cannot tell its lag.
+COUNT_LIMIT = 1_000_000
+#: Longest ``min_idle`` of an :class:`ItemConsumer`, in seconds (``XAUTOCLAIM`` takes
+#: milliseconds as a signed 64-bit number).
+MAX_MIN_IDLE = (2**63 - 1) // 1000 / 1000
+#: A stream entry id.
+_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_MS = re.compile(r"^\d{1,20}$")
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class StreamEntry(NamedTuple):
+    """One item read from the stream.
+
+    Attributes:
+        id: the entry id (``<ms>-<seq>``): acknowledge or reject it by this id.
+        item: the decoded item (a ``dict`` with the default JSON encoding).
+        fields: every field of the entry, as text (``spider``, ``worker``...).
+        deliveries: times the group delivered it (1 the first time; more after a
+            reclaim or a rejection).
+    """
+
+    id: str
+    item: Any
+    fields: dict[str, str]
+    deliveries: int = 1
+
+    @property
+    def time(self) -> float:
+        """When the entry was added (Unix time from its id)."""
+        return int(self.id.partition("-")[0]) / 1000
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def check_id(text: str) -> str:
+    """``text`` if it is a full stream id (``<ms>-<seq>``).
+
+    Raises:
+        ConfigurationError: it is not.
+    """
+    if not _ID.match(text) or not _fits(text):
+        raise ConfigurationError(f"not a stream entry id (<ms>-<seq>): {text!r}")
+    return text
+
+
+#: The largest part of a stream id (Redis ids are two unsigned 64-bit numbers).
+_U64_MAX = 2**64 - 1
+
+
+def _fits(entry_id: str) -> bool:
+    """Whether both parts of ``entry_id`` fit in 64 bits (Redis refuses larger ones)."""
+    return all(int(part) <= _U64_MAX for part in entry_id.split("-"))
+
+
+def to_stream_id(text: str, *, end: bool = False, now: float | None = None) -> str:
+    """A position in a stream from what a user types.
+
+    Accepted: an entry id ``1700000000000-0``; a Unix time in milliseconds
+    ``1700000000000``; an ISO 8601 time ``2026-11-23T10:00`` (UTC unless it names its
+    zone); a time ago ``90s``, ``30m``, ``2h``, ``1d``; ``-`` and ``+`` (the first and
+    last entries) and ``$`` / ``0`` as Redis takes them. A time is the first entry of
+    that millisecond, or its last with ``end`` (for an inclusive ``--until``).
+
+    Raises:
+        ConfigurationError: none of these.
+    """
+    text = text.strip()
+    if text in ("-", "+", "$", "0"):
+        return text
+    if _ID.match(text):
+        return check_id(text)
+    if _MS.match(text):
+        ms = int(text)
+        if ms > _U64_MAX:
+            raise ConfigurationError(f"not a stream position: {text!r} (beyond any time)")
+    elif match := _AGO.match(text):
+        ms = int(
+            ((now if now is not None else time.time()) - float(match[1]) * _UNITS[match[2]]) * 1000
+        )
+    else:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigurationError(
+                f"not a stream position: {text!r} (an id 1700000000000-0, milliseconds, an "
+                "ISO time 2026-11-23T10:00, or a time ago such as 2h)"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        ms = int(when.timestamp() * 1000)
+    ms = max(ms, 0)
+    return f"{ms}-18446744073709551615" if end else f"{ms}-0"
+
+
+def decode_item(raw: bytes | str) -> Any:
+    """The default item decoder: JSON (never pickle)."""
+    return json.loads(raw)
+
+
+def _fields(raw: dict[Any, Any] | None) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in (raw or {}).items()}
+
+
+@dataclass
+class ConsumerState:
+    """One consumer of a group (``XINFO CONSUMERS``)."""
+
+    name: str
+    pending: int
+    idle: float
+
+
+@dataclass
+class GroupState:
+    """One consumer group of an items stream.
+
+    Attributes:
+        name: the group.
+        pending: entries delivered to its consumers and not acknowledged.
+        lag: entries of the stream the group has not been delivered yet (``None``: more
+            than :data:`COUNT_LIMIT`, not counted).
+        last_delivered: the id of the last entry delivered to the group.
+        entries_read: entries the group read (``None`` before Redis 7).
+        consumers: its consumers.
+        lag_source: ``"redis"`` (``XINFO``'s ``lag``) or ``"counted"``.
+    """
+
+    name: str
+    pending: int
+    lag: int | None
+    last_delivered: str
+    entries_read: int | None = None
+    consumers: list[ConsumerState] = field(default_factory=list)
+    lag_source: str = "redis"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StreamState:
+    """An items stream and its groups (``None`` from :func:`stream_state` if absent)."""
+
+    key: str
+    length: int
+    dead_key: str
+    dead: int
+    first_id: str | None
+    last_id: str | None
+    groups: list[GroupState]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["groups"] = [g.as_dict() for g in self.groups]
+        return data
+
+
+def count_after(
+    client: redis.Redis, stream: str, after: str, limit: int = COUNT_LIMIT
+) -> int | None:
+    """Entries of ``stream`` with an id above ``after``, counted with ``XRANGE`` (``None``
+    if more than ``limit``)."""
+    start = "-" if after in ("0", "0-0") else f"({after}"
+    counted = 0
+    while counted <= limit:
+        chunk = cast("list[Any]", client.xrange(stream, start, "+", count=COUNT_CHUNK))
+        counted += len(chunk)
+        if len(chunk) < COUNT_CHUNK:
+            return counted
+        start = f"({_text(chunk[-1][0])}"
+    return None
+
+
+def _redis_lag_exact(client: redis.Redis, stream: str) -> bool:
+    """Whether ``XINFO GROUPS``' ``lag`` can be taken as it is: no entry was ever removed
+    from ``stream`` (``entries-added`` equals its length). Redis 7 does not see entries
+    trimmed (``MAXLEN``, ``XTRIM``) between a group's position and the next entry it
+    delivers: it counts them as still to read, for good."""
+    info = {_text(k): v for k, v in cast("dict[Any, Any]", client.xinfo_stream(stream)).items()}
+    added = info.get("entries-added")
+    return added is not None and int(added) == int(info.get("length", -1))
+
+
+def group_states(
+    client: redis.Redis, stream: str, *, consumers: bool = True, limit: int = COUNT_LIMIT
+) -> list[GroupState]:
+    """The consumer groups of ``stream``, with exact lag and pending counts.
+
+    Lag is ``XINFO GROUPS``' ``lag`` (Redis >= 7) when Redis can tell it exactly; else
+    (Redis 6.2, Redis 7 after deletions it cannot see past, or a stream that lost
+    entries to trimming, where Redis's non-zero lag may count them) the entries after
+    the group's last delivered id, counted (:func:`count_after`).
+    """
+    raw_groups = cast("list[dict[Any, Any]]", client.xinfo_groups(stream))
+    trusted = bool(raw_groups) and _redis_lag_exact(client, stream)
+    groups = []
+    for raw in raw_groups:
+        info = {_text(k): v for k, v in raw.items()}
+        name = _text(info["name"])
+        last = _text(info.get("last-delivered-id", "0-0"))
+        lag = info.get("lag")
+        source = "redis"
+        if lag is None or not trusted:
+            lag = count_after(client, stream, last, limit)
+            source = "counted"
+        entries_read = info.get("entries-read")
+        group = GroupState(
+            name=name,
+            pending=int(info.get("pending", 0)),
+            lag=None if lag is None else int(lag),
+            last_delivered=last,
+            entries_read=None if entries_read is None else int(entries_read),
+            lag_source=source,
+        )
+        if consumers:
+            for c in cast("list[dict[Any, Any]]", client.xinfo_consumers(stream, name)):
+                ci = {_text(k): v for k, v in c.items()}
+                group.consumers.append(
+                    ConsumerState(_text(ci["name"]), int(ci["pending"]), int(ci["idle"]) / 1000)
+                )
+        groups.append(group)
+    return groups
+
+
+def stream_state(client: redis.Redis, stream: str, *, consumers: bool = True) -> StreamState | None:
+    """The stream's length, dead entries and groups; ``None`` if it does not exist.
+
+    Raises:
+        ConfigurationError: the key holds something other than a stream.
+    """
+    from scrapy_dist.keys import key_type
+    from scrapy_dist.status import check_type
+
+    dead = stream_dead_key(stream)
+    kind = key_type(client, stream)
+    if kind == "none":
+        return None
+    check_type(stream, kind, "stream", "items stream")
+    check_type(dead, key_type(client, dead), "stream", "dead items stream")
+    with client.pipeline(transaction=False) as pipe:
+        pipe.xlen(stream)
+        pipe.xlen(dead)
+        pipe.xrange(stream, "-", "+", count=1)
+        pipe.xrevrange(stream, "+", "-", count=1)
+        length, dead_count, first, last = pipe.execute()
+    return StreamState(
+        key=stream,
+        length=int(length),
+        dead_key=dead,
+        dead=int(dead_count),
+        first_id=_text(first[0][0]) if first else None,
+        last_id=_text(last[0][0]) if last else None,
+        groups=group_states(client, stream, consumers=consumers),
+    )
+
+
+def create_group(client: redis.Redis, stream: str, group: str, start: str = "0") -> bool:
+    """Create ``group`` on ``stream`` (and the stream if absent), reading from ``start``
+    (:func:`to_stream_id`: ``"0"`` every item, ``"$"`` only new ones, an id or a time).
+
+    Returns:
+        ``False`` if the group existed (left as it is).
+    """
+    position = to_stream_id(start)
+    try:
+        client.xgroup_create(stream, group, id="0" if position == "-" else position, mkstream=True)
+    except redis.ResponseError as e:
+        if str(e).startswith("BUSYGROUP"):
+            return False
+        raise
+    return True
+
+
+def set_group_position(client: redis.Redis, stream: str, group: str, start: str) -> None:
+    """Move ``group`` to ``start`` (``XGROUP SETID``): it reads again every entry after
+    it (replay; its pending entries stay pending)."""
+    position = to_stream_id(start)
+    if position in ("-", "0-0"):
+        position = "0"
+    if position not in ("$", "0", "+"):
+        # SETID takes the last id delivered: one below the first to read again
+        ms, _, seq = position.partition("-")
+        position = (
+            f"{ms}-{int(seq) - 1}"
+            if int(seq)
+            else (f"{int(ms) - 1}-18446744073709551615" if int(ms) else "0")
+        )
+    client.xgroup_setid(stream, group, position)
+
+
+def read_range(
+    client: redis.Redis,
+    stream: str,
+    since: str = "-",
+    until: str = "+",
+    *,
+    count: int | None = None,
+    chunk: int = COUNT_CHUNK,
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """``(id, fields)`` of the entries from ``since`` to ``until`` (inclusive, positions
+    as :func:`to_stream_id` takes them), oldest first, ``chunk`` per ``XRANGE``: replay
+    without a group (nothing is acknowledged or changed)."""
+    start = to_stream_id(since)
+    end = to_stream_id(until, end=True)
+    given = 0
+    while count is None or given < count:
+        want = chunk if count is None else min(chunk, count - given)
+        entries = cast("list[Any]", client.xrange(stream, start, end, count=want))
+        for entry_id, raw in entries:
+            yield _text(entry_id), _fields(raw)
+        given += len(entries)
+        if len(entries) < want:
+            return
+        start = f"({_text(entries[-1][0])}"
+
+
+class ItemConsumer:
+    """One consumer of one group of an items stream.
+
+    Args:
+        client: a client of the crawl's Redis.
+        stream: the items stream (``<crawl>:items:stream``).
+        group: the consumer group (created at the first read if absent, from
+            ``start``).
+        consumer: this consumer's name, unique in the group and stable across restarts
+            (a restarted consumer first gets back its own pending items).
+        min_idle: seconds an item stays pending with a consumer before another consumer
+            of the group takes it over (the consumer is presumed dead): longer than the
+            longest processing of one batch.
+        max_deliveries: deliveries after which an item not acknowledged (rejected, or
+            its consumers died) goes to the dead stream.
+        start: where a group created here starts (``"0"``: every item in the stream).
+        decode: ``raw item -> item`` (default JSON; it must not run code from data).
+
+    Use::
+
+        consumer = ItemConsumer(client, "books:items:stream", "store", "store-1")
+        while True:
+            for entry in consumer.read(count=100, block=5):
+                save(entry.item)
+                consumer.ack(entry.id)
+
+    :meth:`read` and :meth:`ack` raise ``redis.RedisError`` when Redis is unreachable
+    or refuses; nothing is lost then (see :meth:`ack`): retry after a pause.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        min_idle: float = 60.0,
+        max_deliveries: int = 5,
+        start: str = "0",
+        decode: Callable[[bytes], Any] = decode_item,
+    ) -> None:
+        if not group or not consumer:
+            raise ConfigurationError("an item consumer needs a group and a consumer name")
+        if not 0 <= min_idle <= MAX_MIN_IDLE or max_deliveries < 1:  # nan fails too
+            raise ConfigurationError(
+                f"min_idle must be 0 to {MAX_MIN_IDLE:.0f} seconds (not {min_idle!r}) and "
+                f"max_deliveries >= 1 (not {max_deliveries!r})"
+            )
+        self.client = client
+        self.stream = stream
+        self.dead_key = stream_dead_key(stream)
+        self.group = group
+        self.consumer = consumer
+        self.min_idle = min_idle
+        self.max_deliveries = max_deliveries
+        self.start = start
+        self.decode = decode
+        self._scripts = scripts_for(client)
+        self._group_ready = False
+        #: Our own pending entries are read back first (after a restart).
+        self._own_from: str | None = "0"
+        self._claim_from = "0-0"
+        #: Acknowledgements not yet accepted by Redis (sent again by every call).
+        self._unacked: set[str] = set()
+        #: Items read, acknowledged, moved to the dead stream, reclaimed; items the stream
+        #: trimmed away before they were processed.
+        self.counts = {"read": 0, "acked": 0, "dead": 0, "reclaimed": 0, "trimmed": 0}
+
+    # -- reading -----------------------------------------------------------------------
+
+    def ensure_group(self) -> None:
+        """Create the group (and stream) if needed, once."""
+        if not self._group_ready:
+            create_group(self.client, self.stream, self.group, self.start)
+            self._group_ready = True
+
+    def read(self, count: int = 100, block: float | None = None) -> list[StreamEntry]:
+        """Up to ``count`` items to process: first this consumer's own pending ones (after
+        a restart), then items idle ``min_idle`` seconds with a dead consumer of the group
+        (taken over), then new ones, waiting up to ``block`` seconds for some
+        (``None``: do not wait).
+
+        Items delivered more than ``max_deliveries`` times, and malformed entries, go to
+        the dead stream instead of being returned.
+
+        Raises:
+            redis.RedisError: Redis failed; retry later (nothing was lost).
+        """
+        self.flush_acks()
+        self.ensure_group()
+        try:
+            return self._read(count, block)
+        except redis.ResponseError as e:
+            if not str(e).startswith("NOGROUP"):
+                raise
+        # the stream or the group was deleted meanwhile: create it again
+        self._group_ready = False
+        self.ensure_group()
+        return self._read(count, block)
+
+    def _read(self, count: int, block: float | None) -> list[StreamEntry]:
+        entries: list[StreamEntry] = []
+        if self._own_from is not None:
+            entries += self._read_own(count)
+        if len(entries) < count:
+            entries += self._reclaim(count - len(entries))
+        if len(entries) < count and not entries:
+            entries += self._read_new(count - len(entries), block)
+        elif len(entries) < count:
+            entries += self._read_new(count - len(entries), None)
+        # an own pending entry may also be reclaimed in the same call (min_idle 0)
+        unique = {e.id: e for e in reversed(entries)}
+        return self._checked([e for e in entries if unique.get(e.id) is e])
+
+    def _read_own(self, count: int) -> list[StreamEntry]:
+        assert self._own_from is not None
+        reply = self._xreadgroup(self._own_from, count, None)
+        raw = reply[0][1] if reply else []
+        if len(raw) < count:
+            self._own_from = None  # all caught up: only new ones from now on
+        else:
+            self._own_from = _text(raw[-1][0])
+        return self._entries(raw, redelivered=True)
+
+    def _reclaim(self, count: int) -> list[StreamEntry]:
+        reply: Any = self.client.xautoclaim(
+            self.stream,
+            self.group,
+            self.consumer,
+            int(self.min_idle * 1000),
+            start_id=self._claim_from,
+            count=count,
+        )
+        self._claim_from = _text(reply[0])
+        claimed = reply[1]
+        if len(reply) > 2 and reply[2]:  # Redis 7: ids trimmed away, removed from the PEL
+            self.counts["trimmed"] += len(reply[2])
+            logger.warning(
+                "%(n)d pending item(s) of group %(group)s were trimmed from %(stream)s "
+                "before being acknowledged (REDIS_ITEMS_STREAM_MAXLEN too small?)",
+                {"n": len(reply[2]), "group": self.group, "stream": self.stream},
+            )
+        entries = self._entries(claimed, redelivered=True)
+        self.counts["reclaimed"] += len(entries)
+        return entries
+
+    def _read_new(self, count: int, block: float | None) -> list[StreamEntry]:
+        reply = self._xreadgroup(">", count, block)
+        return self._entries(reply[0][1] if reply else [], redelivered=False)
+
+    def _xreadgroup(self, start: str, count: int, block: float | None) -> list[Any]:
+        ms = None if block is None else max(1, int(block * 1000))
+        reply = self.client.xreadgroup(
+            self.group, self.consumer, {self.stream: start}, count=count, block=ms
+        )
+        return cast("list[Any]", reply or [])
+
+    def _entries(self, raw: Iterable[Any], *, redelivered: bool) -> list[StreamEntry]:
+        """Raw ``(id, fields)`` pairs as entries; deliveries read from ``XPENDING`` for
+        redelivered ones; an id whose entry is gone (trimmed) is acknowledged."""
+        entries: list[StreamEntry] = []
+        gone: list[str] = []
+        for entry_id, fields in raw:
+            eid = _text(entry_id)
+            if not fields:  # a pending entry the stream trimmed (no entry has no field)
+                gone.append(eid)
+                continue
+            # the item as Redis holds it (bytes) until decoded by _checked: a binary
+            # REDIS_ITEMS_SERIALIZER's output must reach ``decode`` byte for byte
+            item = next((v for k, v in fields.items() if _text(k) == "item"), None)
+            entries.append(StreamEntry(eid, item, _fields(fields), 1))
+        if gone:
+            self.counts["trimmed"] += len(gone)
+            self.client.xack(self.stream, self.group, *gone)
+        if redelivered and entries:
+            counts = self._deliveries([e.id for e in entries])
+            entries = [e._replace(deliveries=counts.get(e.id, 1)) for e in entries]
+        self.counts["read"] += len(entries)
+        return entries
+
+    def _deliveries(self, ids: list[str]) -> dict[str, int]:
+        """Delivery counts of pending entries (one pipelined ``XPENDING`` per id)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for entry_id in ids:
+                pipe.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
+            replies = pipe.execute()
+        return {_text(r["message_id"]): int(r["times_delivered"]) for rows in replies for r in rows}
+
+    def _checked(self, entries: list[StreamEntry]) -> list[StreamEntry]:
+        """Decode each item; dead-letter the malformed and those delivered too often."""
+        good = []
+        for entry in entries:
+            if entry.deliveries > self.max_deliveries:
+                self.dead(
+                    entry.id, f"delivered {entry.deliveries - 1} time(s) without acknowledgement"
+                )
+                continue
+            raw = entry.item
+            if raw is None:
+                self.dead(entry.id, "malformed entry: no 'item' field")
+                continue
+            try:
+                item = self.decode(raw if isinstance(raw, bytes) else str(raw).encode("utf-8"))
+            except Exception as e:  # untrusted data: any decoder failure is the entry's
+                self.dead(entry.id, f"malformed item: {type(e).__name__}: {e}"[:500])
+                continue
+            good.append(entry._replace(item=item))
+        return good
+
+    # -- settling ----------------------------------------------------------------------
+
+    def ack(self, *ids: str) -> int:
+        """Acknowledge processed items: the group will not deliver them again.
+
+        An acknowledgement Redis does not take (unreachable, refusing) is kept and sent
+        again by the next :meth:`read`, :meth:`ack` or :meth:`flush_acks`; it is never
+        dropped (were it lost with the process, the item would be delivered again: at
+        least once).
+
+        Returns:
+            Entries newly acknowledged by this call (a reclaimed item another consumer
+            acknowledged meanwhile is not counted).
+
+        Raises:
+            redis.RedisError: Redis failed (the ids are kept, see above).
+        """
+        for entry_id in ids:
+            self._unacked.add(check_id(entry_id))
+        return self.flush_acks()
+
+    def flush_acks(self) -> int:
+        """Send the acknowledgements Redis has not taken yet.
+
+        Raises:
+            redis.RedisError: Redis failed (they stay kept).
+        """
+        if not self._unacked:
+            return 0
+        ids = sorted(self._unacked, key=_id_key)
+        done = int(self.client.xack(self.stream, self.group, *ids))
+        self._unacked.difference_update(ids)
+        self.counts["acked"] += done
+        return done
+
+    @property
+    def unacked(self) -> int:
+        """Acknowledgements waiting for Redis."""
+        return len(self._unacked)
+
+    def reject(self, entry_id: str, reason: str) -> bool:
+        """Give an item back: the group delivers it again at once (to any consumer's
+        next :meth:`read`), until it was delivered ``max_deliveries`` times; then it goes
+        to the dead stream with ``reason``.
+
+        Returns:
+            Whether it went to the dead stream.
+        """
+        outcome = self._move(entry_id, reason, self.max_deliveries)
+        if outcome == "retry":
+            self._claim_from = "0-0"  # take it back from the start of the pending list
+        if outcome == "dead":
+            self.counts["dead"] += 1
+        return outcome == "dead"
+
+    def dead(self, entry_id: str, reason: str) -> bool:
+        """Move a pending item to the dead stream now, with ``reason``, and acknowledge
+        it (one atomic step).
+
+        Returns:
+            Whether it moved (``False``: no longer pending in the group).
+        """
+        moved = self._move(entry_id, reason, 0) == "dead"
+        if moved:
+            self.counts["dead"] += 1
+            logger.warning(
+                "Item %(id)s of %(stream)s moved to %(dead)s: %(reason)s",
+                {"id": entry_id, "stream": self.stream, "dead": self.dead_key, "reason": reason},
+            )
+        return moved
+
+    def _move(self, entry_id: str, reason: str, max_deliveries: int) -> str:
+        """Run ``lua/item_stream.lua`` on a pending entry: its outcome (``"gone"`` if the
+        stream or the group was deleted meanwhile: nothing is pending any more, and the
+        next :meth:`read` creates the group again)."""
+        try:
+            reply = self._scripts.item_stream_dead(
+                stream=self.stream,
+                dead=self.dead_key,
+                group=self.group,
+                entry_id=check_id(entry_id),
+                reason=str(reason)[:2000],
+                consumer=self.consumer,
+                max_deliveries=max_deliveries,
+            ).run()
+        except redis.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            self._group_ready = False
+            return "gone"
+        return _text(reply[0])
+
+    def state(self) -> GroupState | None:
+        """This consumer's group (``None`` if it does not exist yet)."""
+        try:
+            groups = group_states(self.client, self.stream)
+        except redis.ResponseError:
+            return None
+        return next((g for g in groups if g.name == self.group), None)
+
+    def run(
+        self,
+        handle: Callable[[StreamEntry], None],
+        *,
+        count: int = 100,
+        block: float = 5.0,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Process items until ``stop()`` is true: ``handle(entry)`` each, then
+        acknowledge it; an exception from ``handle`` rejects the item (its text is the
+        reason). Redis failures pause with a growing backoff (up to 30 s) and go on:
+        nothing read is lost, no acknowledgement dropped."""
+        backoff = BACKOFF_MIN
+        while not stop():
+            try:
+                entries = self.read(count=count, block=block)
+                for entry in entries:
+                    try:
+                        handle(entry)
+                    except Exception as e:  # the item's fault: reject it
+                        logger.warning("Item %(id)s rejected: %(e)r", {"id": entry.id, "e": e})
+                        self.reject(entry.id, f"{type(e).__name__}: {e}")
+                    else:
+                        self.ack(entry.id)
+                backoff = BACKOFF_MIN
+            except (*UNREACHABLE, redis.ResponseError) as e:
+                if isinstance(e, redis.ResponseError) and refusal(e) is None:
+                    raise
+                logger.warning("Redis failed (%(e)s): retrying in %(s).1fs", {"e": e, "s": backoff})
+                self._own_from = "0"  # take back at once what was read and not settled
+                time.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def dead_entries(
+    client: redis.Redis, stream: str, *, count: int | None = None
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """``(dead id, fields)`` of the dead stream's entries, oldest first."""
+    return read_range(client, stream_dead_key(stream), count=count)
+
+
+def requeue_dead(client: redis.Redis, stream: str, dead_id: str, maxlen: int = 0) -> str | None:
+    """Move a dead entry back to ``stream`` as a new entry (its ``dead_*`` fields
+    removed, ``requeued_from`` added): every group reads it again.
+
+    Returns:
+        The new entry's id, or ``None`` if the dead stream has no such entry.
+    """
+    reply = (
+        scripts_for(client)
+        .item_stream_requeue(
+            stream=stream, dead=stream_dead_key(stream), dead_id=check_id(dead_id), maxlen=maxlen
+        )
+        .run()
+    )
+    return _text(reply[1]) if _text(reply[0]) == "requeued" else None
