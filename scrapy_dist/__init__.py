@@ -5,6 +5,7 @@ The names below are the public API; everything else may be imported but is not p
 
 from scrapy_dist.addon import DistAddon
 from scrapy_dist.connection import get_redis, get_redis_from_settings
+from scrapy_dist.control import CrawlControl
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import (
     ConfigurationError,
@@ -25,6 +26,7 @@ __email__ = "scrapy-dist@users.noreply.github.com"
 
 __all__ = [
     "ConfigurationError",
+    "CrawlControl",
     "DistAddon",
     "FifoQueue",
     "InvalidSeed",

@@ -13,8 +13,13 @@ them again, reading them with a default would acknowledge every request before i
 download, silently; :func:`check` refuses to start instead, naming the Scrapy version.
 The scheduler runs it when it opens and the Redis spiders when they open
 (``spider_opened``), each before it first reads the engine;
-``tests/test_hostile_input.py`` pins the refusal. Nothing else in the package reads a
-private attribute of Scrapy's.
+``tests/test_hostile_input.py`` pins the refusal.
+
+With ``SCHEDULER_POLITENESS`` and ``ROBOTSTXT_OBEY``, the robots.txt ``Crawl-delay`` a
+site asks for is read from Scrapy's robots middleware's parsers
+(``RobotsTxtMiddleware._parsers``), checked the same way when politeness opens
+(:func:`check_robots`). Nothing else in the package reads a private attribute of
+Scrapy's.
 """
 
 from __future__ import annotations
@@ -106,3 +111,60 @@ def wake(engine: Any) -> None:
     slot = engine._slot
     if slot is not None:
         slot.nextcall.schedule()
+
+
+def _robots_middleware(crawler: Crawler) -> Any:
+    """Scrapy's ``RobotsTxtMiddleware`` instance of the crawler's downloader, if enabled."""
+    from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+
+    engine = engine_of(crawler)
+    manager = getattr(getattr(engine, "downloader", None), "middleware", None)
+    for mw in getattr(manager, "middlewares", ()):
+        if isinstance(mw, RobotsTxtMiddleware):
+            return mw
+    return None
+
+
+def check_robots(crawler: Crawler) -> None:
+    """Make sure Scrapy's robots middleware keeps its parsers where
+    :func:`robots_crawl_delay` reads them (``RobotsTxtMiddleware._parsers``), for
+    cluster-wide politeness with ``ROBOTSTXT_OBEY``.
+
+    Raises:
+        ConfigurationError: the middleware is enabled and lacks them (the message
+            names the Scrapy version).
+    """
+    mw = _robots_middleware(crawler)
+    if mw is not None and not isinstance(getattr(mw, "_parsers", None), dict):
+        raise ConfigurationError(
+            f"Scrapy {scrapy.__version__}'s RobotsTxtMiddleware has no _parsers dict, "
+            "which scrapy_dist reads for robots.txt Crawl-delay with SCHEDULER_POLITENESS: "
+            "this Scrapy version is not supported with both yet; refusing to start rather "
+            "than ignore Crawl-delay"
+        )
+
+
+def robots_crawl_delay(crawler: Crawler, request: Request) -> float | None:
+    """The robots.txt ``Crawl-delay`` for this crawl's user agent of ``request``'s
+    site, once Scrapy's robots middleware has read it; else ``None``."""
+    from scrapy.utils.httpobj import urlparse_cached
+
+    mw = _robots_middleware(crawler)
+    parsers = getattr(mw, "_parsers", None)
+    if not isinstance(parsers, dict):
+        return None
+    parser = parsers.get(urlparse_cached(request).netloc)
+    crawl_delay = getattr(parser, "crawl_delay", None)
+    if not callable(crawl_delay):  # Scrapy < 2.18: its parsers' backends have it
+        backend = getattr(parser, "rp", None)
+        crawl_delay = getattr(backend, "crawl_delay", None) or getattr(
+            backend, "get_crawl_delay", None
+        )
+    if not callable(crawl_delay):
+        return None  # not read yet (a Deferred), none, or a parser without Crawl-delay
+    agent = crawler.settings.get("ROBOTSTXT_USER_AGENT") or crawler.settings.get("USER_AGENT")
+    try:
+        delay = crawl_delay(agent or "*")
+    except Exception:  # a third-party parser's failure is not the crawl's
+        return None
+    return float(delay) if isinstance(delay, (int, float)) and delay > 0 else 0.0

@@ -63,7 +63,17 @@ class Parts:
     @cached_property
     def client(self) -> redis.Redis:
         items = self.keys.custom(self.config.keys.items, "REDIS_ITEMS_KEY")
-        return crawl_client(self.topology_client, self.keys, extra=(items,))
+        return crawl_client(self.topology_client, self.keys, extra=(items, *self._more_seeds()))
+
+    def _more_seeds(self) -> list[str]:
+        """The seeds keys of a list-form ``redis_key`` after its first (which is
+        :attr:`keys`' ``start_urls``), to be checked in the crawl's slot too."""
+        crawler = self._crawler()
+        spider = getattr(crawler, "spider", None) if crawler is not None else None
+        templates = getattr(spider, "redis_key", None)
+        if not isinstance(templates, (list, tuple)):
+            return []
+        return [self.keys.start_urls_key(str(t)) for t in templates[1:] if t]
 
     @cached_property
     def keys(self) -> RedisKeys:

@@ -67,6 +67,13 @@ DUPEFILTER_STANDALONE_PER_RUN = True
 #: ``None`` or ``0``: never.
 DUPEFILTER_TTL = None
 
+#: Seconds a fingerprint counts as seen (the recrawl window): a periodic crawl fetches
+#: again exactly the pages first fetched longer ago, in bounded memory. Exact for
+#: "set" (a zset of fingerprint -> time); the Bloom backends and "buckets" rotate
+#: generations (seen for at least 7/8 of it, never longer). Needs ``SCHEDULER_PERSIST``
+#: to survive between runs. ``None``: seen forever.
+DUPEFILTER_RECRAWL_AFTER = None
+
 #: Seconds a RedisSpider worker waits with nothing to do (no seeds, no queued or
 #: in-flight requests) before it closes. ``0`` waits for seeds forever.
 MAX_IDLE_TIME_BEFORE_CLOSE = 0
@@ -129,6 +136,14 @@ REDIS_ITEMS_CLOSE_TIMEOUT = 30.0
 #: File (``%(key)s``: the items list, ``%(pid)s``: the worker's process id) where items
 #: Redis refuses for good, or still refuses at close, are kept, one per line.
 REDIS_ITEMS_REJECTED_FILE = "%(key)s.%(pid)s.rejected.jl"
+
+#: Template of the Redis Stream ``scrapy_dist.pipelines.RedisStreamPipeline`` adds
+#: items to (``XADD``); its dead-letter stream is ``<stream>:dead-letters``.
+REDIS_ITEMS_STREAM_KEY = "%(spider)s:items:stream"
+
+#: Cap the items stream near this many entries (``XADD MAXLEN ~``, oldest dropped, even
+#: unread ones); ``0`` keeps every entry (the stream grows until trimmed: a warning says so).
+REDIS_ITEMS_STREAM_MAXLEN = 0
 
 #: Extra keyword arguments for the redis-py client (timeouts, password, ``ssl_*``...).
 REDIS_PARAMS: dict[str, object] = {}
@@ -262,6 +277,15 @@ SCHEDULER_MAX_DELIVERIES = 3
 #: sees it finished deletes them; a crawl that is stopped unfinished is always kept).
 SCHEDULER_PERSIST = False
 
+#: Cluster-wide politeness: apply ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN``,
+#: ``DOWNLOAD_SLOTS`` (and robots.txt ``Crawl-delay``) to all workers of the crawl
+#: together, per download slot, through Redis, instead of to each worker on its own.
+SCHEDULER_POLITENESS = False
+
+#: Seconds a politeness token (the right to one download from a slot) lasts past its
+#: send time without renewal: a killed worker's tokens free their slot after this.
+SCHEDULER_POLITENESS_TIMEOUT = 60.0
+
 #: Requests leased from Redis in one call and buffered by the worker; ``0`` means
 #: half of ``CONCURRENT_REQUESTS``.
 SCHEDULER_PREFETCH = 0
@@ -283,6 +307,10 @@ SCHEDULER_REQUEST_CLASSES: list[str] = []
 #: writes long field names, which workers older than the compact encoding read: use it
 #: during a rolling upgrade, until every worker runs this version. Both read both forms.
 SCHEDULER_SERIALIZER = "json"
+
+#: Hash tags one crawl's queue, leases and dupefilter spread over, requests placed by
+#: host (``1``: one tag, the usual keys); fixed for the life of the crawl.
+SCHEDULER_SHARDS = 1
 
 #: URL schemes a queue entry may use; an entry with another scheme (``file:``,
 #: ``data:``, ``s3:``...) is dead-lettered, never fetched.

@@ -72,15 +72,24 @@ class Deliveries:
         self.failures: dict[Request, str] = {}
         #: When the leases were last renewed (monotonic seconds).
         self.renewed_at = time.monotonic()
+        #: Called with each request that left the engine, before its lease is settled
+        #: (cluster-wide politeness releases its download token).
+        self.on_finished: list[Callable[[Request], None]] = []
 
     def held(self) -> list[str]:
         """The ids of the leases this worker holds: buffered or in the engine."""
         return [lease.id for lease, _ in self.buffer] + list(self.out.values())
 
-    def room(self) -> int:
-        """Leases this worker may still take (see ``max_held``)."""
-        held = len(self.buffer) + len(self.out) + self.frontier.pending_settlements
-        return self.max_held - held
+    def room(self, *, after_flush: bool = False) -> int:
+        """Leases this worker may still take (see ``max_held``); ``after_flush``: once
+        the next flush sent the settlements it carries (those whose requests Redis has
+        confirmed), as a reserve riding that flush sees it (they run before it)."""
+        settlements = (
+            self.frontier.settlements_after_flush()
+            if after_flush
+            else self.frontier.pending_settlements
+        )
+        return self.max_held - len(self.buffer) - len(self.out) - settlements
 
     def lease_of(self, request: Request | None) -> str:
         """The lease id of ``request`` if it is in the engine as this worker's, else
@@ -107,6 +116,8 @@ class Deliveries:
         outcomes = []
         taken = self.frontier.leases.taken
         for request in finished:
+            for listener in self.on_finished:
+                listener(request)
             reason = self.failures.pop(request, DONE)
             lease_id = self.out.pop(request)
             if lease_id in taken:  # another worker holds it now: nothing to settle
@@ -136,25 +147,75 @@ class Deliveries:
             Whether the buffer holds a request now.
         """
         while not self.buffer:
-            room = self.room()
-            if room <= 0 and self.frontier.pending_settlements:
-                self.frontier.flush()  # send the acknowledgements that fill the room
-                room = self.room()
-            if room <= 0:
-                self.stats.inc_value("scheduler/held/full")
+            if not self._reserve(decode, reject):
                 return False
-            leases = self.frontier.reserve(min(self.prefetch, room))
-            if not leases:
-                return False
-            bad = []
-            for lease in leases:
-                try:
-                    request = decode(lease.data)
-                except SerializationError as e:
-                    bad.append((lease.id, reject(lease, e)))
-                else:
-                    self.buffer.append((lease, request))
-            self.frontier.settle(bad)
+        return True
+
+    def refill_more(
+        self,
+        decode: Callable[[bytes], Request],
+        reject: Callable[[Lease, SerializationError], str],
+    ) -> bool:
+        """Lease up to ``prefetch`` more requests although the buffer holds some (whose
+        slots wait for cluster-wide politeness), within ``max_held``.
+
+        Returns:
+            Whether leases were added to the buffer.
+        """
+        buffered = len(self.buffer)
+        return self._reserve(decode, reject) and len(self.buffer) > buffered
+
+    def top_up(
+        self,
+        decode: Callable[[bytes], Request],
+        reject: Callable[[Lease, SerializationError], str],
+    ) -> int:
+        """Lease more before the buffer runs dry (the scheduler's timer, with the flush
+        it sends anyway): when it holds fewer than ``prefetch`` requests, up to
+        ``2 * prefetch`` buffered, within ``max_held``; nothing when there is no room.
+
+        Returns:
+            How many requests were added to the buffer.
+        """
+        buffered = len(self.buffer)
+        if buffered >= self.prefetch:
+            return 0
+        room = self.room(after_flush=True)
+        if room <= 0:
+            return 0
+        self._reserve(decode, reject, min(room, 2 * self.prefetch - buffered))
+        self.stats.inc_value("scheduler/refill/timer")
+        return len(self.buffer) - buffered
+
+    def _reserve(
+        self,
+        decode: Callable[[bytes], Request],
+        reject: Callable[[Lease, SerializationError], str],
+        count: int = 0,
+    ) -> bool:
+        """One reserve of up to ``count`` (else ``prefetch``) requests into the buffer:
+        ``False`` when there is no room or nothing was leased (the queue is empty, or
+        Redis is unreachable). The settlements the same flush sends free their room
+        first."""
+        room = self.room(after_flush=True)
+        if room <= 0 and self.frontier.pending_settlements:
+            self.frontier.flush()  # confirm the requests the acknowledgements wait for
+            room = self.room(after_flush=True)
+        if room <= 0:
+            self.stats.inc_value("scheduler/held/full")
+            return False
+        leases = self.frontier.reserve(min(count or self.prefetch, room))
+        if not leases:
+            return False
+        bad = []
+        for lease in leases:
+            try:
+                request = decode(lease.data)
+            except SerializationError as e:
+                bad.append((lease.id, reject(lease, e)))
+            else:
+                self.buffer.append((lease, request))
+        self.frontier.settle(bad)
         return True
 
     def take(self) -> Request | None:
@@ -162,6 +223,13 @@ class Deliveries:
         if not self.buffer:
             return None
         lease, request = self.buffer.popleft()
+        self.out[request] = lease.id
+        return request
+
+    def take_at(self, index: int) -> Request:
+        """The buffered request at ``index`` (0: the next), now in the engine."""
+        lease, request = self.buffer[index]
+        del self.buffer[index]
         self.out[request] = lease.id
         return request
 

@@ -16,6 +16,11 @@ insertions; the filter reports count, capacity and estimated false-positive rate
 stats, warns when the count passes the capacity, and then grows or refuses
 (``BLOOM_ON_FULL``), never degrading silently. The filter never deletes its keys on
 close: the scheduler decides, by ``SCHEDULER_PERSIST``, when a crawl's state goes.
+
+With a recrawl window (``DUPEFILTER_RECRAWL_AFTER``, :mod:`scrapy_dist.filters.window`)
+a fingerprint counts as seen only for that long, by the server's clock; the local
+cache then only holds fingerprints this worker found new, and forgets them before
+Redis does (never "seen" past the window).
 """
 
 from __future__ import annotations
@@ -189,6 +194,12 @@ class RFPDupeFilter(BaseDupeFilter):
         self._reported_over = False
         self._reported_full = False
         self._reported_rate = False
+        #: With a recrawl window: seconds a record surely counts as seen (from the
+        #: backend, at :meth:`open`), when the local cache was last emptied, and the
+        #: fingerprints asked about since (-> when), which it may learn.
+        self.seen_for: float | None = None
+        self._cache_since = -math.inf
+        self._asked: dict[bytes, float] = {}
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -214,6 +225,12 @@ class RFPDupeFilter(BaseDupeFilter):
         filter, as in scrapy-redis; without it, the crawl's shared filter."""
         parts = assemble(crawler)
         config = parts.config.dupefilter
+        if config.recrawl_after is not None and not parts.config.scheduler.persist:
+            logger.warning(
+                "DUPEFILTER_RECRAWL_AFTER is set but SCHEDULER_PERSIST is not: a finished "
+                "crawl deletes its dupefilter, so the next run crawls every page again "
+                "whatever the window. Set SCHEDULER_PERSIST = True for periodic crawls"
+            )
         if config.standalone_per_run and not _dist_scheduler(parts.config.components.scheduler):
             return cls.from_settings(parts.config.settings)
         backend = backend_from_config(config, parts.client, parts.keys)
@@ -259,6 +276,16 @@ class RFPDupeFilter(BaseDupeFilter):
         still to be chosen, every candidate's). No I/O."""
         return self._configured.keys()
 
+    def expiring_keys(self) -> list[str]:
+        """The filter's keys when they expire (``DUPEFILTER_TTL``, or a recrawl window,
+        whose zset and generations expire), else none: what a ``volatile-*`` eviction
+        policy may delete (checked at start). No I/O."""
+        windowed = getattr(self._configured, "window", None) is not None or any(
+            getattr(getattr(self._configured, name, None), "window", None) is not None
+            for name in ("bitmap", "redisbloom")
+        )
+        return self.keys() if self.ttl or windowed else []
+
     def _current(self) -> UnopenedBackend:
         """The backend if known, else the choice (never tested for truth: a backend's
         ``__len__`` is a round trip)."""
@@ -272,8 +299,10 @@ class RFPDupeFilter(BaseDupeFilter):
                 Bloom filter with other parameters, or RedisBloom is missing.
         """
         self._backend = self._current().open()
-        if self._local_exact_off and self.backend.kind == "set" and self.local is not None:
+        exact = self.backend.kind in ("set", "zset")
+        if self._local_exact_off and exact and self.local is not None:
             self.local = LocalSet(self._local_capacity())  # "auto" chose the exact set
+        self.seen_for = getattr(self.backend, "seen_for", None)
         self._opened = True
         self._refresh(time.monotonic())
 
@@ -322,19 +351,48 @@ class RFPDupeFilter(BaseDupeFilter):
         if now >= self._next_refresh:
             self._tick(now)
         local = self.local
+        if local is not None and self.seen_for is not None:
+            self._window_tick(now)
         if local is not None and now < self._local_until and fingerprint in local:
             if self.stats is not None:
                 self.stats.inc_value("dupefilter/local/hits")
             return True
+        if local is not None and self.seen_for is not None:
+            if len(self._asked) >= self._local_capacity():
+                self._asked.clear()
+            self._asked[fingerprint] = now
         return False
 
-    def remember(self, fingerprint: bytes) -> None:
-        """Note that ``fingerprint`` is now recorded in Redis (it was queued or filtered)."""
+    def _window_tick(self, now: float) -> None:
+        """With a recrawl window: empty the local cache every ``seen_for`` seconds. It
+        only learns fingerprints asked about since it was emptied and found new, each
+        recorded in Redis after it was asked about, so still seen there until the next
+        emptying at least."""
+        if now >= self._cache_since + cast("float", self.seen_for):
+            if self.local is not None:
+                self.local.clear()
+            self._asked.clear()
+            self._cache_since = now
+
+    def remember(self, fingerprint: bytes, new: bool | None = None) -> None:
+        """Note that ``fingerprint`` is now recorded in Redis (it was queued or filtered).
+
+        Args:
+            fingerprint: the raw fingerprint.
+            new: whether Redis found it new (recorded it now), if known. With a recrawl
+                window only those are cached (a duplicate's record may be about to
+                leave the window), and only if asked about since the cache was emptied.
+        """
         local = self.local
-        if local is not None and time.monotonic() < self._local_until:
-            if local.count >= self._local_capacity():
-                local.clear()
-            local.add(fingerprint)
+        if local is None or time.monotonic() >= self._local_until:
+            return
+        if self.seen_for is not None:
+            asked = self._asked.pop(fingerprint, None)
+            if new is not True or asked is None or asked < self._cache_since:
+                return
+        if local.count >= self._local_capacity():
+            local.clear()
+        local.add(fingerprint)
 
     def forget_local(self) -> None:
         """Empty the local cache. The scheduler calls this whenever the worker holds no
@@ -342,6 +400,7 @@ class RFPDupeFilter(BaseDupeFilter):
         anything, so no worker can then trust fingerprints it cached before."""
         if self.local is not None and self.local.count:
             self.local.clear()
+        self._asked.clear()
 
     def _local_capacity(self) -> int:
         local = self.local
@@ -359,7 +418,7 @@ class RFPDupeFilter(BaseDupeFilter):
         if self.seen_locally(fingerprint):
             return True
         new = self.backend.add(fingerprint)
-        self.remember(fingerprint)
+        self.remember(fingerprint, new)
         return not new
 
     def clear(self) -> None:

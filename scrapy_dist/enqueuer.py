@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_dist import deadletter
 from scrapy_dist.exceptions import SerializationError
+from scrapy_dist.shards import host_of
 from scrapy_dist.spiders import RedisSpiderMixin
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class Enqueuer:
         def on_reply(queued: bool) -> None:
             outcome.append(queued)
             if fingerprint and shared is not None:
-                shared.remember(fingerprint)  # recorded in Redis either way
+                shared.remember(fingerprint, queued)  # recorded in Redis either way
             if not queued:
                 self.df.log(request, self.spider)
                 return
@@ -131,7 +132,11 @@ class Enqueuer:
 
         item = (payload, self.frontier.queue.score(request), fingerprint)
         self.frontier.enqueue(
-            item, shared.backend if shared else None, on_reply, self.parent_of(request)
+            item,
+            shared.backend if shared else None,
+            on_reply,
+            self.parent_of(request),
+            host=host_of(request) if self.frontier.shard_count > 1 else "",
         )
         # batched (the default): Redis answers at the next flush, so duplicates it finds
         # are logged and counted then, and Scrapy is told the request was stored
@@ -159,7 +164,8 @@ class Enqueuer:
             worker's next start issues it again).
         """
         fingerprint = shared.fingerprint(request)
-        if self.frontier.call(lambda: shared.backend.add(fingerprint)) is None:
+        ((backend, _),) = self.frontier.by_filter(shared.backend, [request])  # its shard's
+        if self.frontier.call(lambda: backend.add(fingerprint)) is None:
             return None
         shared.remember(fingerprint)
         key, client = self.frontier.keys.starts, self.frontier.client

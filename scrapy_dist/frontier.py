@@ -43,10 +43,12 @@ from scrapy_dist.workers import new_worker_id
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
+    from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
+    from typing_extensions import Self
 
-    from scrapy_dist.filters import UnopenedBackend
+    from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend
     from scrapy_dist.scripts import ScriptCall
@@ -62,10 +64,24 @@ __all__ = [
     "Frontier",
     "Lease",
     "Progress",
+    "Read",
     "fenced",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def recorded_shards(raw: object) -> int | None:
+    """The shard count a ``<crawl>:shards`` value holds (``GET``'s reply), or ``None``
+    if it holds no count from 1 to ``MAX_SHARDS`` (junk: never trusted, never parsed
+    at any length)."""
+    from scrapy_dist.settings import MAX_SHARDS
+
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+    if not (0 < len(text) <= len(str(MAX_SHARDS)) and text.isdigit() and text.isascii()):
+        return None
+    count = int(text)
+    return count if 1 <= count <= MAX_SHARDS else None
 
 
 def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> UnopenedBackend | None:
@@ -99,9 +115,19 @@ class Progress(NamedTuple):
     leased: int
 
 
+class Read(NamedTuple):
+    """A plain read another part of the worker has carried by the next flush's pipeline
+    (see :attr:`Frontier.riders`): ``on_reply`` gets its reply, or the exception it
+    answered with; it is not called when the flush is not sent or fails as a whole."""
+
+    command: Command
+    on_reply: Callable[[Any], None]
+
+
 class _Call(NamedTuple):
     """One script call of a flush, which script it is (``"enqueue"``, ``"settle"``,
-    ``"reserve"``), and what to do with its reply (a reserve's returns leases)."""
+    ``"reserve"``, ``"wait"``, ``"read"``), and what to do with its reply (a reserve's
+    returns leases)."""
 
     kind: str
     call: ScriptCall | Command
@@ -202,6 +228,12 @@ class Frontier:
         self._finished_seen = False
         #: Children confirmed on replicas, the master watched (scrapy_dist.replication).
         self.replication = replication
+        #: Shards of the crawl (``SCHEDULER_SHARDS``, :mod:`scrapy_dist.shards`).
+        self.shard_count = 1
+        #: Asked at each flush of this frontier's own keys for a :class:`Read` to carry
+        #: in its pipeline (``None``: nothing due): a read that is due anyway then costs
+        #: no round trip of its own (the crawl control state, :mod:`scrapy_dist.control`).
+        self.riders: list[Callable[[], Read | None]] = []
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> Frontier:
@@ -215,18 +247,37 @@ class Frontier:
             pass
         parts = assemble(crawler)
         client, keys, config = parts.client, parts.keys, parts.config
+        if config.frontier.shards > 1:
+            from scrapy_dist.shards import ShardedFrontier
+
+            sharded: Frontier = ShardedFrontier.build(crawler, parts)
+            _by_crawler[crawler] = sharded
+            return sharded
+        frontier = _by_crawler[crawler] = cls.build_one(crawler, config, client, keys)
+        return frontier
+
+    @classmethod
+    def build_one(
+        cls,
+        crawler: Crawler,
+        config: Config,
+        client: redis.Redis,
+        keys: RedisKeys,
+        worker_id: str = "",
+    ) -> Self:
+        """A frontier of ``keys`` on ``client`` from the crawler's settings (no I/O)."""
         queue_cls = config.queue.cls
         requests_key = keys.requests
         if unleased_queue(queue_cls):  # that queue runs in the scheduler, unleased
             queue_cls, requests_key = PriorityQueue, keys.unleased
         queue_cls = leasable_queue(queue_cls, config.queue.path)
         shared = shared_filter(config, client, keys)  # its keys go with the frontier's
-        frontier = _by_crawler[crawler] = cls(
+        return cls(
             client,
             keys,
             queue_cls(client, requests_key, keys.seq),
             SeedQueue(client, keys.start_urls, config.seeds.kind),
-            worker_id=new_worker_id(),
+            worker_id=worker_id or new_worker_id(),
             lease_timeout=config.frontier.lease_timeout,
             max_deliveries=config.frontier.max_deliveries,
             stats=lambda: crawler.stats,
@@ -242,7 +293,6 @@ class Frontier:
                 stats=lambda: crawler.stats,
             ),
         )
-        return frontier
 
     @property
     def stats(self) -> StatsCollector:
@@ -266,6 +316,13 @@ class Frontier:
         """Leases settled by this worker but not yet sent to Redis (still held)."""
         return self.outbox.pending_settlements
 
+    def settlements_after_flush(self) -> int:
+        """Settlements still unsent after the next flush: those queued behind requests
+        Redis has not confirmed yet (the others are sent in that flush, before its
+        reserve). A sharded crawl counts only this shard's as sent."""
+        self.outbox.promote()  # as the flush itself does first
+        return max(0, self.pending_settlements - len(self.outbox.ready))
+
     def call(self, func: Callable[[], Any]) -> Any:
         """Send pending writes, then run one read or write now, noting Redis failures
         (unreachable, or refusing for now) for the backoff.
@@ -284,6 +341,7 @@ class Frontier:
             return None
         self.outbox.recovered()
         self.stats.inc_value("scheduler/redis/round_trips")
+        self.stats.inc_value("scheduler/redis/round_trips/call")
         return result
 
     def _now(self, func: Callable[[], Any]) -> tuple[bool, Any]:
@@ -318,11 +376,60 @@ class Frontier:
 
     def join_epoch(self) -> str:
         """Join the crawl's epoch, creating it if the crawl has none; clear :attr:`lost`."""
+        if not self.epoch:  # at open: the crawl's shard count is this worker's
+            self.check_shards(self.shard_count)
         self.epoch = join(self.client, self.keys.epoch)
         self.lost = None
         if self.replication is not None:  # who the master is (scrapy_dist.replication)
             self.replication.remember(self.keys.epoch)
         return self.epoch
+
+    def why_gone(self, found: str) -> str:
+        """Why the crawl's epoch is ``found`` rather than the one joined (see
+        :func:`scrapy_dist.epoch.why_gone`)."""
+        return why_gone(self.client, self.keys, found)
+
+    def check_shards(self, count: int = 1) -> None:
+        """Make sure the crawl was not started with another ``SCHEDULER_SHARDS`` (its
+        ``<crawl>:shards``; a one-shard crawl never writes it); a sharded crawl records
+        its count. One round trip.
+
+        Raises:
+            ConfigurationError: it was (the other shards' requests would be lost), or
+                the key holds junk and this worker has shards.
+        """
+        key = self.keys.shards
+        if count > 1:
+            self.client.set(key, count, nx=True)
+        raw = self.client.get(key)
+        found = 1 if raw is None else recorded_shards(raw)
+        if found is None and count > 1:  # (junk reads as one shard, as the CLI reads it)
+            junk = cast("bytes", raw)[:40]
+            raise ConfigurationError(
+                f"{key} holds {junk!r}, not a shard count: run 'scrapy-dist reset' "
+                f"for crawl {self.keys.crawl}, or 'redis-cli del {key}' if its "
+                "workers all ran with the same SCHEDULER_SHARDS"
+            )
+        found = found or 1
+        if found != count:
+            raise ConfigurationError(
+                f"crawl {self.keys.crawl} was started with SCHEDULER_SHARDS = {found}, "
+                f"and this worker has {count}: its requests are spread over {found} "
+                f"shard(s), so run every worker with SCHEDULER_SHARDS = {found} (or reset "
+                "the crawl with 'scrapy-dist reset' to start over with another count)"
+            )
+
+    def by_filter(
+        self, backend: DupefilterBackend, requests: Sequence[Request]
+    ) -> list[tuple[DupefilterBackend, list[Request]]]:
+        """``requests`` grouped by the dupefilter backend their fingerprints belong in
+        (``backend``, the crawl's; a sharded crawl has one per shard)."""
+        return [(backend, list(requests))] if requests else []
+
+    def delete_keys(self) -> None:
+        """Delete the crawl's frontier keys now (UNLINK: they may be large), every
+        shard's in a sharded crawl."""
+        self.client.unlink(*self.clear_keys)
 
     def _gone(self, error: BaseException) -> bool:
         """If ``error`` is a script's refusal of another epoch, drop this worker's writes
@@ -336,7 +443,7 @@ class Frontier:
             return False
         if self.lost is not None:
             return True
-        state = why_gone(self.client, self.keys, found)
+        state = self.why_gone(found)
         dropped = self.outbox.drop()
         self.leases.forget_all()
         self.lost = state
@@ -363,8 +470,10 @@ class Frontier:
         dupefilter: FilterBackend | None,
         on_reply: Callable[[bool], None],
         parent: str = "",
+        host: str = "",
     ) -> None:
-        """Add one ``(payload, score, fingerprint)`` item to the outbox.
+        """Add one ``(payload, score, fingerprint)`` item to the outbox (``host``, the
+        request's, places it in a sharded crawl, :mod:`scrapy_dist.shards`).
 
         It is deduplicated and enqueued atomically when the outbox is flushed (with the
         next reserve, on the flush timer, when many are pending, or at once when
@@ -446,6 +555,8 @@ class Frontier:
             outbox.failed(e)
             return None
         self.stats.inc_value("scheduler/redis/round_trips")
+        kind = "flush" if not reserve else "reserve" if seeds is False else "seeds"
+        self.stats.inc_value(f"scheduler/redis/round_trips/{kind}")
         leases = self._answered(calls, answers, batch)
         if self.lost is not None:
             return None
@@ -468,6 +579,10 @@ class Frontier:
             calls.append(_Call("settle", settle, lambda reply: self.leases.settled(reply, ready)))
         if reserve > 0:
             calls.append(self._reserve_call(reserve, seeds=seeds))
+        for rider in self.riders:  # after the writes: the enqueue stays the first call
+            read = rider()
+            if read is not None:
+                calls.append(_Call("read", read.command, read.on_reply))
         return calls
 
     def _enqueued(self, flags: Any) -> None:
@@ -518,6 +633,9 @@ class Frontier:
         leases: list[Lease] | None = []
         problem: Exception | None = None
         for call, answer in zip(calls, answers, strict=True):
+            if call.kind == "read":  # another part's read: its reply, or error, is its own
+                call.on_reply(answer)
+                continue
             if call.kind == "wait" and self.replication is not None:  # replication.py
                 enqueued = not isinstance(answers[0], Exception)  # the enqueue precedes it
                 short = self.replication.waited(answer, batch if enqueued else None, self.outbox)
@@ -584,9 +702,17 @@ class Frontier:
             return None
         return self.leases.renewed(reply)
 
-    def progress(self, *, grace: float, clear: bool, keep_for: float = 86400) -> Progress | None:
+    def progress(
+        self,
+        *,
+        grace: float,
+        clear: bool,
+        keep_for: float = 86400,
+        others: tuple[int, int] | None = None,
+    ) -> Progress | None:
         """Where the crawl as a whole stands; marks it finished after ``grace`` seconds of
         emptiness and then, with ``clear``, deletes the frontier (exactly once).
+        ``others`` (a sharded crawl): what the other shards hold and have settled.
 
         Returns:
             The progress, or ``None`` if Redis is unreachable.
@@ -605,6 +731,7 @@ class Frontier:
             clear=clear,
             keep_for=int(keep_for),
             epoch=self.epoch,
+            others=others,
         )
         reply = self.call(call.run)
         if reply is None:

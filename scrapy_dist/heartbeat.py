@@ -1,8 +1,13 @@
 """The scheduler's timer: flushes, heartbeats and lease renewals.
 
 Every flush interval the timer settles what the engine finished and sends pending
-writes; every heartbeat interval it also heartbeats in the crawl's worker registry and
-renews the leases this worker holds. A timer that did not run for longer than a lease
+writes, with a reserve that tops up the scheduler's buffer when it runs low (so the
+engine rarely finds it empty and waits for a reserve of its own), and with the crawl's
+control state when its read is due (:class:`~scrapy_dist.control.ControlWatcher`): one
+round trip; every heartbeat interval it also heartbeats in the crawl's worker registry and
+renews the leases this worker holds. Each tick also reads the crawl's control state
+when due and acts on it (:class:`~scrapy_dist.control.WorkerControl`: pause, resume,
+drain). A timer that did not run for longer than a lease
 lasts (the process was paused) first checks which leases it still holds. No error
 ends the timer: each is logged (once in a row) and counted as
 ``scheduler/timer/errors``.
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from twisted.internet.task import LoopingCall
 
+    from scrapy_dist.control import WorkerControl
     from scrapy_dist.deliveries import Deliveries
     from scrapy_dist.frontier import Frontier
     from scrapy_dist.workers import WorkerRegistry
@@ -41,6 +47,9 @@ class Heartbeat:
         flush_interval: seconds between flushes; ``0`` ticks every heartbeat.
         on_lost: called on each tick while the crawl is gone
             (:attr:`Frontier.lost`) instead of flushing and heartbeating.
+        control: the crawl's control state, acted on each tick (``None``: none).
+        refill: called each tick before the flush; leases more into the scheduler's
+            buffer with it when the buffer runs low (``None``: plain flushes).
     """
 
     def __init__(
@@ -53,6 +62,8 @@ class Heartbeat:
         heartbeat_interval: float,
         flush_interval: float,
         on_lost: Callable[[], None],
+        control: WorkerControl | None = None,
+        refill: Callable[[], None] | None = None,
     ) -> None:
         self.frontier = frontier
         self.registry = registry
@@ -61,6 +72,8 @@ class Heartbeat:
         self.heartbeat_interval = heartbeat_interval
         self.flush_interval = flush_interval
         self.on_lost = on_lost
+        self.control = control
+        self.refill = refill
         #: Runs the ticks; created by :meth:`start` (creating it imports the reactor).
         self.ticker: LoopingCall | None = None
         #: The spider named in log records.
@@ -68,8 +81,13 @@ class Heartbeat:
         self._next_beat = 0.0
         #: The timer's last run, to notice a pause of the whole process.
         self._ticked_at = time.monotonic()
+        #: Ticks run so far.
+        self._ticks = 0
         #: The error the timer last logged (each kind is logged once in a row).
         self._error = ""
+        #: Set by :meth:`stop`; a tick during which the scheduler closed (a drain closes
+        #: the spider from the tick, and the engine may close it at once) stops there.
+        self.stopped = False
 
     def start(self, spider: object) -> None:
         """Start ticking (the first heartbeat is one interval from now)."""
@@ -82,7 +100,9 @@ class Heartbeat:
         self.ticker.start(self.flush_interval or self.heartbeat_interval, now=False)
 
     def stop(self) -> None:
-        """Stop ticking (nothing if it is not running)."""
+        """Stop ticking (nothing if it is not running); the tick under way, if any,
+        neither heartbeats nor renews after this."""
+        self.stopped = True
         if self.ticker is not None and self.ticker.running:
             self.ticker.stop()
 
@@ -105,8 +125,20 @@ class Heartbeat:
         else:
             self._error = ""
 
+    def ticking(self) -> bool:
+        """Whether the timer runs and ticked within the last two flush intervals (a
+        reactor too busy to run it, or a timer not started, does not count)."""
+        period = self.flush_interval or self.heartbeat_interval
+        return (
+            self.ticker is not None
+            and self.ticker.running
+            and self._ticks > 0
+            and time.monotonic() - self._ticked_at < 2 * period
+        )
+
     def _tick(self) -> None:
         now = time.monotonic()
+        self._ticks += 1
         gap, self._ticked_at = now - self._ticked_at, now
         if gap > self.frontier.lease_timeout and self.frontier.lost is None:
             logger.warning(
@@ -120,7 +152,13 @@ class Heartbeat:
         if self.frontier.lost is not None:
             self.on_lost()
             return
-        self.frontier.flush()
+        if self.refill is not None:
+            self.refill()  # a reserve that carries the tick's writes (and reads)
+        self.frontier.flush()  # what is left (nothing, if the reserve sent it all)
+        if self.control is not None:
+            self.control.tick()
+            if self.stopped:  # the drain closed the scheduler: it left the registry
+                return
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat_interval
             self.frontier.call(self.registry.heartbeat)

@@ -23,6 +23,10 @@ key                        type         holds
                                         parameters and counts (bitmap Bloom), or a
                                         RedisBloom filter
 ``<dupefilter>:<s>:<i>``   string       bitmap Bloom: bits of stage ``s``, segment ``i``
+``<dupefilter>:<run>:<g>`` hash / BF    with ``DUPEFILTER_RECRAWL_AFTER``: generation ``g``
+                                        of a windowed Bloom filter (bitmap chain hash,
+                                        its segments ``<...>:<g>:<s>:<i>``; or a
+                                        RedisBloom filter), expiring with it
 ``<crawl>:seq``            string       counter giving each queued entry its id
 ``<crawl>:leases``         zset         lease id -> deadline: entries a worker holds
 ``<crawl>:leased``         hash         lease id -> ``origin|score|worker|entry``
@@ -45,12 +49,33 @@ key                        type         holds
                                         (``RedisStatsCollector``)
 ``<crawl>:timeline``       zset         second -> ``"<s> <pages> <items>"`` samples of
                                         the stats' totals, for crawl rates
+``<crawl>:control``        hash         the crawl's control state: ``state`` (running,
+                                        paused, draining), ``by``, ``reason``,
+                                        ``since`` (:mod:`scrapy_dist.control`)
+``<crawl>:items:stream``   stream       items as stream entries (``RedisStreamPipeline``;
+                                        ``REDIS_ITEMS_STREAM_KEY`` may name another key)
+``<stream>:dead-letters``  stream       items consumers rejected or failed too often,
+                                        with the reason (:mod:`scrapy_dist.streams`)
+``<crawl>:shards``         string       ``SCHEDULER_SHARDS`` of a sharded crawl (absent:
+                                        one shard), checked by every worker at open
+``<crawl>:polite:tokens``  zset         politeness tokens ``<token>|<slot>`` -> deadline
+``<crawl>:polite:busy``    hash         download slot -> politeness tokens outstanding
+``<crawl>:polite:next``    zset         download slot -> next allowed send (server ms)
 =========================  ===========  ==============================================
+
+A sharded crawl (``SCHEDULER_SHARDS = N > 1``, :func:`shard_keys`) keeps the keys above
+as shard 0, and adds shards ``1..N-1``, each a crawl name of its own,
+``<crawl>#shard<i>`` (``{books#shard<i>}`` or ``{books#shard<i>.<k>}`` under a hash tag,
+``k`` chosen so that the shards' slots fall in different N-ths of the slot space, which
+a cluster's masters usually own): each has its own ``requests``, ``dupefilter``,
+``seq``, ``leases``, ``leased``, ``deliveries``, ``held:<worker>``, ``epoch``,
+``progress`` (its counters) and ``dead``. Seeds, workers, items and stats stay in shard 0.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -171,6 +196,43 @@ class RedisKeys:
     def timeline(self) -> str:
         return f"{self.crawl}:timeline"
 
+    @property
+    def control(self) -> str:
+        """The crawl's control state (pause, drain; :mod:`scrapy_dist.control`)."""
+        return f"{self.crawl}:control"
+
+    @property
+    def items_stream(self) -> str:
+        """The items stream under the default ``REDIS_ITEMS_STREAM_KEY``."""
+        return f"{self.crawl}:items:stream"
+
+    @property
+    def items_stream_dead(self) -> str:
+        """The dead-letter stream of :attr:`items_stream` (:func:`stream_dead_key`)."""
+        return stream_dead_key(self.items_stream)
+
+    @property
+    def shards(self) -> str:
+        """The shard count of a sharded crawl (absent: one shard)."""
+        return f"{self.crawl}:shards"
+
+    @property
+    def politeness_tokens(self) -> str:
+        """Cluster-wide politeness: the download tokens granted, member
+        ``<token>|<slot>`` -> deadline (server ms; :mod:`scrapy_dist.politeness`)."""
+        return f"{self.crawl}:polite:tokens"
+
+    @property
+    def politeness_busy(self) -> str:
+        """Cluster-wide politeness: download slot -> tokens outstanding."""
+        return f"{self.crawl}:polite:busy"
+
+    @property
+    def politeness_next(self) -> str:
+        """Cluster-wide politeness: download slot -> earliest next send time (server ms;
+        only future times are kept)."""
+        return f"{self.crawl}:polite:next"
+
     def custom(self, template: str, setting: str) -> str:
         """Expand a key template setting such as ``REDIS_ITEMS_KEY`` for this crawl."""
         return expand(template, self.crawl, setting=setting)
@@ -187,12 +249,20 @@ class RedisKeys:
         (the dupefilter backend adds its own keys to these)."""
         return (
             self.requests, self.seq, self.leases, self.leased, self.deliveries, self.epoch,
-            self.starts,
+            self.starts, self.shards,
         )  # fmt: skip
 
     def start_urls_key(self, template: str) -> str:
-        """Expand a spider's own ``redis_key`` template for this crawl."""
-        return expand(template, self.crawl, setting="redis_key")
+        """Expand a spider's own ``redis_key`` template for this crawl; when the crawl
+        name is hash-tagged (``{books}``), a literal key that starts with the crawl name
+        and a colon (``books:start_urls``) gets the tag too (``{books}:start_urls``), so
+        every key of a list-form ``redis_key`` lands in the crawl's slot."""
+        seeds = expand(template, self.crawl, setting="redis_key")
+        if self.crawl.startswith("{") and self.crawl.endswith("}"):
+            plain = self.crawl[1:-1]
+            if not has_hash_tag(seeds) and seeds.startswith(f"{plain}:"):
+                seeds = self.crawl + seeds[len(plain) :]
+        return seeds
 
     @classmethod
     def build(
@@ -218,6 +288,12 @@ class RedisKeys:
             dupefilter=expand(dupefilter, crawl, setting="SCHEDULER_DUPEFILTER_KEY"),
             start_urls=expand(start_urls, crawl, setting="REDIS_START_URLS_KEY"),
         )
+
+
+def stream_dead_key(stream: str) -> str:
+    """The dead-letter stream of an items stream: ``<stream>:dead-letters`` (same hash
+    tag; not ``:dead``, which names a crawl's dead-letter list to ``scrapy-dist jobs``)."""
+    return f"{stream}:dead-letters"
 
 
 def has_hash_tag(name: str) -> bool:
@@ -310,11 +386,7 @@ def keys_from_config(
     if isinstance(template, (list, tuple)):  # keys in priority order: the first is the main
         template = template[0] if template else None
     if template and isinstance(template, str):
-        seeds = keys.start_urls_key(str(template))
-        plain = keys.crawl[1:-1] if tag and keys.crawl.startswith("{") else None
-        if plain and not has_hash_tag(seeds) and seeds.startswith(f"{plain}:"):
-            seeds = keys.crawl + seeds[len(plain) :]
-        keys = replace(keys, start_urls=seeds)
+        keys = replace(keys, start_urls=keys.start_urls_key(str(template)))
     return keys
 
 
@@ -365,3 +437,74 @@ def expect_type(
     wanted = (expected,) if isinstance(expected, str) else expected
     if actual not in ("none", *wanted):
         raise ConfigurationError(explain(actual))
+
+
+#: Slots of a Redis Cluster.
+SLOTS = 16384
+
+
+def shard_crawl(crawl: str, index: int, count: int) -> str:
+    """The crawl name of shard ``index`` (of ``count``) of crawl ``crawl``: ``crawl``
+    itself for shard 0, else ``<crawl>#shard<i>``; a hash-tagged crawl gets a tag of its
+    own per shard, ``{<name>#shard<i>}`` (or ``{<name>#shard<i>.<k>}`` with the least
+    ``k`` that puts its slot in the ``(s0 + i) % count``-th part of the slot space, ``s0``
+    being shard 0's), so a cluster whose masters own equal slot ranges holds one shard
+    per master (stable: it depends only on the names)."""
+    if index == 0:
+        return crawl
+    if not (crawl.startswith("{") and crawl.endswith("}")):
+        return f"{crawl}#shard{index}"
+    inner = crawl[1:-1]
+    want = (slot_of(crawl) * count // SLOTS + index) % count
+    for k in range(100000):
+        name = f"{{{inner}#shard{index}" + (f".{k}}}" if k else "}")
+        if slot_of(name) * count // SLOTS == want:
+            return name
+    return f"{{{inner}#shard{index}}}"  # pragma: no cover - some k always fits
+
+
+def shard_keys(keys: RedisKeys, config: KeysConfig, count: int) -> list[RedisKeys]:
+    """The keys of each of ``count`` shards of a crawl: shard 0 is ``keys`` itself; the
+    others expand the queue and dupefilter templates for their own crawl name (their
+    ``start_urls`` is never written: seeds stay in shard 0)."""
+    out = [keys]
+    for index in range(1, count):
+        crawl = shard_crawl(keys.crawl, index, count)
+        out.append(
+            RedisKeys(
+                crawl=crawl,
+                requests=expand(config.requests, crawl, setting="SCHEDULER_QUEUE_KEY"),
+                dupefilter=expand(config.dupefilter, crawl, setting="SCHEDULER_DUPEFILTER_KEY"),
+                start_urls=f"{crawl}:start_urls",
+            )
+        )
+    return out
+
+
+def is_shard_crawl(crawl: str) -> bool:
+    """Whether ``crawl`` (with or without its hash tag) names shard ``i > 0`` of a
+    sharded crawl (:func:`shard_crawl`), not a crawl of its own."""
+    return re.search(r"#shard[1-9][0-9]*(\.[0-9]+)?\}?$", crawl) is not None
+
+
+def window_generation_key(dupefilter: str, run: str, generation: int) -> str:
+    """Generation ``generation`` of a Bloom dupefilter with a recrawl window
+    (``DUPEFILTER_RECRAWL_AFTER``): ``<dupefilter>:<run>:<generation>``, ``run`` being
+    the id the filter's main hash got when created (so a deleted filter's generations,
+    left to expire, are never read again). A bitmap generation is a chain hash whose
+    segments are :func:`window_segment_key`; a RedisBloom one is a ``BF`` filter.
+    ``lua/_filters.lua`` builds the same names."""
+    return f"{dupefilter}:{run}:{generation}"
+
+
+def window_segment_key(generation_key: str, stage: int, segment: int) -> str:
+    """Bits of stage ``stage``, segment ``segment`` of a windowed bitmap generation:
+    ``<generation>:<stage>:<segment>``."""
+    return f"{generation_key}:{stage}:{segment}"
+
+
+def window_bucket_count_key(dupefilter: str, gen: str, generation: int) -> str:
+    """Fingerprints recorded in generation ``generation`` of a ``buckets`` dupefilter
+    with a recrawl window (its buckets are ``<dupefilter>:<gen>-<generation>:<i>``):
+    ``<dupefilter>:<gen>-<generation>:n``."""
+    return f"{dupefilter}:{gen}-{generation}:n"

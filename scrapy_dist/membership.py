@@ -11,7 +11,8 @@
 - **Leave** (at the scheduler's close): settle what the engine finished, hand back
   what it never started, send pending writes, leave the registry; if the crawl as a
   whole is finished and does not persist, delete its shared keys (a worker that merely
-  stops never does).
+  stops never does). A crawl that is paused or draining (:mod:`scrapy_dist.control`)
+  is never checked for completion: it is not finished, whatever it holds.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
 
+    from scrapy_dist.control import WorkerControl
     from scrapy_dist.deliveries import Deliveries
     from scrapy_dist.dupefilter import RFPDupeFilter
     from scrapy_dist.frontier import Frontier, Progress
@@ -83,6 +85,8 @@ class Membership:
         flush_on_start: clear the queue and dupefilter at open if no other worker runs.
         close_when_done: exit, rather than rejoin, when the crawl finished without
             this worker (``CLOSE_WHEN_CRAWL_DONE``).
+        control: the crawl's control state, read at join and at leave (``None``: the
+            crawl always runs).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Membership:
         persist: bool,
         flush_on_start: bool,
         close_when_done: bool,
+        control: WorkerControl | None = None,
     ) -> None:
         self.frontier = frontier
         self.registry = registry
@@ -107,6 +112,7 @@ class Membership:
         self.persist = persist
         self.flush_on_start = flush_on_start
         self.close_when_done = close_when_done
+        self.control = control
         #: Whether :meth:`join` succeeded (a failed start did not).
         self.joined = False
         #: The spider named in log records.
@@ -130,7 +136,7 @@ class Membership:
         queue.check_type()
         self.frontier.seeds.check_type()
         shared = self.shared_df
-        expiring = shared.keys() if shared is not None and shared.ttl else []
+        expiring = shared.expiring_keys() if shared is not None else []
         self.frontier.check_eviction_policy(expiring)
         self.df.open()
         if shared is None:
@@ -159,6 +165,8 @@ class Membership:
         self.frontier.join_epoch()
         self._log_joined(spider, others)
         self._hint_misspelled_seeds(spider)
+        if self.control is not None:
+            self.control.open(spider)
 
     def _log_joined(self, spider: Spider, others: int) -> None:
         keys, queue, seeds = self.frontier.keys, self.frontier.queue, self.frontier.seeds
@@ -270,9 +278,16 @@ class Membership:
             )
         self._send_pending()
         self.frontier.call(self.registry.leave)
-        progress = self.frontier.progress(grace=0, clear=not self.persist)
-        if progress is not None:
-            self._log_close(progress.state, progress)
+        if self.control is not None and not self.control.allows_completion(fresh=True):
+            logger.info(
+                "Crawl %(crawl)s is %(state)s: not checking it for completion",
+                {"crawl": self.frontier.keys.crawl, "state": self.control.watcher.state.state},
+                extra={"spider": self.spider},
+            )
+        else:
+            progress = self.frontier.progress(grace=0, clear=not self.persist)
+            if progress is not None:
+                self._log_close(progress.state, progress)
         self.df.close(reason)
 
     def _send_pending(self) -> None:
@@ -283,7 +298,8 @@ class Membership:
                 break
         if self.frontier.pending_writes:
             logger.error(
-                "Redis is unreachable: %(n)d write(s) could not be sent before closing; "
+                "Redis is unreachable or refuses writes: %(n)d write(s) could not be "
+                "sent before closing; "
                 "the leases they would have settled expire after SCHEDULER_LEASE_TIMEOUT "
                 "and their requests are crawled again",
                 {"n": self.frontier.pending_writes},

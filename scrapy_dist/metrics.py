@@ -79,7 +79,49 @@ GAUGES = {
     "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
     "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
     "dupefilter.",
+    "scrapy_dist_control_state": "Crawl control state: 0 running, 1 paused, 2 draining (an "
+    "invalid control key reads as paused).",
+    "scrapy_dist_control_since_seconds": "When the crawl control state was last set (Redis "
+    "server time, seconds since the epoch).",
 }
+
+
+#: The gauges of each consumer group of the items stream (label ``group``): name -> help.
+GROUP_GAUGES = {
+    "scrapy_dist_items_stream_lag": "Items of the items stream not yet delivered to the "
+    "consumer group (exact; NaN if too many to count).",
+    "scrapy_dist_items_stream_pending": "Items delivered to the consumer group and not "
+    "acknowledged.",
+}
+
+
+def group_gauges(status: CrawlStatus | None) -> dict[str, dict[str, float]]:
+    """Per consumer group of the items stream: gauge name -> value (none without a
+    stream)."""
+    stream = status.item_stream if status is not None else None
+    if stream is None:
+        return {}
+    return {
+        g.name: {
+            "scrapy_dist_items_stream_lag": math.nan if g.lag is None else g.lag,
+            "scrapy_dist_items_stream_pending": g.pending,
+        }
+        for g in stream.groups
+    }
+
+
+def group_text(crawl: str, groups: Mapping[str, Mapping[str, float]]) -> str:
+    """The per-group gauges (:func:`group_gauges`) in Prometheus' text format, labelled
+    ``crawl`` and ``group``."""
+    lines: list[str] = []
+    for name, help_text in GROUP_GAUGES.items():
+        if not groups:
+            break
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for group, values in groups.items():
+            label = f'{{crawl="{_label(crawl)}",group="{_label(group)}"}}'
+            lines.append(f"{name}{label} {_sample(values[name])}")
+    return "".join(line + "\n" for line in lines)
 
 
 def _label(value: str) -> str:
@@ -115,6 +157,26 @@ def gauges(status: CrawlStatus | None) -> dict[str, float]:
     if df is not None and df.capacity:
         values["scrapy_dist_bloom_fill"] = df.count / df.capacity
         values["scrapy_dist_bloom_false_positive_rate"] = df.fpr_estimate
+    values.update(control_gauges(status))
+    return values
+
+
+# -- crawl control (pause, resume, drain: scrapy_dist.control) --------------------------
+
+#: Value of ``scrapy_dist_control_state`` per state.
+CONTROL_STATE_VALUES = {"running": 0, "paused": 1, "draining": 2}
+
+
+def control_gauges(status: CrawlStatus) -> dict[str, float]:
+    """The crawl control gauges of a status (none if its control state was not read)."""
+    control = status.control
+    if control is None:
+        return {}
+    values: dict[str, float] = {
+        "scrapy_dist_control_state": CONTROL_STATE_VALUES.get(control.state, 1)
+    }
+    if control.since is not None:
+        values["scrapy_dist_control_since_seconds"] = control.since
     return values
 
 
@@ -169,6 +231,7 @@ class CrawlMetrics:
         self.counters = counters
         self.max_age = max_age
         self._values: dict[str, float] = gauges(None)
+        self._groups: dict[str, dict[str, float]] = {}
         self._read_at = -math.inf
         self._failing = False
         self._lock = threading.Lock()
@@ -177,8 +240,11 @@ class CrawlMetrics:
         """Read the crawl's state now. If Redis (or a key's type) fails, only
         ``scrapy_dist_up`` = 0 is rendered, and a warning is logged (once, until a
         read succeeds again)."""
+        groups: dict[str, dict[str, float]] = {}
         try:
-            values = gauges(self.read())
+            status = self.read()
+            values = gauges(status)
+            groups = group_gauges(status)
         except (redis.RedisError, ConfigurationError, ValueError) as e:
             if not self._failing:
                 logger.warning(
@@ -190,6 +256,7 @@ class CrawlMetrics:
         else:
             self._failing = False
         self._values = values
+        self._groups = groups
         self._read_at = time.monotonic()
 
     def render(self) -> str:
@@ -200,7 +267,8 @@ class CrawlMetrics:
                 if time.monotonic() - self._read_at >= self.max_age:
                     self.refresh()
         counters = self.counters() if self.counters is not None else None
-        return prometheus_text(self.crawl, self._values, counters)
+        text = prometheus_text(self.crawl, self._values, counters)
+        return text + group_text(self.crawl, self._groups)
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):

@@ -162,6 +162,12 @@ class Outbox:
         return len(self._items) + len(self._outcomes) + len(self._ready)
 
     @property
+    def pending_items(self) -> int:
+        """Requests to enqueue that Redis has not confirmed yet (the last ones added:
+        the outbox sends and confirms them in order)."""
+        return len(self._items)
+
+    @property
     def pending_settlements(self) -> int:
         """Leases settled by this worker but not yet sent to Redis (still held)."""
         return len(self._outcomes) + len(self._ready)

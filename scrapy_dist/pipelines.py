@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from collections import deque
@@ -40,8 +41,9 @@ from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist import default_settings
 from scrapy_dist.assembly import assemble
-from scrapy_dist.connection import describe, get_redis_from_settings
-from scrapy_dist.keys import expect_type, key_type
+from scrapy_dist.connection import ClusterClient, describe, get_redis_from_settings
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import crawl_slot, expect_type, key_type, stream_dead_key
 from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.settings import Config, check_items
 
@@ -272,14 +274,10 @@ class ItemWriter:
             The items to retry (refused for now, or all if Redis could not be reached)
             and the error of that outage (``None`` if there is none).
         """
-        runs = _runs(batch)
+        runs = self._group(batch)
         try:
             with self.client.pipeline(transaction=False) as pipe:
-                for key, items in runs:
-                    pipe.rpush(key, *items)
-                if self.maxlen:
-                    for key in dict.fromkeys(key for key, _ in runs):
-                        pipe.ltrim(key, -self.maxlen, -1)
+                self._queue(pipe, runs)
                 answers = pipe.execute(raise_on_error=False)
         except redis.RedisError as e:  # unreachable: stored or not, send again
             return batch, e
@@ -299,6 +297,19 @@ class ItemWriter:
                 retry += kept
                 outage = outage or answer
         return retry, outage
+
+    def _group(self, batch: list[tuple[str, bytes]]) -> list[tuple[str, list[bytes]]]:
+        """The batch as runs, each sent by one command whose answer is the run's."""
+        return _runs(batch)
+
+    def _queue(self, pipe: Any, runs: list[tuple[str, list[bytes]]]) -> None:
+        """Queue the commands that store ``runs`` on ``pipe``: the first answer of each
+        run is its own (one ``RPUSH`` each), trimming commands after them."""
+        for key, items in runs:
+            pipe.rpush(key, *items)
+        if self.maxlen:
+            for key in dict.fromkeys(key for key, _ in runs):
+                pipe.ltrim(key, -self.maxlen, -1)
 
     def _for_now(self, error: Exception, now: float) -> bool:
         """Whether a run's error answer is a refusal for now (retry) rather than for good."""
@@ -438,7 +449,7 @@ class RedisPipeline:
             # scrapy-redis's RedisPipeline(server, key=PIPELINE_KEY, serialize_func=...)
             if isinstance(serialize, str):
                 key, serialize = serialize, None
-            writer = ItemWriter(writer, key or str(default_settings.REDIS_ITEMS_KEY))
+            writer = self._writer_for(writer, key)
         serialize = serialize_func or serialize or _json_serializer()
         self.writer = writer
         #: Seconds closing keeps retrying while Redis fails (``REDIS_ITEMS_CLOSE_TIMEOUT``).
@@ -449,6 +460,10 @@ class RedisPipeline:
         writer.on_room = self._room
         if not callable(getattr(type(self), "serialize", None)):  # not overridden
             self.serialize = serialize
+
+    def _writer_for(self, client: redis.Redis, key: str | None) -> ItemWriter:
+        """The writer of a pipeline given a client rather than a writer."""
+        return ItemWriter(client, key or str(default_settings.REDIS_ITEMS_KEY))
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
@@ -493,19 +508,29 @@ class RedisPipeline:
         Raises:
             ConfigurationError: the key holds something other than a list.
         """
+        self._check_key("list", "RedisPipeline appends items to a list", "REDIS_ITEMS_KEY")
+        self._start()
+
+    def _check_key(self, expected: str, what: str, setting: str) -> None:
+        """Raise :class:`ConfigurationError` if the key holds another type than
+        ``expected`` (an unreachable Redis passes: the scheduler reports it, and the
+        writer retries)."""
         try:
             actual = key_type(self.writer.client, self.key)
         except redis.RedisError:
-            actual = "none"  # unreachable: the scheduler reports it; the writer retries
+            actual = "none"
         expect_type(
             self.key,
             actual,
-            "list",
+            expected,
             lambda kind: (
-                f"Redis key {self.key!r} holds a {kind}, but RedisPipeline appends items to "
-                "a list: delete it or set REDIS_ITEMS_KEY to another key"
+                f"Redis key {self.key!r} holds a {kind}, but {what}: delete it or set "
+                f"{setting} to another key"
             ),
         )
+
+    def _start(self) -> None:
+        """Start the sending thread (and close at a forced shutdown)."""
         self.writer.start()
         from twisted.internet import reactor
 
@@ -604,3 +629,133 @@ class RedisPipeline:
                 {"n": self.writer.rejected, "file": self.writer.rejected_file, "key": self.key},
             )
         logger.info("Stored %(n)d item(s) in %(key)s", {"n": self.writer.sent, "key": self.key})
+
+
+class StreamWriter(ItemWriter):
+    """An :class:`ItemWriter` that adds each item to a Redis Stream (``XADD``, pipelined
+    per batch) as an entry ``{"item": <serialized item>, **fields}``, capped near
+    ``stream_maxlen`` entries (``MAXLEN ~``) if set. Refusals and outages are handled as
+    for the list (the items stay buffered, in order).
+
+    Args:
+        client: the Redis client.
+        key: the stream.
+        fields: the other fields of every entry (``spider``, ``worker``).
+        stream_maxlen: approximate cap of the stream (0: none).
+        kwargs: as for :class:`ItemWriter` (but ``maxlen``).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: str,
+        *,
+        fields: dict[str, str] | None = None,
+        stream_maxlen: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(client, key, **kwargs)
+        if stream_maxlen < 0:
+            raise ConfigurationError(
+                f"REDIS_ITEMS_STREAM_MAXLEN cannot be negative ({stream_maxlen})"
+            )
+        #: The other fields of every entry.
+        self.fields: dict[str | bytes, str | bytes] = {}
+        self.fields.update(fields or {})
+        self.stream_maxlen = stream_maxlen
+
+    def _group(self, batch: list[tuple[str, bytes]]) -> list[tuple[str, list[bytes]]]:
+        return [(key, [data]) for key, data in batch]  # one XADD, one answer, per item
+
+    def _queue(self, pipe: Any, runs: list[tuple[str, list[bytes]]]) -> None:
+        for key, (data,) in runs:
+            entry: dict[str | bytes, str | bytes] = {"item": data, **self.fields}
+            if self.stream_maxlen:
+                pipe.xadd(key, entry, maxlen=self.stream_maxlen, approximate=True)
+            else:
+                pipe.xadd(key, entry)
+
+
+class RedisStreamPipeline(RedisPipeline):
+    """Adds every item to the crawl's items stream, ``<crawl>:items:stream``
+    (``REDIS_ITEMS_STREAM_KEY``), for consumer groups (:mod:`scrapy_dist.streams`).
+
+    ``ITEM_PIPELINES = {"scrapy_dist.pipelines.RedisStreamPipeline": 300}``. Each entry
+    is ``{"item": <JSON>, "spider": <spider>, "worker": <host:pid>}`` (the item
+    serialized as :class:`RedisPipeline` does). Batching, back-pressure, outages and
+    refusals, the rejected file and closing are :class:`RedisPipeline`'s. With
+    ``REDIS_ITEMS_STREAM_MAXLEN`` the stream is capped near that many entries (``XADD
+    MAXLEN ~``: the oldest go, read or not); without, it grows until trimmed (a warning
+    says so when the spider opens).
+    """
+
+    def _writer_for(self, client: redis.Redis, key: str | None) -> ItemWriter:
+        return StreamWriter(client, key or str(default_settings.REDIS_ITEMS_STREAM_KEY))
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> Self:
+        """A new client and ``REDIS_ITEMS_STREAM_KEY`` (a template filled in by
+        :meth:`item_key`)."""
+        config = Config.from_settings(settings)
+        items = config.items
+        writer = StreamWriter(
+            get_redis_from_settings(config.settings),
+            items.stream_key,
+            stream_maxlen=items.stream_maxlen,
+        )
+        return cls(
+            writer, cast("Callable[[Any], str | bytes]", items.serializer or _json_serializer())
+        )
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        parts = assemble(crawler)
+        items = parts.config.items
+        stream = parts.keys.custom(items.stream_key, "REDIS_ITEMS_STREAM_KEY")
+        if isinstance(parts.topology_client, ClusterClient):
+            # the crawl's client is pinned to its slot: a stream elsewhere would only
+            # ever get MOVED (an endless outage), so refuse it now, naming it
+            crawl_slot(parts.keys, (stream, stream_dead_key(stream)))
+        writer = StreamWriter(
+            parts.client,
+            stream,
+            fields={
+                "spider": str(getattr(crawler.spidercls, "name", "") or ""),
+                "worker": f"{socket.gethostname()}:{os.getpid()}",
+            },
+            stream_maxlen=items.stream_maxlen,
+            batch_size=items.batch_size,
+            flush_interval=items.flush_interval,
+            buffer_max=items.buffer_max,
+            wrongtype_timeout=items.wrongtype_timeout,
+            rejected_file=items.rejected_file,
+            stats=crawler.stats,
+        )
+        pipeline = cls(
+            writer, cast("Callable[[Any], str | bytes]", items.serializer or _json_serializer())
+        )
+        pipeline.close_timeout = items.close_timeout
+        return pipeline
+
+    @property
+    def key(self) -> str:
+        """The items stream."""
+        return self.writer.key
+
+    def open_spider(self, spider: Spider | None = None) -> None:
+        """Check the stream key, warn if the stream is uncapped, start sending.
+
+        Raises:
+            ConfigurationError: the key holds something other than a stream.
+        """
+        self._check_key(
+            "stream", "RedisStreamPipeline adds items to a stream", "REDIS_ITEMS_STREAM_KEY"
+        )
+        if not getattr(self.writer, "stream_maxlen", 0):
+            logger.warning(
+                "The items stream %(key)s has no cap (REDIS_ITEMS_STREAM_MAXLEN = 0): it "
+                "grows with every item, acknowledged or not, until trimmed (XTRIM); set "
+                "REDIS_ITEMS_STREAM_MAXLEN to keep the last N (unread ones too)",
+                {"key": self.key},
+            )
+        self._start()

@@ -31,6 +31,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_dist import _engine, deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.connection import describe
+from scrapy_dist.control import RUNNING, ControlWatcher, WorkerControl
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.deliveries import Deliveries
 from scrapy_dist.dupefilter import RFPDupeFilter
@@ -41,6 +42,7 @@ from scrapy_dist.heartbeat import Heartbeat
 from scrapy_dist.membership import FRONTIER_LOST, Membership, exit_with
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
+from scrapy_dist.politeness import Politeness
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.settings import check_scheduler
@@ -163,6 +165,13 @@ class Scheduler(BaseScheduler):
             max_held=max_held if max_held is not None else 3 * prefetch,
             on_empty=self._shared_df.forget_local if self._shared_df else lambda: None,
         )
+        # -- crawl control (pause, resume, drain: scrapy_dist.control) --
+        self.control = WorkerControl(
+            ControlWatcher.for_frontier(frontier),
+            frontier,
+            self.deliveries,
+            crawler=crawler,
+        )
         self.membership = Membership(
             frontier,
             registry,
@@ -173,6 +182,7 @@ class Scheduler(BaseScheduler):
             persist=persist or not self.leased,
             flush_on_start=flush_on_start,
             close_when_done=close_when_done,
+            control=self.control,
         )
         self.heartbeat = Heartbeat(
             frontier,
@@ -182,6 +192,8 @@ class Scheduler(BaseScheduler):
             heartbeat_interval=heartbeat_interval,
             flush_interval=flush_interval,
             on_lost=self.membership.after_lost,
+            control=self.control,
+            refill=self._top_up if self.leased else None,
         )
         frontier.on_lost.append(self.membership.crawl_lost)
         if frontier.replication is not None and self._shared_df is not None:
@@ -197,6 +209,10 @@ class Scheduler(BaseScheduler):
         #: When next_request first and last returned None, while it keeps doing so.
         self._empty_since: float | None = None
         self._last_empty = 0.0
+        #: next_request left an empty buffer for the timer's top-up.
+        self._deferred = False
+        #: Cluster-wide politeness (SCHEDULER_POLITENESS), gating the buffer; or None.
+        self.politeness: Politeness | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -258,6 +274,14 @@ class Scheduler(BaseScheduler):
             max_held=settings.max_held,
             links=links_for(crawler),
         )
+        if cls.leased:  # (a scrapy-redis style queue pops in its own order: not gated)
+            scheduler.politeness = Politeness.for_crawler(crawler, frontier, scheduler.deliveries)
+        elif config.politeness.enabled:
+            logger.warning(
+                "SCHEDULER_POLITENESS has no effect with the unleased queue %s: each worker "
+                "applies its own limits",
+                config.queue.path,
+            )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
         return scheduler
@@ -365,6 +389,8 @@ class Scheduler(BaseScheduler):
             self._not_started = FailedScheduler(self.crawler)
             return
         self.heartbeat.start(spider)
+        if self.politeness is not None:
+            self.politeness.open(spider)
         if self.leased and self.links is not None and not self.links.installed:
             logger.warning(
                 "The spider middleware %(mw)s is not enabled: the requests a callback "
@@ -384,12 +410,15 @@ class Scheduler(BaseScheduler):
         return self.deliveries.lease_of(self.links.parent(request))
 
     def close_if_failed(self) -> None:
-        """``spider_idle``: close a spider whose start failed, with the failure's reason.
+        """``spider_idle``: close a spider whose start failed, with the failure's reason;
+        keep it open while the crawl is paused or draining (:mod:`scrapy_dist.control`).
 
         Raises:
             CloseSpider: the start failed.
+            DontCloseSpider: the crawl is paused or draining.
         """
         raise_if_failed(self.crawler)
+        self.control.on_idle()
 
     def flush(self) -> None:
         """Delete the crawl's queue, leases and dupefilter now (scrapy-redis's ``flush``).
@@ -397,7 +426,7 @@ class Scheduler(BaseScheduler):
         Other workers of the crawl lose their queued requests too; a worker flushes at
         start with ``SCHEDULER_FLUSH_ON_START``, and only when it runs alone.
         """
-        self.frontier.client.unlink(*self.frontier.clear_keys)  # UNLINK: may be large
+        self.frontier.delete_keys()  # UNLINK (may be large); every shard's (shards)
         if self._shared_df is not None:
             self._shared_df.forget_local()
         elif hasattr(self.df, "clear"):
@@ -409,6 +438,8 @@ class Scheduler(BaseScheduler):
         crawl as a whole is finished and does not persist, delete its shared keys (a
         worker that merely stops never does)."""
         self.heartbeat.stop()
+        if self.politeness is not None:
+            self.politeness.close()
         if reason == FRONTIER_LOST and self.fault_exit_code:
             exit_with(self.fault_exit_code)
         self.membership.leave(reason)
@@ -430,9 +461,12 @@ class Scheduler(BaseScheduler):
         return self._enqueue(request)
 
     def next_request(self) -> Request | None:
-        """Return the next request for this worker, or ``None`` if there is none now."""
+        """Return the next request for this worker, or ``None`` if there is none now (or
+        the crawl is paused or draining)."""
         if self._not_started is not None:
             return self._not_started.next_request()
+        if self.control.holds():  # crawl control: paused or draining (scrapy_dist.control)
+            return None
         return self._next()
 
     def has_pending_requests(self) -> bool:
@@ -474,9 +508,16 @@ class Scheduler(BaseScheduler):
             deliveries.renew(self.spider)  # paused? make sure the buffered leases are ours
         if not deliveries.buffer:
             assert self._codec is not None, "scheduler not open"
-            if deliveries.refill(self._codec.decode, self._undecodable):
+            if self._refill_later():
+                self._deferred = True
+                self.stats.inc_value("scheduler/refill/deferred")
+            elif deliveries.refill(self._codec.decode, self._undecodable):
                 self._last_work = time.monotonic()
-        request = deliveries.take()
+        if self.politeness is None:
+            request = deliveries.take()
+        else:  # cluster-wide politeness: the first request whose slot has a token
+            assert self._codec is not None, "scheduler not open"
+            request = self.politeness.take(self._codec.decode, self._undecodable)
         if request is None:
             if self._empty_since is None:
                 self._empty_since = time.monotonic()
@@ -487,6 +528,41 @@ class Scheduler(BaseScheduler):
         self.stats.inc_value("scheduler/dequeued/redis")
         self.stats.inc_value("scheduler/dequeued")
         return request
+
+    def _refill_later(self) -> bool:
+        """Whether an empty buffer may wait for the timer's top-up (at most one flush
+        interval; the timer then wakes the engine) rather than block the reactor on a
+        reserve now: the engine still holds at least ``prefetch`` requests, whose
+        responses keep this worker busy meanwhile, the timer ticks (it ran within two
+        flush intervals) and Redis is reachable. An engine holding fewer is never left
+        waiting: it reserves now."""
+        return (
+            self.heartbeat.flush_interval > 0
+            and self.heartbeat.ticking()
+            and len(self.deliveries.out) >= self.deliveries.prefetch
+            and self.frontier.reachable
+        )
+
+    def _top_up(self) -> None:
+        """The timer, before its flush: lease more while the buffer runs low, riding the
+        flush the tick sends anyway (only when it has writes to send: never a round trip
+        of its own), so that :meth:`next_request` rarely finds the buffer empty and
+        blocks the reactor on a reserve; and wake the engine if it was last told there
+        was nothing (else it would wait for its own heartbeat). Nothing while the crawl
+        is paused or draining, lost, or this scheduler is not open."""
+        if self._codec is None or self._not_started is not None or self.frontier.lost is not None:
+            return
+        control = self.control
+        if control.applied != RUNNING or not control.watcher.state.running:
+            return
+        deferred, self._deferred = self._deferred, False
+        if not self.frontier.pending_writes and not deferred:
+            return
+        added = self.deliveries.top_up(self._codec.decode, self._undecodable)
+        if added and self._empty_since is not None and self.crawler is not None:
+            engine = _engine.engine_of(self.crawler)
+            if engine is not None:
+                _engine.wake(engine)
 
     def _found_work(self) -> None:
         """Record how long this worker may have waited while work was in Redis: the

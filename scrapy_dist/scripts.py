@@ -76,9 +76,12 @@ NAMES = (
     "settle",
     "renew",
     "progress",
+    "census",
     "release",
     "dupefilter",
     "stats",
+    "item_stream",
+    "politeness",
 )
 
 
@@ -353,12 +356,21 @@ class Scripts:
         clear: bool,
         keep_for: int,
         epoch: str,
+        others: tuple[int, int] | None = None,
     ) -> ScriptCall:
         """``lua/progress.lua``: where the crawl stands; mark it finished after
         ``grace`` seconds of emptiness, then (``clear``) delete ``clear_keys``."""
         keys = [queue, seeds, leases, progress, epoch_key, *clear_keys]
         args: list[Arg] = [queue_kind, seeds_kind, grace, int(clear), keep_for, epoch]
+        if others is not None:  # a sharded crawl: what the other shards hold and settled
+            args += [others[0], others[1]]
         return self._call("progress", keys, args)
+
+    def census(
+        self, *, queue: str, leases: str, progress: str, epoch_key: str, queue_kind: str, epoch: str
+    ) -> ScriptCall:
+        """``lua/census.lua``: ``(queued, leased, settled)`` of one shard, fenced."""
+        return self._call("census", [queue, leases, progress, epoch_key], [queue_kind, epoch])
 
     # -- the worker registry (lua/join, heartbeat, leave) --------------------------------
 
@@ -403,9 +415,15 @@ class Scripts:
         args: list[Arg] = [op, filter_kind, len(filter_args), *filter_args, *tokens]
         return self._call("dupefilter", filter_keys, args)
 
-    def dupefilter_prepare(self, *, chain: str, segment: str, bits: int) -> ScriptCall:
-        """``lua/dupefilter.lua`` ``"prepare"``: create a Bloom segment at full size."""
-        return self._call("dupefilter", [chain, segment], ["prepare", bits])
+    def dupefilter_prepare(
+        self, *, chain: str, segment: str, bits: int, expire_at: int | None = None
+    ) -> ScriptCall:
+        """``lua/dupefilter.lua`` ``"prepare"``: create a Bloom segment at full size
+        (expiring at server time ``expire_at`` ms if given, a windowed generation's)."""
+        args: list[Arg] = ["prepare", bits]
+        if expire_at is not None:
+            args.append(expire_at)
+        return self._call("dupefilter", [chain, segment], args)
 
     def stats(
         self,
@@ -422,6 +440,54 @@ class Scripts:
         for op in ops:
             args += op
         return self._call("stats", [stats, timeline], args)
+
+    # -- the items stream (lua/item_stream) -----------------------------------------------
+
+    def item_stream_dead(
+        self,
+        *,
+        stream: str,
+        dead: str,
+        group: str,
+        entry_id: str,
+        reason: str,
+        consumer: str,
+        max_deliveries: int = 0,
+    ) -> ScriptCall:
+        """``lua/item_stream.lua`` ``"dead"`` (``max_deliveries`` 0) or ``"reject"``:
+        move a pending entry to the dead stream and acknowledge it, in one step."""
+        op = "reject" if max_deliveries else "dead"
+        args: list[Arg] = [op, group, entry_id, reason, consumer, max_deliveries]
+        return self._call("item_stream", [stream, dead], args)
+
+    def item_stream_requeue(
+        self, *, stream: str, dead: str, dead_id: str, maxlen: int = 0
+    ) -> ScriptCall:
+        """``lua/item_stream.lua`` ``"requeue"``: a dead entry back to the stream."""
+        return self._call("item_stream", [stream, dead], ["requeue", dead_id, maxlen])
+
+    # -- cluster-wide politeness (lua/politeness) ---------------------------------------
+
+    def politeness(
+        self,
+        *,
+        tokens: str,
+        busy: str,
+        next_send: str,
+        prefix: str,
+        timeout_ms: int,
+        idle_ms: int,
+        releases: Sequence[str],
+        renewals: Sequence[str],
+        asks: Iterable[tuple[str, int, int, float]],
+    ) -> ScriptCall:
+        """``lua/politeness.lua``: release, renew, then grant download tokens; ``asks``
+        holds ``(slot, requests waiting, concurrency, delay in ms)`` per slot."""
+        args: list[Arg] = [prefix, timeout_ms, idle_ms, len(releases), *releases]
+        args += [len(renewals), *renewals]
+        for slot, want, concurrency, delay_ms in asks:
+            args += (slot, want, concurrency, delay_ms)
+        return self._call("politeness", [tokens, busy, next_send], args)
 
 
 def scripts_for(client: redis.Redis) -> Scripts:

@@ -65,6 +65,13 @@ DEFAULT_PARAMS: dict[str, Any] = {
 #: URL schemes redis-py understands.
 URL_SCHEMES = ("redis", "rediss", "unix")
 
+#: Smallest ``DUPEFILTER_RECRAWL_AFTER``, in milliseconds (a generation of the Bloom
+#: backends' window must last at least a millisecond).
+RECRAWL_MIN_MS = 100
+#: Largest ``DUPEFILTER_RECRAWL_AFTER``, in seconds (1,000 years): the scripts compute
+#: expiry times in ms as Lua numbers, which Redis receives as 14 significant digits.
+RECRAWL_MAX_SECONDS = 1000 * 365 * 86400
+
 #: Values of ``DUPEFILTER_BACKEND``.
 BACKENDS = ("set", "bloom", "bitmap", "redisbloom", "auto", "buckets")
 
@@ -624,6 +631,8 @@ class FrontierConfig:
     eviction_check: str
     wrongtype_timeout: float
     eager: bool = False
+    #: ``SCHEDULER_SHARDS``: hash tags the crawl's queue, leases and dupefilter spread over.
+    shards: int = 1
 
 
 def check_frontier(eviction_check: str, lease_timeout: float, max_deliveries: int) -> None:
@@ -654,7 +663,30 @@ def _frontier(s: BaseSettings) -> FrontierConfig:
         eviction_check=eviction_check,
         wrongtype_timeout=s.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
         eager=s.getfloat("SCHEDULER_FLUSH_INTERVAL") == 0,
+        shards=_shards(s),
     )
+
+
+#: The most shards a crawl may have (each is a set of keys and a script call per flush).
+MAX_SHARDS = 64
+
+
+def _shards(s: BaseSettings) -> int:
+    """``SCHEDULER_SHARDS``: an integer from 1 to :data:`MAX_SHARDS`.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    raw = s.get("SCHEDULER_SHARDS", 1)
+    try:
+        shards = int(str(raw).strip()) if not isinstance(raw, bool) else None
+    except ValueError:
+        shards = None
+    if shards is None or not 1 <= shards <= MAX_SHARDS:
+        raise ConfigurationError(
+            f"SCHEDULER_SHARDS must be an integer from 1 to {MAX_SHARDS}, not {raw!r}"
+        )
+    return shards
 
 
 @dataclass(frozen=True)
@@ -803,6 +835,88 @@ def _scheduler(
 
 
 @dataclass(frozen=True)
+class PolitenessConfig:
+    """Cluster-wide politeness (``SCHEDULER_POLITENESS``, :mod:`scrapy_dist.politeness`),
+    with Scrapy's own settings of download slots.
+
+    Attributes:
+        enabled: ``SCHEDULER_POLITENESS``.
+        delay: ``DOWNLOAD_DELAY`` (seconds between sends to one slot).
+        concurrency: ``CONCURRENT_REQUESTS_PER_DOMAIN``.
+        jitter: ``DOWNLOAD_DELAY_JITTER`` (or ``RANDOMIZE_DOWNLOAD_DELAY``: 0.5 or 0).
+        slots: ``DOWNLOAD_SLOTS``: slot -> ``{"delay", "concurrency", "jitter"}``.
+        timeout: ``SCHEDULER_POLITENESS_TIMEOUT``.
+        per_ip: ``CONCURRENT_REQUESTS_PER_IP`` (not applied cluster-wide).
+        autothrottle: ``AUTOTHROTTLE_ENABLED``.
+        robots: ``ROBOTSTXT_OBEY`` (``Crawl-delay`` then counts).
+    """
+
+    enabled: bool
+    delay: float
+    concurrency: int
+    jitter: float
+    slots: dict[str, dict[str, Any]]
+    timeout: float
+    per_ip: int
+    autothrottle: bool
+    robots: bool
+
+
+def check_politeness(delay: float, concurrency: int, timeout: float) -> None:
+    """Check the politeness values.
+
+    Raises:
+        ConfigurationError: a negative delay, a concurrency below 1, a timeout below 1 s.
+    """
+    if delay < 0 or not math.isfinite(delay):
+        raise ConfigurationError(f"DOWNLOAD_DELAY must be a number >= 0, not {delay}")
+    if concurrency < 1:
+        raise ConfigurationError(
+            f"CONCURRENT_REQUESTS_PER_DOMAIN must be at least 1 with SCHEDULER_POLITENESS, "
+            f"not {concurrency}"
+        )
+    if timeout < 1 or not math.isfinite(timeout):
+        raise ConfigurationError(
+            f"SCHEDULER_POLITENESS_TIMEOUT must be at least 1 second, not {timeout}"
+        )
+
+
+def _politeness(s: BaseSettings) -> PolitenessConfig:
+    jitter = s.getfloat("DOWNLOAD_DELAY_JITTER", 0.5)
+    randomize = s.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
+    if randomize > (s.getpriority("DOWNLOAD_DELAY_JITTER") or 0):
+        jitter = 0.5 if s.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
+    slots = s.getdict("DOWNLOAD_SLOTS")
+    enabled = s.getbool("SCHEDULER_POLITENESS")
+    for slot, values in slots.items() if enabled else ():  # off: Scrapy's business
+        if not isinstance(values, dict):
+            raise ConfigurationError(f"DOWNLOAD_SLOTS[{slot!r}] must be a dict, not {values!r}")
+        try:
+            check_politeness(float(values.get("delay", 0)), int(values.get("concurrency", 1)), 1)
+            slot_jitter = float(values.get("jitter", 0))
+            if slot_jitter < 0 or not math.isfinite(slot_jitter):
+                raise ConfigurationError(f"jitter must be a number >= 0, not {slot_jitter}")
+        except (TypeError, ValueError) as e:
+            raise ConfigurationError(f"DOWNLOAD_SLOTS[{slot!r}]: {e}") from None
+        except ConfigurationError as e:
+            raise ConfigurationError(f"DOWNLOAD_SLOTS[{slot!r}]: {e}") from None
+    config = PolitenessConfig(
+        enabled=enabled,
+        delay=s.getfloat("DOWNLOAD_DELAY"),
+        concurrency=s.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
+        jitter=max(0.0, jitter),
+        slots=slots,
+        timeout=s.getfloat("SCHEDULER_POLITENESS_TIMEOUT"),
+        per_ip=s.getint("CONCURRENT_REQUESTS_PER_IP"),
+        autothrottle=s.getbool("AUTOTHROTTLE_ENABLED"),
+        robots=s.getbool("ROBOTSTXT_OBEY"),
+    )
+    if config.enabled:
+        check_politeness(config.delay, config.concurrency, config.timeout)
+    return config
+
+
+@dataclass(frozen=True)
 class RequestsConfig:
     """What queue entries hold and may decode into.
 
@@ -928,6 +1042,8 @@ class DupefilterConfig:
         standalone_per_run: ``DUPEFILTER_STANDALONE_PER_RUN``.
         capacity: ``DUPEFILTER_CAPACITY``, else ``BLOOM_CAPACITY``: fingerprints the
             ``"buckets"`` backend sizes its bucket count for.
+        recrawl_after: ``DUPEFILTER_RECRAWL_AFTER`` in seconds: how long a fingerprint
+            counts as seen (``None``: forever).
     """
 
     backend: str
@@ -939,6 +1055,7 @@ class DupefilterConfig:
     debug: bool
     standalone_per_run: bool
     capacity: int = 10_000_000
+    recrawl_after: float | None = None
 
 
 def _capacity(s: BaseSettings) -> int:
@@ -964,6 +1081,40 @@ def _ttl(raw: Any) -> float | None:
     return ttl or None
 
 
+def recrawl_after(raw: Any) -> float | None:
+    """``DUPEFILTER_RECRAWL_AFTER`` in seconds, or ``None`` (unset: seen forever).
+
+    Raises:
+        ConfigurationError: not a number, not finite, not above 0, or above
+            :data:`RECRAWL_MAX_SECONDS`.
+    """
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, bool):
+        raise ConfigurationError(f"DUPEFILTER_RECRAWL_AFTER must be a number of seconds: {raw!r}")
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(
+            f"DUPEFILTER_RECRAWL_AFTER must be a number of seconds (7 days: 604800): {raw!r}"
+        ) from e
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigurationError(
+            f"DUPEFILTER_RECRAWL_AFTER must be a number of seconds above 0 (unset it for "
+            f"'seen forever'): {raw!r}"
+        )
+    if seconds < 0.001 * RECRAWL_MIN_MS:
+        raise ConfigurationError(
+            f"DUPEFILTER_RECRAWL_AFTER must be at least {0.001 * RECRAWL_MIN_MS:g} seconds: {raw!r}"
+        )
+    if seconds > RECRAWL_MAX_SECONDS:
+        raise ConfigurationError(
+            f"DUPEFILTER_RECRAWL_AFTER must be at most {RECRAWL_MAX_SECONDS} seconds (1,000 "
+            f"years; unset it for 'seen forever'): {raw!r}"
+        )
+    return seconds
+
+
 def _bloom(s: BaseSettings) -> BloomSize:
     bit = s.get("BLOOMFILTER_BIT")
     try:
@@ -983,6 +1134,13 @@ def _dupefilter(s: BaseSettings) -> DupefilterConfig:
             f"DUPEFILTER_BACKEND must be one of {', '.join(map(repr, BACKENDS))}, not {mode!r}"
         )
     ttl = _ttl(s.get("DUPEFILTER_TTL"))
+    window = recrawl_after(s.get("DUPEFILTER_RECRAWL_AFTER"))
+    if window is not None and ttl is not None:
+        raise ConfigurationError(
+            "DUPEFILTER_TTL and DUPEFILTER_RECRAWL_AFTER cannot be combined: the window "
+            "already forgets each fingerprint after DUPEFILTER_RECRAWL_AFTER seconds, in "
+            "bounded memory; unset DUPEFILTER_TTL"
+        )
     on_full = str(s.get("BLOOM_ON_FULL")).lower()
     bloom = None
     if mode not in ("set", "buckets"):
@@ -999,6 +1157,7 @@ def _dupefilter(s: BaseSettings) -> DupefilterConfig:
         debug=s.getbool("DUPEFILTER_DEBUG"),
         standalone_per_run=s.getbool("DUPEFILTER_STANDALONE_PER_RUN"),
         capacity=_capacity(s),
+        recrawl_after=window,
     )
 
 
@@ -1027,6 +1186,10 @@ class ItemsConfig:
     close_timeout: float = 30.0
     rejected_file: str = "%(key)s.%(pid)s.rejected.jl"
     wrongtype_timeout: float = 300.0
+    #: ``REDIS_ITEMS_STREAM_KEY``: the items stream's template (``RedisStreamPipeline``).
+    stream_key: str = "%(spider)s:items:stream"
+    #: ``REDIS_ITEMS_STREAM_MAXLEN``: approximate cap of the items stream (0: none).
+    stream_maxlen: int = 0
 
 
 def check_items(maxlen: int, batch_size: int, flush_interval: float) -> None:
@@ -1077,7 +1240,16 @@ def _items(s: BaseSettings) -> ItemsConfig:
         close_timeout=close_timeout,
         rejected_file=rejected_file,
         wrongtype_timeout=s.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
+        stream_key=str(s.get("REDIS_ITEMS_STREAM_KEY") or "%(spider)s:items:stream"),
+        stream_maxlen=_stream_maxlen(s),
     )
+
+
+def _stream_maxlen(s: BaseSettings) -> int:
+    maxlen = s.getint("REDIS_ITEMS_STREAM_MAXLEN")
+    if maxlen < 0:
+        raise ConfigurationError(f"REDIS_ITEMS_STREAM_MAXLEN cannot be negative ({maxlen})")
+    return maxlen
 
 
 @dataclass(frozen=True)
@@ -1262,6 +1434,10 @@ class Config:
     def metrics(self) -> MetricsConfig:
         return _metrics(self.settings)
 
+    @cached_property
+    def politeness(self) -> PolitenessConfig:
+        return _politeness(self.settings)
+
     def validate(self) -> Config:
         """Parse every section now (e.g. for a CLI check); return ``self``.
 
@@ -1290,4 +1466,5 @@ SECTIONS = (
     "items",
     "stats",
     "metrics",
+    "politeness",
 )

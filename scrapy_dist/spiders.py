@@ -44,6 +44,7 @@ from scrapy.spiders import CrawlSpider
 
 from scrapy_dist import _engine, deadletter
 from scrapy_dist.assembly import assemble
+from scrapy_dist.control import ControlWatcher
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
 from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease, shared_filter
@@ -220,6 +221,8 @@ class RedisSpiderMixin(Spider):
         self._wake_pause = self.idle_poll
         frontier = self.frontier
         self.dead_letters = DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id)
+        #: The crawl's control state: no seeds are read while it is paused or draining.
+        self._control = ControlWatcher.for_frontier(frontier)
         self._redis_open = True
         check_seed_batch_size(self.redis_batch_size)
 
@@ -310,10 +313,13 @@ class RedisSpiderMixin(Spider):
     def _reserve_seeds(self) -> list[Lease]:
         """Lease a batch of seeds from the first key of ``redis_key`` that has any.
 
-        A seed handed back or expired returns to the first key.
+        A seed handed back or expired returns to the first key. None while the crawl is
+        paused or draining (:mod:`scrapy_dist.control`).
         """
         assert self.redis_batch_size is not None
         leases: list[Lease] = []
+        if self._control.holds():  # crawl control: paused or draining
+            return leases
         for seeds in self.seed_queues:
             self._seeds_read = seeds.key
             leases = self.frontier.reserve(self.redis_batch_size, seeds=seeds)
@@ -334,7 +340,8 @@ class RedisSpiderMixin(Spider):
         try:
             if self._seed_backend is None:
                 self._seed_backend = configured.open()
-            self._seed_backend.add_many([fingerprint(r) for r in requests])
+            for backend, group in self.frontier.by_filter(self._seed_backend, requests):
+                backend.add_many([fingerprint(r) for r in group])  # each in its shard's
         except (redis.RedisError, ScrapyDistError) as e:
             logger.warning(
                 "Could not record %(n)d seed fingerprint(s) in the dupefilter: %(error)s",
@@ -460,7 +467,8 @@ class RedisSpiderMixin(Spider):
         ``CLOSE_WHEN_CRAWL_DONE``) or after ``max_idle_time``; otherwise stay open.
         A spider whose start failed closes with the failure's reason. A Redis error
         never closes the spider: it is logged, counted, and the spider stays open; so
-        does a crawl found gone (the scheduler rejoins or closes it with its reason).
+        does a crawl found gone (the scheduler rejoins or closes it with its reason), and
+        a crawl that is paused or draining (:mod:`scrapy_dist.control`).
 
         Raises:
             DontCloseSpider: the spider stays open.
@@ -468,6 +476,9 @@ class RedisSpiderMixin(Spider):
         """
         raise_if_failed(self.crawler)
         if self.frontier.lost is not None:
+            raise DontCloseSpider
+        if self._control.holds():  # paused or draining: never idle out, never "finished"
+            self._idle_since = None
             raise DontCloseSpider
         try:
             self._idle()

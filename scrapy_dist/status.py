@@ -12,15 +12,25 @@ finds the crawls present in Redis with ``SCAN`` (:mod:`scrapy_dist.cli._crawls`)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from scrapy_dist.assembly import assemble
 from scrapy_dist.bloom import parse_signature
 from scrapy_dist.connection import describe
+from scrapy_dist.control import ControlState, read_state
 from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
-from scrapy_dist.keys import RedisKeys, expect_type, hash_tag_on, keys_from_config
+from scrapy_dist.filters.exact import SetBackend, window_set_state
+from scrapy_dist.filters.window import split_window_signature
+from scrapy_dist.keys import (
+    RedisKeys,
+    expect_type,
+    hash_tag_on,
+    key_type,
+    keys_from_config,
+    stream_dead_key,
+)
 from scrapy_dist.queue import RedisQueue, leasable_queue
 from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
@@ -33,6 +43,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from scrapy_dist.filters import FilterState
+    from scrapy_dist.streams import StreamState
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class CrawlLayout:
     queue_cls: type[RedisQueue]
     items: str
     worker_timeout: float
+    #: The items stream (``REDIS_ITEMS_STREAM_KEY``; ``RedisStreamPipeline``).
+    items_stream: str = ""
 
     @classmethod
     def _make(cls, config: Config, keys: RedisKeys, spidercls: type | None) -> CrawlLayout:
@@ -70,6 +83,7 @@ class CrawlLayout:
             queue_cls=queue_cls,
             items=keys.custom(config.keys.items, "REDIS_ITEMS_KEY"),
             worker_timeout=config.workers.worker_timeout,
+            items_stream=keys.custom(config.items.stream_key, "REDIS_ITEMS_STREAM_KEY"),
         )
 
     @classmethod
@@ -128,7 +142,9 @@ class CrawlLayout:
     def owned(self) -> list[str]:
         """Every key of the crawl named by its layout (the dupefilter backend's extra
         keys, such as Bloom segments, aside)."""
-        return list(dict.fromkeys([*self.keys.every(), self.seeds, self.items]))
+        stream = self.items_stream
+        stream_keys = [stream, stream_dead_key(stream)] if stream else []
+        return list(dict.fromkeys([*self.keys.every(), self.seeds, self.items, *stream_keys]))
 
 
 @dataclass(frozen=True)
@@ -153,6 +169,10 @@ class CrawlStatus:
         rates: pages and items per second over the last minute (``None`` without
             ``RedisStatsCollector``).
         dupefilter: the dupefilter's state (``None`` if it does not exist or was not read).
+        control: the crawl's control state (pause, drain; :mod:`scrapy_dist.control`),
+            ``None`` if it could not be read.
+        item_stream: the items stream and its consumer groups (lag, pending), ``None``
+            if there is none (:func:`read_item_stream`).
     """
 
     crawl: str
@@ -176,6 +196,10 @@ class CrawlStatus:
     stats: dict[str, Any] = field(default_factory=dict)
     rates: Rates | None = None
     dupefilter: FilterState | None = None
+    control: ControlState | None = None
+    item_stream: StreamState | None = None
+    #: A sharded crawl's figures per shard (:func:`shard_figures`; empty: one shard).
+    shards: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def state(self) -> str:
@@ -237,6 +261,7 @@ class CrawlStatus:
                 "fpr_estimate": df.fpr_estimate,
                 "stages": df.stages,
                 "expires_in": df.expires_in,
+                "recrawl_after": df.recrawl_after,
             },
             "workers": {
                 "live": len(live),
@@ -265,6 +290,9 @@ class CrawlStatus:
                 "items_per_second": self.rates.items_per_second,
             },
             "stats": self.stats,
+            "control": None if self.control is None else self.control.as_dict(),
+            "item_stream": None if self.item_stream is None else self.item_stream.as_dict(),
+            "shards": self.shards,
         }
 
     def to_json(self) -> str:
@@ -343,7 +371,8 @@ def read_status(
     *,
     dupefilter: bool = True,
 ) -> CrawlStatus:
-    """Read one crawl's state: one pipelined round trip, plus the dupefilter's state.
+    """Read one crawl's state: one pipelined round trip, plus the dupefilter's state and
+    the control state (:func:`read_control_status`, one more).
 
     Args:
         client: a client of the crawl's Redis.
@@ -411,11 +440,12 @@ def read_status(
     df_kind = _text(df_type)
     if dupefilter and df_kind != "none":
         df_state = dupefilter_state(client, config, k)
-    return CrawlStatus(
+    item_stream = read_item_stream(client, layout)
+    status = CrawlStatus(
         crawl=k.crawl,
         redis=describe(client),
         time=now,
-        exists=df_kind != "none" or any(t != "none" for t in types),
+        exists=df_kind != "none" or any(t != "none" for t in types) or item_stream is not None,
         seeds_key=layout.seeds,
         seeds_kind=layout.seeds_kind,
         seeds=int(seeds),
@@ -433,7 +463,24 @@ def read_status(
         stats=stats,
         rates=crawl_rates,
         dupefilter=df_state,
+        control=read_control_status(client, k),
+        item_stream=item_stream,
     )
+    return with_shards(client, layout, config, status)
+
+
+def read_item_stream(client: redis.Redis, layout: CrawlLayout) -> StreamState | None:
+    """The crawl's items stream with each consumer group's lag and pending count
+    (:func:`scrapy_dist.streams.stream_state`); ``None`` if the stream does not exist.
+
+    Raises:
+        ConfigurationError: the stream key holds another type.
+    """
+    from scrapy_dist.streams import stream_state
+
+    if not layout.items_stream:
+        return None
+    return stream_state(client, layout.items_stream)
 
 
 def dupefilter_state(client: redis.Redis, config: Config, keys: RedisKeys) -> FilterState:
@@ -451,6 +498,10 @@ def dupefilter_state(client: redis.Redis, config: Config, keys: RedisKeys) -> Fi
     backend = choice.choose() if isinstance(choice, BackendChoice) else choice
     if isinstance(backend, BitmapBloomBackend):
         backend = _bitmap_as_created(client, keys, backend)
+    # -- recrawl window (DUPEFILTER_RECRAWL_AFTER): a windowed exact filter read without
+    # the setting
+    if isinstance(backend, SetBackend) and key_type(client, keys.dupefilter) == "zset":
+        return window_set_state(client, keys.dupefilter)
     return backend.state()
 
 
@@ -463,7 +514,93 @@ def _bitmap_as_created(
     signature = _text(raw) if raw is not None else ""
     if not signature or signature == configured.signature:
         return configured
-    params = parse_signature(signature)
+    base, window = split_window_signature(signature)
+    params = parse_signature(base)
     if params is None:
         return configured
-    return BitmapBloomBackend(client, keys, params, ttl=configured.ttl, on_full=configured.on_full)
+    return BitmapBloomBackend(
+        client, keys, params, ttl=configured.ttl, on_full=configured.on_full, window=window
+    )
+
+
+# -- crawl control (pause, resume, drain: scrapy_dist.control) --------------------------
+
+
+def read_control_status(client: redis.Redis, keys: RedisKeys) -> ControlState | None:
+    """The crawl's control state (one ``HGETALL``; a key of the wrong type reads as
+    paused with the problem named, as workers read it), or ``None`` if Redis refused
+    the read (an ACL without that key, say)."""
+    import redis as redis_module
+
+    try:
+        return read_state(client, keys)
+    except redis_module.ResponseError:
+        return None
+
+
+# -- a sharded crawl (SCHEDULER_SHARDS, scrapy_dist.shards) ---------------------------------
+
+
+def shard_figures(client: redis.Redis, layout: CrawlLayout, config: Config) -> list[dict[str, Any]]:
+    """Queued, leased, dead letters and counters of each shard ``1..N-1`` of a sharded
+    crawl (one round trip per shard; none for a one-shard crawl)."""
+    from scrapy_dist.shards import other_shards
+
+    figures = []
+    for index, (shard, keys) in enumerate(other_shards(client, layout.keys, config.keys), 1):
+        with shard.pipeline(transaction=False) as pipe:
+            _size_command(pipe, keys.requests, layout.queue_kind)
+            pipe.zcard(keys.leases)
+            pipe.llen(keys.dead)
+            pipe.hgetall(keys.progress)
+            queued, leased, dead, progress = pipe.execute()
+        counters = _numbers(progress)
+        figures.append(
+            {
+                "shard": index,
+                "crawl": keys.crawl,
+                "queue_key": keys.requests,
+                "queued": int(queued),
+                "leased": int(leased),
+                "dead_key": keys.dead,
+                "dead": int(dead),
+                "done": int(counters.get("done", 0)),
+                "retried": int(counters.get("retried", 0)),
+                "dead_lettered": int(counters.get("dead", 0)),
+            }
+        )
+    return figures
+
+
+def with_shards(
+    client: redis.Redis, layout: CrawlLayout, config: Config, status: CrawlStatus
+) -> CrawlStatus:
+    """``status`` (shard 0's) with the other shards' figures listed and added to its
+    queued, leased, dead letters and counters."""
+    others = shard_figures(client, layout, config)
+    if not others:
+        return status
+    first = {
+        "shard": 0,
+        "crawl": status.crawl,
+        "queue_key": status.queue_key,
+        "queued": status.queued,
+        "leased": status.leased,
+        "dead_key": status.dead_key,
+        "dead": status.dead,
+        "done": int(status.progress.get("done", 0)),
+        "retried": int(status.progress.get("retried", 0)),
+        "dead_lettered": int(status.progress.get("dead", 0)),
+    }
+    progress = dict(status.progress)
+    for name, field_name in (("done", "done"), ("retried", "retried"), ("dead", "dead_lettered")):
+        progress[name] = progress.get(name, 0) + sum(f[field_name] for f in others)
+    progress["run_base"] = progress.get("run_base", 0) + progress.get("others_base", 0)
+    return replace(
+        status,
+        queued=status.queued + sum(f["queued"] for f in others),
+        leased=status.leased + sum(f["leased"] for f in others),
+        dead=status.dead + sum(f["dead"] for f in others),
+        progress=progress,
+        shards=[first, *others],
+    )

@@ -310,5 +310,7 @@ def test_buckets_expire_with_the_table(client: redis.Redis, name: str) -> None:
     meta = int(client.pttl(key))
     pttls = [int(client.pttl(k)) for k in backend.current_bucket_keys() if client.exists(k)]
     assert len(pttls) == 8
-    assert all(0 < p <= meta for p in pttls), (meta, pttls)
+    # a new bucket gets the meta's remaining TTL, read and set in one script: a server
+    # descheduled between the two (a loaded machine) stretches it by a few ms
+    assert all(0 < p <= meta + 100 for p in pttls), (meta, pttls)
     assert meta - min(pttls) < 1_000  # one expiry for the whole table

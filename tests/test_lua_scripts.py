@@ -142,7 +142,7 @@ def test_every_script_sees_the_constants_once_and_each_library_once() -> None:
         text = source(name)
         assert text.startswith(scripts.constants())
         assert text.count("local ENTRY_ID_LEN =") == 1
-        for library in ("_leases", "_fence", "_filters"):
+        for library in ("_leases", "_fence", "_filters", "_batch"):
             opening = scripts._read(library).splitlines()[0]
             assert text.count(opening) <= 1, (name, library)
 

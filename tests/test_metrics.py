@@ -97,6 +97,7 @@ def test_cli_prints_the_crawls_metrics(  # noqa: PLR0917
         "scrapy_dist_dupefilter_size": 3,
         "scrapy_dist_pages_per_second": 2.0,
         "scrapy_dist_items_per_second": 1.0,
+        "scrapy_dist_control_state": 0,
     }
 
 

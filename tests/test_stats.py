@@ -41,10 +41,10 @@ VALUES: list[Any] = [
     2**62,
     1.5,
     3.0,
-    time.time(),  # a float timestamp: scrapy-redis turned these into datetimes
+    1795427412.123456,  # a float timestamp: scrapy-redis turned these into datetimes
     1e16,
     float("inf"),
-    datetime.now(timezone.utc),
+    datetime(2026, 11, 23, 19, 0, 0, 654321, tzinfo=timezone.utc),
     datetime(2026, 11, 22, 10, 30, 0, 123456, tzinfo=timezone(timedelta(hours=-5))),
     datetime(2020, 1, 1, 12, 0),  # naive
     "finished",

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from scrapy_dist.connection import primaries
-from scrapy_dist.keys import RedisKeys, hash_tag_on
+from scrapy_dist.keys import RedisKeys, hash_tag_on, is_shard_crawl
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -47,6 +47,7 @@ def crawl_patterns(config: Config) -> list[tuple[str, str]]:
         probe.dead,
         probe.stats,
         probe.custom(config.keys.items, "REDIS_ITEMS_KEY"),
+        probe.custom(config.items.stream_key, "REDIS_ITEMS_STREAM_KEY"),
     ]
     patterns = []
     for name in names:
@@ -72,22 +73,24 @@ def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[
         for raw in keys:
             key = _text(raw)
             crawl = key[len(prefix) : len(key) - len(suffix)]
+            # (a sharded crawl's other shards are its own, not crawls)
             if crawl and key.startswith(prefix) and key.endswith(suffix):
-                found.add(crawl)
+                found.update([crawl] if not is_shard_crawl(crawl) else [])
     return sorted(found)
 
 
 def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[str]) -> list[str]:
     """The keys of this crawl that exist: those its layout and its dupefilter backend
     name, plus Bloom segments and dupefilter buckets (both ``<dupefilter>:<n>:<n>``,
-    :func:`scrapy_dist.keys.bucket_key`) of any number found under the dupefilter key
-    with ``SCAN``.
+    :func:`scrapy_dist.keys.bucket_key`) and a recrawl window's generations
+    (:func:`scrapy_dist.keys.window_generation_key` and the keys named after it) of any
+    number, found under the dupefilter key with ``SCAN``.
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
-    segment = layout.keys.bloom_segment(7770777, 8880888)
-    pattern = re.escape(segment).replace("7770777", r"\d+").replace("8880888", r"\d+")
-    segments = re.compile(f"^{pattern}$")
+    # <dupefilter>:<n>:<n> (Bloom segments, buckets); with a recrawl window also
+    # <dupefilter>:<run>:<g>[:<stage>:<n>] and <dupefilter>:<gen>-<g>:<n>|n
+    segments = re.compile(rf"^{re.escape(layout.keys.dupefilter)}:\d+(?:-\d+)?(?::(?:\d+|n))+$")
     with client.pipeline(transaction=False) as pipe:
         for key in named:
             pipe.exists(key)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     import redis
 
+    from scrapy_dist.settings import Config
     from scrapy_dist.status import CrawlLayout
 
 
@@ -43,6 +44,8 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     crawl = layout.keys.crawl
     backend_keys = backend_from_config(config.dupefilter, client, layout.keys).keys()
     present = scan_owned(client, layout, backend_keys)
+    shards = _shards_present(client, layout, config)  # a sharded crawl's other shards
+    present += [key for _, keys in shards for key in keys]
     if not present:
         report_absent(client, layout, config)
         return EXIT_FAILED
@@ -62,10 +65,29 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
         err("nothing deleted")
         return EXIT_FAILED
     deleted = 0
-    for start in range(0, len(present), READ_CHUNK):
-        deleted += int(client.unlink(*present[start : start + READ_CHUNK]))
+    for node, keys in [(client, present[: len(present) - sum(len(k) for _, k in shards)]), *shards]:
+        for start in range(0, len(keys), READ_CHUNK):
+            deleted += int(node.unlink(*keys[start : start + READ_CHUNK]))
     out(f"deleted {deleted} key(s) of crawl {crawl!r}")
     return EXIT_OK
+
+
+def _shards_present(
+    client: redis.Redis, layout: CrawlLayout, config: Config
+) -> list[tuple[redis.Redis, list[str]]]:
+    """The keys that exist of each shard ``1..N-1`` of a sharded crawl, with a client
+    for them (``SCAN``, never ``KEYS``)."""
+    from dataclasses import replace
+
+    from scrapy_dist.filters import backend_from_config
+    from scrapy_dist.shards import other_shards
+
+    found = []
+    for node, keys in other_shards(client, layout.keys, config.keys):
+        shard = replace(layout, keys=keys, seeds=keys.start_urls, items=keys.items)
+        backend_keys = backend_from_config(config.dupefilter, node, keys).keys()
+        found.append((node, scan_owned(node, shard, backend_keys)))
+    return found
 
 
 def _live_workers(client: redis.Redis, layout: CrawlLayout) -> list[str]:

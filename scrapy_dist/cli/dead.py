@@ -41,25 +41,30 @@ def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
     client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
-    key = layout.keys.dead
-    check_key(client, key, "list", "dead letters")
-    total = int(client.llen(key))
-    shown = 0
-    if not args.json:
-        out(f"{key}: {total} record(s)")
-    for index, raw in iter_list(client, key, total):
-        record = deadletter.parse(raw)
-        if args.kind and record.get("kind") != args.kind:
-            continue
-        if args.limit and shown >= args.limit:
-            break
-        shown += 1
-        if args.json:
-            out(json_line({"index": index, **record}))
-            continue
-        stamp = when(record["time"]) if isinstance(record.get("time"), (int, float)) else ""
-        out(f"#{index:<5} {record.get('kind', '?'):<8} {stamp}  {deadletter.url_of(record)}")
-        out(f"       {record.get('reason', '')}")
+    from scrapy_dist.shards import other_shards
+
+    shown = total = 0
+    lists = [(client, layout.keys.dead)]  # a sharded crawl has one per shard
+    lists += [(node, keys.dead) for node, keys in other_shards(client, layout.keys, config.keys)]
+    for node, key in lists:
+        check_key(node, key, "list", "dead letters")
+        count = int(node.llen(key))
+        total += count
+        if not args.json:
+            out(f"{key}: {count} record(s)")
+        for index, raw in iter_list(node, key, count):
+            record = deadletter.parse(raw)
+            if args.kind and record.get("kind") != args.kind:
+                continue
+            if args.limit and shown >= args.limit:
+                break
+            shown += 1
+            if args.json:
+                out(json_line({"index": index, **record}))
+                continue
+            stamp = when(record["time"]) if isinstance(record.get("time"), (int, float)) else ""
+            out(f"#{index:<5} {record.get('kind', '?'):<8} {stamp}  {deadletter.url_of(record)}")
+            out(f"       {record.get('reason', '')}")
     if not args.json and args.limit and shown >= args.limit and total > shown:
         out(f"(first {shown} shown; --limit 0 shows all)")
     return EXIT_OK
@@ -180,78 +185,100 @@ class RecordChecks:
 
 
 def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
-    """Requeue records (``--all`` or ``--index``); exit 1 if some stay in the list or
-    the crawl has no keys, 2 for an index past the end."""
+    """Requeue records (``--all`` or ``--index``, of shard ``--shard``); exit 1 if some
+    stay in the list or the crawl has no keys, 2 for an index past the end or a shard
+    the crawl does not have. A sharded crawl's records go back to their own shard's
+    queue (``--all``: every shard's)."""
     from scrapy_dist.seeds import SeedQueue
+    from scrapy_dist.shards import other_shards
 
     layout, config, spidercls = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
-    check_key(client, layout.keys.dead, "list", "dead letters")
-    check_key(client, layout.keys.requests, layout.queue_kind, "queue")
+    shards = [(client, layout.keys), *other_shards(client, layout.keys, config.keys)]
+    if args.shard is not None:
+        if not 0 <= args.shard < len(shards):
+            raise CommandError(f"--shard {args.shard}: the crawl has {len(shards)} shard(s)")
+        shards = [shards[args.shard]]
+    elif not args.all:
+        shards = shards[:1]  # --index numbers shard 0's list unless --shard says
     check_key(client, layout.seeds, layout.seeds_kind, "seeds")
-    queue = layout.queue_cls(client, layout.keys.requests, layout.keys.seq)
-    checks = RecordChecks.from_config(config, spidercls, queue)
-    requeuer = deadletter.Requeuer(
-        client,
-        layout.keys.dead,
-        queue=queue,
-        seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
-        check_seed=checks.seed,
-        check_request=checks.request,
-        kind=args.kind,
-    )
-    try:
-        if args.all:
-            requeuer.all()
-        else:
-            requeuer.indexes(args.index)
-    except deadletter.NoSuchRecord as e:
-        raise CommandError(str(e)) from None
-    left = int(client.llen(layout.keys.dead))
-    for index, reason in requeuer.skipped:
-        err(f"#{index}: not requeued: {reason}")
+    requests = seeds = left = 0
+    skipped: list[tuple[int, str]] = []
+    for node, keys in shards:
+        check_key(node, keys.dead, "list", "dead letters")
+        check_key(node, keys.requests, layout.queue_kind, "queue")
+        queue = layout.queue_cls(node, keys.requests, keys.seq)
+        checks = RecordChecks.from_config(config, spidercls, queue)
+        requeuer = deadletter.Requeuer(
+            node,
+            keys.dead,
+            queue=queue,
+            seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
+            check_seed=checks.seed,
+            check_request=checks.request,
+            kind=args.kind,
+        )
+        try:
+            if args.all:
+                requeuer.all()
+            else:
+                requeuer.indexes(args.index)
+        except deadletter.NoSuchRecord as e:
+            raise CommandError(str(e)) from None
+        shard_left = int(node.llen(keys.dead))
+        for index, reason in requeuer.skipped:
+            err(f"{keys.dead} #{index}: not requeued: {reason}")
+        if not args.json:
+            out(
+                f"requeued {requeuer.requests} request(s) to {keys.requests!r} and "
+                f"{requeuer.seeds_done} seed(s) to {layout.seeds!r}; "
+                f"{len(requeuer.skipped)} skipped; {shard_left} record(s) left in "
+                f"{keys.dead!r}"
+            )
+        requests += requeuer.requests
+        seeds += requeuer.seeds_done
+        skipped += requeuer.skipped
+        left += shard_left
     if args.json:
         out(
             json.dumps(
-                {
-                    "requests": requeuer.requests,
-                    "seeds": requeuer.seeds_done,
-                    "skipped": len(requeuer.skipped),
-                    "left": left,
-                }
+                {"requests": requests, "seeds": seeds, "skipped": len(skipped), "left": left}
             )
         )
-    else:
-        out(
-            f"requeued {requeuer.requests} request(s) to {layout.keys.requests!r} and "
-            f"{requeuer.seeds_done} seed(s) to {layout.seeds!r}; "
-            f"{len(requeuer.skipped)} skipped; {left} record(s) left in {layout.keys.dead!r}"
-        )
-    return EXIT_FAILED if requeuer.skipped else EXIT_OK
+    return EXIT_FAILED if skipped else EXIT_OK
 
 
 def cmd_dead_purge(ctx: Context, args: argparse.Namespace) -> int:
-    """Delete the list (asks unless ``--yes``); exit 1 if refused or the crawl has no keys."""
+    """Delete the list, every shard's for a sharded crawl (asks unless ``--yes``); exit 1
+    if refused or the crawl has no keys."""
+    from scrapy_dist.shards import other_shards
+
     layout, config, _ = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
-    key = layout.keys.dead
-    check_key(client, key, "list", "dead letters")
-    count = int(client.llen(key))
-    if not count:
-        out(f"{key} is empty")
+    lists = [(client, layout.keys.dead)]
+    lists += [(node, keys.dead) for node, keys in other_shards(client, layout.keys, config.keys)]
+    counts = []
+    for node, key in lists:
+        check_key(node, key, "list", "dead letters")
+        counts.append(int(node.llen(key)))
+    names = ", ".join(repr(key) for _, key in lists)
+    if not sum(counts):
+        out(f"{names}: empty")
         return EXIT_OK
-    if not confirm(f"Delete the {count} record(s) of {key!r}?", args.yes):
+    if not confirm(f"Delete the {sum(counts)} record(s) of {names}?", args.yes):
         err("not purged")
         return EXIT_FAILED
-    with client.pipeline(transaction=True) as pipe:
-        pipe.llen(key)
-        pipe.delete(key)
-        purged, _ = pipe.execute()
-    out(f"purged {int(purged)} record(s) from {key!r}")
+    for node, key in lists:
+        with node.pipeline(transaction=True) as pipe:
+            pipe.llen(key)
+            pipe.delete(key)
+            purged, _ = pipe.execute()
+        if int(purged):
+            out(f"purged {int(purged)} record(s) from {key!r}")
     return EXIT_OK
 
 
@@ -286,6 +313,13 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         help="records at these positions (as 'dead list' numbers them)",
     )
     requeue.add_argument("--kind", choices=("request", "seed"), help="only this kind")
+    requeue.add_argument(
+        "--shard",
+        type=int,
+        metavar="I",
+        help="a sharded crawl's shard I only (default: every shard with --all, shard 0 "
+        "with --index)",
+    )
     requeue.add_argument("--json", action="store_true", help="print the summary as JSON")
     requeue.set_defaults(func=cmd_dead_requeue)
 

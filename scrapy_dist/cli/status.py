@@ -23,6 +23,7 @@ from scrapy_dist.cli._context import (
     when,
 )
 from scrapy_dist.cli._crawls import find_crawls
+from scrapy_dist.cli.items import stream_lines
 from scrapy_dist.connection import crawl_client, topology
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import key_type
@@ -36,6 +37,25 @@ if TYPE_CHECKING:
 
 def _ago(seconds: float) -> str:
     return f"{seconds:.1f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+def _shard_lines(status: CrawlStatus) -> list[str]:
+    """One line per shard of a sharded crawl (``SCHEDULER_SHARDS``)."""
+    return [
+        f"  shard {shard['shard']:<5}{shard['queued']:>9}  queued, {shard['leased']} leased, "
+        f"{shard['done']} done, {shard['dead']} dead letters  ({shard['crawl']})"
+        for shard in status.shards
+    ]
+
+
+def _recrawl_lines(recrawl_after: float | None) -> list[str]:
+    """The dupefilter's recrawl window (``DUPEFILTER_RECRAWL_AFTER``), if it has one."""
+    if recrawl_after is None:
+        return []
+    return [
+        f"  {'':<11}{'':>9}  recrawl window: {recrawl_after:g} s (a fingerprint counts as "
+        "seen that long, then its page is fetched again)"
+    ]
 
 
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
@@ -68,6 +88,7 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     else:
         note = f"fingerprints in {df.key} ({df.backend})"
         lines.append(row.format("dupefilter", df.count, note))
+        lines += _recrawl_lines(df.recrawl_after)
         if df.capacity:
             lines.append(
                 f"  {'':<11}{'':>9}  Bloom: {df.count / df.capacity:.2%} of capacity "
@@ -79,6 +100,7 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     if scraped is not None:
         items_note += f"; {scraped} scraped"
     lines.append(row.format("items", status.items_stored, items_note))
+    lines += stream_lines(status.item_stream)
     if status.rates is None:
         lines.append(
             f"  {'rate':<11}{'n/a':>9}  (needs STATS_CLASS = "
@@ -96,11 +118,25 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
         age = max(0.0, status.time - beat)
         gone = "" if worker in live else " (gone)"
         lines.append(f"  {'':<11}{'':>9}  {worker}  heartbeat {_ago(age)}{gone}")
+    lines += _control_lines(status)
+    lines += _shard_lines(status)
     if all_stats and status.stats:
         lines.append("  stats:")
         for name, value in status.stats.items():
             lines.append(f"    {name}: {value!r}")
     return "\n".join(lines)
+
+
+def _control_lines(status: CrawlStatus) -> list[str]:
+    """The crawl control row (:mod:`scrapy_dist.control`): its state, since when, by
+    whom and why."""
+    control = status.control
+    if control is None:
+        return [f"  {'control':<11}{'?':>9}  (could not be read)"]
+    note = control.describe().partition(" ")[2] or "(never paused)"
+    if control.problem:
+        note += ": workers take no work; set the state with scrapy-dist pause|resume|drain"
+    return [f"  {'control':<11}{control.state:>9}  {note}"]
 
 
 def _warn_untagged_seeds(client: redis.Redis, seeds: str) -> None:

@@ -4,6 +4,9 @@
 
 * :class:`SetBackend` (``"set"``, :mod:`.exact`): the raw digests in a Redis set.
   Exact, about 70 bytes each.
+* :class:`WindowSetBackend` (``"set"`` with ``DUPEFILTER_RECRAWL_AFTER``,
+  :mod:`.exact`): exact with a recrawl window, a zset of digest -> time recorded. The
+  other backends take the window themselves (rotating generations, :mod:`.window`).
 * :class:`BucketsBackend` (``"buckets"``, :mod:`.buckets`): exact, in many small
   Redis lists kept as listpacks; about 25 bytes each at 10 million.
 * :class:`BitmapBloomBackend` (``"bitmap"``, :mod:`.bitmap`): a scalable chain of Bloom
@@ -44,7 +47,7 @@ from scrapy_dist.filters.choice import (
     backend_from_settings,
     bloom_params_from_config,
 )
-from scrapy_dist.filters.exact import SetBackend
+from scrapy_dist.filters.exact import SetBackend, WindowSetBackend, migrate_to_window
 from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
 
 __all__ = [
@@ -57,10 +60,12 @@ __all__ = [
     "RedisBloomBackend",
     "SetBackend",
     "UnopenedBackend",
+    "WindowSetBackend",
     "backend_from_config",
     "backend_from_settings",
     "bloom_params_from_config",
     "filter_error",
     "has_redisbloom",
     "migrate_set",
+    "migrate_to_window",
 ]

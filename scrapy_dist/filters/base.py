@@ -82,6 +82,27 @@ def expires_in(pttl: object) -> float | None:
     return ms / 1000 if ms >= 0 else None
 
 
+def copy_set(client: redis.Redis, set_key: str, backend: UnopenedBackend, batch: int = 1000) -> int:
+    """Open ``backend`` and add to it every member of the set at ``set_key`` (``SSCAN``,
+    then ``add_many`` per ``batch``; nothing is deleted): the loop of the migrations from
+    a plain ``set`` dupefilter.
+
+    Returns:
+        The number of fingerprints that were new to ``backend``.
+    """
+    opened = backend.open()
+    new = 0
+    chunk: list[bytes] = []
+    for member in client.sscan_iter(set_key, count=batch):
+        chunk.append(member if isinstance(member, bytes) else str(member).encode())
+        if len(chunk) >= batch:
+            new += sum(opened.add_many(chunk))
+            chunk = []
+    if chunk:
+        new += sum(opened.add_many(chunk))
+    return new
+
+
 def wrong_type(key: str, actual: str, backend: str) -> ConfigurationError:
     """The error for a dupefilter key that holds another backend's data (or anything
     else): what it holds, and what to do."""
@@ -90,6 +111,10 @@ def wrong_type(key: str, actual: str, backend: str) -> ConfigurationError:
         "hash": "a bitmap Bloom filter (DUPEFILTER_BACKEND = 'bitmap')",
         "bitmap": "a bitmap Bloom filter (DUPEFILTER_BACKEND = 'bitmap')",
         "buckets": "a bucketed exact filter (DUPEFILTER_BACKEND = 'buckets')",
+        "zset": "an exact filter with a recrawl window (DUPEFILTER_BACKEND = 'set', "
+        "DUPEFILTER_RECRAWL_AFTER)",
+        "bf-window": "a RedisBloom filter with a recrawl window (DUPEFILTER_BACKEND = "
+        "'redisbloom', DUPEFILTER_RECRAWL_AFTER)",
     }.get(actual)
     if actual in REDISBLOOM_TYPES:
         held = "a RedisBloom filter (DUPEFILTER_BACKEND = 'redisbloom')"
@@ -118,6 +143,7 @@ class FilterState:
         exists: Whether the filter exists in Redis.
         on_full: What happens past the capacity: ``"grow"`` or ``"refuse"``.
         full: Whether new fingerprints are refused now (full and cannot grow).
+        recrawl_after: The recrawl window in seconds (``None``: seen forever).
     """
 
     backend: str
@@ -132,14 +158,19 @@ class FilterState:
     exists: bool
     on_full: str = "grow"
     full: bool = False
+    recrawl_after: float | None = None
 
     def stats(self) -> dict[str, int | float | str]:
         """Crawler stats that describe this state (``dupefilter/...``)."""
+        window: dict[str, int | float | str] = (
+            {} if self.recrawl_after is None else {"dupefilter/recrawl_after": self.recrawl_after}
+        )
         if self.backend == "set":
-            return {"dupefilter/set/count": self.count}
+            return {"dupefilter/set/count": self.count, **window}
         if self.backend == "buckets":
-            return {"dupefilter/buckets/count": self.count}
+            return {"dupefilter/buckets/count": self.count, **window}
         return {
+            **window,
             "dupefilter/bloom/backend": self.backend,
             "dupefilter/bloom/count": self.count,
             "dupefilter/bloom/capacity": self.capacity or 0,

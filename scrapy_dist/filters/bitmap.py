@@ -24,7 +24,8 @@ from scrapy_dist.filters.base import (
     ttl_ms,
     wrong_type,
 )
-from scrapy_dist.keys import key_type
+from scrapy_dist.filters.window import server_ms
+from scrapy_dist.keys import key_type, window_generation_key, window_segment_key
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import check_on_full
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
 
     from scrapy_dist.bloom import BloomParams
+    from scrapy_dist.filters.window import RecrawlWindow
     from scrapy_dist.keys import RedisKeys
 
 #: Seconds a worker trusts its view of how many stages a bitmap chain has open.
@@ -86,6 +88,14 @@ class BitmapBloomBackend(ScriptedBackend):
         view_interval: seconds a view of the stage count is trusted.
         growth_guard: seconds a stage stays open before the next may open; at least
             twice ``view_interval`` for the guarantee above.
+        window: the recrawl window (``DUPEFILTER_RECRAWL_AFTER``): ``params`` then
+            sizes one generation, each a chain of its own (see
+            :mod:`scrapy_dist.filters.window`); the dupefilter key holds the signature
+            (with the window) and the run id generations are named after. Calls pass
+            the main key and every stage's sizes; the script derives the generations'
+            keys. The worker pre-sizes stage 0 of the current and the next generation
+            (and the next stage of the current one when due) whenever it re-reads its
+            view, at least twice per generation.
 
     Raises:
         ConfigurationError: ``on_full`` is not one of
@@ -104,8 +114,13 @@ class BitmapBloomBackend(ScriptedBackend):
         on_full: str = "grow",
         view_interval: float = VIEW_INTERVAL,
         growth_guard: float = GROWTH_GUARD,
+        window: RecrawlWindow | None = None,
     ) -> None:
         check_on_full(on_full)
+        self.window = window
+        if window is not None:
+            view_interval = min(view_interval, window.generation_ms / 2000)
+            growth_guard = 0
         self.client = client
         self.key = keys.dupefilter
         self.params = params
@@ -116,6 +131,12 @@ class BitmapBloomBackend(ScriptedBackend):
         #: The stages the chain may open, first one first.
         self.stages = bloom_chain(params)
         self.signature = signature(params)
+        if window is not None:
+            self.signature += " " + window.describe()
+        #: The windowed chain's run id (generation names), as last read.
+        self._run_id: str | None = None
+        #: (generation, stage) pairs this worker has pre-sized (window only).
+        self._prepared_gens: set[tuple[int, int]] = set()
         self._segment_keys = [
             [keys.bloom_segment(s, i) for i in range(stage.segments)]
             for s, stage in enumerate(self.stages)
@@ -130,10 +151,18 @@ class BitmapBloomBackend(ScriptedBackend):
         #: Stages whose segments this worker has seen pre-sized (stage 0 excepted).
         self._prepared: set[int] = set()
 
+    @property
+    def seen_for(self) -> float | None:
+        """Seconds a record surely counts as seen (``None``: forever)."""
+        return None if self.window is None else self.window.rotating_seen_for
+
     def _set_view(self, live: int) -> None:
-        """Adopt ``live`` open stages: calls pass their keys and the next stage's."""
+        """Adopt ``live`` open stages: calls pass their keys and the next stage's (with
+        a window: the main key and every stage's sizes)."""
         self._live = live
         passed = min(max(live, 1) + 1, len(self.stages))
+        if self.window is not None:
+            passed = len(self.stages)
         if passed == self._passed:
             return
         keys = [self.key]
@@ -144,7 +173,8 @@ class BitmapBloomBackend(ScriptedBackend):
             passed,
         ]
         for stage, segment_keys in zip(self.stages[:passed], self._segment_keys, strict=False):
-            keys += segment_keys
+            if self.window is None:
+                keys += segment_keys
             numbers += (stage.bits, stage.hashes, stage.capacity)
         args: list[str | int | float] = [
             ttl_ms(self.ttl),
@@ -152,10 +182,14 @@ class BitmapBloomBackend(ScriptedBackend):
             self.on_full,
             json.dumps(numbers, separators=(",", ":")),
         ]
+        if self.window is not None:
+            args += self.window.script_args()
         self._passed = passed
         self._layout = (keys, args)
 
     def _read(self) -> tuple[dict[bytes, bytes], object]:
+        if self.window is not None:
+            return self._read_window()
         with self.client.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.key)
             pipe.pttl(self.key)
@@ -165,6 +199,89 @@ class BitmapBloomBackend(ScriptedBackend):
         self._viewed_at = time.monotonic()
         self._prepare_next(fields)
         return fields, pttl
+
+    # -- the recrawl window ----------------------------------------------------------
+
+    def _generation_key(self, run: str, generation: int) -> str:
+        return window_generation_key(self.key, run, generation)
+
+    def _read_window(self) -> tuple[dict[bytes, bytes], object]:
+        """Read the main hash and the server's clock; pre-size what is due: stage 0 of
+        the current and the next generation, the next stage of the current one once
+        its last holds :data:`PREPARE_AT` of its capacity."""
+        window = cast("RecrawlWindow", self.window)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.key)
+            pipe.pttl(self.key)
+            pipe.time()
+            meta, pttl, now = pipe.execute()
+        fields = cast("dict[bytes, bytes]", meta)
+        self._set_view(0)
+        self._viewed_at = time.monotonic()
+        run = fields.get(b"run")
+        run_id = None if run is None else text(run)
+        if run_id != self._run_id:  # a new filter (flushed, finished): nothing prepared
+            self._prepared_gens.clear()
+        self._run_id = run_id
+        if self._run_id is None:
+            return fields, pttl
+        current = server_ms(now) // window.generation_ms
+        self._prepared_gens = {p for p in self._prepared_gens if p[0] >= current}
+        for generation in (current, current + 1):
+            if (generation, 0) not in self._prepared_gens:
+                self.prepare_generation(generation, 0)
+        if self.on_full == "grow":
+            chain = self._generation_key(self._run_id, current)
+            raw = cast("dict[bytes, bytes]", self.client.hgetall(chain))
+            live = int(raw.get(b"stages", 0))
+            if 0 < live < len(self.stages) and (current, live) not in self._prepared_gens:
+                count = int(raw.get(f"n{live - 1}".encode(), 0))
+                if count >= self.stages[live - 1].capacity * PREPARE_AT:
+                    self.prepare_generation(current, live)
+        return fields, pttl
+
+    def prepare_generation(self, generation: int, stage: int) -> int:
+        """Create the segments of ``stage`` of a windowed ``generation`` at full size if
+        missing, expiring when the generation leaves the window (one call each).
+
+        Returns:
+            The number of segments created.
+        """
+        window = cast("RecrawlWindow", self.window)
+        if self._run_id is None:
+            return 0
+        chain = self._generation_key(self._run_id, generation)
+        scripts = scripts_for(self.client)
+        spec = self.stages[stage]
+        created = 0
+        for i in range(spec.segments):
+            size = min(self.params.segment_bits, spec.bits - i * self.params.segment_bits)
+            call = scripts.dupefilter_prepare(
+                chain=chain,
+                segment=window_segment_key(chain, stage, i),
+                bits=size,
+                expire_at=window.expires_at(generation),
+            )
+            created += int(call.run())
+        self._prepared_gens.add((generation, stage))
+        return created
+
+    def _window_chains(self) -> list[dict[str, int]]:
+        """The numeric fields of every generation alive (one round trip after the
+        view's; none before the filter exists)."""
+        window = cast("RecrawlWindow", self.window)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(self.key, "run")
+            pipe.time()
+            run, now = pipe.execute()
+        if run is None:
+            return []
+        generations = window.generations(server_ms(now))
+        with self.client.pipeline(transaction=False) as pipe:
+            for generation in generations:
+                pipe.hgetall(self._generation_key(text(run), generation))
+            chains = pipe.execute()
+        return [_int_fields(cast("dict[bytes, bytes]", c)) for c in chains if c]
 
     def _prepare_next(self, fields: dict[bytes, bytes]) -> None:
         """Pre-size the stage the chain opens next, if it is due (see the class doc)."""
@@ -221,7 +338,11 @@ class BitmapBloomBackend(ScriptedBackend):
         return mmh3.hash_bytes(fingerprint, HASH_SEED, True)
 
     def keys(self) -> list[str]:
-        """The chain's hash and every segment of every stage it may open."""
+        """The chain's hash and every segment of every stage it may open (with a
+        window: the main hash; deleting it retires every generation, whose keys expire
+        within one window)."""
+        if self.window is not None:
+            return [self.key]
         return [self.key, *(key for stage in self._segment_keys for key in stage)]
 
     def open(self) -> BitmapBloomBackend:
@@ -242,27 +363,67 @@ class BitmapBloomBackend(ScriptedBackend):
             stored = text(self.client.hget(self.key, "sig"))
             raise ConfigurationError(
                 f"The Bloom dupefilter {self.key!r} was created with {stored}, but these "
-                f"settings give {self.signature}. A Bloom filter cannot be resized: "
-                "restore BLOOM_CAPACITY and BLOOM_ERROR_RATE (or BLOOMFILTER_BIT and "
-                "BLOOMFILTER_HASH_NUMBER), or delete the crawl's dupefilter keys (its pages "
-                "are then crawled again)"
+                f"settings give {self.signature}. A Bloom filter cannot be resized nor "
+                "given another recrawl window: restore BLOOM_CAPACITY and "
+                "BLOOM_ERROR_RATE (or BLOOMFILTER_BIT and BLOOMFILTER_HASH_NUMBER) and "
+                "DUPEFILTER_RECRAWL_AFTER, or delete the crawl's dupefilter keys (its "
+                "pages are then crawled again)"
             ) from e
         self._read()
         return self
 
     def __len__(self) -> int:
-        fields = _int_fields(cast("dict[bytes, bytes]", self.client.hgetall(self.key)))
-        return sum(v for k, v in fields.items() if k.startswith("n"))
+        if self.window is not None:
+            chains = self._window_chains()
+        else:
+            chains = [_int_fields(cast("dict[bytes, bytes]", self.client.hgetall(self.key)))]
+        return sum(v for fields in chains for k, v in fields.items() if k.startswith("n"))
 
     def clear(self, pipe: Pipeline | None = None) -> None:
-        """Delete the chain: its hash and every segment."""
+        """Delete the chain: its hash and every segment (with a window: the main hash,
+        which retires every generation; they expire within one window)."""
         (pipe or self.client).delete(*self.keys())
         self._prepared.clear()
+        self._prepared_gens.clear()
+        self._run_id = None
         if pipe is None:
             self._set_view(0)
 
+    def _window_state(self) -> FilterState:
+        raw, pttl = self._read()
+        chains = self._window_chains()
+        counts: list[int] = []
+        stages_open = 1
+        fpr = 0.0
+        for fields in chains:
+            live = min(fields.get("stages", 0), len(self.stages))
+            stages = self.stages[: max(live, 1)]
+            stage_counts = [fields.get(f"n{s}", 0) for s in range(len(stages))]
+            counts += stage_counts
+            stages_open = max(stages_open, len(stages))
+            fpr += abs(chain_false_positive_rate(stages, stage_counts))
+        window = cast("RecrawlWindow", self.window)
+        return FilterState(
+            backend="bitmap",
+            key=self.key,
+            count=sum(counts),
+            capacity=self.params.capacity * max(1, len(chains)),
+            design_capacity=self.params.capacity * round(window.ms / window.generation_ms),
+            error_rate=self.params.error_rate,
+            fpr_estimate=min(1.0, fpr),
+            stages=stages_open,
+            expires_in=expires_in(pttl),
+            exists=bool(raw),
+            on_full=self.on_full,
+            full=False,
+            recrawl_after=window.seconds,
+        )
+
     def state(self) -> FilterState:
-        """Counts per stage, their capacities and the chain's estimated error rate."""
+        """Counts per stage, their capacities and the chain's estimated error rate
+        (with a window: summed over the generations alive)."""
+        if self.window is not None:
+            return self._window_state()
         raw, pttl = self._read()
         fields = _int_fields(raw)
         live = min(fields.get("stages", 0), len(self.stages))

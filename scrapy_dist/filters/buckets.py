@@ -44,21 +44,25 @@ import logging
 import math
 from typing import TYPE_CHECKING, ClassVar, cast
 
+from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters.base import (
     FilterState,
     ScriptedBackend,
+    copy_set,
     expires_in,
     text,
     ttl_ms,
     wrong_type,
 )
-from scrapy_dist.keys import bucket_key, key_type
+from scrapy_dist.filters.window import RecrawlWindow, server_ms
+from scrapy_dist.keys import bucket_key, key_type, window_bucket_count_key
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import redis
     from redis.client import Pipeline
+
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +127,11 @@ class BucketsBackend(ScriptedBackend):
         capacity: fingerprints the table is sized for (``DUPEFILTER_CAPACITY``); only
             a crawl's first worker's counts: later ones adopt the layout in Redis.
         ttl: seconds after which the filter expires (``DUPEFILTER_TTL``).
+        window: the recrawl window (``DUPEFILTER_RECRAWL_AFTER``): each generation
+            (:mod:`scrapy_dist.filters.window`) gets buckets of its own,
+            ``<dupefilter>:<gen>-<generation>:<i>``, expiring when it leaves the window;
+            a fingerprint is tested in every generation alive. The meta hash records
+            the window (a change is refused).
     """
 
     kind: ClassVar[str] = "buckets"
@@ -134,7 +143,9 @@ class BucketsBackend(ScriptedBackend):
         *,
         capacity: int,
         ttl: float | None = None,
+        window: RecrawlWindow | None = None,
     ) -> None:
+        self.window = window
         if capacity < 1:
             raise ValueError(f"the buckets dupefilter needs a capacity >= 1: {capacity!r}")
         self.client = client
@@ -150,8 +161,16 @@ class BucketsBackend(ScriptedBackend):
         return [self.key]
 
     def script_args(self) -> list[str | int | float]:
-        """Expiry in ms and the bits a new table gets."""
-        return [ttl_ms(self.ttl), self.bits]
+        """Expiry in ms and the bits a new table gets (then the window's arguments)."""
+        args: list[str | int | float] = [ttl_ms(self.ttl), self.bits]
+        if self.window is not None:
+            args += self.window.script_args()
+        return args
+
+    @property
+    def seen_for(self) -> float | None:
+        """Seconds a record surely counts as seen (``None``: forever)."""
+        return None if self.window is None else self.window.rotating_seen_for
 
     def token(self, fingerprint: bytes) -> bytes:
         """See :func:`token`."""
@@ -188,7 +207,14 @@ class BucketsBackend(ScriptedBackend):
             raise wrong_type(self.key, "bitmap", "the bucketed exact filter")
         if actual not in ("none", "hash"):
             raise wrong_type(self.key, actual, "the bucketed exact filter")
-        self._run("add", [])
+        try:
+            self._run("add", [])
+        except ConfigurationError as e:
+            raise ConfigurationError(
+                f"The buckets dupefilter {self.key!r} was created with another recrawl "
+                f"window ({e}): restore DUPEFILTER_RECRAWL_AFTER, or delete the crawl's "
+                "dupefilter keys (its pages are then crawled again)"
+            ) from e
         bits, _gen, _, _ = self._meta()
         if bits is not None and bits != self.bits:
             logger.info(
@@ -199,7 +225,24 @@ class BucketsBackend(ScriptedBackend):
         return self
 
     def __len__(self) -> int:
+        if self.window is not None:
+            return self._window_count()
         return int(self.client.hget(self.key, "count") or 0)
+
+    def _window_count(self, window: RecrawlWindow | None = None) -> int:
+        """Fingerprints recorded in the generations alive (two round trips)."""
+        window = cast("RecrawlWindow", window or self.window)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(self.key, "gen")
+            pipe.time()
+            gen, now = pipe.execute()
+        if gen is None:
+            return 0
+        names = [
+            window_bucket_count_key(self.key, text(gen), g)
+            for g in window.generations(server_ms(now))
+        ]
+        return sum(int(n or 0) for n in cast("list[bytes | None]", self.client.mget(names)))
 
     def bucket_keys(self, gen: str, bits: int) -> Iterator[str]:
         """Every bucket key of generation ``gen`` (no I/O)."""
@@ -263,6 +306,12 @@ class BucketsBackend(ScriptedBackend):
         """Count and expiry (one round trip); ``capacity`` is what the layout in Redis
         is sized for."""
         bits, _, count, pttl = self._meta()
+        window = self.window
+        if window is None:  # read without the setting (status): the window it recorded
+            stored = self.client.hget(self.key, "window")
+            window = None if stored is None else RecrawlWindow(int(stored) / 1000)
+        if window is not None:
+            count = self._window_count(window)
         bits = self.bits if bits is None else bits
         return FilterState(
             backend="buckets",
@@ -275,6 +324,7 @@ class BucketsBackend(ScriptedBackend):
             stages=1,
             expires_in=expires_in(pttl),
             exists=int(cast("int", pttl)) != -2,
+            recrawl_after=None if window is None else window.seconds,
         )
 
 
@@ -289,14 +339,4 @@ def migrate_set(
     Returns:
         The number of fingerprints that were new to ``backend``.
     """
-    backend.open()
-    new = 0
-    chunk: list[bytes] = []
-    for member in client.sscan_iter(set_key, count=batch):
-        chunk.append(member if isinstance(member, bytes) else str(member).encode())
-        if len(chunk) >= batch:
-            new += sum(backend.add_many(chunk))
-            chunk = []
-    if chunk:
-        new += sum(backend.add_many(chunk))
-    return new
+    return copy_set(client, set_key, backend, batch)

@@ -11,8 +11,9 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters.base import REDISBLOOM_TYPES, wrong_type
 from scrapy_dist.filters.bitmap import BitmapBloomBackend
 from scrapy_dist.filters.buckets import BucketsBackend
-from scrapy_dist.filters.exact import SetBackend
+from scrapy_dist.filters.exact import SetBackend, WindowSetBackend
 from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
+from scrapy_dist.filters.window import GENERATIONS, window_of
 from scrapy_dist.keys import key_type
 from scrapy_dist.settings import Config
 
@@ -60,7 +61,7 @@ class BackendChoice:
         client: redis.Redis,
         mode: str,
         *,
-        exact: SetBackend | None,
+        exact: SetBackend | WindowSetBackend | None,
         bitmap: BitmapBloomBackend,
         redisbloom: RedisBloomBackend,
         buckets: BucketsBackend | None = None,
@@ -90,12 +91,14 @@ class BackendChoice:
         if actual in REDISBLOOM_TYPES:
             return self.redisbloom
         if actual == "hash":
+            if self.client.hget(self.key, "kind") in (b"bf", "bf"):
+                return self.redisbloom  # with a recrawl window
             if self.client.hexists(self.key, "gen"):
                 if self.buckets is not None:
                     return self.buckets
                 raise wrong_type(self.key, "buckets", "a Bloom filter")
             return self.bitmap
-        if actual == "set" and self.exact is not None:
+        if actual in ("set", "zset") and self.exact is not None:
             return self.exact
         if actual != "none":
             raise wrong_type(self.key, actual, "a Bloom filter")
@@ -151,14 +154,27 @@ def backend_from_config(
         ConfigurationError: invalid Bloom sizes.
     """
     mode, ttl, on_full = config.backend, config.ttl, config.on_full
+    window = window_of(config.recrawl_after)
     if mode == "buckets":
-        return BucketsBackend(client, keys.dupefilter, capacity=config.capacity, ttl=ttl)
-    exact = SetBackend(client, keys.dupefilter, ttl=ttl)
+        return BucketsBackend(
+            client, keys.dupefilter, capacity=config.capacity, ttl=ttl, window=window
+        )
+    exact: SetBackend | WindowSetBackend = (
+        SetBackend(client, keys.dupefilter, ttl=ttl)
+        if window is None
+        else WindowSetBackend(client, keys.dupefilter, window=window)
+    )
     if mode == "set" or config.bloom is None:
         return exact
     params = bloom_params_from_config(config.bloom)
-    bitmap = BitmapBloomBackend(client, keys, fit_segments(params), ttl=ttl, on_full=on_full)
-    redisbloom = RedisBloomBackend(client, keys.dupefilter, params, ttl=ttl, on_full=on_full)
+    if window is not None:
+        params = generation_params(params)
+    bitmap = BitmapBloomBackend(
+        client, keys, fit_segments(params), ttl=ttl, on_full=on_full, window=window
+    )
+    redisbloom = RedisBloomBackend(
+        client, keys.dupefilter, params, ttl=ttl, on_full=on_full, window=window
+    )
     if mode == "bitmap":
         return bitmap
     if mode == "redisbloom":
@@ -169,8 +185,22 @@ def backend_from_config(
         exact=exact if mode == "auto" else None,
         bitmap=bitmap,
         redisbloom=redisbloom,
-        buckets=BucketsBackend(client, keys.dupefilter, capacity=config.capacity, ttl=ttl),
+        buckets=BucketsBackend(
+            client, keys.dupefilter, capacity=config.capacity, ttl=ttl, window=window
+        ),
     )
+
+
+def generation_params(params: BloomParams) -> BloomParams:
+    """One generation's share of a windowed Bloom filter sized ``params`` for a whole
+    window: a ``GENERATIONS``-th of the capacity (at least 1,000) at the same error
+    rate (per generation: a new fingerprint is tested in every generation alive, so
+    the chain's rate is up to ``GENERATIONS`` times it while all are full)."""
+    capacity = max(1000, -(-params.capacity // GENERATIONS))
+    try:
+        return BloomParams.from_capacity(capacity, params.error_rate)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"invalid Bloom dupefilter size: {e}") from e
 
 
 def backend_from_settings(

@@ -5,7 +5,10 @@
 --
 -- filter_for(kind, nfilter, n, first_key, writes) returns the filter of one kind, a
 -- table {test = function(token), record = function(token)}: test returns true if the
--- token is new and only reads; record marks it seen. `n` is the number of tokens the
+-- token is new and only reads; record marks it seen. A kind may also have
+-- test_many(tokens) (an array of booleans, test's answer for each of the distinct
+-- tokens) and record_many(tokens) (record each of the distinct tokens, in order): the
+-- same effect in one variadic command instead of one per token ("set" has them). `n` is the number of tokens the
 -- call may record, `writes` false for a call that only tests. It returns nil and a
 -- message when the call must be refused (the script answers that error before
 -- anything is pushed or recorded), and nil alone for an unknown kind.
@@ -15,6 +18,13 @@
 -- never extended, so the filter forgets everything at most that long after it started.
 --
 -- "set": exact, the raw fingerprints in a set at KEYS[first_key].
+--
+-- The recrawl window (DUPEFILTER_RECRAWL_AFTER, W ms): "zset" is the exact set with a
+-- window (token -> time recorded, by the server's TIME); "bf" and "bloom" take two
+-- more filter arguments (W, and the generation length G, W/8) and "buckets" too (after
+-- bits): tokens are recorded in the current generation's filter or buckets and tested
+-- in every generation alive (seen for more than W - G, at most W); each generation's
+-- keys expire when it leaves the window. See the window section below.
 --
 -- "buckets": exact, in many small lists that Redis keeps as listpacks at any length
 -- (a list has no size threshold past which it leaves its compact encoding, unlike a
@@ -72,6 +82,7 @@
 -- The functions take their state as a table rather than closing over many locals:
 -- a script defines them anew on every call, and closures over many upvalues are what
 -- costs.
+-- uses: _batch
 
 local fmod, floor = math.fmod, math.floor
 
@@ -107,6 +118,17 @@ local function set_filter(state, key)
     end,
     record = function(token)
       redis.call("SADD", key, token)
+      filter_expire(state, key)
+    end,
+    test_many = function(tokens)
+      local new = {}
+      for i, member in ipairs(batched({"SMISMEMBER", key}, tokens)) do
+        new[i] = member == 0
+      end
+      return new
+    end,
+    record_many = function(tokens)
+      batched({"SADD", key}, tokens)
       filter_expire(state, key)
     end,
   }
@@ -164,15 +186,15 @@ end
 
 -- The (key, bit) pairs of the token in `stage`.
 local function bloom_bits(chain, stage, token)
-  local m, first, size = stage.m, stage.first, chain.segment_bits
+  local m, keys, size = stage.m, stage.keys, chain.segment_bits
   local a, b = bloom_reduce(token, m)
   local bits = {}
   for i = 0, stage.k - 1 do
     local g = fmod(a + i * b + (i * i * i - i) / 6, m)
-    local key = KEYS[first]
+    local key = keys[1]
     if stage.segments > 1 then
       local segment = floor(g / size)
-      key, g = KEYS[first + segment], g - segment * size
+      key, g = keys[segment + 1], g - segment * size
     end
     bits[#bits + 1] = {key, g}
   end
@@ -211,7 +233,7 @@ local function bloom_segments(chain, s, each)
     if j == stage.segments - 1 then
       size = stage.m - j * chain.segment_bits
     end
-    each(KEYS[stage.first + j], size)
+    each(stage.keys[j + 1], size)
   end
 end
 
@@ -276,8 +298,12 @@ local function bloom_filter(state, first_key, n, writes)
   for s = 0, chain.passed - 1 do
     local m = layout[5 + 3 * s]
     local segments = math.ceil(m / chain.segment_bits)
+    local keys = {}
+    for j = 1, segments do
+      keys[j] = KEYS[key + j - 1]
+    end
     chain[s] = {
-      m = m, k = layout[6 + 3 * s], capacity = layout[7 + 3 * s], first = key,
+      m = m, k = layout[6 + 3 * s], capacity = layout[7 + 3 * s], keys = keys,
       segments = segments,
     }
     key = key + segments
@@ -350,16 +376,306 @@ local function bucket_of(prefix, bits, token)
   return prefix .. index, string.sub(token, floor(bits / 8) + 1)
 end
 
-local function buckets_filter(state, meta, writes)
-  local stored = redis.call("HMGET", meta, "bits", "gen")
+-- ---------------------------------------------------------------------------------
+-- The recrawl window (DUPEFILTER_RECRAWL_AFTER): a fingerprint counts as seen only for
+-- W milliseconds, by the server's clock (TIME), in bounded memory.
+
+-- The server's time in milliseconds.
+local function window_now()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+end
+
+-- Generation g covers [g*gen, (g+1)*gen) ms; its records count as seen while
+-- g*gen + window > now (then its keys expire: PEXPIREAT g*gen + window). A record made
+-- at t is so seen for more than window - gen and at most window. Returns the first and
+-- the current generation alive at `now`.
+local function window_generations(now, window, gen)
+  return floor((now - window) / gen) + 1, floor(now / gen)
+end
+
+-- A filter that holds nothing (a check before the first record).
+local EMPTY = {
+  test = function()
+    return true
+  end,
+}
+
+-- The generation chain's main hash (sig, run, and `extra` fields): returns the run id
+-- generations are named after, false when there is none and the call only tests, or
+-- nil and a DUPEFILTER_MISMATCH message when the hash was written with another sig.
+local function window_main(main, sig, writes, extra)
+  local stored = redis.call("HMGET", main, "sig", "run")
+  if stored[1] then
+    if stored[1] ~= sig or not stored[2] then
+      return nil, "DUPEFILTER_MISMATCH " .. main .. " was written with " .. stored[1]
+        .. ", this worker uses " .. sig
+    end
+    return stored[2]
+  end
+  if not writes then
+    return false
+  end
+  local t = redis.call("TIME")
+  local run = t[1] .. string.format("%06d", tonumber(t[2]))
+  redis.call("HSET", main, "sig", sig, "run", run, unpack(extra))
+  return run
+end
+
+-- "zset": exact with a window. KEYS[first_key] = zset token -> time recorded (ms);
+-- filter arguments: expiry (unused, "0"), window ms. A token is new if absent or
+-- recorded at least `window` ago; a record (re)sets its time. Each recording call
+-- deletes a bounded number of expired entries (oldest first) and gives the key an
+-- expiry of one window (nothing in it is seen once no record was made for that long).
+local function zset_filter(state, key, n)
+  local window = tonumber(ARGV[5])
+  local now = window_now()
+  local cutoff = now - window
+  return {
+    test = function(token)
+      local at = redis.call("ZSCORE", key, token)
+      return not at or tonumber(at) <= cutoff
+    end,
+    record = function(token)
+      redis.call("ZADD", key, now, token)
+      if not state.trimmed then
+        state.trimmed = true
+        local old = redis.call("ZRANGEBYSCORE", key, "-inf", cutoff, "LIMIT", 0,
+          math.min(2 * n + 64, 4000))
+        if #old > 0 then
+          redis.call("ZREM", key, unpack(old))
+        end
+        redis.call("PEXPIRE", key, window)
+      end
+    end,
+  }
+end
+
+-- "bf" with a window: filter arguments expiry, capacity (of one generation), error
+-- rate, "grow"/"refuse", window ms, generation ms. KEYS[first_key] = the main hash
+-- (sig, run, kind = "bf", window); generation g is the RedisBloom filter
+-- "<main>:<run>:<g>", created by BF.INSERT, expiring at the end of its life.
+local function bf_window_filter(main, n, writes)
+  local window, gen = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local sig = "bf capacity=" .. ARGV[5] .. " error_rate=" .. ARGV[6] .. " window="
+    .. ARGV[8] .. "/" .. ARGV[9]
+  local run, refusal = window_main(main, sig, writes, {"kind", "bf", "window", ARGV[8]})
+  if run == nil then
+    return nil, refusal
+  elseif not run then
+    return EMPTY
+  end
+  local now = window_now()
+  local first, cur = window_generations(now, window, gen)
+  local prefix = main .. ":" .. run .. ":"
+  local live = {}
+  for g = first, cur do
+    if redis.call("EXISTS", prefix .. g) == 1 then
+      live[#live + 1] = prefix .. g
+    end
+  end
+  local current, capacity = prefix .. cur, tonumber(ARGV[5])
+  local insert = {"BF.INSERT", current, "CAPACITY", ARGV[5], "ERROR", ARGV[6]}
+  if ARGV[7] == "refuse" then
+    insert[7] = "NONSCALING"
+    if writes then
+      local count = 0
+      if redis.call("EXISTS", current) == 1 then
+        count = redis.call("BF.CARD", current)
+      end
+      if count + n > capacity then
+        return nil, "DUPEFILTER_FULL " .. current .. " holds " .. count .. " of its "
+          .. capacity .. " fingerprints (BLOOM_ON_FULL = refuse)"
+      end
+    end
+  else
+    insert[7], insert[8] = "EXPANSION", "2"
+  end
+  insert[#insert + 1] = "ITEMS"
+  local item, expired = #insert + 1, false
+  return {
+    test = function(token)
+      for _, key in ipairs(live) do
+        if redis.call("BF.EXISTS", key, token) == 1 then
+          return false
+        end
+      end
+      return true
+    end,
+    record = function(token)
+      insert[item] = token
+      redis.call(unpack(insert))
+      if not expired then
+        expired = true
+        redis.call("PEXPIREAT", current, cur * gen + window)
+      end
+    end,
+  }
+end
+
+-- Largest stage (bits) a windowed bitmap generation creates inside the script when
+-- the worker has not pre-sized it (8 MiB: allocated and zeroed in about a millisecond).
+local INLINE_BITS = 67108864
+
+-- "bloom" with a window: filter arguments expiry, sig, "grow"/"refuse", the layout
+-- JSON (every stage passed), window ms, generation ms. KEYS[first_key] = the main hash
+-- (sig, run, window); generation g is a chain of its own: hash "<main>:<run>:<g>"
+-- (stages, n<s>, t<s>), stage s's segments "<main>:<run>:<g>:<s>:<i>" (undeclared
+-- keys derived from the main key, so in its hash slot), all expiring at the end of
+-- the generation's life. The worker pre-sizes stage 0 of the current and the next
+-- generation; a small one missing is created here, a large one makes the call
+-- DUPEFILTER_STALE (the worker prepares it and retries).
+local function bloom_window_filter(main, n, writes)
+  local sig = ARGV[5]
+  local layout = cjson.decode(ARGV[7])
+  local window, gen = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local run, refusal = window_main(main, sig, writes, {"window", ARGV[8]})
+  if run == nil then
+    return nil, refusal
+  elseif not run then
+    return EMPTY
+  end
+  local now = window_now()
+  local first, cur = window_generations(now, window, gen)
+  local passed = layout[4]
+  local fields = {"stages"}
+  for s = 0, passed - 1 do
+    fields[2 + 2 * s], fields[3 + 2 * s] = count_field(s), opened_field(s)
+  end
+  local tested, current = {}, nil
+  for g = first, cur do
+    local meta = main .. ":" .. run .. ":" .. g
+    local chain = {
+      meta = meta, grow = ARGV[6] == "grow", guard = layout[1], most = layout[2],
+      segment_bits = layout[3], passed = passed, live = 0, count = 0, opened = 0,
+      now = floor(now / 1000),
+    }
+    for s = 0, passed - 1 do
+      local m = layout[5 + 3 * s]
+      local segments = math.ceil(m / chain.segment_bits)
+      local keys = {}
+      for j = 1, segments do
+        keys[j] = meta .. ":" .. s .. ":" .. (j - 1)
+      end
+      chain[s] = {
+        m = m, k = layout[6 + 3 * s], capacity = layout[7 + 3 * s], keys = keys,
+        segments = segments,
+      }
+    end
+    local stored = redis.call("HMGET", meta, unpack(fields))
+    local live = tonumber(stored[1]) or 0
+    if live > passed then
+      return nil, "DUPEFILTER_STALE " .. meta .. " has " .. live
+        .. " stages, the call passed the sizes of " .. passed
+    end
+    if live > 0 then
+      chain.live = live
+      chain.count = tonumber(stored[2 * live]) or 0
+      chain.opened = tonumber(stored[2 * live + 1]) or 0
+      tested[#tested + 1] = chain
+    end
+    if g == cur then
+      current = chain
+    end
+  end
+  if writes then
+    if current.live == 0 then
+      if not bloom_ready(current, 0) then
+        if current[0].m > INLINE_BITS then
+          return nil, "DUPEFILTER_STALE " .. current.meta .. ": its first stage is not "
+            .. "pre-sized yet"
+        end
+        bloom_segments(current, 0, function(key, bits)
+          if redis.call("EXISTS", key) == 0 then
+            redis.call("SETBIT", key, bits - 1, 0)
+          end
+        end)
+      end
+      redis.call("HSET", current.meta, "stages", 1, "n0", 0, "t0", current.now)
+      redis.call("PEXPIREAT", current.meta, cur * gen + window)
+      bloom_open_stage(current, 0)
+      current.live, current.opened = 1, current.now
+      tested[#tested + 1] = current
+    end
+    local capacity = current[current.live - 1].capacity
+    if (not current.grow or current.live >= current.most) and current.count + n > capacity then
+      return nil, "DUPEFILTER_FULL " .. current.meta .. " holds " .. current.count
+        .. " of the " .. capacity .. " fingerprints of its last stage ("
+        .. (current.grow and "no stage left to grow into" or "BLOOM_ON_FULL = refuse") .. ")"
+    end
+  end
+  return {
+    test = function(token)
+      for _, chain in ipairs(tested) do
+        if not bloom_test(chain, token) then
+          return false
+        end
+      end
+      return true
+    end,
+    record = function(token)
+      bloom_record(current, token)
+      if not current.expiry_checked then
+        -- a segment deleted or evicted mid-generation is re-created by SETBIT without
+        -- an expiry: give it the generation's, or it would stay forever
+        current.expiry_checked = true
+        for s = 0, current.live - 1 do
+          bloom_segments(current, s, function(key)
+            if redis.call("PTTL", key) == -1 then
+              redis.call("PEXPIREAT", key, cur * gen + window)
+            end
+          end)
+        end
+      end
+    end,
+  }
+end
+
+-- "buckets" with a window: filter arguments expiry, bits, window ms, generation ms. The
+-- meta hash also holds `window`; generation g's buckets are "<meta>:<gen>-<g>:<i>" and
+-- its count "<meta>:<gen>-<g>:n", each expiring at the end of the generation's life. A token is tested in the buckets
+-- of every generation alive and recorded in the current one.
+local function buckets_window(meta, bits, gen_id, writes)
+  local window, gen = tonumber(ARGV[6]), tonumber(ARGV[7])
+  local now = window_now()
+  local first, cur = window_generations(now, window, gen)
+  local base = meta .. ":" .. gen_id .. "-"
+  local current = base .. cur .. ":"
+  return {
+    test = function(token)
+      for g = first, cur do
+        local key, rest = bucket_of(base .. g .. ":", bits, token)
+        if redis.call("LPOS", key, rest) then
+          return false
+        end
+      end
+      return true
+    end,
+    record = function(token)
+      local key, rest = bucket_of(current, bits, token)
+      local expire_at = cur * gen + window
+      if redis.call("RPUSH", key, rest) == 1 then
+        redis.call("PEXPIREAT", key, expire_at)
+      end
+      redis.call("HINCRBY", meta, "count", 1)
+      if redis.call("INCR", current .. "n") == 1 then
+        redis.call("PEXPIREAT", current .. "n", expire_at)
+      end
+    end,
+  }
+end
+
+local function buckets_filter(state, meta, writes, nfilter)
+  local stored = redis.call("HMGET", meta, "bits", "gen", "window")
   local bits, gen = tonumber(stored[1]), stored[2]
+  local window = nfilter >= 4 and ARGV[6] or false
+  if gen and stored[3] ~= window then
+    return nil, "DUPEFILTER_MISMATCH " .. meta .. " was written with window "
+      .. (stored[3] or "none") .. " ms, this worker uses " .. (window or "none")
+  end
   if not gen then
     if not writes then
-      return {
-        test = function()
-          return true
-        end,
-      }
+      return EMPTY
     end
     bits = tonumber(ARGV[5])
     if not bits or bits < 0 or bits > 24 or bits ~= floor(bits) then
@@ -368,7 +684,13 @@ local function buckets_filter(state, meta, writes)
     local now = redis.call("TIME")
     gen = now[1] .. string.format("%06d", tonumber(now[2]))
     redis.call("HSET", meta, "bits", bits, "gen", gen, "count", 0)
+    if window then
+      redis.call("HSET", meta, "window", window)
+    end
     filter_expire(state, meta)
+  end
+  if window then
+    return buckets_window(meta, bits, gen, writes)
   end
   local prefix, pttl = meta .. ":" .. gen .. ":", nil
   return {
@@ -394,12 +716,20 @@ local function filter_for(kind, nfilter, n, first_key, writes)
   local state = {ttl = nfilter > 0 and tonumber(ARGV[4]) or 0, checked = {}}
   if kind == "set" then
     return set_filter(state, KEYS[first_key])
+  elseif kind == "zset" then
+    return zset_filter(state, KEYS[first_key], n)
   elseif kind == "bf" then
+    if nfilter >= 6 then
+      return bf_window_filter(KEYS[first_key], n, writes)
+    end
     return bf_filter(state, KEYS[first_key], n, writes)
   elseif kind == "bloom" then
+    if nfilter >= 6 then
+      return bloom_window_filter(KEYS[first_key], n, writes)
+    end
     return bloom_filter(state, first_key, n, writes)
   elseif kind == "buckets" then
-    return buckets_filter(state, KEYS[first_key], writes)
+    return buckets_filter(state, KEYS[first_key], writes, nfilter)
   end
   return nil
 end

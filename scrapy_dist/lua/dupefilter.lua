@@ -8,8 +8,11 @@
 -- "prepare" (bitmap Bloom only) has its own KEYS and ARGV: KEYS[1] = the chain's hash,
 -- KEYS[2] = one segment; ARGV[2] = the segment's size in bits. It creates the segment
 -- at full size if missing, with the hash's expiry, outside any enqueue (see
--- lua/_filters.lua). Returns 1 if it created the segment, else 0.
--- ARGV[2] = filter kind: "set", "bloom" (bitmap), "bf" (RedisBloom) or "buckets"
+-- lua/_filters.lua). ARGV[3], when given, is the server time (ms) the segment expires
+-- at (a windowed generation's; PEXPIREAT) instead of the hash's expiry. Returns 1 if
+-- it created the segment, else 0.
+-- ARGV[2] = filter kind: "set", "zset" (set with a recrawl window), "bloom" (bitmap),
+--           "bf" (RedisBloom) or "buckets"
 -- ARGV[3] = F, the number of filter arguments that follow
 -- ARGV[4 .. 3+F] = filter arguments (backend.script_args())
 -- ARGV[4+F ..] = one token per fingerprint (backend.token())
@@ -24,6 +27,10 @@ if op == "prepare" then
     return 0
   end
   redis.call("SETBIT", KEYS[2], tonumber(ARGV[2]) - 1, 0)
+  if ARGV[3] then
+    redis.call("PEXPIREAT", KEYS[2], tonumber(ARGV[3]))
+    return 1
+  end
   local pttl = redis.call("PTTL", KEYS[1])
   if pttl > 0 then
     redis.call("PEXPIRE", KEYS[2], pttl)

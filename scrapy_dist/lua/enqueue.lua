@@ -32,7 +32,7 @@
 -- Returns: one integer per request, 1 if queued, 0 if its token was seen, -1 if its
 -- parent lease is not the caller's; an error "EPOCH ..." if the crawl's epoch is not
 -- ARGV[#ARGV] (nothing written).
--- uses: _filters, _leases, _fence
+-- uses: _batch, _filters, _leases, _fence
 
 local queue, seq, leased = KEYS[1], KEYS[2], KEYS[4]
 local queue_kind, filter_kind = ARGV[1], ARGV[2]
@@ -68,19 +68,40 @@ if queue_type ~= "none" and queue_type ~= expected then
   return redis.error_reply("WRONGTYPE " .. queue .. " holds a " .. queue_type)
 end
 
--- Whether this worker still holds the parent lease ``id`` (asked once per parent).
-local holds = {}
-local function held(id)
-  if holds[id] == nil then
-    local record = redis.call("HGET", leased, id)
-    local holder
-    if record then
-      local _
-      _, _, holder = parse_record(record)
-    end
-    holds[id] = holder == worker
+-- Whether this worker still holds each parent lease: one HMGET of the distinct parents.
+local holds, parents = {}, {}
+for i = 0, n - 1 do
+  local parent = ARGV[first + 4 * i + 3]
+  if parent ~= "" and holds[parent] == nil then
+    holds[parent] = false
+    parents[#parents + 1] = parent
   end
-  return holds[id]
+end
+for k, record in ipairs(batched({"HMGET", leased}, parents)) do
+  local holder
+  if record then
+    local _
+    _, _, holder = parse_record(record)
+  end
+  holds[parents[k]] = holder == worker
+end
+
+-- Whether each token that will be tested is new: one variadic read for a filter that
+-- has test_many (lua/_filters.lua), else test(token) token by token below.
+local fresh
+if filter ~= nil and filter.test_many then
+  local asked, distinct = {}, {}
+  for i = 0, n - 1 do
+    local token, parent = ARGV[first + 4 * i], ARGV[first + 4 * i + 3]
+    if token ~= "" and not asked[token] and (parent == "" or holds[parent]) then
+      asked[token] = true
+      distinct[#distinct + 1] = token
+    end
+  end
+  fresh = {}
+  for k, new in ipairs(filter.test_many(distinct)) do
+    fresh[distinct[k]] = new
+  end
 end
 
 -- 1. decide (reads only); a token repeated inside the batch is new only once
@@ -88,10 +109,14 @@ local result, accepted, tokens, pending = {}, {}, {}, {}
 for i = 0, n - 1 do
   local token, parent = ARGV[first + 4 * i], ARGV[first + 4 * i + 3]
   local new = true
-  if parent ~= "" and not held(parent) then
+  if parent ~= "" and not holds[parent] then
     new = nil
   elseif filter ~= nil and token ~= "" then
-    new = not pending[token] and filter.test(token)
+    if fresh then
+      new = not pending[token] and fresh[token]
+    else
+      new = not pending[token] and filter.test(token)
+    end
     if new then
       pending[token] = true
       tokens[#tokens + 1] = token
@@ -103,24 +128,33 @@ for i = 0, n - 1 do
   end
 end
 
--- 2. push the new entries
+-- 2. push the new entries (one variadic ZADD or LPUSH, lua/_batch.lua)
 if #accepted > 0 then
   local last = redis.call("INCRBY", seq, #accepted)
   local id = last - #accepted
+  local zset, push = queue_kind == "zset", {}
   for _, i in ipairs(accepted) do
     id = id + 1
     local digits = tostring(id)
     local entry = string.rep("0", ENTRY_ID_LEN - #digits) .. digits .. ARGV[first + 4 * i + 2]
-    if queue_kind == "zset" then
-      redis.call("ZADD", queue, ARGV[first + 4 * i + 1], entry)
-    else
-      redis.call("LPUSH", queue, entry)
+    if zset then
+      push[#push + 1] = ARGV[first + 4 * i + 1]
     end
+    push[#push + 1] = entry
+  end
+  if zset then
+    batched({"ZADD", queue}, push, 2)
+  else
+    batched({"LPUSH", queue}, push)
   end
 end
 
 -- 3. record their tokens
-for _, token in ipairs(tokens) do
-  filter.record(token)
+if #tokens > 0 and filter.record_many then
+  filter.record_many(tokens)
+else
+  for _, token in ipairs(tokens) do
+    filter.record(token)
+  end
 end
 return result

@@ -15,6 +15,10 @@
 --           replacement that joined it late, so no key is left behind)
 -- ARGV[5] = seconds the stats hash is kept after completion when deleting (0 = forever)
 -- ARGV[6] = the crawl epoch this worker joined ("" = unfenced)
+-- ARGV[7], ARGV[8] (a sharded crawl, lua/census.lua; absent: one shard) = entries queued
+--           or leased in the other shards, and settlements the other shards counted
+--           so far; the latter is stored as others_base when the crawl finishes, so a
+--           new run counts only its own
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
 --          (nothing settled in this run), "idle" (empty, within the grace) or "finished";
 --          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
@@ -44,6 +48,8 @@ local function size(key, kind)
 end
 
 local queued, waiting, leased = size(queue, ARGV[1]), size(seeds, ARGV[2]), redis.call("ZCARD", leases)
+local others_busy, others_settled = tonumber(ARGV[7] or "0"), tonumber(ARGV[8] or "0")
+queued = queued + others_busy
 if queued + waiting + leased > 0 then
   redis.call("HDEL", stats, "idle_since", "finished_at")
   redis.call("PERSIST", stats)
@@ -63,6 +69,7 @@ end
 local settled = tonumber(redis.call("HGET", stats, "done") or "0")
   + tonumber(redis.call("HGET", stats, "dead") or "0")
   - tonumber(redis.call("HGET", stats, "run_base") or "0")
+  + others_settled - tonumber(redis.call("HGET", stats, "others_base") or "0")
 if settled <= 0 then
   return {"waiting", 0, 0, 0, ""}
 end
@@ -76,6 +83,9 @@ if now - idle_since < tonumber(ARGV[3]) then
 end
 finished_at = tostring(now)
 redis.call("HSET", stats, "finished_at", finished_at)
+if ARGV[8] then
+  redis.call("HSET", stats, "others_base", ARGV[8])
+end
 if ARGV[4] == "1" then
   -- UNLINK: a large dupefilter is freed in the background, not on the server's thread
   for i = 5, #KEYS do

@@ -15,7 +15,7 @@
 --             waiting in its outbox to be settled)
 -- Returns: the number of leases handed back; an error "EPOCH ..." if the crawl's epoch
 --          is not ARGV[4]
--- uses: _leases, _fence
+-- uses: _leases, _fence, _batch
 
 local leases, leased, deliveries, queue, seeds = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local index = KEYS[7]
@@ -29,21 +29,30 @@ for i = 5, #ARGV do
   known[ARGV[i]] = true
 end
 
-local released = 0
+-- one SREM from the index, one HMGET of the records, one ZREM and one HDEL of the
+-- leases handed back (lua/_batch.lua); deliveries and entries go back one by one
+local unknown = {}
 for _, id in ipairs(redis.call("SMEMBERS", index)) do
   if not known[id] then
-    redis.call("SREM", index, id)
-    local record = redis.call("HGET", leased, id)
-    if record then
-      local origin, score, holder, entry = parse_record(record)
-      if holder == worker then
-        redis.call("ZREM", leases, id)
-        redis.call("HDEL", leased, id)
-        redis.call("HINCRBY", deliveries, id, -1)
-        return_entry(origin, score, entry, queue, qback, seeds, sback)
-        released = released + 1
-      end
+    unknown[#unknown + 1] = id
+  end
+end
+batched({"SREM", index}, unknown)
+local mine, records = {}, {}
+for k, record in ipairs(batched({"HMGET", leased}, unknown)) do
+  if record then
+    local origin, score, holder, entry = parse_record(record)
+    if holder == worker then
+      mine[#mine + 1] = unknown[k]
+      records[#records + 1] = {origin, score, entry}
     end
   end
 end
-return released
+batched({"ZREM", leases}, mine)
+batched({"HDEL", leased}, mine)
+for k, id in ipairs(mine) do
+  local record = records[k]
+  redis.call("HINCRBY", deliveries, id, -1)
+  return_entry(record[1], record[2], record[3], queue, qback, seeds, sback)
+end
+return #mine

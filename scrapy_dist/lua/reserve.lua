@@ -29,7 +29,7 @@
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
 -- id, and so its delivery count, each time its lease expires and it is read again. A
 -- copy of a seed whose id is leased at that moment gets "<id>:<n>" instead.
--- uses: _deadletter, _leases, _fence
+-- uses: _deadletter, _leases, _fence, _batch
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, seq, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -45,27 +45,36 @@ end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
--- 1. reclaim expired leases
+-- 1. reclaim expired leases (one HMGET of their records and counts, one ZREM, one HDEL)
 local expired = redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, reclaim_limit)
-for _, id in ipairs(expired) do
-  local record = redis.call("HGET", leased, id)
-  redis.call("ZREM", leases, id)
-  redis.call("HDEL", leased, id)
-  if record then
-    local origin, score, holder, entry = parse_record(record)
-    local times = tonumber(redis.call("HGET", deliveries, id) or "0")
-    if times >= max_deliveries then
-      local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
-        .. "); SCHEDULER_MAX_DELIVERIES reached"
-      redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
-      redis.call("HDEL", deliveries, id)
-      redis.call("HINCRBY", stats, "dead", 1)
-    else
-      return_entry(origin, score, entry, queue, qback, seeds, sback)
-      if string.find(id, ":", 1, true) then
-        redis.call("HDEL", deliveries, id)  -- a copy's id is not kept across deliveries
+if #expired > 0 then
+  local records = batched({"HMGET", leased}, expired)
+  local counts = batched({"HMGET", deliveries}, expired)
+  batched({"ZREM", leases}, expired)
+  batched({"HDEL", leased}, expired)
+  local forget, buried = {}, 0
+  for k, id in ipairs(expired) do
+    local record = records[k]
+    if record then
+      local origin, score, holder, entry = parse_record(record)
+      local times = tonumber(counts[k] or "0")
+      if times >= max_deliveries then
+        local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
+          .. "); SCHEDULER_MAX_DELIVERIES reached"
+        redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
+        forget[#forget + 1] = id
+        buried = buried + 1
+      else
+        return_entry(origin, score, entry, queue, qback, seeds, sback)
+        if string.find(id, ":", 1, true) then
+          forget[#forget + 1] = id -- a copy's id is not kept across deliveries
+        end
       end
     end
+  end
+  batched({"HDEL", deliveries}, forget)
+  if buried > 0 then
+    redis.call("HINCRBY", stats, "dead", buried)
   end
 end
 
@@ -111,27 +120,51 @@ if source == FROM_QUEUE then
 end
 -- [/input]
 
-local result = {}
-for _, pair in ipairs(taken) do
-  local entry, score = pair[1], pair[2]
+-- 3. the leases: ids first, then one variadic command per key (lua/_batch.lua)
+local ids = {}
+local granted = {} -- seed ids leased by this call (the HEXISTS below cannot see them yet)
+for k, pair in ipairs(taken) do
+  local entry = pair[1]
   local id
   if source == FROM_QUEUE then
     id = string.sub(entry, 1, ENTRY_ID_LEN)
   else
     id = FROM_SEEDS .. string.sub(redis.sha1hex(entry), 1, 15)
-    if redis.call("HEXISTS", leased, id) == 1 then
+    if granted[id] or redis.call("HEXISTS", leased, id) == 1 then
       id = id .. ":" .. redis.call("INCR", seq)
     end
+    granted[id] = true
   end
-  local times = redis.call("HINCRBY", deliveries, id, 1)
-  redis.call("ZADD", leases, now + duration, id)
-  redis.call("HSET", leased, id, source .. "|" .. score .. "|" .. worker .. "|" .. entry)
-  redis.call("SADD", index, id)
-  result[#result + 1] = id
-  result[#result + 1] = times
-  result[#result + 1] = entry
+  ids[k] = id
 end
-if #result > 0 then
+
+local result = {}
+if #ids > 0 then
+  -- deliveries: what HINCRBY id 1 would give each, an id leased twice in this call
+  -- (one entry queued twice) counting twice
+  local before = batched({"HMGET", deliveries}, ids)
+  local counts, times_pairs, deadline_pairs, record_pairs = {}, {}, {}, {}
+  local deadline = now + duration
+  for k, id in ipairs(ids) do
+    local entry, score = taken[k][1], taken[k][2]
+    local times = counts[id] or tonumber(before[k] or "0")
+    if times == nil then
+      redis.call("HINCRBY", deliveries, id, 1) -- not an integer: HINCRBY's own error
+    end
+    times = times + 1
+    counts[id] = times
+    local j = 2 * k
+    times_pairs[j - 1], times_pairs[j] = id, times
+    deadline_pairs[j - 1], deadline_pairs[j] = deadline, id
+    record_pairs[j - 1], record_pairs[j] = id, source .. "|" .. score .. "|" .. worker .. "|" .. entry
+    result[#result + 1] = id
+    result[#result + 1] = times
+    result[#result + 1] = entry
+  end
+  batched({"HSET", deliveries}, times_pairs, 2)
+  batched({"ZADD", leases}, deadline_pairs, 2)
+  batched({"HSET", leased}, record_pairs, 2)
+  batched({"SADD", index}, ids)
   -- a dead worker's index goes by itself (its leases expire and are reclaimed)
   redis.call("EXPIRE", index, math.ceil(duration * 2 + 60))
 end

@@ -18,7 +18,7 @@
 --             scrapy_dist/scripts.py's)
 -- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." if the
 --          crawl's epoch is not ARGV[5]
--- uses: _deadletter, _leases, _fence
+-- uses: _deadletter, _leases, _fence, _batch
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, stats = KEYS[5], KEYS[6], KEYS[7]
@@ -31,26 +31,36 @@ end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
-local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+-- One HMGET of the records and one SREM from the index for the whole call; the leases
+-- settled are then deleted with one ZREM and one HDEL (lua/_batch.lua). An id settled
+-- earlier in the same call is not ours any more (its record is gone), as before.
+local ids = {}
 for i = 6, #ARGV, 2 do
-  local id, outcome = ARGV[i], ARGV[i + 1]
-  local record = redis.call("HGET", leased, id)
+  ids[#ids + 1] = ARGV[i]
+end
+local records = batched({"HMGET", leased}, ids)
+batched({"SREM", index}, ids)
+
+local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+local settled, removed, cleared = {}, {}, {}
+for k, id in ipairs(ids) do
+  local outcome = ARGV[5 + 2 * k]
+  local record = not settled[id] and records[k]
   local origin, score, holder, entry
-  redis.call("SREM", index, id)
   if record then
     origin, score, holder, entry = parse_record(record)
   end
   if not record or holder ~= worker then
     lost = lost + 1
   else
-    redis.call("ZREM", leases, id)
-    redis.call("HDEL", leased, id)
+    settled[id] = true
+    removed[#removed + 1] = id
     if outcome == DONE then
-      redis.call("HDEL", deliveries, id)
+      cleared[#cleared + 1] = id
       done = done + 1
     elseif string.sub(outcome, 1, #DEAD_NOW) == DEAD_NOW then
       redis.call("RPUSH", dead, string.sub(outcome, #DEAD_NOW + 1))
-      redis.call("HDEL", deliveries, id)
+      cleared[#cleared + 1] = id
       buried = buried + 1
     elseif outcome == HAND_BACK then
       redis.call("HINCRBY", deliveries, id, -1)
@@ -62,7 +72,7 @@ for i = 6, #ARGV, 2 do
         local reason = outcome .. " (failed on " .. times .. " deliveries; "
           .. "SCHEDULER_MAX_DELIVERIES reached)"
         redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, worker, times))
-        redis.call("HDEL", deliveries, id)
+        cleared[#cleared + 1] = id
         buried = buried + 1
       else
         return_entry(origin, score, entry, queue, qback, seeds, sback)
@@ -71,6 +81,9 @@ for i = 6, #ARGV, 2 do
     end
   end
 end
+batched({"ZREM", leases}, removed)
+batched({"HDEL", leased}, removed)
+batched({"HDEL", deliveries}, cleared)
 if done > 0 then
   redis.call("HINCRBY", stats, "done", done)
 end

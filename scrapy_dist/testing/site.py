@@ -88,13 +88,20 @@ def bfs(start: int, pages: int) -> set[int]:
     return seen
 
 
-def page_html(i: int, pages: int) -> bytes:
-    """The HTML of page ``i``: a ``<title>``, an ``<h1>`` with the number, and its links.
+def page_html(i: int, pages: int, hosts: Sequence[str] = (), port: int = 0) -> bytes:
+    """The HTML of page ``i``: a ``<title>``, an ``<h1>`` with the number, and its links
+    (relative; with ``hosts``, absolute: page ``j`` on host ``hosts[j % len(hosts)]``).
 
     Returns:
         UTF-8 encoded HTML.
     """
-    anchors = "".join(f'<li><a href="/page/{j}">Page {j}</a></li>' for j in links(i, pages))
+
+    def href(j: int) -> str:
+        if not hosts:
+            return f"/page/{j}"
+        return f"http://{hosts[j % len(hosts)]}:{port}/page/{j}"
+
+    anchors = "".join(f'<li><a href="{href(j)}">Page {j}</a></li>' for j in links(i, pages))
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>Page {i}</title></head>'
         f"<body><h1>Page {i}</h1><ul>{anchors}</ul></body></html>"
@@ -265,6 +272,10 @@ class TestSite:
         self.pages = pages
         self.delay = delay
         self.host = host
+        #: Names of this server's address that links use in turn (page ``j`` on
+        #: ``hosts[j % len(hosts)]``; empty: relative links), e.g. for a crawl spread
+        #: over hosts: ``["127.0.0.1", "127.0.1", "0x7f000001"]``.
+        self.hosts: Sequence[str] = ()
         self._requested_port = port
         self._port: int | None = None
         self._lock = threading.Lock()
@@ -476,7 +487,7 @@ class TestSite:
                 return 404, b"not found\n", "text/plain"
             body = self._bodies.get(i)
             if body is None:
-                body = self._bodies[i] = page_html(i, self.pages)
+                body = self._bodies[i] = page_html(i, self.pages, self.hosts, self.port)
             return 200, body, "text/html; charset=utf-8"
         if path == "/__hits":
             return 200, json.dumps(self.hits(), sort_keys=True).encode(), "application/json"
