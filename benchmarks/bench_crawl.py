@@ -94,6 +94,8 @@ class Run:
     pages_per_s: float = 0.0
     ratio: float | None = None
     round_trips_per_page: float | None = None
+    #: Milliseconds per page the workers were blocked in synchronous Redis calls.
+    wait_ms_per_page: float | None = None
     commands_per_page: float | None = None
     cpu_ms_per_page: float | None = None
     redis_mb: float | None = None
@@ -183,6 +185,21 @@ def per_page_from_workers(
         if "last" in marks:
             cpu += marks["last"]["cpu"] - marks["open"]["cpu"]
     return round_trips / pages, cpu * 1000 / pages
+
+
+def wait_per_page(stats: Sequence[dict[str, Any] | None], pages: int) -> float | None:
+    """Milliseconds per page the workers spent blocked in synchronous Redis calls from
+    spider opened to their last response, summed (None if a worker did not record it)."""
+    if pages <= 0:
+        return None
+    wait = 0.0
+    for s in stats:
+        marks = None if s is None else s["marks"]
+        if marks is None or "redis_wait" not in marks["open"]:
+            return None
+        if "last" in marks:
+            wait += marks["last"]["redis_wait"] - marks["open"]["redis_wait"]
+    return wait * 1000 / pages
 
 
 # -- one crawl ------------------------------------------------------------------------------
@@ -334,8 +351,9 @@ class Bench:
         run.round_trips_per_page, run.cpu_ms_per_page = per_page_from_workers(
             run.worker_stats, run.distinct
         )
+        run.wait_ms_per_page = wait_per_page(run.worker_stats, run.distinct)
         if run.scheduler == "memory":
-            run.round_trips_per_page = None
+            run.round_trips_per_page = run.wait_ms_per_page = None
         if client is not None and run.distinct:
             run.commands_per_page = total_calls / run.distinct
         return run
@@ -428,6 +446,7 @@ def run_scaling(bench: Bench, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "max_stall_s": run.max_stall_s,
                 "cpu_ms_per_page": run.cpu_ms_per_page,
                 "round_trips_per_page": run.round_trips_per_page,
+                "wait_ms_per_page": run.wait_ms_per_page,
             }
         )
     ideal = args.scaling_concurrency / args.scaling_delay
@@ -580,8 +599,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def print_table(runs: Sequence[Run]) -> None:
     header = (
         f"{'scheduler':<14} {'workers':>7} {'RTT ms':>13} {'pages/s':>8} {'ratio':>6} "
-        f"{'RT/page':>8} {'cmd/page':>8} {'CPU ms/p':>8} {'Redis MB':>8} {'dup':>4} "
-        f"{'missing':>7} {'stall s':>7}"
+        f"{'RT/page':>8} {'wait ms/p':>9} {'cmd/page':>8} {'CPU ms/p':>8} {'Redis MB':>8} "
+        f"{'dup':>4} {'missing':>7} {'stall s':>7}"
     )
     print()
     print(header)
@@ -592,6 +611,7 @@ def print_table(runs: Sequence[Run]) -> None:
             f"{SCHEDULERS[r.scheduler][1]:<14} {r.workers:>7} {rtt:>13} "
             f"{r.pages_per_s:>8.0f}{'*' if r.capped else ' '}{_fmt(r.ratio, '{:.2f}'):>5} "
             f"{_fmt(r.round_trips_per_page, '{:.2f}'):>8} "
+            f"{_fmt(r.wait_ms_per_page, '{:.2f}'):>9} "
             f"{_fmt(r.commands_per_page, '{:.1f}'):>8} "
             f"{_fmt(r.cpu_ms_per_page, '{:.2f}'):>8} {_fmt(r.redis_mb, '{:.1f}'):>8} "
             f"{r.duplicates:>4} {_fmt(r.missing, '{:d}'):>7} {r.max_stall_s:>7.3f}"
@@ -599,6 +619,42 @@ def print_table(runs: Sequence[Run]) -> None:
     if any(r.capped for r in runs):
         print("* stopped at --run-timeout: rate over the pages fetched until then")
     print("RTT ms: injected (measured PING round trip through the proxy, or on loopback)")
+    print_round_trip_kinds(runs)
+
+
+#: Worker stats that count the scheduler's round trips by kind, and their labels.
+ROUND_TRIP_KINDS = {
+    "scheduler/redis/round_trips/reserve": "reserve",
+    "scheduler/redis/round_trips/flush": "flush",
+    "scheduler/redis/round_trips/seeds": "seeds",
+    "scheduler/held/full": "(held/full)",
+    "scheduler/redis/round_trips/call": "other call",
+    "scheduler/refill/timer": "(timer top-ups)",
+    "control/reads/carried": "(control reads carried)",
+}
+
+
+def print_round_trip_kinds(runs: Sequence[Run]) -> None:
+    """The scheduler's own round trips per page by kind, for the runs whose workers
+    count them (the rest of RT/page: seeds, stats, heartbeats, standalone reads)."""
+    lines = []
+    for r in runs:
+        totals: dict[str, float] = {}
+        for s in r.worker_stats:
+            for key, value in ((s or {}).get("stats") or {}).items():
+                if key in ROUND_TRIP_KINDS:
+                    totals[key] = totals.get(key, 0) + value
+        if not totals or not r.distinct:
+            continue
+        parts = ", ".join(
+            f"{label} {totals[key] / r.distinct:.3f}"
+            for key, label in ROUND_TRIP_KINDS.items()
+            if key in totals
+        )
+        lines.append(f"  {SCHEDULERS[r.scheduler][1]} w{r.workers} rtt {r.rtt_ms:g}: {parts}")
+    if lines:
+        print("Scheduler round trips per page by kind:")
+        print("\n".join(lines))
 
 
 def print_targets(runs: Sequence[Run], scaling: Sequence[dict[str, Any]]) -> None:

@@ -10,6 +10,8 @@ Usage::
     python benchmarks/bench_server.py                   # memory, then the two crawls
     python benchmarks/bench_server.py --memory-only     # memory only (seconds)
     python benchmarks/bench_server.py --pages 10000 --entries 10000
+    python benchmarks/bench_server.py --encodings after --out after.json   # compact only
+    python benchmarks/bench_server.py --compare before.json after.json      # two runs
 
 **Memory** (``--entries`` N, default 10,000): N distinct requests for 67-character URLs
 (``Request(url, callback=spider.parse)``, and the same with ``meta={"depth": 3}`` as the
@@ -248,14 +250,17 @@ class ServerCost:
         return result
 
 
-def crawl(pages: int, run_timeout: float) -> dict[str, Any]:
+def crawl(
+    pages: int, run_timeout: float, encodings: Sequence[str] = tuple(ENCODINGS)
+) -> dict[str, Any]:
     """One worker crawling ``pages`` pages, per encoding, twice: once for the server's
     CPU (nothing recorded), once with every command recorded for the split by script."""
     args = crawl_args(["--pages", str(pages), "--run-timeout", str(run_timeout)])
     bench = Bench(args)
     result: dict[str, Any] = {}
     try:
-        for label, serializer in ENCODINGS.items():
+        for label in encodings:
+            serializer = ENCODINGS[label]
             runs = []
             for slowlog in (False, True):
                 what = "split by script (SLOWLOG)" if slowlog else "CPU"
@@ -395,6 +400,35 @@ def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dic
                 ).run()
 
             rows[f"settle {count}"] = _measure(client, settle, len(batches), count)
+        for links in (1, 20):
+            enqueue_calls = [0]
+
+            def enqueue(links: int = links, done: list[int] = enqueue_calls) -> None:
+                # ``links`` new links per call, each a distinct URL, into the priority
+                # queue with the exact set filter (the crawl's defaults)
+                first = 100_000 + done[0] * links
+                done[0] += 1
+                entries = [
+                    (
+                        hashlib.sha1(url67(i).encode()).digest(),
+                        0.0,
+                        codec.encode(Request(url67(i), callback=spider.parse)),
+                    )
+                    for i in range(first, first + links)
+                ]
+                scripts.enqueue(
+                    queue="c:q",
+                    seq="c:seq",
+                    epoch_key="c:epoch",
+                    queue_kind="zset",
+                    filter_kind="set",
+                    filter_keys=["c:fp"],
+                    filter_args=[0],
+                    entries=entries,
+                    epoch="E",
+                ).run()
+
+            rows[f"enqueue {links}"] = _measure(client, enqueue, calls, links)
         client.close()
     finally:
         server.stop()
@@ -429,10 +463,12 @@ def _measure(client: redis.Redis, call: Any, calls: int, items: int = 0) -> dict
 
 def print_calls(rows: dict[str, Any]) -> None:
     print()
-    print("One script call, by leases per call (priority queue of 20,000 compact entries)")
+    print(
+        "One script call, by leases (or links) per call (priority queue of 20,000 compact entries)"
+    )
     print(
         f"  {'call':<12} {'µs/call':>8} {'inner µs':>9} {'cmds':>6} {'CPU µs/call':>12} "
-        f"{'CPU µs/lease':>13}"
+        f"{'CPU µs/item':>13}"
     )
     for name, row in rows.items():
         per = row.get("cpu_us_per_item")
@@ -461,6 +497,11 @@ def print_memory(result: dict[str, Any]) -> None:
 
 
 def print_crawl(result: dict[str, Any]) -> None:
+    if "before" not in result or "after" not in result:
+        for label, figures in result.items():  # one encoding: its figures alone
+            print_crawl({"before": figures, "after": figures})
+            print(f"  (encoding {label} only: before = after)")
+        return
     before, after = result["before"], result["after"]
     print()
     print("Per crawled page (one worker, loopback): before -> after (ratio)")
@@ -496,14 +537,95 @@ def print_crawl(result: dict[str, Any]) -> None:
             )
 
 
+#: The per-page figures compared between two runs (``--compare``).
+PER_PAGE = (
+    "cpu_us_per_page",
+    "cpu_us_per_page_recorded",
+    "command_us_per_page",
+    "commands_per_page",
+    "round_trips_per_page",
+    "pages_per_s",
+    "redis_mb",
+)
+
+
+def compare(before_path: Path, after_path: Path) -> None:
+    """Print two runs' figures (e.g. the code before and after a change, run back to
+    back) as before -> after (ratio): per crawled page for each encoding both crawled,
+    the split by script, one script call by leases per call, and bytes per lease."""
+    before, after = (json.loads(p.read_text()) for p in (before_path, after_path))
+
+    def line(name: str, b: float, a: float, width: int = 26) -> None:
+        ratio = a / b if b else float("nan")
+        print(f"  {name:<{width}} {b:>9.2f} -> {a:>9.2f}  ({ratio:.2f})")
+
+    print(f"before: {before_path.name}; after: {after_path.name}")
+    for label in after.get("crawl", {}):
+        b, a = before.get("crawl", {}).get(label), after["crawl"][label]
+        if b is None:
+            continue
+        print()
+        print(f"Per crawled page, encoding {label}: before -> after (ratio)")
+        for key in PER_PAGE:
+            line(key, b[key], a[key])
+        print(
+            f"  pages {b['pages']} -> {a['pages']}, missing {b['missing']} -> "
+            f"{a['missing']}, twice {b['duplicates']} -> {a['duplicates']}"
+        )
+        print("Server time by script (recorded run): µs/page, and commands run per call")
+        for name, row in a["by_command"].items():
+            was = b["by_command"].get(name)
+            if was is None or not name.startswith("script:"):
+                continue
+            line(f"{name} µs/page", was["us_per_page"], row["us_per_page"])
+            line(f"{name} µs/call", was["us_per_call"], row["us_per_call"])
+            cmds = [sum(r["calls_per_call"] for r in x["inside"].values()) for x in (was, row)]
+            line(f"{name} commands/call", *cmds)
+    print()
+    print("One script call: server CPU µs per call (round trip included)")
+    for name, row in after.get("script_calls", {}).items():
+        was = before.get("script_calls", {}).get(name)
+        if was is not None:
+            line(name, was["cpu_us_per_call"], row["cpu_us_per_call"])
+    print("One script call: commands run per call")
+    for name, row in after.get("script_calls", {}).items():
+        was = before.get("script_calls", {}).get(name)
+        if was is not None:
+            line(name, was["commands_per_call"], row["commands_per_call"])
+    print()
+    print("Bytes per lease (compact encoding)")
+    for variant, row in after.get("memory", {}).get("after", {}).items():
+        was = before.get("memory", {}).get("after", {}).get(variant)
+        if was is not None:
+            line(variant, was["lease"], row["lease"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=10_000, help="queued requests (10000)")
     parser.add_argument("--pages", type=int, default=10_000, help="site size (10000)")
     parser.add_argument("--run-timeout", type=float, default=300.0)
     parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument(
+        "--encodings",
+        default=",".join(ENCODINGS),
+        help="encodings crawled, of 'before' (long form) and 'after' (compact): before,after",
+    )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE", "AFTER"),
+        help="print two runs' JSON files as before -> after (ratio), run nothing",
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return 0
+    encodings = [e for e in args.encodings.split(",") if e]
+    if not encodings or any(e not in ENCODINGS for e in encodings):
+        parser.error(f"--encodings: a comma-separated list of {', '.join(ENCODINGS)}")
     signal.signal(signal.SIGTERM, on_sigterm)
     out = args.out or RESULTS / f"server-{time.strftime('%Y%m%d-%H%M%S')}.json"
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
@@ -513,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["script_calls"] = script_calls()
         print_calls(result["script_calls"])
         if not args.memory_only:
-            result["crawl"] = crawl(args.pages, args.run_timeout)
+            result["crawl"] = crawl(args.pages, args.run_timeout, encodings)
             print_crawl(result["crawl"])
     except KeyboardInterrupt:
         print("\ninterrupted: everything started was stopped")

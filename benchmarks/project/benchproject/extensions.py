@@ -1,9 +1,12 @@
-"""Per-worker benchmark figures: pages, CPU time and Redis round trips.
+"""Per-worker benchmark figures: pages, CPU time, Redis round trips and the time the
+reactor waited for them.
 
 Round trips are counted at the client: every ``send_packed_command`` of a redis-py
 connection (sync or asyncio) is one request/response exchange; a pipeline or a script
-call sends once. The counting wrapper is installed when this module is imported, which
-Scrapy does while building the crawler, before any Redis component talks to Redis.
+call sends once. The wait is the wall time spent inside a synchronous connection's
+``send_packed_command`` and ``read_response`` (a blocking call blocks the reactor).
+The wrappers are installed when this module is imported, which Scrapy does while
+building the crawler, before any Redis component talks to Redis.
 """
 
 from __future__ import annotations
@@ -30,16 +33,35 @@ logger = logging.getLogger(__name__)
 
 #: Round trips to Redis made by this process so far.
 ROUND_TRIPS = [0]
+#: Seconds spent waiting in synchronous Redis calls so far.
+WAIT = [0.0]
 
 
 def _count_sync(method: Any) -> Any:
     @functools.wraps(method)
     def send_packed_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         ROUND_TRIPS[0] += 1
-        return method(self, *args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            WAIT[0] += time.perf_counter() - started
 
     send_packed_command.counting = True  # type: ignore[attr-defined]
     return send_packed_command
+
+
+def _time_sync(method: Any) -> Any:
+    @functools.wraps(method)
+    def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            WAIT[0] += time.perf_counter() - started
+
+    read_response.counting = True  # type: ignore[attr-defined]
+    return read_response
 
 
 def _count_async(method: Any) -> Any:
@@ -60,6 +82,9 @@ def _install() -> None:
         method = cls.send_packed_command
         if not getattr(method, "counting", False):
             cls.send_packed_command = wrap(method)  # type: ignore[method-assign]
+    read = redis.connection.AbstractConnection.read_response
+    if not getattr(read, "counting", False):
+        redis.connection.AbstractConnection.read_response = _time_sync(read)  # type: ignore[method-assign]
 
 
 _install()
@@ -94,6 +119,7 @@ class BenchStats:
         self.marks[name] = {
             "cpu": time.process_time(),
             "round_trips": ROUND_TRIPS[0],
+            "redis_wait": WAIT[0],
             "time": time.time(),
         }
 
