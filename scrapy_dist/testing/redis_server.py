@@ -395,7 +395,7 @@ class RedisServer:
         """
         self._stop_process(graceful=False)
 
-    def restart(self, timeout: float = 10.0) -> None:
+    def restart(self, timeout: float = 10.0, down: float = 0.0) -> None:
         """Start the server again on the same port and directory, stopping it first if running.
 
         With ``appendonly=True`` the AOF is reloaded, so writes acknowledged before a
@@ -403,12 +403,15 @@ class RedisServer:
 
         Args:
             timeout: Seconds to wait for the server to answer.
+            down: Seconds to stay stopped before starting again (an outage clients
+                are sure to meet, where a quick restart can pass unseen between calls).
 
         Raises:
             RuntimeError: The server cannot start again (port taken, bad AOF...).
         """
         port = self._port
         self._stop_process(graceful=True)
+        time.sleep(down)
         if port is None:
             self.start(timeout)
             return
