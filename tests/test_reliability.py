@@ -145,7 +145,12 @@ def test_poison_page_ends_in_dead_letters(crawl: Crawl) -> None:
     assert len(missing) < 5, missing
 
 
-def test_one_worker_stops_early_the_other_finishes(crawl: Crawl) -> None:
+def test_one_worker_stops_early_the_other_finishes(
+    crawl: Crawl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # slower pages (the 320 left last over 4 s for the other worker alone), so the other
+    # is still crawling when the early one has finished its graceful shutdown
+    monkeypatch.setattr(crawl.site, "delay", 0.05)
     early, late = crawl.start(2)
     crawl.seed()
     crawl.hit_when(80)
