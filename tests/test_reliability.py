@@ -55,7 +55,7 @@ class Crawl(WorkerCrawl):
     """Workers of one crawl (``tests/project``, FAST settings); all stopped at teardown."""
 
     def __init__(self, server: RedisServer, site: TestSite, log_dir: Path) -> None:
-        super().__init__(server, site, log_dir, project_dir=PROJECT, settings=FAST, hit_timeout=30)
+        super().__init__(server, site, log_dir, project_dir=PROJECT, settings=FAST)
 
     def assert_complete(self) -> dict[str, int]:
         hits = self.site.hits()
