@@ -761,12 +761,19 @@ def test_drain_while_redis_refuses_writes_loses_nothing(
         crawl.hit_when(30)
         set_state(crawl.client, RedisKeys.build("pages"), DRAINING)
         lift = refuse_oom(crawl.client)  # before the workers act on the drain
-        time.sleep(3)
+        # refused until a worker finished its work and said it waits for Redis (a
+        # loaded machine may take more than a few seconds to get there), and for 3 s
+        # at least; it then waits up to the 20 s lease timeout
+        waiting = "waiting for it up to SCHEDULER_LEASE_TIMEOUT"
+        refused_at = time.monotonic()
+        while waiting not in crawl.full_logs():
+            assert time.monotonic() - refused_at < 15, crawl.logs()
+            time.sleep(0.1)
+        time.sleep(max(0.0, refused_at + 3 - time.monotonic()))
         # they finished their work but Redis has not taken their acknowledgements: wait
         assert [w.returncode for w in crawl.workers] == [None, None], crawl.logs()
         lift()
         assert crawl.wait(timeout=40) == [0, 0], crawl.logs()
-        assert "waiting for it up to SCHEDULER_LEASE_TIMEOUT" in crawl.full_logs()
         assert leases_per_shard(crawl) == [0, 0, 0]  # every acknowledgement went through
         fetched = site.hits()
         assert cli(project, server.url, "resume", "pages").returncode == 0

@@ -132,10 +132,12 @@ def test_a_dead_workers_requests_come_back(
 
 
 def test_renewal_keeps_a_slow_request(worker: Callable[..., Worker]) -> None:
-    slow, other = worker(), worker()
+    # a 2 s lease renewed every 0.3 s: a loaded machine may stall a tick by over 1 s
+    # before the lease runs out (with the module's 0.6 s lease, by 0.3 s)
+    slow, other = worker({"SCHEDULER_LEASE_TIMEOUT": 2}), worker()
     slow.scheduler.enqueue_request(Request(URL + "slow"))
     assert slow.take() is not None
-    for _ in range(4):  # 1.2 s, twice the lease timeout, renewed on each tick
+    for _ in range(14):  # 4.2 s, twice the lease timeout, renewed on each tick
         time.sleep(0.3)
         slow.scheduler._tick()
     assert other.take() is None

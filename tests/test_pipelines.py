@@ -231,7 +231,12 @@ def test_items_refused_for_now_are_kept_in_order_and_said_once(
         try:
             for i in range(1, 200):
                 writer.put(str(i).encode())
-            time.sleep(1.5)  # several attempts, refused
+            # several attempts, refused (waited for: a loaded machine may make fewer
+            # than two in a fixed time, the second coming 0.5 s after the first)
+            collector = writer.stats
+            assert collector is not None
+            refused = f"items/redis/refused/{code}"
+            wait_for(lambda: (collector.get_value(refused) or 0) >= 2)
             assert writer.unsent == 199
         finally:
             restore()

@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 PROJECT = Path(__file__).parent / "project"
 
 #: Pages per host, and the seconds a page of the polite host takes to serve (longer
-#: than the delay, so the concurrency limit binds too).
-A_PAGES, B_PAGES, A_SERVE, B_SERVE = 30, 120, 0.3, 0.02
+#: than the delay, so the concurrency limit binds too). Host A's 60 pages take about
+#: 16 s under its budget, so host B (about 2 s unloaded, CPU-bound) has room to finish
+#: before A's last quarter even on a loaded machine (30 pages gave B about 6 s).
+A_PAGES, B_PAGES, A_SERVE, B_SERVE = 60, 120, 0.3, 0.02
 
 
 class TwoHostSite:
@@ -259,11 +261,12 @@ def test_delay_spaces_send_times_across_calls(client: redis.Redis, keys: RedisKe
 
 
 def test_a_dead_workers_tokens_expire(client: redis.Redis, keys: RedisKeys) -> None:
-    (g,), _ = call(client, keys, "dead:", [("a.com", 2, 2, 0)], timeout_ms=300)
+    # a 1 s timeout: the second call must come before it, even on a loaded machine
+    (g,), _ = call(client, keys, "dead:", [("a.com", 2, 2, 0)], timeout_ms=1000)
     assert g[0] == 2
     (g,), _ = call(client, keys, "live:", [("a.com", 2, 2, 0)])
     assert g[0] == 0
-    time.sleep(0.4)
+    time.sleep(1.1)
     (g,), _ = call(client, keys, "live:", [("a.com", 2, 2, 0)])
     assert g[0] == 2
     assert client.hget(keys.politeness_busy, "a.com") == b"2"
@@ -271,15 +274,17 @@ def test_a_dead_workers_tokens_expire(client: redis.Redis, keys: RedisKeys) -> N
 
 
 def test_renewal_keeps_tokens_and_reports_lost_ones(client: redis.Redis, keys: RedisKeys) -> None:
-    call(client, keys, "w:", [("a.com", 1, 2, 0)], timeout_ms=300)
-    time.sleep(0.2)
-    _, lost = call(client, keys, "w:", renewals=["w:0|a.com", "w:gone|a.com"], timeout_ms=300)
+    # a 1 s timeout and renewals 0.6 s apart: each comes before the deadline it renews
+    # with 0.4 s to spare for a loaded machine (sleeps only ever last longer)
+    call(client, keys, "w:", [("a.com", 1, 2, 0)], timeout_ms=1000)
+    time.sleep(0.6)
+    _, lost = call(client, keys, "w:", renewals=["w:0|a.com", "w:gone|a.com"], timeout_ms=1000)
     assert lost == [b"w:gone|a.com"]
-    time.sleep(0.2)  # past the first deadline, within the renewed one
-    _, lost = call(client, keys, "w:", renewals=["w:0|a.com"], timeout_ms=300)
+    time.sleep(0.6)  # past the first deadline, within the renewed one
+    _, lost = call(client, keys, "w:", renewals=["w:0|a.com"], timeout_ms=1000)
     assert lost == []
-    time.sleep(0.4)
-    _, lost = call(client, keys, "w:", renewals=["w:0|a.com"], timeout_ms=300)
+    time.sleep(1.2)
+    _, lost = call(client, keys, "w:", renewals=["w:0|a.com"], timeout_ms=1000)
     assert lost == [b"w:0|a.com"]
     assert client.hget(keys.politeness_busy, "a.com") is None
 

@@ -55,7 +55,7 @@ class Crawl(WorkerCrawl):
     """Workers of one crawl (``tests/project``, FAST settings); all stopped at teardown."""
 
     def __init__(self, server: RedisServer, site: TestSite, log_dir: Path) -> None:
-        super().__init__(server, site, log_dir, project_dir=PROJECT, settings=FAST, hit_timeout=30)
+        super().__init__(server, site, log_dir, project_dir=PROJECT, settings=FAST)
 
     def assert_complete(self) -> dict[str, int]:
         hits = self.site.hits()
@@ -145,7 +145,12 @@ def test_poison_page_ends_in_dead_letters(crawl: Crawl) -> None:
     assert len(missing) < 5, missing
 
 
-def test_one_worker_stops_early_the_other_finishes(crawl: Crawl) -> None:
+def test_one_worker_stops_early_the_other_finishes(
+    crawl: Crawl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # slower pages (the 320 left last over 4 s for the other worker alone), so the other
+    # is still crawling when the early one has finished its graceful shutdown
+    monkeypatch.setattr(crawl.site, "delay", 0.05)
     early, late = crawl.start(2)
     crawl.seed()
     crawl.hit_when(80)

@@ -112,10 +112,14 @@ def test_two_groups_each_read_every_item_and_a_killed_consumer_loses_none(
         "REDIS_ITEMS_FLUSH_INTERVAL": 0.1,
         "REDIS_ITEMS_BATCH_SIZE": 7,
     }
-    with TestSite(pages=PAGES) as site:
+    # both workers open before the seed, and pages slow enough (60 pages last at least
+    # 1.5 s for one worker) that both take part: on a loaded machine one worker could
+    # otherwise open after the other had crawled the whole site alone
+    with TestSite(pages=PAGES, delay=0.1) as site:
         crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)
         try:
             crawl.start(2)
+            crawl.wait_ready()
             crawl.seed()
             assert crawl.wait(90) == [0, 0], crawl.logs()
             assert not crawl.missing()
@@ -495,7 +499,13 @@ def test_stream_items_refused_for_now_stay_buffered_in_order(
     try:
         for i in range(50):
             writer.put(str(i).encode())
-        time.sleep(1.0)
+        # refused at least once (waited for: a loaded machine may delay the writer's
+        # first attempt), and nothing stored
+        refused = f"items/redis/refused/{code}"
+        deadline = time.monotonic() + 15
+        while not crawler.stats.get_value(refused):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         assert writer.unsent == 50
     finally:
         restore()
