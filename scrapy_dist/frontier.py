@@ -614,7 +614,7 @@ class Frontier:
         future = self._io.submit(lambda: self.outbox.send(calls))
         flight = self._flight = _Flight(prepared, future, then)
         self.stats.inc_value("scheduler/redis/background_flushes")
-        future.add_done_callback(lambda _: call_from_thread(lambda: self._landed(flight)))
+        future.add_done_callback(lambda _: call_from_thread(lambda: self._arrived(flight)))
 
     def land(self, timeout: float = 60.0) -> None:
         """Wait for the flush in flight (if any) and apply its reply now, on this
@@ -630,6 +630,16 @@ class Frontier:
             self._landed(flight, redis.TimeoutError(f"no reply within {timeout:g}s"))
             return
         self._landed(flight)
+
+    def _arrived(self, flight: _Flight) -> None:
+        """The I/O thread's reply to ``flight``, on the reactor thread: applied unless
+        :meth:`land` did it first; an error applying it is logged and counted as the
+        timer's (the reactor must not see it)."""
+        try:
+            self._landed(flight)
+        except Exception:
+            self.stats.inc_value("scheduler/timer/errors")
+            logger.exception("Scheduler timer: applying a flush's reply failed")
 
     def _landed(self, flight: _Flight, error: Exception | None = None) -> None:
         """Apply the reply of ``flight`` (once: a later call for it does nothing)."""
