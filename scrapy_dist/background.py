@@ -36,7 +36,9 @@ class IOThread:
 
     def __init__(self, name: str = "scrapy-dist-io") -> None:
         self.name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -55,9 +57,20 @@ class IOThread:
         self._jobs.put((func, future))
         return future
 
+    def stop(self) -> None:
+        """End the thread once the calls submitted so far ran (a later :meth:`submit`
+        starts a new one)."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                self._jobs.put(None)
+            self._thread = None
+
     def _run(self) -> None:
         while True:
-            func, future = self._jobs.get()
+            job = self._jobs.get()
+            if job is None:
+                return
+            func, future = job
             if not future.set_running_or_notify_cancel():
                 continue
             try:

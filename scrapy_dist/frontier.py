@@ -631,6 +631,13 @@ class Frontier:
             return
         self._landed(flight)
 
+    def stop_io(self) -> None:
+        """Land the flush in flight, if any, and end the I/O thread (at close; a later
+        :meth:`flush_later` starts it again)."""
+        self.land()
+        if self._io is not None:
+            self._io.stop()
+
     def _arrived(self, flight: _Flight) -> None:
         """The I/O thread's reply to ``flight``, on the reactor thread: applied unless
         :meth:`land` did it first; an error applying it is logged and counted as the

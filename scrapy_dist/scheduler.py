@@ -445,6 +445,7 @@ class Scheduler(BaseScheduler):
         if reason == FRONTIER_LOST and self.fault_exit_code:
             exit_with(self.fault_exit_code)
         self.membership.leave(reason)
+        self.frontier.stop_io()
 
     def enqueue_request(self, request: Request) -> bool:
         """Store ``request`` in the shared queue unless it is a duplicate.

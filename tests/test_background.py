@@ -275,3 +275,10 @@ def test_the_io_thread_runs_calls_in_order_and_hands_over_errors() -> None:
         future.result(5)
     assert order == [0, 1, 2, 3, 4]
     assert isinstance(failed.exception(5), ValueError)
+    thread = io._thread
+    assert thread is not None
+    io.stop()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert io.submit(lambda: 7).result(5) == 7  # a new thread, on demand
+    io.stop()
