@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: Round trips to Redis made by this process so far.
 ROUND_TRIPS = [0]
-#: Seconds the reactor thread spent waiting in synchronous Redis calls so far (the I/O
-#: thread's calls, ``SCHEDULER_BACKGROUND_FLUSH``, block no one: not counted).
+#: Seconds the reactor thread spent waiting in synchronous Redis calls so far, and for
+#: a flush in flight (``Frontier.land``); the I/O thread's calls
+#: (``SCHEDULER_BACKGROUND_FLUSH``) block no one: not counted.
 WAIT = [0.0]
 
 
@@ -92,6 +93,11 @@ def _install() -> None:
     read = redis.connection.AbstractConnection.read_response
     if not getattr(read, "counting", False):
         redis.connection.AbstractConnection.read_response = _time_sync(read)  # type: ignore[method-assign]
+    from scrapy_dist.frontier import Frontier
+
+    land = getattr(Frontier, "land", None)  # the reactor waiting for a flush in flight
+    if land is not None and not getattr(land, "counting", False):
+        Frontier.land = _time_sync(land)  # type: ignore[method-assign]
 
 
 _install()
