@@ -232,6 +232,11 @@ SCHEDULER_FAULT_EXIT_CODE = 3
 #: also go with the next batch of requests taken); ``0`` sends each at once.
 SCHEDULER_FLUSH_INTERVAL = 0.1
 
+#: Send the timer's flushes (requests, acknowledgements, the top-up of the local buffer)
+#: from an I/O thread, so the reactor goes on crawling during the round trip; ``False``:
+#: send them on the reactor thread. A sharded crawl always sends them on the reactor.
+SCHEDULER_BACKGROUND_FLUSH = True
+
 #: Delete this crawl's queue and dupefilter when a worker opens, if no other worker
 #: of the crawl is alive.
 SCHEDULER_FLUSH_ON_START = False

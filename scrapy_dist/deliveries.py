@@ -83,13 +83,16 @@ class Deliveries:
     def room(self, *, after_flush: bool = False) -> int:
         """Leases this worker may still take (see ``max_held``); ``after_flush``: once
         the next flush sent the settlements it carries (those whose requests Redis has
-        confirmed), as a reserve riding that flush sees it (they run before it)."""
+        confirmed), as a reserve riding that flush sees it (they run before it). The
+        leases a reserve in flight may bring count as held
+        (:attr:`Frontier.reserving`)."""
         settlements = (
             self.frontier.settlements_after_flush()
             if after_flush
             else self.frontier.pending_settlements
         )
-        return self.max_held - len(self.buffer) - len(self.out) - settlements
+        held = len(self.buffer) + len(self.out) + settlements + self.frontier.reserving
+        return self.max_held - held
 
     def lease_of(self, request: Request | None) -> str:
         """The lease id of ``request`` if it is in the engine as this worker's, else
@@ -146,6 +149,8 @@ class Deliveries:
         Returns:
             Whether the buffer holds a request now.
         """
+        if not self.buffer:
+            self.frontier.land()  # the flush in flight may bring some
         while not self.buffer:
             if not self._reserve(decode, reject):
                 return False
@@ -178,14 +183,23 @@ class Deliveries:
             How many requests were added to the buffer.
         """
         buffered = len(self.buffer)
+        count = self.top_up_count()
+        if not count:
+            return 0
+        self._reserve(decode, reject, count)
+        self.stats.inc_value("scheduler/refill/timer")
+        return len(self.buffer) - buffered
+
+    def top_up_count(self) -> int:
+        """How many requests a top-up leases (see :meth:`top_up`): 0 when the buffer
+        holds ``prefetch`` or more, or there is no room."""
+        buffered = len(self.buffer)
         if buffered >= self.prefetch:
             return 0
         room = self.room(after_flush=True)
         if room <= 0:
             return 0
-        self._reserve(decode, reject, min(room, 2 * self.prefetch - buffered))
-        self.stats.inc_value("scheduler/refill/timer")
-        return len(self.buffer) - buffered
+        return min(room, 2 * self.prefetch - buffered)
 
     def _reserve(
         self,
@@ -196,7 +210,8 @@ class Deliveries:
         """One reserve of up to ``count`` (else ``prefetch``) requests into the buffer:
         ``False`` when there is no room or nothing was leased (the queue is empty, or
         Redis is unreachable). The settlements the same flush sends free their room
-        first."""
+        first (after the flush in flight, if any, landed)."""
+        self.frontier.land()
         room = self.room(after_flush=True)
         if room <= 0 and self.frontier.pending_settlements:
             self.frontier.flush()  # confirm the requests the acknowledgements wait for
@@ -207,7 +222,23 @@ class Deliveries:
         leases = self.frontier.reserve(min(count or self.prefetch, room))
         if not leases:
             return False
+        self.add(leases, decode, reject)
+        return True
+
+    def add(
+        self,
+        leases: list[Lease],
+        decode: Callable[[bytes], Request],
+        reject: Callable[[Lease, SerializationError], str],
+    ) -> int:
+        """Buffer the requests of new leases (a reserve's); those that cannot be
+        rebuilt are settled with ``reject``'s settlement.
+
+        Returns:
+            How many were buffered.
+        """
         bad = []
+        buffered = len(self.buffer)
         for lease in leases:
             try:
                 request = decode(lease.data)
@@ -216,7 +247,7 @@ class Deliveries:
             else:
                 self.buffer.append((lease, request))
         self.frontier.settle(bad)
-        return True
+        return len(self.buffer) - buffered
 
     def take(self) -> Request | None:
         """The next buffered request, now in the engine; ``None`` if none is buffered."""

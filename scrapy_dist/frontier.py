@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from weakref import WeakKeyDictionary
 
@@ -27,6 +28,7 @@ import redis
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.background import IOThread, call_from_thread, reactor_running
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.epoch import FINISHED, REPLACED, VANISHED, fenced, join, log_gone, why_gone
 from scrapy_dist.eviction import check_eviction_policy
@@ -134,6 +136,24 @@ class _Call(NamedTuple):
     on_reply: Callable[[Any], list[Lease] | None]
 
 
+class _Prepared(NamedTuple):
+    """A flush ready to send: its calls, the outbox's batch they carry, and how many
+    entries its reserve asks for."""
+
+    calls: list[_Call]
+    batch: Batch
+    reserve: int
+
+
+class _Flight(NamedTuple):
+    """A flush sent by the I/O thread (:mod:`scrapy_dist.background`), not yet applied."""
+
+    prepared: _Prepared
+    future: Future[Any]
+    #: Gets the leases its reserve brought (empty: none), when it asked for any.
+    then: Callable[[list[Lease]], None] | None
+
+
 class Frontier:
     """The crawl's shared state as one worker sees it: its epoch, writes, leases and
     completion.
@@ -156,6 +176,8 @@ class Frontier:
         clear_keys: keys of other parts (the crawl's shared dupefilter) deleted with the
             frontier's own when a crawl that does not persist finishes.
         replication: replica confirmations and master checks (``None``: none).
+        background: the scheduler's timer may send its flushes from the I/O thread
+            (:meth:`flush_later`), off the reactor thread.
     """
 
     def __init__(
@@ -174,6 +196,7 @@ class Frontier:
         eager: bool = False,
         clear_keys: Iterable[str] = (),
         replication: Replication | None = None,
+        background: bool = False,
     ) -> None:
         check_frontier(eviction_check, lease_timeout, max_deliveries)
         if not getattr(queue, "take", None):
@@ -234,6 +257,11 @@ class Frontier:
         #: in its pipeline (``None``: nothing due): a read that is due anyway then costs
         #: no round trip of its own (the crawl control state, :mod:`scrapy_dist.control`).
         self.riders: list[Callable[[], Read | None]] = []
+        #: The timer's flushes may go through the I/O thread (:meth:`flush_later`).
+        self.background = background
+        self._io: IOThread | None = None
+        #: The flush the I/O thread sends, until its reply is applied (at most one).
+        self._flight: _Flight | None = None
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> Frontier:
@@ -284,6 +312,7 @@ class Frontier:
             eviction_check=config.frontier.eviction_check,
             wrongtype_timeout=config.frontier.wrongtype_timeout,
             eager=config.frontier.eager,
+            background=config.frontier.background,
             clear_keys=[] if shared is None else shared.keys(),
             replication=Replication(
                 client,
@@ -512,7 +541,8 @@ class Frontier:
 
     def flush(self, *, reserve: int = 0, seeds: bool | SeedQueue = False) -> list[Lease] | None:
         """Send pending enqueues, then settlements whose requests are confirmed, then
-        (if ``reserve``) lease up to that many requests or seeds: one round trip.
+        (if ``reserve``) lease up to that many requests or seeds: one round trip, on
+        this thread, after the flush in flight (if any) has landed (:meth:`land`).
 
         Args:
             reserve: how many entries to lease (0: none).
@@ -523,6 +553,126 @@ class Frontier:
             The new leases (empty if none were asked for or there are none), or
             ``None`` if Redis is unreachable or refuses (the writes stay pending), or
             the crawl is :attr:`lost`.
+        """
+        self.land()
+        prepared = self._prepare(reserve, seeds=seeds)
+        if not isinstance(prepared, _Prepared):
+            return prepared
+        try:
+            answers = self.outbox.send([c.call for c in prepared.calls])
+        except redis.RedisError as e:  # whatever it is, the work stays in the outbox
+            return self._apply(prepared, seeds, None, e)
+        except BaseException:
+            self.outbox.landed()
+            self.outbox.restore(prepared.batch)
+            raise
+        return self._apply(prepared, seeds, answers, None)
+
+    # -- flushes off the reactor thread (scrapy_dist.background) ---------------------
+
+    def can_flush_later(self) -> bool:
+        """Whether :meth:`flush_later` sends from the I/O thread: ``background`` is on,
+        writes are not ``eager``, and the reactor runs (the reply lands on it)."""
+        return self.background and not self.eager and reactor_running()
+
+    @property
+    def flying(self) -> bool:
+        """Whether a flush is in flight (sent by the I/O thread, reply not applied)."""
+        return self._flight is not None
+
+    @property
+    def reserving(self) -> int:
+        """Entries the reserve of the flush in flight may bring (0: none in flight):
+        room this worker counts as held until it lands."""
+        return 0 if self._flight is None else self._flight.prepared.reserve
+
+    def flush_later(
+        self, *, reserve: int = 0, then: Callable[[list[Lease]], None] | None = None
+    ) -> None:
+        """Start a flush (as :meth:`flush`, of requests only) on the I/O thread, unless
+        one is in flight already or there is nothing to send; its reply is applied on
+        the reactor thread when it arrives, or by :meth:`land`, whichever comes first.
+        Until then its batch is in flight (:attr:`Outbox.flying`): not resent, not
+        confirmed, its settlements' leases still held, and settlements added meanwhile
+        wait behind its enqueues. Call only where :meth:`can_flush_later`.
+
+        Args:
+            reserve: how many requests to lease (0: none).
+            then: gets the leases the reserve brought (empty: none or no reply), on
+                the reactor thread, when ``reserve`` is asked.
+        """
+        if self._flight is not None:
+            return
+        prepared = self._prepare(reserve, seeds=False)
+        if not isinstance(prepared, _Prepared):
+            if then is not None and reserve and prepared is not None:
+                then(prepared)
+            return
+        if self._io is None:
+            self._io = IOThread(f"scrapy-dist-io-{self.worker_id}")
+        calls = [c.call for c in prepared.calls]
+        future = self._io.submit(lambda: self.outbox.send(calls))
+        flight = self._flight = _Flight(prepared, future, then)
+        self.stats.inc_value("scheduler/redis/background_flushes")
+        future.add_done_callback(lambda _: call_from_thread(lambda: self._arrived(flight)))
+
+    def land(self, timeout: float = 60.0) -> None:
+        """Wait for the flush in flight (if any) and apply its reply now, on this
+        thread; a flush not answered within ``timeout`` seconds is taken as a lost
+        reply (its writes go back to the outbox, and leases its reserve may have
+        brought are handed back later: :meth:`_release_unknown`)."""
+        flight = self._flight
+        if flight is None:
+            return
+        self.stats.inc_value("scheduler/redis/flush_waited")
+        done, _ = wait([flight.future], timeout)
+        if not done:
+            self._landed(flight, redis.TimeoutError(f"no reply within {timeout:g}s"))
+            return
+        self._landed(flight)
+
+    def stop_io(self) -> None:
+        """Land the flush in flight, if any, and end the I/O thread (at close; a later
+        :meth:`flush_later` starts it again)."""
+        self.land()
+        if self._io is not None:
+            self._io.stop()
+
+    def _arrived(self, flight: _Flight) -> None:
+        """The I/O thread's reply to ``flight``, on the reactor thread: applied unless
+        :meth:`land` did it first; an error applying it is logged and counted as the
+        timer's (the reactor must not see it)."""
+        try:
+            self._landed(flight)
+        except Exception:
+            self.stats.inc_value("scheduler/timer/errors")
+            logger.exception("Scheduler timer: applying a flush's reply failed")
+
+    def _landed(self, flight: _Flight, error: Exception | None = None) -> None:
+        """Apply the reply of ``flight`` (once: a later call for it does nothing)."""
+        if self._flight is not flight:
+            return
+        self._flight = None
+        answers: list[Any] | None = None
+        if error is None:
+            error = cast("Exception | None", flight.future.exception())
+            if error is None:
+                answers = flight.future.result()
+        leases = self._apply(flight.prepared, False, answers, error)
+        if flight.then is not None and flight.prepared.reserve:
+            if leases == []:
+                self.found_empty_at = time.monotonic()
+            flight.then(leases or [])
+
+    # -- one flush, in three steps ----------------------------------------------------
+
+    def _prepare(self, reserve: int, *, seeds: bool | SeedQueue) -> _Prepared | list[Lease] | None:
+        """Everything before a flush's round trip: the calls, the batch taken out of
+        the outbox (now :attr:`Outbox.flying`).
+
+        Returns:
+            What to send, or the flush's result when nothing is sent (``[]``: nothing
+            to send; ``None``: the crawl is :attr:`lost`, or Redis within a backoff).
         """
         if self.lost is not None:
             return None
@@ -545,14 +695,28 @@ class Frontier:
             return []
         if not outbox.can_try():
             return None
-        batch = outbox.take()
-        try:
-            answers = outbox.send([c.call for c in calls])
-        except redis.RedisError as e:  # whatever it is, the work stays in the outbox
+        return _Prepared(calls, outbox.take(), reserve)
+
+    def _apply(
+        self,
+        prepared: _Prepared,
+        seeds: bool | SeedQueue,
+        answers: list[Any] | None,
+        error: Exception | None,
+    ) -> list[Lease] | None:
+        """Everything after a flush's round trip: its batch is no longer in flight;
+        hand each answer to its call, or (``error``: the pipeline failed as a whole)
+        put the batch back and note the outage. Returns as :meth:`flush`."""
+        outbox = self.outbox
+        outbox.landed()
+        calls, batch, reserve = prepared
+        if self.lost is not None:  # found gone meanwhile: its writes were dropped
+            return None
+        if error is not None or answers is None:
             outbox.restore(batch)
-            lost_reserve = reserve > 0 and isinstance(e, UNREACHABLE)
+            lost_reserve = reserve > 0 and isinstance(error, UNREACHABLE)
             self.leases.reply_lost = self.leases.reply_lost or lost_reserve
-            outbox.failed(e)
+            outbox.failed(error or redis.RedisError("no reply"))
             return None
         self.stats.inc_value("scheduler/redis/round_trips")
         kind = "flush" if not reserve else "reserve" if seeds is False else "seeds"

@@ -4,7 +4,10 @@ Every flush interval the timer settles what the engine finished and sends pendin
 writes, with a reserve that tops up the scheduler's buffer when it runs low (so the
 engine rarely finds it empty and waits for a reserve of its own), and with the crawl's
 control state when its read is due (:class:`~scrapy_dist.control.ControlWatcher`): one
-round trip; every heartbeat interval it also heartbeats in the crawl's worker registry and
+round trip, sent from the worker's I/O thread when the scheduler can
+(``flush_later``, :mod:`scrapy_dist.background`: the reactor then goes on running the
+engine; a tick while that flush is in flight sends nothing more); every heartbeat
+interval it also heartbeats in the crawl's worker registry and
 renews the leases this worker holds. Each tick also reads the crawl's control state
 when due and acts on it (:class:`~scrapy_dist.control.WorkerControl`: pause, resume,
 drain). A timer that did not run for longer than a lease
@@ -50,6 +53,10 @@ class Heartbeat:
         control: the crawl's control state, acted on each tick (``None``: none).
         refill: called each tick before the flush; leases more into the scheduler's
             buffer with it when the buffer runs low (``None``: plain flushes).
+        flush_later: called each tick instead of ``refill`` and the flush: starts the
+            tick's flush (with its top-up) on the I/O thread and returns ``True``, or
+            returns ``False`` when it cannot (the tick then flushes on this thread);
+            ``None``: never.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class Heartbeat:
         on_lost: Callable[[], None],
         control: WorkerControl | None = None,
         refill: Callable[[], None] | None = None,
+        flush_later: Callable[[], bool] | None = None,
     ) -> None:
         self.frontier = frontier
         self.registry = registry
@@ -74,6 +82,7 @@ class Heartbeat:
         self.on_lost = on_lost
         self.control = control
         self.refill = refill
+        self.flush_later = flush_later
         #: Runs the ticks; created by :meth:`start` (creating it imports the reactor).
         self.ticker: LoopingCall | None = None
         #: The spider named in log records.
@@ -152,9 +161,10 @@ class Heartbeat:
         if self.frontier.lost is not None:
             self.on_lost()
             return
-        if self.refill is not None:
-            self.refill()  # a reserve that carries the tick's writes (and reads)
-        self.frontier.flush()  # what is left (nothing, if the reserve sent it all)
+        if self.flush_later is None or not self.flush_later():
+            if self.refill is not None:
+                self.refill()  # a reserve that carries the tick's writes (and reads)
+            self.frontier.flush()  # what is left (nothing, if the reserve sent it all)
         if self.control is not None:
             self.control.tick()
             if self.stopped:  # the drain closed the scheduler: it left the registry

@@ -153,24 +153,37 @@ class Outbox:
         #: The error code of the refusal under way ("" when Redis was unreachable).
         self._refusing = ""
         self._wrongtype_since: float | None = None
+        #: The batch of the flush under way (taken, not yet answered): its enqueues are
+        #: not confirmed and its settlements not sent, so the settlements added
+        #: meanwhile wait behind its enqueues (:mod:`scrapy_dist.background`).
+        self.flying: Batch | None = None
 
     # -- what waits ---------------------------------------------------------------------
 
     @property
     def pending_writes(self) -> int:
-        """Requests to enqueue and leases to settle not yet sent to Redis."""
-        return len(self._items) + len(self._outcomes) + len(self._ready)
+        """Requests to enqueue and leases to settle that Redis has not answered yet
+        (waiting here, or in the flush under way)."""
+        flying = self.flying
+        in_flight = 0 if flying is None else len(flying.items) + len(flying.ready)
+        return len(self._items) + len(self._outcomes) + len(self._ready) + in_flight
 
     @property
     def pending_items(self) -> int:
         """Requests to enqueue that Redis has not confirmed yet (the last ones added:
-        the outbox sends and confirms them in order)."""
-        return len(self._items)
+        the outbox sends and confirms them in order), the flush under way's included."""
+        return len(self._items) + (0 if self.flying is None else len(self.flying.items))
 
     @property
     def pending_settlements(self) -> int:
-        """Leases settled by this worker but not yet sent to Redis (still held)."""
-        return len(self._outcomes) + len(self._ready)
+        """Leases settled by this worker but not yet answered by Redis (still held),
+        the flush under way's included."""
+        flying = self.flying
+        return len(self._outcomes) + len(self._ready) + (0 if flying is None else len(flying.ready))
+
+    def _unconfirmed(self) -> bool:
+        """Whether enqueues wait for Redis's confirmation (here or in flight)."""
+        return bool(self._items) or (self.flying is not None and bool(self.flying.items))
 
     def add(
         self,
@@ -198,14 +211,14 @@ class Outbox:
         if self._failed_parents:
             failed = self._failed_parents
             outcomes = [(i, failed.pop(i) if o == DONE and i in failed else o) for i, o in outcomes]
-        if self._items:
+        if self._unconfirmed():
             self._outcomes.extend(outcomes)
         else:
             self._ready.extend(outcomes)
 
     def promote(self) -> None:
         """With no enqueue unconfirmed, the settlements behind them are ready to send."""
-        if not self._items and self._outcomes:
+        if self._outcomes and not self._unconfirmed():
             self._ready.extend(self._outcomes)
             self._outcomes = []
 
@@ -219,6 +232,7 @@ class Outbox:
         self._items, self._replies, self._pending_replies = [], [], []
         self._outcomes, self._ready, self._parents = [], [], []
         self._pending_parents, self._failed_parents = [], {}
+        self.flying = None
         return dropped
 
     def drop_settlements(self, lease_ids: set[str]) -> int:
@@ -251,12 +265,19 @@ class Outbox:
         return self._ready
 
     def take(self) -> Batch:
-        """Take the writes of the flush under way out of the buffer (see :meth:`restore`)."""
+        """Take the writes of the flush under way out of the buffer: they are
+        :attr:`flying` until :meth:`landed` (then see :meth:`restore`)."""
         batch = Batch(self._items, self._replies, self._ready, self._parents)
         self._items, self._replies, self._ready, self._parents = [], [], [], []
         self._pending_replies = batch.replies
         self._pending_parents = batch.parents
+        self.flying = batch
         return batch
+
+    def landed(self) -> None:
+        """The flush under way was answered, or failed: its batch is no longer in
+        flight (its reply, or :meth:`restore`, says where its writes are now)."""
+        self.flying = None
 
     def _put_back(self, batch: Batch) -> None:
         """Put a batch's enqueues back in front of what came since."""

@@ -37,7 +37,7 @@ from scrapy_dist.deliveries import Deliveries
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.enqueuer import Enqueuer
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
-from scrapy_dist.frontier import DEAD_NOW, Frontier, Lease
+from scrapy_dist.frontier import DEAD_NOW, HAND_BACK, Frontier, Lease
 from scrapy_dist.heartbeat import Heartbeat
 from scrapy_dist.membership import FRONTIER_LOST, Membership, exit_with
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
@@ -194,6 +194,7 @@ class Scheduler(BaseScheduler):
             on_lost=self.membership.after_lost,
             control=self.control,
             refill=self._top_up if self.leased else None,
+            flush_later=self._flush_later if self.leased else None,
         )
         frontier.on_lost.append(self.membership.crawl_lost)
         if frontier.replication is not None and self._shared_df is not None:
@@ -438,11 +439,13 @@ class Scheduler(BaseScheduler):
         crawl as a whole is finished and does not persist, delete its shared keys (a
         worker that merely stops never does)."""
         self.heartbeat.stop()
+        self.frontier.land()  # the timer's flush in flight: its top-up is handed back
         if self.politeness is not None:
             self.politeness.close()
         if reason == FRONTIER_LOST and self.fault_exit_code:
             exit_with(self.fault_exit_code)
         self.membership.leave(reason)
+        self.frontier.stop_io()
 
     def enqueue_request(self, request: Request) -> bool:
         """Store ``request`` in the shared queue unless it is a duplicate.
@@ -550,15 +553,56 @@ class Scheduler(BaseScheduler):
         blocks the reactor on a reserve; and wake the engine if it was last told there
         was nothing (else it would wait for its own heartbeat). Nothing while the crawl
         is paused or draining, lost, or this scheduler is not open."""
-        if self._codec is None or self._not_started is not None or self.frontier.lost is not None:
+        if not self._top_up_due():
             return
+        assert self._codec is not None
+        self._woken(self.deliveries.top_up(self._codec.decode, self._undecodable))
+
+    def _top_up_due(self) -> bool:
+        """Whether the timer's flush should carry a top-up (see :meth:`_top_up`)."""
+        if self._codec is None or self._not_started is not None or self.frontier.lost is not None:
+            return False
         control = self.control
         if control.applied != RUNNING or not control.watcher.state.running:
-            return
+            return False
         deferred, self._deferred = self._deferred, False
-        if not self.frontier.pending_writes and not deferred:
+        return bool(self.frontier.pending_writes or deferred)
+
+    def _flush_later(self) -> bool:
+        """The timer's flush, with its top-up (:meth:`_top_up`), sent from the I/O
+        thread (:meth:`Frontier.flush_later`); nothing while one is in flight (its
+        reply lands first). ``False`` when the frontier cannot (the timer then flushes
+        on the reactor thread)."""
+        frontier = self.frontier
+        if not frontier.can_flush_later():
+            return False
+        if frontier.flying:
+            return True
+        count = self.deliveries.top_up_count() if self._top_up_due() else 0
+        if count:
+            self.stats.inc_value("scheduler/refill/timer")
+            self.stats.inc_value("scheduler/refill/background")
+        frontier.flush_later(reserve=count, then=self._topped_up if count else None)
+        return True
+
+    def _topped_up(self, leases: list[Lease]) -> None:
+        """The leases a top-up in flight brought: buffered, or handed back when the
+        scheduler closed, the crawl stopped running or was lost meanwhile."""
+        control = self.control
+        if (
+            self.heartbeat.stopped
+            or self._codec is None
+            or self.frontier.lost is not None
+            or control.applied != RUNNING
+            or not control.watcher.state.running
+        ):
+            self.frontier.settle([(lease.id, HAND_BACK) for lease in leases])
             return
-        added = self.deliveries.top_up(self._codec.decode, self._undecodable)
+        self._woken(self.deliveries.add(leases, self._codec.decode, self._undecodable))
+
+    def _woken(self, added: int) -> None:
+        """Wake the engine when ``added`` requests were buffered and it was last told
+        there was nothing."""
         if added and self._empty_since is not None and self.crawler is not None:
             engine = _engine.engine_of(self.crawler)
             if engine is not None:

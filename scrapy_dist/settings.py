@@ -633,6 +633,8 @@ class FrontierConfig:
     eager: bool = False
     #: ``SCHEDULER_SHARDS``: hash tags the crawl's queue, leases and dupefilter spread over.
     shards: int = 1
+    #: ``SCHEDULER_BACKGROUND_FLUSH``: the timer's flushes go through an I/O thread.
+    background: bool = True
 
 
 def check_frontier(eviction_check: str, lease_timeout: float, max_deliveries: int) -> None:
@@ -664,6 +666,7 @@ def _frontier(s: BaseSettings) -> FrontierConfig:
         wrongtype_timeout=s.getfloat("SCHEDULER_WRONGTYPE_TIMEOUT"),
         eager=s.getfloat("SCHEDULER_FLUSH_INTERVAL") == 0,
         shards=_shards(s),
+        background=s.getbool("SCHEDULER_BACKGROUND_FLUSH"),
     )
 
 

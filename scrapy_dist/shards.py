@@ -187,6 +187,11 @@ class ShardedFrontier(Frontier):
 
     # -- state -----------------------------------------------------------------------
 
+    def can_flush_later(self) -> bool:
+        """Never: a sharded crawl sends its timer's flushes on the reactor thread (the
+        acknowledgement barrier across shards is not kept for flushes in flight)."""
+        return False
+
     @property
     def reachable(self) -> bool:
         return all(s.outbox.reachable for s in self.shards)

@@ -151,6 +151,26 @@ def test_two_workers_share_the_work(shared_crawl: Crawl) -> None:
     assert sum(responses) == PAGES
 
 
+def test_two_workers_flush_off_the_reactor_thread(shared_crawl: Crawl) -> None:
+    # SCHEDULER_BACKGROUND_FLUSH (on by default): the timers' flushes went through the
+    # I/O thread in both workers, and the crawl above still fetched every page once
+    flushes = [
+        int(stats.get("scheduler/redis/background_flushes", 0)) for stats in shared_crawl.stats
+    ]
+    assert all(n > 0 for n in flushes), flushes
+
+
+def test_two_workers_flushing_on_the_reactor_thread_fetch_every_page_once(
+    crawl: Callable[..., Crawl],
+) -> None:
+    pages = 500
+    with TestSite(pages) as small_site:
+        done = crawl(2, site=small_site, settings={"SCHEDULER_BACKGROUND_FLUSH": False})
+        assert done.fetched() == small_site.expected_paths()
+    assert set(done.hits.values()) == {1}
+    assert done.total("scheduler/redis/background_flushes") == 0
+
+
 def test_two_workers_scrape_one_item_per_page(shared_crawl: Crawl) -> None:
     assert shared_crawl.total("item_scraped_count") == PAGES
     assert shared_crawl.total("dupefilter/filtered") > 0  # the graph has many duplicate links

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,8 +34,15 @@ logger = logging.getLogger(__name__)
 
 #: Round trips to Redis made by this process so far.
 ROUND_TRIPS = [0]
-#: Seconds spent waiting in synchronous Redis calls so far.
+#: Seconds the reactor thread spent waiting in synchronous Redis calls so far, and for
+#: a flush in flight (``Frontier.land``); the I/O thread's calls
+#: (``SCHEDULER_BACKGROUND_FLUSH``) block no one: not counted.
 WAIT = [0.0]
+
+
+def _add_wait(started: float) -> None:
+    if threading.current_thread() is threading.main_thread():
+        WAIT[0] += time.perf_counter() - started
 
 
 def _count_sync(method: Any) -> Any:
@@ -45,7 +53,7 @@ def _count_sync(method: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         finally:
-            WAIT[0] += time.perf_counter() - started
+            _add_wait(started)
 
     send_packed_command.counting = True  # type: ignore[attr-defined]
     return send_packed_command
@@ -58,7 +66,7 @@ def _time_sync(method: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         finally:
-            WAIT[0] += time.perf_counter() - started
+            _add_wait(started)
 
     read_response.counting = True  # type: ignore[attr-defined]
     return read_response
@@ -85,6 +93,11 @@ def _install() -> None:
     read = redis.connection.AbstractConnection.read_response
     if not getattr(read, "counting", False):
         redis.connection.AbstractConnection.read_response = _time_sync(read)  # type: ignore[method-assign]
+    from scrapy_dist.frontier import Frontier
+
+    land = getattr(Frontier, "land", None)  # the reactor waiting for a flush in flight
+    if land is not None and not getattr(land, "counting", False):
+        Frontier.land = _time_sync(land)  # type: ignore[method-assign]
 
 
 _install()
