@@ -634,7 +634,7 @@ class FrontierConfig:
     #: ``SCHEDULER_SHARDS``: hash tags the crawl's queue, leases and dupefilter spread over.
     shards: int = 1
     #: ``SCHEDULER_BACKGROUND_FLUSH``: the timer's flushes go through an I/O thread.
-    background: bool = True
+    background: bool = False
 
 
 def check_frontier(eviction_check: str, lease_timeout: float, max_deliveries: int) -> None:

@@ -61,8 +61,9 @@ def arrive(calls: list[Callable[[], None]], timeout: float = 10.0) -> None:
 def worker(
     make_crawler: Callable[..., Crawler], server: RedisServer
 ) -> Iterator[Callable[..., tuple[Scheduler, set[Request]]]]:
-    """Open a scheduler on the test's own server whose engine holds the returned set;
-    the test drives its timer by hand (``scheduler._tick()``)."""
+    """Open a scheduler on the test's own server whose engine holds the returned set,
+    flushing in the background unless ``settings`` say otherwise (it is opt-in); the
+    test drives its timer by hand (``scheduler._tick()``)."""
     opened: list[Scheduler] = []
 
     def make(settings: dict[str, Any] | None = None) -> tuple[Scheduler, set[Request]]:
@@ -72,6 +73,7 @@ def worker(
                 "SCHEDULER_PERSIST": True,
                 "SCHEDULER_PREFETCH": 4,
                 "CONCURRENT_REQUESTS": 8,
+                "SCHEDULER_BACKGROUND_FLUSH": True,
                 **(settings or {}),
             }
         )
