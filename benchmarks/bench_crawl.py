@@ -14,6 +14,9 @@ Usage::
     python benchmarks/bench_crawl.py --scaling       # I/O-bound scaling, 1/2/4 workers
     python benchmarks/bench_crawl.py --stall         # max stall and idle Redis calls
     python benchmarks/bench_crawl.py --all           # all three
+    python benchmarks/bench_crawl.py --schedulers memory,dist \
+        --variant off:SCHEDULER_BACKGROUND_FLUSH=False \
+        --variant on:SCHEDULER_BACKGROUND_FLUSH=True   # scrapy_dist once per variant
 
 Prints one table per part and writes everything as JSON to
 ``benchmarks/results/crawl-<timestamp>.json``. See ``benchmarks/README.md``.
@@ -109,6 +112,8 @@ class Run:
     log_dir: str = ""
     #: Extra Scrapy settings of the workers (``-s``), e.g. ``SCHEDULER_SERIALIZER``.
     settings: dict[str, object] = field(default_factory=dict)
+    #: The ``--variant`` label of these settings (``""``: none).
+    variant: str = ""
     #: What ``probe.after`` returned (``bench_server.py``: server CPU per script...).
     server: dict[str, Any] = field(default_factory=dict)
 
@@ -255,7 +260,8 @@ class Bench:
         """
         spider = SCHEDULERS[run.scheduler][0]
         log_dir = self.work / (
-            f"{run.scheduler}-w{run.workers}-rtt{run.rtt_ms:g}-c{run.concurrency}"
+            f"{run.scheduler}{'-' + run.variant if run.variant else ''}-w{run.workers}"
+            f"-rtt{run.rtt_ms:g}-c{run.concurrency}"
             f"-d{run.delay:g}-p{run.pages}"
         )
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -391,14 +397,18 @@ def run_table(bench: Bench, args: argparse.Namespace) -> list[Run]:
         schedulers.remove("sredis")
     worker_counts = [int(w) for w in args.workers.split(",")]
     rtts = [float(r) for r in args.rtt.split(",")]
+    variants = args.variant or [("", {})]
     plan: list[Run] = []
     for workers in worker_counts:
         for scheduler in schedulers:
             for rtt in [0.0] if scheduler == "memory" else rtts:
-                plan.append(Run(scheduler, workers, rtt, args.pages, args.concurrency))
+                for name, settings in [("", {})] if scheduler != "dist" else variants:
+                    run = Run(scheduler, workers, rtt, args.pages, args.concurrency)
+                    run.variant, run.settings = name, dict(settings)
+                    plan.append(run)
     runs = []
     for number, run in enumerate(plan, 1):
-        label = SCHEDULERS[run.scheduler][1]
+        label = run_label(run)
         print(
             f"[{number}/{len(plan)}] {label}, {run.workers} worker(s), RTT {run.rtt_ms:g} ms, "
             f"{run.pages} pages ...",
@@ -592,13 +602,19 @@ def idle_worker(bench: Bench, seconds: float) -> dict[str, Any]:
 # -- output -------------------------------------------------------------------------------
 
 
+def run_label(run: Run) -> str:
+    """The scheduler's label in the tables, with the run's ``--variant`` name."""
+    label = SCHEDULERS[run.scheduler][1]
+    return f"{label} {run.variant}" if run.variant else label
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else spec.format(value)
 
 
 def print_table(runs: Sequence[Run]) -> None:
     header = (
-        f"{'scheduler':<14} {'workers':>7} {'RTT ms':>13} {'pages/s':>8} {'ratio':>6} "
+        f"{'scheduler':<18} {'workers':>7} {'RTT ms':>13} {'pages/s':>8} {'ratio':>6} "
         f"{'RT/page':>8} {'wait ms/p':>9} {'cmd/page':>8} {'CPU ms/p':>8} {'Redis MB':>8} "
         f"{'dup':>4} {'missing':>7} {'stall s':>7}"
     )
@@ -608,7 +624,7 @@ def print_table(runs: Sequence[Run]) -> None:
     for r in runs:
         rtt = "-" if r.scheduler == "memory" else f"{r.rtt_ms:g} ({r.rtt_measured_ms or 0:.2f})"
         print(
-            f"{SCHEDULERS[r.scheduler][1]:<14} {r.workers:>7} {rtt:>13} "
+            f"{run_label(r):<18} {r.workers:>7} {rtt:>13} "
             f"{r.pages_per_s:>8.0f}{'*' if r.capped else ' '}{_fmt(r.ratio, '{:.2f}'):>5} "
             f"{_fmt(r.round_trips_per_page, '{:.2f}'):>8} "
             f"{_fmt(r.wait_ms_per_page, '{:.2f}'):>9} "
@@ -620,6 +636,7 @@ def print_table(runs: Sequence[Run]) -> None:
         print("* stopped at --run-timeout: rate over the pages fetched until then")
     print("RTT ms: injected (measured PING round trip through the proxy, or on loopback)")
     print_round_trip_kinds(runs)
+    print_flush_waits(runs)
 
 
 #: Worker stats that count the scheduler's round trips by kind, and their labels.
@@ -651,9 +668,41 @@ def print_round_trip_kinds(runs: Sequence[Run]) -> None:
             for key, label in ROUND_TRIP_KINDS.items()
             if key in totals
         )
-        lines.append(f"  {SCHEDULERS[r.scheduler][1]} w{r.workers} rtt {r.rtt_ms:g}: {parts}")
+        lines.append(f"  {run_label(r)} w{r.workers} rtt {r.rtt_ms:g}: {parts}")
     if lines:
         print("Scheduler round trips per page by kind:")
+        print("\n".join(lines))
+
+
+def print_flush_waits(runs: Sequence[Run]) -> None:
+    """For the runs whose workers sent flushes from the I/O thread
+    (``SCHEDULER_BACKGROUND_FLUSH``): how many, how many the reactor waited for
+    (``Frontier.land`` with one in flight), and by which call (the workers' record)."""
+    lines = []
+    for r in runs:
+        flushes = waited = 0
+        causes: dict[str, list[float]] = {}
+        for s in r.worker_stats:
+            stats = (s or {}).get("stats") or {}
+            flushes += stats.get("scheduler/redis/background_flushes", 0)
+            waited += stats.get("scheduler/redis/flush_waited", 0)
+            for cause, (n, seconds, arrived) in ((s or {}).get("flush_waited_by") or {}).items():
+                entry = causes.setdefault(cause, [0, 0.0, 0])
+                entry[0] += n
+                entry[1] += seconds
+                entry[2] += arrived
+        if not flushes or not r.distinct:
+            continue
+        lines.append(
+            f"  {run_label(r)} w{r.workers} rtt {r.rtt_ms:g}: {waited} of {flushes} waited for"
+        )
+        for cause, (n, seconds, arrived) in sorted(causes.items(), key=lambda kv: -kv[1][1]):
+            lines.append(
+                f"    {n:>5.0f} x, {seconds * 1000 / r.distinct:.3f} ms/page "
+                f"({arrived:.0f} already answered): {cause}"
+            )
+    if lines:
+        print("Flushes in flight waited for by the reactor (Frontier.land), by cause:")
         print("\n".join(lines))
 
 
@@ -676,7 +725,7 @@ def print_targets(runs: Sequence[Run], scaling: Sequence[dict[str, Any]]) -> Non
             checks.append((f"ratio >= {floor} ({where})", r.ratio >= floor, f"{r.ratio:.2f}"))
     for r in runs:
         if not r.capped and r.scheduler != "sredis":
-            label = f"{SCHEDULERS[r.scheduler][1]} {r.workers}w RTT {r.rtt_ms:g}"
+            label = f"{run_label(r)} {r.workers}w RTT {r.rtt_ms:g}"
             ok = r.duplicates == 0 and r.missing == 0
             checks.append(
                 (
@@ -732,6 +781,20 @@ def machine() -> dict[str, Any]:
     }
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, object]]:
+    """``NAME:SETTING=VALUE[,SETTING=VALUE...]`` (``--variant``) -> the name and settings."""
+    name, _, assignments = text.partition(":")
+    settings: dict[str, object] = {}
+    for assignment in filter(None, assignments.split(",")):
+        key, sep, value = assignment.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"not SETTING=VALUE: {assignment!r}")
+        settings[key] = value
+    if not name:
+        raise argparse.ArgumentTypeError(f"a variant needs a name: {text!r}")
+    return name, settings
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=None, help="site size (20000; --quick 1000)")
@@ -763,6 +826,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--idle-seconds", type=float, default=None, help="idle measurement (60; --quick 10)"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        default=[],
+        metavar="NAME:SETTING=VALUE[,SETTING=VALUE]",
+        help="run scrapy_dist once per variant, with these worker settings (repeatable)",
     )
     parser.add_argument("--site", choices=("auto", "nginx", "python"), default="auto")
     parser.add_argument("--keep-logs", action="store_true", help="keep worker logs and sites")

@@ -262,6 +262,10 @@ class Frontier:
         self._io: IOThread | None = None
         #: The flush the I/O thread sends, until its reply is applied (at most one).
         self._flight: _Flight | None = None
+        #: Called on the reactor thread once a flush in flight was applied (its reply,
+        #: or a lost reply), after its ``then``: the scheduler wakes an engine it left
+        #: waiting for it.
+        self.on_landed: list[Callable[[], None]] = []
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> Frontier:
@@ -663,6 +667,8 @@ class Frontier:
             if leases == []:
                 self.found_empty_at = time.monotonic()
             flight.then(leases or [])
+        for listener in self.on_landed:
+            listener()
 
     # -- one flush, in three steps ----------------------------------------------------
 

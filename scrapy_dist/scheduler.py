@@ -197,6 +197,7 @@ class Scheduler(BaseScheduler):
             flush_later=self._flush_later if self.leased else None,
         )
         frontier.on_lost.append(self.membership.crawl_lost)
+        frontier.on_landed.append(self._wake)
         if frontier.replication is not None and self._shared_df is not None:
             # a master that changed may have lost what the seen-cache vouches for
             frontier.replication.on_change.append(self._shared_df.forget_local)
@@ -474,8 +475,9 @@ class Scheduler(BaseScheduler):
 
     def has_pending_requests(self) -> bool:
         """Whether work is pending: buffered, queued in Redis (or Redis unreachable),
-        the crawl lost (the timer rejoins or closes), or the queue was seen non-empty
-        less than ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds ago."""
+        the crawl lost (the timer rejoins or closes), a flush in flight (not waited
+        for), or the queue was seen non-empty less than ``SCHEDULER_IDLE_BEFORE_CLOSE``
+        seconds ago."""
         if self._not_started is not None:
             return self._not_started.has_pending_requests()
         try:
@@ -514,6 +516,8 @@ class Scheduler(BaseScheduler):
             if self._refill_later():
                 self._deferred = True
                 self.stats.inc_value("scheduler/refill/deferred")
+            elif self._refill_in_flight():
+                self.stats.inc_value("scheduler/refill/in_flight")
             elif deliveries.refill(self._codec.decode, self._undecodable):
                 self._last_work = time.monotonic()
         if self.politeness is None:
@@ -545,6 +549,25 @@ class Scheduler(BaseScheduler):
             and len(self.deliveries.out) >= self.deliveries.prefetch
             and self.frontier.reachable
         )
+
+    def _refill_in_flight(self) -> bool:
+        """Whether an empty buffer may wait for a flush sent from the I/O thread
+        (``SCHEDULER_BACKGROUND_FLUSH``) rather than block the reactor: one is in
+        flight and its top-up may refill the buffer, or the engine still holds requests
+        (their responses keep this worker busy meanwhile; with no flush in flight, one
+        with a top-up is started now). Its reply's landing wakes the engine
+        (:meth:`_wake`). An engine that holds nothing, with no top-up in flight, has
+        nothing to do meanwhile: it reserves now, on the reactor thread."""
+        frontier, busy = self.frontier, bool(self.deliveries.out)
+        if not frontier.can_flush_later():
+            return False
+        if frontier.flying:
+            return busy or frontier.reserving > 0
+        count = self.deliveries.top_up_count() if busy else 0
+        if not count:
+            return False
+        frontier.flush_later(reserve=count, then=self._topped_up)
+        return frontier.flying
 
     def _top_up(self) -> None:
         """The timer, before its flush: lease more while the buffer runs low, riding the
@@ -603,7 +626,14 @@ class Scheduler(BaseScheduler):
     def _woken(self, added: int) -> None:
         """Wake the engine when ``added`` requests were buffered and it was last told
         there was nothing."""
-        if added and self._empty_since is not None and self.crawler is not None:
+        if added:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the engine if it was last told there was nothing (:meth:`next_request`
+        returned ``None``): it looks at the scheduler again now, not at its next
+        heartbeat."""
+        if self._empty_since is not None and self.crawler is not None:
             engine = _engine.engine_of(self.crawler)
             if engine is not None:
                 _engine.wake(engine)
@@ -623,8 +653,12 @@ class Scheduler(BaseScheduler):
         )
 
     def _has_pending(self) -> bool:
-        if self.deliveries.buffer or self.frontier.lost is not None:
-            return True  # a lost crawl: the timer rejoins or closes with the reason
+        frontier = self.frontier
+        if self.deliveries.buffer or frontier.lost is not None or frontier.flying:
+            # a lost crawl: the timer rejoins or closes with the reason; a flush in
+            # flight may bring leases and queue requests (it is not waited for: its
+            # landing wakes the engine, which asks again)
+            return True
         if (
             not self.frontier.pending_writes
             and time.monotonic() - self.frontier.found_empty_at < EMPTY_FRESH

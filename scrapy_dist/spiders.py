@@ -445,13 +445,15 @@ class RedisSpiderMixin(Spider):
 
     def _poll_seeds(self) -> int:
         """Fetch a batch of seeds, unless the last look found none a moment ago (the
-        pause doubles from ``SEED_POLL_MIN`` to ``SEED_POLL_MAX`` while none come).
+        pause doubles from ``SEED_POLL_MIN`` to ``SEED_POLL_MAX`` while none come), or
+        a flush is in flight (``SCHEDULER_BACKGROUND_FLUSH``: a reserve would wait for
+        it on the reactor thread; the next look after it lands does it).
 
         Returns:
             The number of requests scheduled.
         """
         now = time.monotonic()
-        if now < self._next_poll:
+        if now < self._next_poll or self.frontier.flying:
             return 0
         scheduled = self.schedule_next_requests()
         if scheduled:

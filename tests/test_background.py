@@ -18,14 +18,17 @@ import pytest
 from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
+from scrapy_dist import _engine
 from scrapy_dist import frontier as frontier_module
 from scrapy_dist.background import IOThread
 from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.spiders import RedisSpider
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     import redis
+    from scrapy import Spider
     from scrapy.crawler import Crawler
 
     from scrapy_dist.testing import RedisServer
@@ -66,7 +69,9 @@ def worker(
     test drives its timer by hand (``scheduler._tick()``)."""
     opened: list[Scheduler] = []
 
-    def make(settings: dict[str, Any] | None = None) -> tuple[Scheduler, set[Request]]:
+    def make(
+        settings: dict[str, Any] | None = None, spidercls: type[Spider] | None = None
+    ) -> tuple[Scheduler, set[Request]]:
         crawler = make_crawler(
             {
                 "REDIS_URL": server.url,
@@ -75,7 +80,8 @@ def worker(
                 "CONCURRENT_REQUESTS": 8,
                 "SCHEDULER_BACKGROUND_FLUSH": True,
                 **(settings or {}),
-            }
+            },
+            **({} if spidercls is None else {"spidercls": spidercls}),
         )
         scheduler = build_from_crawler(Scheduler, crawler)
         holding: set[Request] = set()
@@ -101,6 +107,28 @@ def _started(scheduler: Scheduler, holding: set[Request], requests: int = 30) ->
     assert first is not None
     holding.add(first)
     return first
+
+
+def _emptied(scheduler: Scheduler) -> None:
+    """Take what is buffered into the engine, and let it leave at once (its leases
+    settle with the next flush): the buffer is empty, the engine holds what it held."""
+    while scheduler.deliveries.buffer:
+        assert scheduler.next_request() is not None
+
+
+@pytest.fixture
+def wakes(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[object]]:
+    """Call once the scheduler is open (its start checks the real engine): from then on
+    the engine wake-ups the scheduler asks for are recorded in the list returned."""
+
+    def watch() -> list[object]:
+        calls: list[object] = []
+        engine = object()
+        monkeypatch.setattr(_engine, "engine_of", lambda crawler: engine)
+        monkeypatch.setattr(_engine, "wake", calls.append)
+        return calls
+
+    return watch
 
 
 def _pause(client: redis.Redis, ms: int = PAUSE_MS) -> None:
@@ -248,6 +276,110 @@ def test_close_waits_for_the_flush_in_flight_and_hands_its_top_up_back(
         arrive(landing)  # the reply's landing, after close: nothing more happens
         assert _leased(scheduler, slow) == 0
         assert _queued(scheduler) == 30
+
+
+def test_a_starved_engine_does_not_wait_for_the_top_up_in_flight(
+    worker: Callable[..., tuple[Scheduler, set[Request]]],
+    landing: list[Callable[[], None]],
+    server: RedisServer,
+    wakes: Callable[[], list[object]],
+) -> None:
+    scheduler, holding = worker()
+    woken = wakes()
+    _started(scheduler, holding)
+    _emptied(scheduler)
+    with server.client() as slow:
+        _pause(slow)
+        scheduler._tick()  # their acknowledgements and a top-up in flight
+        assert scheduler.frontier.reserving > 0
+        start = time.monotonic()
+        assert scheduler.next_request() is None  # not waited for on the reactor thread
+        assert time.monotonic() - start < PAUSE_MS / 1000 / 4
+        assert scheduler.frontier.flying
+        assert scheduler.stats.get_value("scheduler/redis/flush_waited") is None
+        assert scheduler.stats.get_value("scheduler/refill/in_flight") == 1
+        assert not woken
+        arrive(landing)
+    assert woken  # the landing top-up wakes the engine, which then finds it buffered
+    assert len(scheduler.deliveries.buffer) == 2 * 4
+    assert scheduler.next_request() is not None
+
+
+def test_a_busy_engine_with_an_empty_buffer_reserves_from_the_io_thread(
+    worker: Callable[..., tuple[Scheduler, set[Request]]],
+    landing: list[Callable[[], None]],
+    server: RedisServer,
+    wakes: Callable[[], list[object]],
+) -> None:
+    scheduler, holding = worker()
+    woken = wakes()
+    _started(scheduler, holding)  # the engine goes on holding one
+    _emptied(scheduler)
+    with server.client() as slow:
+        _pause(slow)
+        start = time.monotonic()
+        assert scheduler.next_request() is None
+        assert time.monotonic() - start < PAUSE_MS / 1000 / 4
+        assert scheduler.frontier.reserving == 2 * 4  # with the acknowledgements
+        arrive(landing)
+    assert woken
+    assert len(scheduler.deliveries.buffer) == 2 * 4
+    assert scheduler.stats.get_value("scheduler/leases/acked") == 3
+    # an engine that holds nothing has nothing to do meanwhile: it reserves now
+    holding.clear()
+    _emptied(scheduler)
+    assert scheduler.next_request() is not None
+    assert not scheduler.frontier.flying
+
+
+def test_pending_requests_are_answered_without_waiting_for_the_flush_in_flight(
+    worker: Callable[..., tuple[Scheduler, set[Request]]],
+    landing: list[Callable[[], None]],
+    server: RedisServer,
+    wakes: Callable[[], list[object]],
+) -> None:
+    scheduler, holding = worker()
+    woken = wakes()
+    _started(scheduler, holding)
+    scheduler.enqueue_request(Request(f"{URL}child"))
+    with server.client() as slow:
+        _pause(slow)
+        scheduler.frontier.flush_later()  # the child, no top-up
+        scheduler.deliveries.buffer.clear()  # (as if taken and finished)
+        scheduler._empty_since = time.monotonic()  # the engine was told there was nothing
+        start = time.monotonic()
+        assert scheduler.has_pending_requests()
+        assert time.monotonic() - start < PAUSE_MS / 1000 / 4
+        assert scheduler.frontier.flying
+        assert scheduler.stats.get_value("scheduler/redis/flush_waited") is None
+        arrive(landing)
+    assert woken  # the landing wakes the engine, which asks again
+    assert scheduler.frontier.pending_writes == 0
+
+
+def test_a_seed_poll_does_not_wait_for_the_flush_in_flight(
+    worker: Callable[..., tuple[Scheduler, set[Request]]],
+    landing: list[Callable[[], None]],
+    server: RedisServer,
+) -> None:
+    scheduler, holding = worker(spidercls=RedisSpider)
+    spider = scheduler.spider
+    assert isinstance(spider, RedisSpider)
+    _started(scheduler, holding)
+    scheduler.enqueue_request(Request(f"{URL}child"))
+    with server.client() as slow:
+        slow.lpush(spider.redis_key, f"{URL}seed")
+        _pause(slow)
+        scheduler.frontier.flush_later()
+        next_poll = spider._next_poll
+        start = time.monotonic()
+        assert spider._poll_seeds() == 0  # skipped: looked at again after it lands
+        assert time.monotonic() - start < PAUSE_MS / 1000 / 4
+        assert scheduler.frontier.flying
+        assert scheduler.stats.get_value("scheduler/redis/flush_waited") is None
+        assert spider._next_poll == next_poll
+        arrive(landing)
+        assert slow.llen(spider.redis_key) == 1
 
 
 def test_a_sharded_crawl_flushes_on_the_reactor_thread(

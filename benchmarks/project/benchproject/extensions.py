@@ -38,6 +38,10 @@ ROUND_TRIPS = [0]
 #: a flush in flight (``Frontier.land``); the I/O thread's calls
 #: (``SCHEDULER_BACKGROUND_FLUSH``) block no one: not counted.
 WAIT = [0.0]
+#: The reactor's waits for a flush in flight (``Frontier.land`` called while one is in
+#: flight), by cause: the chain of scrapy_dist calls that landed it (outermost first)
+#: -> [waits, seconds waited, waits whose reply had already arrived].
+WAITED_BY: dict[str, list[float]] = {}
 
 
 def _add_wait(started: float) -> None:
@@ -82,6 +86,48 @@ def _count_async(method: Any) -> Any:
     return send_packed_command
 
 
+def _cause() -> str:
+    """The scrapy_dist calls (outermost first, ``module.function``) on the stack above
+    ``Frontier.land``, with the first caller outside scrapy_dist before them."""
+    import sys
+
+    frame = sys._getframe(2)  # (skip _cause and the wrapper)
+    names: list[str] = []
+    outside = ""
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("scrapy_dist."):
+            names.append(f"{module.removeprefix('scrapy_dist.')}.{frame.f_code.co_name}")
+        elif names:
+            outside = f"{module.rsplit('.', 1)[-1]}.{frame.f_code.co_name}"
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    chain = " > ".join(reversed(names))
+    return f"{outside} > {chain}" if outside else chain
+
+
+def _count_land(method: Any) -> Any:
+    @functools.wraps(method)
+    def land(self: Any, *args: Any, **kwargs: Any) -> Any:
+        flight = getattr(self, "_flight", None)
+        if flight is None or threading.current_thread() is not threading.main_thread():
+            return method(self, *args, **kwargs)
+        arrived = flight.future.done()
+        started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            waited = time.perf_counter() - started
+            WAIT[0] += waited
+            entry = WAITED_BY.setdefault(_cause(), [0, 0.0, 0])
+            entry[0] += 1
+            entry[1] += waited
+            entry[2] += int(arrived)
+
+    land.counting = True  # type: ignore[attr-defined]
+    return land
+
+
 def _install() -> None:
     for cls, wrap in (
         (redis.connection.AbstractConnection, _count_sync),
@@ -97,7 +143,7 @@ def _install() -> None:
 
     land = getattr(Frontier, "land", None)  # the reactor waiting for a flush in flight
     if land is not None and not getattr(land, "counting", False):
-        Frontier.land = _time_sync(land)  # type: ignore[method-assign]
+        Frontier.land = _count_land(land)  # type: ignore[method-assign]
 
 
 _install()
@@ -152,6 +198,7 @@ class BenchStats:
             "pages": self.pages,
             "reason": reason,
             "marks": self.marks,
+            "flush_waited_by": WAITED_BY,
             "stats": {
                 key: value
                 for key, value in stats.items()
