@@ -632,6 +632,12 @@ class WorkerControl:
         else:
             self._apply(state)
 
+    @property
+    def running(self) -> bool:
+        """Whether the crawl runs, as last read and as acted on (no read, no action:
+        :meth:`holds` reads and acts first)."""
+        return self.applied == RUNNING and self.watcher.state.running
+
     def holds(self) -> bool:
         """Whether the scheduler must hand out nothing now (acting on a change first)."""
         state = self.watcher.poll()

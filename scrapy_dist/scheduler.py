@@ -31,7 +31,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_dist import _engine, deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.connection import describe
-from scrapy_dist.control import RUNNING, ControlWatcher, WorkerControl
+from scrapy_dist.control import ControlWatcher, WorkerControl
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.deliveries import Deliveries
 from scrapy_dist.dupefilter import RFPDupeFilter
@@ -585,8 +585,7 @@ class Scheduler(BaseScheduler):
         """Whether the timer's flush should carry a top-up (see :meth:`_top_up`)."""
         if self._codec is None or self._not_started is not None or self.frontier.lost is not None:
             return False
-        control = self.control
-        if control.applied != RUNNING or not control.watcher.state.running:
+        if not self.control.running:
             return False
         deferred, self._deferred = self._deferred, False
         return bool(self.frontier.pending_writes or deferred)
@@ -611,13 +610,11 @@ class Scheduler(BaseScheduler):
     def _topped_up(self, leases: list[Lease]) -> None:
         """The leases a top-up in flight brought: buffered, or handed back when the
         scheduler closed, the crawl stopped running or was lost meanwhile."""
-        control = self.control
         if (
             self.heartbeat.stopped
             or self._codec is None
             or self.frontier.lost is not None
-            or control.applied != RUNNING
-            or not control.watcher.state.running
+            or not self.control.running
         ):
             self.frontier.settle([(lease.id, HAND_BACK) for lease in leases])
             return
