@@ -208,8 +208,9 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     skipped: list[tuple[int, str]] = []
     for node, keys in shards:
         check_key(node, keys.dead, "list", "dead letters")
-        check_key(node, keys.requests, layout.queue_kind, "queue")
+        check_key(node, keys.requests, layout.queue_cls.key_types, "queue")
         queue = layout.queue_cls(node, keys.requests, keys.seq)
+        queue.open()  # (moves a previous version's priority queue into levels first)
         checks = RecordChecks.from_config(config, spidercls, queue)
         requeuer = deadletter.Requeuer(
             node,

@@ -1,0 +1,47 @@
+-- Move a priority queue written by a previous version of scrapy_dist (one zset of
+-- "<id><payload>" entries, score = -priority, at the queue key) into levels
+-- (lua/_levels.lua), at most COUNT entries per call, each call atomic: a worker killed
+-- between two calls leaves every entry either in the zset or in its level, and two
+-- workers moving the same queue at once each move different entries. Entries keep
+-- their order: lowest score (highest priority) and oldest id first, each pushed at the
+-- tail of its level. The call that empties the zset writes the marker in its place.
+--
+-- KEYS[1] = request queue
+-- ARGV[1] = COUNT, entries to move in this call
+-- Returns: {entries moved, entries left in the zset}; an error "WRONGTYPE ..." if the
+--          key holds neither a zset nor the marker (nothing moved)
+-- uses: _levels
+
+local queue, count = KEYS[1], tonumber(ARGV[1])
+local state = marker_state(queue)
+if state == "ok" then
+  return {0, 0}
+elseif state == "none" then
+  redis.call("SET", queue, LEVELS_MARKER)
+  return {0, 0}
+elseif state ~= "zset" then
+  return redis.error_reply(state)
+end
+local popped = redis.call("ZRANGE", queue, 0, count - 1, "WITHSCORES")
+local by_level, order, members = {}, {}, {}
+for i = 1, #popped, 2 do
+  local entry, name = popped[i], level_name(popped[i + 1])
+  local level = by_level[name]
+  if level == nil then
+    level = {tonumber(name), {}}
+    by_level[name] = level
+    order[#order + 1] = name
+  end
+  level[2][#level[2] + 1] = entry
+  members[#members + 1] = entry
+end
+local refusal = push_levels(queue, by_level, order)
+if refusal then
+  return redis.error_reply(refusal)
+end
+batched({"ZREM", queue}, members)
+local left = redis.call("ZCARD", queue)
+if left == 0 then
+  redis.call("SET", queue, LEVELS_MARKER)
+end
+return {#members, left}
