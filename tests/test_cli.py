@@ -259,8 +259,8 @@ def test_wrong_key_type_is_named(
     code, _, err = run("status", name, "--redis-url", redis_url)
     assert code == 2
     assert (
-        f"Redis key '{name}:requests' (queue) holds a list, but these settings expect a string or zset"
-        in err
+        f"Redis key '{name}:requests' (queue) holds a list, but these settings expect a "
+        "string or zset" in err
     )
     assert "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue'" in err
 

@@ -21,17 +21,17 @@ def _type(client: redis.Redis, key: str) -> str:
 
 def queued_entries(client: redis.Redis, key: str) -> list[bytes]:
     """The entries of queue ``key`` in the order they come out: a priority queue's from
-    its highest level down, oldest first in each; a list's from its tail (the FIFO
-    queue's order); a previous version's zset by score."""
+    its highest level down, oldest first in each, then those of a previous version's
+    zset still at the key, by score; a list's from its tail (the FIFO queue's order)."""
     kind = _type(client, key)
     if kind == "list":
         return list(reversed(cast("list[bytes]", client.lrange(key, 0, -1))))
-    if kind == "zset":
-        return cast("list[bytes]", client.zrange(key, 0, -1))
     entries: list[bytes] = []
     for raw in cast("list[bytes]", client.zrange(levels_key(key), 0, -1)):
         level = level_key(key, raw.decode())
         entries += reversed(cast("list[bytes]", client.lrange(level, 0, -1)))
+    if kind == "zset":  # (a previous version's queue, being moved into levels)
+        entries += cast("list[bytes]", client.zrange(key, 0, -1))
     return entries
 
 
