@@ -309,6 +309,9 @@ def fill_crawl(client: redis.Redis, keys: RedisKeys) -> list[str]:
         keys.bloom_segment(0, 0),
         keys.bloom_segment(1, 0),
         keys.bloom_segment(7, 3),
+        level_key(keys.requests, "-3"),  # the priority queue's levels (found with SCAN)
+        level_key(keys.requests, "0"),
+        level_key(keys.requests, "0") + ":wrongtype",
     ]
     for key in names:
         client.rpush(key, "x")
