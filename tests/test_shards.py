@@ -337,6 +337,28 @@ def test_completion_waits_for_every_shard(
 
 
 @pytest.mark.redis_server
+def test_a_shard_finding_the_crawl_finished_names_the_crawl(
+    sharded: Callable[..., Worker], client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = sharded()
+    f = w.frontier
+    assert isinstance(f, ShardedFrontier)
+    w.scheduler.enqueue_request(Request(_url(1, "a")))
+    taken = w.take()
+    assert taken is not None
+    # the crawl finished without this worker: shard 0 records it, shard 1's epoch is gone
+    client.hset(f.keys.progress, "finished_at", 1)
+    client.unlink(f.others[0].keys.epoch)
+    with caplog.at_level("INFO", logger="scrapy_dist.epoch"):
+        w.finish(taken)
+    assert f.lost == "finished"
+    said = [r.getMessage() for r in caplog.records if "without this worker" in r.getMessage()]
+    assert said, caplog.text
+    assert f"Crawl {f.keys.crawl} (shard 1) finished without this worker" in said[0]
+    assert "#shard" not in said[0].split(" finished")[0]
+
+
+@pytest.mark.redis_server
 def test_a_parents_ack_waits_for_its_childs_shard(
     sharded: Callable[..., Worker], client: redis.Redis
 ) -> None:
