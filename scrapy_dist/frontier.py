@@ -417,6 +417,11 @@ class Frontier:
             self.replication.remember(self.keys.epoch)
         return self.epoch
 
+    @property
+    def crawl_label(self) -> str:
+        """How log lines name this frontier's crawl."""
+        return self.keys.crawl
+
     def why_gone(self, found: str) -> str:
         """Why the crawl's epoch is ``found`` rather than the one joined (see
         :func:`scrapy_dist.epoch.why_gone`)."""
@@ -484,7 +489,7 @@ class Frontier:
         log_gone(
             state,
             {
-                "crawl": self.keys.crawl,
+                "crawl": self.crawl_label,
                 "key": self.keys.epoch,
                 "epoch": self.epoch,
                 "found": found,

@@ -125,6 +125,11 @@ class Shard(Frontier):
     def why_gone(self, found: str) -> str:
         return self.main.why_gone(found)
 
+    @property
+    def crawl_label(self) -> str:
+        """The crawl's name and this shard's (its keys' crawl name is the shard's)."""
+        return f"{self.main.keys.crawl} (shard {self.index})"
+
     def check_shards(self, count: int = 1) -> None:
         """Shard 0 keeps the crawl's shard count."""
 

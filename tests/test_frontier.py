@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request
-from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler
 from twisted.python.failure import Failure
 
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
-from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.queues import queued_count
 
 if TYPE_CHECKING:
@@ -45,40 +44,8 @@ FAST = {
 }
 
 
-class Worker:
-    """A scheduler whose engine holds exactly the requests the test says it holds."""
-
-    def __init__(self, crawler: Crawler, started: float | None = None) -> None:
-        # the spider middleware Scrapy builds before it opens the scheduler
-        self.links = ParentLinks.from_crawler(crawler)
-        self.scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
-        if started is not None:  # when its process started (monotonic seconds)
-            self.scheduler.registry.started = started
-        self.holding: set[Request] = set()
-        self.scheduler.in_flight = lambda: self.holding
-        assert crawler.spider is not None
-        self.scheduler.open(crawler.spider)
-
-    def take(self) -> Request | None:
-        request = self.scheduler.next_request()
-        if request is not None:
-            self.holding.add(request)
-        return request
-
-    def returns(self, parent: Request, *children: Request) -> None:
-        """``parent``'s callback returns ``children``: through the spider middleware
-        to the scheduler, as Scrapy's scraper sends them."""
-        response = Response(parent.url, request=parent)
-        for child in self.links.process_spider_output(response, children):
-            self.scheduler.enqueue_request(child)
-
-    def finish(self, request: Request) -> None:
-        self.holding.discard(request)
-        self.scheduler._settle()
-
-    @property
-    def frontier(self) -> Frontier:
-        return self.scheduler.frontier
+#: A worker, as its tests drive it.
+Worker = HeldRequests
 
 
 @pytest.fixture
@@ -91,8 +58,7 @@ def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worke
 
     yield make
     for w in made:
-        if w.scheduler._ticker is not None and w.scheduler._ticker.running:
-            w.scheduler._ticker.stop()
+        w.close()
 
 
 def dead_letters(client: redis.Redis, frontier: Frontier) -> list[dict[str, Any]]:

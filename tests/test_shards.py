@@ -16,19 +16,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 from scrapy import Request
-from scrapy.http import Response
-from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier import Frontier
 from scrapy_dist.keys import RedisKeys, shard_crawl, shard_keys, slot_of
-from scrapy_dist.parents import ParentLinks
-from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import KeysConfig
 from scrapy_dist.shards import ShardedFrontier, host_of, join_id, shard_of, split_id
 from scrapy_dist.testing import TestSite
+from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.topology import make_project, run_crawl, stats
 
@@ -236,36 +233,8 @@ FAST = {
 }
 
 
-class Worker:
-    """A scheduler whose engine holds exactly the requests the test says it holds (as in
-    tests/test_frontier.py)."""
-
-    def __init__(self, crawler: Crawler) -> None:
-        self.links = ParentLinks.from_crawler(crawler)
-        self.scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
-        self.holding: set[Request] = set()
-        self.scheduler.in_flight = lambda: self.holding
-        assert crawler.spider is not None
-        self.scheduler.open(crawler.spider)
-
-    def take(self) -> Request | None:
-        request = self.scheduler.next_request()
-        if request is not None:
-            self.holding.add(request)
-        return request
-
-    def returns(self, parent: Request, *children: Request) -> None:
-        response = Response(parent.url, request=parent)
-        for child in self.links.process_spider_output(response, children):
-            self.scheduler.enqueue_request(child)
-
-    def finish(self, request: Request) -> None:
-        self.holding.discard(request)
-        self.scheduler._settle()
-
-    @property
-    def frontier(self) -> Frontier:
-        return self.scheduler.frontier
+#: A worker, as its tests drive it.
+Worker = HeldRequests
 
 
 @pytest.fixture
@@ -278,8 +247,7 @@ def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worke
 
     yield make
     for w in made:
-        if w.scheduler._ticker is not None and w.scheduler._ticker.running:
-            w.scheduler._ticker.stop()
+        w.close()
 
 
 @pytest.fixture
@@ -335,6 +303,28 @@ def test_completion_waits_for_every_shard(
     assert f.totals() == {"done": 2}
     for k in (f.keys, *(s.keys for s in f.others)):  # every shard's keys are gone
         assert client.exists(k.requests, k.epoch, k.leases, k.leased) == 0
+
+
+@pytest.mark.redis_server
+def test_a_shard_finding_the_crawl_finished_names_the_crawl(
+    sharded: Callable[..., Worker], client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = sharded()
+    f = w.frontier
+    assert isinstance(f, ShardedFrontier)
+    w.scheduler.enqueue_request(Request(_url(1, "a")))
+    taken = w.take()
+    assert taken is not None
+    # the crawl finished without this worker: shard 0 records it, shard 1's epoch is gone
+    client.hset(f.keys.progress, "finished_at", 1)
+    client.unlink(f.others[0].keys.epoch)
+    with caplog.at_level("INFO", logger="scrapy_dist.epoch"):
+        w.finish(taken)
+    assert f.lost == "finished"
+    said = [r.getMessage() for r in caplog.records if "without this worker" in r.getMessage()]
+    assert said, caplog.text
+    assert f"Crawl {f.keys.crawl} (shard 1) finished without this worker" in said[0]
+    assert "#shard" not in said[0].split(" finished")[0]
 
 
 @pytest.mark.redis_server

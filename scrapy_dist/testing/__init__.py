@@ -7,6 +7,8 @@
 - :class:`TestSite` and :func:`links`: a fast local website with a known link graph
   that counts how often each page is fetched.
 - :func:`start_workers` and friends: ``scrapy crawl`` worker processes.
+- :class:`HeldRequests`: scrapy_dist's scheduler driven by hand, the test standing in
+  for the engine (what it holds is what the scheduler sees in flight).
 
 The names are imported on first use, so ``python -m scrapy_dist.testing.site`` does not
 import its own module twice, and importing one utility does not import the others.
@@ -18,6 +20,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scrapy_dist.testing.engine import HeldRequests
     from scrapy_dist.testing.redis_cluster import ClusterServers
     from scrapy_dist.testing.redis_sentinel import SentinelServers
     from scrapy_dist.testing.redis_server import (
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ClusterServers",
+    "HeldRequests",
     "RedisServer",
     "RedisServerNotFound",
     "SentinelServers",
@@ -59,6 +63,7 @@ __all__ = [
 ]
 
 _MODULES = {
+    "HeldRequests": "engine",
     "ClusterServers": "redis_cluster",
     "SentinelServers": "redis_sentinel",
     "ServerKind": "server_kinds",
