@@ -289,6 +289,18 @@ def test_a_previous_versions_queue_is_moved_into_levels_in_order(
     ]
 
 
+def test_a_reserve_moves_a_previous_versions_queue_written_after_open(
+    frontier: Frontier, client: redis.Redis
+) -> None:
+    """A previous version's worker recreated its zset (the crawl's keys were deleted
+    meanwhile): a reserve that finds the levels short moves what it takes, no stall."""
+    old_zset(client, frontier.queue.key, [(1, b"a", 0), (2, b"b", 3), (3, b"c", 0)])
+    assert [data for _, data in lease(frontier, 2)] == [b"b", b"a"]
+    assert client.zcard(frontier.queue.key) == 1
+    assert [data for _, data in lease(frontier, 5)] == [b"c"]
+    assert client.get(frontier.queue.key) == LEVELS_MARKER.encode()
+
+
 def test_a_previous_versions_queue_is_refused_by_enqueue_until_moved(
     queue: PriorityQueue, client: redis.Redis, name: str
 ) -> None:

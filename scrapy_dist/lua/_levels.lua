@@ -218,6 +218,37 @@ local function take_levels(queue, count, on_broken)
   return taken
 end
 
+-- Move up to `count` entries of a previous version's queue (a zset of "<id><payload>"
+-- entries, score = -priority, at the queue key) to the tail of their levels, lowest
+-- score and oldest id first, and write the marker when the zset is empty. Returns the
+-- entries moved and those left, or nil, nil and the refusal (WRONGTYPE ...) when a level
+-- holds another type (nothing moved). The caller has checked that the key is a zset.
+local function move_previous(queue, count)
+  local popped = redis.call("ZRANGE", queue, 0, count - 1, "WITHSCORES")
+  local by_level, order, members = {}, {}, {}
+  for i = 1, #popped, 2 do
+    local entry, name = popped[i], level_name(popped[i + 1])
+    local level = by_level[name]
+    if level == nil then
+      level = {tonumber(name), {}}
+      by_level[name] = level
+      order[#order + 1] = name
+    end
+    level[2][#level[2] + 1] = entry
+    members[#members + 1] = entry
+  end
+  local refusal = push_levels(queue, by_level, order)
+  if refusal then
+    return nil, nil, refusal
+  end
+  batched({"ZREM", queue}, members)
+  local left = redis.call("ZCARD", queue)
+  if left == 0 then
+    redis.call("SET", queue, LEVELS_MARKER)
+  end
+  return #members, left, nil
+end
+
 -- Entries queued in a queue of kind `kind` ("list" or "levels"), and nil; or nil and
 -- the refusal (WRONGTYPE ...) when the queue key holds another type. A levels queue
 -- counts its levels (one LLEN each: a level of another type fails the call) and, while

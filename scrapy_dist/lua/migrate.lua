@@ -22,26 +22,8 @@ elseif state == "none" then
 elseif state ~= "zset" then
   return redis.error_reply(state)
 end
-local popped = redis.call("ZRANGE", queue, 0, count - 1, "WITHSCORES")
-local by_level, order, members = {}, {}, {}
-for i = 1, #popped, 2 do
-  local entry, name = popped[i], level_name(popped[i + 1])
-  local level = by_level[name]
-  if level == nil then
-    level = {tonumber(name), {}}
-    by_level[name] = level
-    order[#order + 1] = name
-  end
-  level[2][#level[2] + 1] = entry
-  members[#members + 1] = entry
-end
-local refusal = push_levels(queue, by_level, order)
+local moved, left, refusal = move_previous(queue, count)
 if refusal then
   return redis.error_reply(refusal)
 end
-batched({"ZREM", queue}, members)
-local left = redis.call("ZCARD", queue)
-if left == 0 then
-  redis.call("SET", queue, LEVELS_MARKER)
-end
-return {#members, left}
+return {moved, left}

@@ -35,6 +35,8 @@
 -- read: it is renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves
 -- the queue's index, with a dead-letter record naming it (counted as dead), and the
 -- other levels go on; the same when an entry is put back to such a level.
+-- A previous version's queue (a zset) found at the queue key when the levels run short
+-- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
 -- uses: _deadletter, _leases, _fence, _batch
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -100,10 +102,20 @@ local taken
 if count <= 0 then
   taken = {}
 elseif take == "levels" then
-  taken = take_levels(queue, count, function(_, key, kind)
+  local function set_aside_broken(_, key, kind)
     set_aside_loudly(key, kind, set_aside(key))
     return true
-  end)
+  end
+  taken = take_levels(queue, count, set_aside_broken)
+  -- a previous version's queue still at the key (written after this worker opened and
+  -- moved it: a previous version's worker started on the crawl since): move what this
+  -- call would take, rather than wait beside it
+  if #taken < count and marker_state(queue) == "zset" then
+    move_previous(queue, count - #taken)
+    for _, pair in ipairs(take_levels(queue, count - #taken, set_aside_broken)) do
+      taken[#taken + 1] = pair
+    end
+  end
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
     source == FROM_QUEUE and queue or seeds, count)
