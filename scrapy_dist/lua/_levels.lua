@@ -283,11 +283,15 @@ local function unlink_levels(queue)
   batched({"UNLINK"}, lists)
 end
 
--- UNLINK keys[from..]; a key that holds LEVELS_MARKER takes its levels with it.
+-- UNLINK keys[from..]; a key that holds LEVELS_MARKER takes its levels with it, and so
+-- does an absent key whose index of levels exists (the marker deleted alone, by hand or
+-- by an eviction: its levels are still the queue's).
 local function unlink_frontier(keys, from)
   for i = from, #keys do
     local key = keys[i]
-    if redis.call("TYPE", key)["ok"] == "string" and redis.call("GET", key) == LEVELS_MARKER then
+    local kind = redis.call("TYPE", key)["ok"]
+    if (kind == "string" and redis.call("GET", key) == LEVELS_MARKER)
+      or (kind == "none" and redis.call("TYPE", levels_key(key))["ok"] == "zset") then
       unlink_levels(key)
     end
     redis.call("UNLINK", key)
