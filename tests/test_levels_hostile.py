@@ -4,14 +4,17 @@ queued request is lost or left behind."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, cast
 
 import pytest
 from scrapy import Request
 
 from scrapy_dist.frontier import Frontier
+from scrapy_dist.keys import level_key
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.testing.queues import queued_entries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,3 +61,20 @@ def test_a_flush_at_start_deletes_the_levels_of_a_queue_key_deleted_alone(
     )
     assert call.run()[1] == 1  # flushed
     assert client.keys(f"{queue.key}*") == []
+
+
+def test_an_expired_lease_taken_from_a_level_named_by_hand_goes_back(
+    frontier: Frontier, client: redis.Redis
+) -> None:
+    """A level whose name is not a number (``ZADD <crawl>:requests:levels -5 abc`` by
+    hand) is read by its index score; its leases, and those reclaimed with them, come
+    back when they expire instead of failing the reclaim after it took them out."""
+    queue = cast("PriorityQueue", frontier.queue)
+    push(queue, b"good", priority=1)
+    client.lpush(level_key(queue.key, "abc"), b"%016dbad" % 99)
+    client.zadd(queue.levels_key, {"abc": -5})
+    assert sorted(lease.data for lease in frontier.reserve(5)) == [b"bad", b"good"]
+    time.sleep(0.4)
+    again = frontier.reserve(5)  # reclaims both, then leases them again, -5 first
+    assert [(lease.data, lease.deliveries) for lease in again] == [(b"bad", 2), (b"good", 2)]
+    assert queued_entries(client, queue.key) == []
