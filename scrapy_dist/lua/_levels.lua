@@ -169,7 +169,9 @@ local function unindex_level(queue, name)
 end
 
 -- Take up to `count` entries, highest priority first, first in first out within a
--- level. Returns {{entry, level name}, ...}. A level found empty leaves the index. A
+-- level. Returns {{entry, level score}, ...}: the score as the index holds it (always a
+-- number, so that a put-back finds its level even when the level was named by hand
+-- with something else than a number). A level found empty leaves the index. A
 -- level key of another type is handed to on_broken(name, key, kind): it returns true to
 -- go on with the next levels (the level then leaves the index; lua/reserve.lua has set
 -- it aside), false to stop.
@@ -177,12 +179,13 @@ end
 local function take_levels(queue, count, on_broken)
   local taken, index = {}, levels_key(queue)
   while #taken < count do
-    local names = redis.call("ZRANGE", index, 0, count - #taken - 1)
-    if #names == 0 then
+    local ranked = redis.call("ZRANGE", index, 0, count - #taken - 1, "WITHSCORES")
+    if #ranked == 0 then
       break
     end
     local removed = false
-    for _, name in ipairs(names) do
+    for i = 1, #ranked, 2 do
+      local name, score = ranked[i], ranked[i + 1]
       local want = count - #taken
       if want <= 0 then
         break
@@ -203,7 +206,7 @@ local function take_levels(queue, count, on_broken)
         removed = true
       else
         for _, entry in ipairs(popped) do
-          taken[#taken + 1] = {entry, name}
+          taken[#taken + 1] = {entry, score}
         end
         if #popped < want or redis.call("EXISTS", key) == 0 then
           unindex_level(queue, name)
