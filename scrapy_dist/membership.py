@@ -133,7 +133,8 @@ class Membership:
         self.spider = spider
         queue = self.frontier.queue
         check(queue.client)
-        moved = queue.open()  # (moves a previous version's priority queue into levels)
+        # (moves a previous version's priority queue into levels, if none of its workers runs)
+        moved = queue.open(self.registry.alive)
         self.frontier.seeds.check_type()
         shared = self.shared_df
         expiring = shared.expiring_keys() if shared is not None else []

@@ -25,7 +25,7 @@ from scrapy_dist.scripts import ENTRY_ID_LEN, Fence, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from redis.client import Pipeline
     from scrapy import Request, Spider
@@ -278,9 +278,13 @@ class RedisQueue(Base):
             ),
         )
 
-    def open(self) -> int:
+    def open(self, alive: Callable[[], list[str]] | None = None) -> int:
         """Make the queue ready for a worker when it opens (:meth:`check_type`; the
         priority queue also moves a previous version's queue into levels).
+
+        Args:
+            alive: the crawl's live workers (``WorkerRegistry.alive``), asked before a
+                previous version's queue is moved: none may run (``None``: not asked).
 
         Returns:
             The number of entries moved (0 for a queue that needs no move).
@@ -443,13 +447,30 @@ class PriorityQueue(RedisQueue):
                 "matching SCHEDULER_QUEUE_CLASS"
             )
 
-    def open(self) -> int:
-        """Check the key's type, then :meth:`migrate`.
+    def open(self, alive: Callable[[], list[str]] | None = None) -> int:
+        """Check the key's type, then :meth:`migrate`; a previous version's queue only
+        if ``alive`` names no live worker (those registered before the move are a
+        previous version's: this version registers after it). A previous version's
+        worker that runs on after the move loses the leases it hands back or reclaims
+        (its scripts delete a lease, then fail to put it back on the marker).
 
         Raises:
-            ConfigurationError: the key holds another type than the marker or a zset.
+            ConfigurationError: the key holds another type than the marker or a zset,
+                or holds a previous version's queue while workers of the crawl run.
         """
         self.check_type()
+        if alive is not None and key_type(self.client, self.key) == "zset":
+            running = alive()
+            if running:
+                shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
+                raise ConfigurationError(
+                    f"Redis key {self.key!r} holds the priority queue a previous version of "
+                    f"scrapy_dist wrote, and {len(running)} worker(s) of the crawl are "
+                    f"running ({shown}): stop every worker of the previous version, then "
+                    "start this one (it moves the queue into levels at open). A worker "
+                    "killed without stopping counts as running for SCHEDULER_WORKER_TIMEOUT "
+                    "seconds after its last heartbeat"
+                )
         return self.migrate()
 
 

@@ -4,6 +4,7 @@ queued request is lost or left behind."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -13,7 +14,9 @@ from scrapy import Request
 from scrapy_dist.frontier import Frontier
 from scrapy_dist.keys import level_key
 from scrapy_dist.queue import PriorityQueue
+from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.queues import queued_entries
 
 if TYPE_CHECKING:
@@ -78,3 +81,37 @@ def test_an_expired_lease_taken_from_a_level_named_by_hand_goes_back(
     again = frontier.reserve(5)  # reclaims both, then leases them again, -5 first
     assert [(lease.data, lease.deliveries) for lease in again] == [(b"bad", 2), (b"good", 2)]
     assert queued_entries(client, queue.key) == []
+
+
+def test_a_previous_versions_queue_is_not_moved_while_its_workers_run(
+    make_crawler: Callable[..., Crawler], client: redis.Redis, name: str
+) -> None:
+    """A previous version's worker that runs on after the move loses the leases it hands
+    back or reclaims (its scripts delete a lease, then fail on the marker): a worker that
+    finds a previous version's queue and a live worker does not start, moves nothing,
+    and starts once that worker's heartbeat is older than SCHEDULER_WORKER_TIMEOUT."""
+    key = f"{name}:requests"
+    client.zadd(key, {b"%016d" % 1 + b'{"url": "https://e.com/a"}': 0})
+    now, _ = client.time()
+    client.hset(f"{name}:workers", "old-worker", now)  # alive: beat just now
+    settings = {"SCHEDULER_WORKER_TIMEOUT": 5, "SCHEDULER_HEARTBEAT_INTERVAL": 1}
+    crawler = make_crawler(settings)
+    scheduler = Scheduler.from_crawler(crawler)
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    failure = start_failure(crawler)
+    assert failure is not None
+    assert re.search(r"previous version.*1 worker\(s\).*old-worker", failure.message)
+    assert client.type(key) == b"zset"  # nothing moved
+    assert client.zcard(key) == 1
+    client.hset(f"{name}:workers", "old-worker", now - 6)  # gone (killed, timed out)
+    crawler = make_crawler(settings)
+    scheduler = Scheduler.from_crawler(crawler)
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    try:
+        assert start_failure(crawler) is None
+        assert client.type(key) == b"string"  # the marker: moved
+        assert len(scheduler.frontier.queue) == 1
+    finally:
+        scheduler.close("finished")
