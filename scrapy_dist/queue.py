@@ -176,7 +176,8 @@ class RedisQueue(Base):
         self._scripts = scripts_for(client)
 
     def score(self, request: Request) -> float:
-        """The zset score of ``request`` (ignored by list queues)."""
+        """The score of ``request`` (``-priority``: the priority queue's level; ignored by
+        list queues)."""
         return 0.0
 
     def enqueue_call(

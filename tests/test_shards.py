@@ -495,3 +495,21 @@ def test_a_junk_recorded_shard_count_is_no_count(
     frontier = Frontier.for_crawler(make_crawler({"SCHEDULER_SHARDS": 3}))
     with pytest.raises(ConfigurationError, match="not a shard count"):
         frontier.check_shards(3)
+
+
+@pytest.mark.redis_server
+def test_a_worker_moves_every_shards_previous_queue_into_levels(
+    sharded: Callable[..., Worker], client: redis.Redis
+) -> None:
+    first = sharded()
+    f = first.frontier
+    assert isinstance(f, ShardedFrontier)
+    # shard 2's queue as the previous version wrote it: one zset of <id><payload>
+    queue = f.others[1].keys.requests
+    client.delete(queue)
+    client.zadd(queue, {b"%016d" % 1 + b'{"url": "http://c.example/x"}': 0})
+    assert queued_count(client, queue) == 1
+    second = sharded()  # opens every shard's queue
+    assert client.type(queue) == b"string"
+    assert queued_count(client, queue) == 1
+    assert len(second.frontier.queue) == 1  # every shard's, counted by lua/queued.lua
