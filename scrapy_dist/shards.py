@@ -104,10 +104,10 @@ class AllShards:
     def __len__(self) -> int:
         return len(self._first) + sum(len(q) for q in self._others)
 
-    def open(self) -> int:
-        """Open every shard's queue (:meth:`~scrapy_dist.queue.RedisQueue.open`): the
-        entries moved in all."""
-        return self._first.open() + sum(q.open() for q in self._others)
+    def open(self, alive: Callable[[], list[str]] | None = None) -> int:
+        """Open every shard's queue (:meth:`~scrapy_dist.queue.RedisQueue.open`, each
+        told the crawl's live workers): the entries moved in all."""
+        return self._first.open(alive) + sum(q.open(alive) for q in self._others)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._first, name)
