@@ -462,7 +462,9 @@ class PriorityQueue(RedisQueue):
         self.check_type()
         if alive is not None and key_type(self.client, self.key) == "zset":
             running = alive()
-            if running:
+            # a worker of this version registers after its move: one that opened at the
+            # same time and registered since has moved the queue (the marker is back)
+            if running and key_type(self.client, self.key) == "zset":
                 shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
                 raise ConfigurationError(
                     f"Redis key {self.key!r} holds the priority queue a previous version of "

@@ -509,6 +509,10 @@ def test_a_worker_moves_every_shards_previous_queue_into_levels(
     client.delete(queue)
     client.zadd(queue, {b"%016d" % 1 + b'{"url": "http://c.example/x"}': 0})
     assert queued_count(client, queue) == 1
+    # the upgrade: no worker of the crawl runs while the previous version's queue is
+    # moved (one that runs refuses the move: test_levels_hostile)
+    first.close()
+    client.hdel(f.keys.workers, f.worker_id)
     second = sharded()  # opens every shard's queue
     assert client.type(queue) == b"string"
     assert queued_count(client, queue) == 1
