@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import importlib
 import json
+import re
 import signal
 import sys
 import time
@@ -117,11 +118,13 @@ def memory(entries: int) -> dict[str, Any]:
                         chunk = range(start, min(start + BATCH, entries))
                         queue.push([(payloads[i], queue.score(requests[i]), b"") for i in chunk])
                     assert len(queue) == entries
-                    row[name] = (client.memory_usage(key, samples=0) or 0) / entries
-                    row[f"{name}_encoding"] = client.object("encoding", key).decode()
+                    sizes = queue_key_sizes(client, key)
+                    row[name] = sum(sizes.values()) / entries
+                    largest = max(sizes, key=lambda k: sizes[k])
+                    row[f"{name}_encoding"] = client.object("encoding", largest).decode()
                     if name == "priority":
                         row["lease"] = lease_bytes(client, queue, key, entries)
-                    client.unlink(key, f"{key}:seq")
+                    client.unlink(key, f"{key}:seq", *sizes)
                 result.setdefault(label, {})[variant] = row
         client.close()
     finally:
@@ -132,6 +135,16 @@ def memory(entries: int) -> dict[str, Any]:
             k: after[k] / before[k] for k in after if isinstance(after[k], float)
         }
     return result
+
+
+def queue_key_sizes(client: redis.Redis, key: str) -> dict[str, int]:
+    """``MEMORY USAGE`` of every key a queue ``key`` occupies: the key itself and the keys
+    named after it (a priority queue's levels and their index), its sequence counter
+    aside; whatever the version of the package that wrote them."""
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", key) + "*"
+    names = {key, *(k.decode() for k in client.scan_iter(match=pattern, count=1000))}
+    names.discard(f"{key}:seq")
+    return {name: client.memory_usage(name, samples=0) or 0 for name in names}
 
 
 def lease_bytes(client: redis.Redis, queue: RedisQueue, key: str, entries: int) -> float:
@@ -370,8 +383,8 @@ def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dic
                     **keys,
                     seq="c:seq",
                     origin=FROM_QUEUE,
-                    take="zpopmin",
-                    queue_put_back="zadd",
+                    take=queue.take,
+                    queue_put_back=queue.put_back,
                     seeds_put_back="lpush",
                     count=count,
                     duration=3600,
@@ -392,7 +405,7 @@ def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dic
                 scripts.settle(
                     **{k: v for k, v in keys.items()},
                     worker="w1",
-                    queue_put_back="zadd",
+                    queue_put_back=queue.put_back,
                     seeds_put_back="lpush",
                     max_deliveries=5,
                     epoch="E",
@@ -420,7 +433,7 @@ def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dic
                     queue="c:q",
                     seq="c:seq",
                     epoch_key="c:epoch",
-                    queue_kind="zset",
+                    queue_kind=queue.kind,
                     filter_kind="set",
                     filter_keys=["c:fp"],
                     filter_args=[0],

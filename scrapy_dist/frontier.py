@@ -466,7 +466,8 @@ class Frontier:
 
     def delete_keys(self) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
-        shard's in a sharded crawl."""
+        shard's in a sharded crawl, a priority queue's levels with it."""
+        self.queue.clear()
         self.client.unlink(*self.clear_keys)
 
     def _gone(self, error: BaseException) -> bool:

@@ -17,7 +17,16 @@ key                        type         holds
 =========================  ===========  ==============================================
 ``<crawl>:start_urls``     list/set/    seeds pushed by users (raw URL or JSON object)
                            zset
-``<crawl>:requests``       zset / list  the shared frontier: ``<id><payload>`` entries
+``<crawl>:requests``       string /     the shared frontier: the priority queue's marker
+                           list         (:data:`LEVELS_MARKER`), or the FIFO/LIFO list
+                                        of ``<id><payload>`` entries
+``<requests>:levels``      zset         priority queue: level name -> score (-priority)
+                                        of each level that holds entries (the index)
+``<requests>:level:<n>``   list         priority queue: the ``<id><payload>`` entries of
+                                        level ``<n>`` (:func:`level_name`), oldest at
+                                        the head
+``<requests>:unleased``    (as above)   the leased queue kept empty beside a
+                                        scrapy-redis style ``SCHEDULER_QUEUE_CLASS``
 ``<crawl>:dupefilter``     set / hash   the dupefilter: raw fingerprints of requests ever
                            / BF         enqueued (``set`` backend), a Bloom chain's
                                         parameters and counts (bitmap Bloom), or a
@@ -118,6 +127,37 @@ def bucket_key(dupefilter: str, gen: str, index: int) -> str:
     return f"{dupefilter}:{gen}:{index}"
 
 
+#: What a priority queue's key holds (a string): its entries are in levels, lists named
+#: :func:`level_key`, indexed by :func:`levels_key`. A previous version of scrapy_dist,
+#: whose priority queue was a zset at that key, fails on it with WRONGTYPE instead of
+#: reading an empty queue (docs/migration.md).
+LEVELS_MARKER = "scrapy_dist priority queue in levels, v1"
+#: Suffix of a priority queue's index of levels: ``<queue>:levels``.
+LEVELS_SUFFIX = ":levels"
+#: Infix of a priority queue's level lists: ``<queue>:level:<name>``.
+LEVEL_INFIX = ":level:"
+#: How a level's name is written from its score (C's and Lua's ``%.17g``: exact for
+#: every integer priority; ``-0`` is written ``0``).
+LEVEL_FORMAT = "%.17g"
+
+
+def levels_key(queue: str) -> str:
+    """The index of the levels of priority queue ``queue``: ``<queue>:levels``, a zset of
+    level name -> score (``lua/_levels.lua`` builds the same name)."""
+    return queue + LEVELS_SUFFIX
+
+
+def level_name(score: float) -> str:
+    """The name of the level of score ``score`` (``-priority``)."""
+    return LEVEL_FORMAT % (score if score != 0 else 0.0)
+
+
+def level_key(queue: str, name: str) -> str:
+    """Level ``name`` of priority queue ``queue``: ``<queue>:level:<name>``, a list of
+    entries (``lua/_levels.lua`` builds the same names, with the queue's hash tag)."""
+    return queue + LEVEL_INFIX + name
+
+
 @dataclass(frozen=True)
 class RedisKeys:
     """The key names of one crawl (see the module docstring for what each holds)."""
@@ -139,6 +179,12 @@ class RedisKeys:
     @property
     def dead(self) -> str:
         return f"{self.crawl}:dead"
+
+    @property
+    def request_levels(self) -> str:
+        """The priority queue's index of levels (:func:`levels_key`); the levels
+        themselves are :func:`level_key` of :attr:`requests`."""
+        return levels_key(self.requests)
 
     @property
     def unleased(self) -> str:
@@ -328,7 +374,13 @@ def crawl_slot(keys: RedisKeys, extra: Sequence[str] = ()) -> int:
             template or ``redis_key`` without the crawl name's hash tag); the message
             names them and the fix.
     """
-    names = [*keys.every(), keys.held("worker"), keys.bloom_segment(0, 0), *extra]
+    names = [
+        *keys.every(),
+        keys.held("worker"),
+        keys.bloom_segment(0, 0),
+        level_key(keys.requests, "0"),
+        *extra,
+    ]
     slot = slot_of(keys.requests)
     stray = [name for name in dict.fromkeys(names) if slot_of(name) != slot]
     if stray:

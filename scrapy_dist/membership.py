@@ -133,12 +133,20 @@ class Membership:
         self.spider = spider
         queue = self.frontier.queue
         check(queue.client)
-        queue.check_type()
+        # (moves a previous version's priority queue into levels, if none of its workers runs)
+        moved = queue.open(self.registry.alive)
         self.frontier.seeds.check_type()
         shared = self.shared_df
         expiring = shared.expiring_keys() if shared is not None else []
         self.frontier.check_eviction_policy(expiring)
         self.df.open()
+        if moved:
+            logger.info(
+                "Moved %(n)d queued request(s) of crawl %(crawl)s from the priority queue "
+                "a previous version of scrapy_dist wrote (one zset) into levels",
+                {"n": moved, "crawl": self.frontier.keys.crawl},
+                extra={"spider": spider},
+            )
         if shared is None:
             logger.warning(
                 "DUPEFILTER_CLASS %(cls)s is not Redis-backed: each worker filters only "

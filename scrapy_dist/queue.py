@@ -2,8 +2,10 @@
 
 A queue stores entries ``<16-digit id><payload>`` (:data:`ENTRY_ID_LEN` digits, a
 constant the Lua scripts share). The id comes from the crawl's sequence counter, so two
-identical payloads (``dont_filter=True`` twice) are two entries, and in
-:class:`PriorityQueue` requests of equal priority come out first-in first-out. Pushing
+identical payloads (``dont_filter=True`` twice) are two entries. FIFO and LIFO queues are
+one list; :class:`PriorityQueue` is one list per priority level plus an index of the
+levels (``lua/_levels.lua``), so that requests of equal priority come out first-in
+first-out and a queued request costs what a list entry costs. Pushing
 goes through ``lua/enqueue.lua``, which also deduplicates when given a dupefilter
 backend: dedupe and enqueue are one atomic step. Each queue class names the commands
 that take entries from its head and put one back (:attr:`RedisQueue.take`,
@@ -14,17 +16,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
+import redis
 from scrapy import Request as _Request
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import expect_type, key_type
+from scrapy_dist.keys import LEVELS_MARKER, expect_type, key_type, level_key, levels_key
 from scrapy_dist.scripts import ENTRY_ID_LEN, Fence, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-    import redis
     from redis.client import Pipeline
     from scrapy import Request, Spider
 
@@ -144,8 +146,12 @@ class RedisQueue(Base):
         serializer: scrapy-redis's way only: the request serializer (default JSON).
     """
 
-    #: Redis type of the queue key, as ``TYPE`` reports it.
+    #: How the scripts store entries: ``"list"`` (one list at the queue key) or
+    #: ``"levels"`` (a list per priority level, ``lua/_levels.lua``).
     kind: ClassVar[str]
+    #: The Redis types the queue key may hold, as ``TYPE`` reports them (the first is
+    #: what this version writes).
+    key_types: ClassVar[tuple[str, ...]]
     #: The command that takes entries from the head of the queue (``lua/reserve.lua``
     #: runs it to lease them, :meth:`pop_payloads` to pop them); lowercase.
     take: ClassVar[str]
@@ -170,7 +176,8 @@ class RedisQueue(Base):
         self._scripts = scripts_for(client)
 
     def score(self, request: Request) -> float:
-        """The zset score of ``request`` (ignored by list queues)."""
+        """The score of ``request`` (``-priority``: the priority queue's level; ignored by
+        list queues)."""
         return 0.0
 
     def enqueue_call(
@@ -255,7 +262,7 @@ class RedisQueue(Base):
         (pipe or self.client).delete(self.key)
 
     def check_type(self) -> None:
-        """Make sure the key, if it exists, has the type this queue stores.
+        """Make sure the key, if it exists, has a type this queue stores.
 
         Raises:
             ConfigurationError: the key holds another type, e.g. a list left by a
@@ -264,12 +271,30 @@ class RedisQueue(Base):
         expect_type(
             self.key,
             key_type(self.client, self.key),
-            self.kind,
+            self.key_types,
             lambda actual: (
                 f"Redis key {self.key!r} holds a {actual} but {type(self).__name__} stores "
-                f"a {self.kind}; delete the key or choose the matching SCHEDULER_QUEUE_CLASS"
+                f"a {self.key_types[0]}; delete the key or choose the matching "
+                "SCHEDULER_QUEUE_CLASS"
             ),
         )
+
+    def open(self, alive: Callable[[], list[str]] | None = None) -> int:
+        """Make the queue ready for a worker when it opens (:meth:`check_type`; the
+        priority queue also moves a previous version's queue into levels).
+
+        Args:
+            alive: the crawl's live workers (``WorkerRegistry.alive``), asked before a
+                previous version's queue is moved: none may run (``None``: not asked).
+
+        Returns:
+            The number of entries moved (0 for a queue that needs no move).
+
+        Raises:
+            ConfigurationError: the key holds a type this queue cannot use.
+        """
+        self.check_type()
+        return 0
 
 
 def leasable_queue(cls: object, path: object) -> type[RedisQueue]:
@@ -291,6 +316,7 @@ class _ListQueue(RedisQueue):
     """A list: entries are pushed with ``LPUSH`` (``lua/enqueue.lua``)."""
 
     kind = "list"
+    key_types = ("list",)
 
     def _pop(self, count: int) -> list[bytes] | None:
         raise NotImplementedError
@@ -323,22 +349,132 @@ class LifoQueue(_ListQueue):
 
 
 class PriorityQueue(RedisQueue):
-    """Highest ``request.priority`` first, first-in first-out among equals (a zset):
-    ``ZADD`` then ``ZPOPMIN``; put back with ``ZADD`` and the entry's score."""
+    """Highest ``request.priority`` first, first-in first-out among equals.
 
-    kind = "zset"
-    take = "zpopmin"
-    put_back = "zadd"
+    One list per priority level, ``<key>:level:<n>``, and an index of the levels that
+    hold entries, the zset ``<key>:levels`` (score = -priority); the queue key holds
+    :data:`~scrapy_dist.keys.LEVELS_MARKER` (see ``lua/_levels.lua`` and
+    :mod:`scrapy_dist.keys`). Entries are pushed at the tail of their level and taken
+    from the head of the highest levels; one put back (a lease handed back, failed or
+    expired) goes to the head of its level, so it comes out next among its equals.
+
+    A queue written by a previous version (a zset of entries at the key) is moved into
+    levels by :meth:`open` (:meth:`migrate`).
+    """
+
+    kind = "levels"
+    #: The marker; or a previous version's zset, which :meth:`migrate` moves.
+    key_types = ("string", "zset")
+    take = "levels"
+    put_back = "level"
+    #: Entries :meth:`migrate` moves per script call (each call blocks Redis briefly).
+    MIGRATE_BATCH = 1000
 
     def score(self, request: Request) -> float:
         return float(-request.priority)
 
     def pop_payloads(self, count: int = 1) -> list[bytes]:
-        popped = cast("list[tuple[bytes, float]]", self.client.zpopmin(self.key, count))
-        return [split_entry(member)[1] for member, _ in popped]
+        popped = cast("list[bytes]", self._scripts.pop(queue=self.key, count=count).run())
+        return [split_entry(entry)[1] for entry in popped]
 
     def __len__(self) -> int:
-        return int(self.client.zcard(self.key))
+        return int(self._scripts.queued(queue=self.key, queue_kind=self.kind).run())
+
+    @property
+    def levels_key(self) -> str:
+        """The index of the levels (a zset of level name -> score)."""
+        return levels_key(self.key)
+
+    def levels(self) -> list[tuple[str, int]]:
+        """``(level key, entries)`` of each level in the index, highest priority first
+        (two round trips; for tools and tests)."""
+        names = [
+            n.decode() if isinstance(n, bytes) else str(n)
+            for n in cast("list[bytes]", self.client.zrange(self.levels_key, 0, -1))
+        ]
+        keys = [level_key(self.key, name) for name in names]
+        with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.llen(key)
+            sizes = pipe.execute()
+        return [(key, int(n)) for key, n in zip(keys, sizes, strict=True)]
+
+    def clear(self, pipe: Pipeline | None = None) -> None:
+        """Delete every entry: the levels, the index and the marker (the levels are read
+        first, so a level created meanwhile is left)."""
+        levels = [key for key, _ in self.levels()]
+        (pipe or self.client).unlink(self.key, self.levels_key, *levels)
+
+    def migrate(self) -> int:
+        """Move a previous version's queue (a zset of entries at the key) into levels,
+        :attr:`MIGRATE_BATCH` entries per atomic call (``lua/migrate.lua``), and write
+        the marker; an absent key gets the marker too. Safe to stop and run again, and
+        to run from several workers at once.
+
+        Returns:
+            The number of entries moved by this call.
+
+        Raises:
+            ConfigurationError: the key holds a string that is not the marker.
+        """
+        moved = 0
+        while True:
+            call = self._scripts.migrate(queue=self.key, count=self.MIGRATE_BATCH)
+            try:
+                done, left = (int(n) for n in cast("list[int]", call.run()))
+            except redis.ResponseError as e:
+                if not str(e).startswith("WRONGTYPE"):
+                    raise
+                raise ConfigurationError(
+                    f"Redis key {self.key!r} is not a priority queue: {e}; delete the key "
+                    "or choose the matching SCHEDULER_QUEUE_CLASS"
+                ) from e
+            moved += done
+            if not left:
+                return moved
+
+    def check_type(self) -> None:
+        """Make sure the key is absent, a previous version's zset, or holds the marker.
+
+        Raises:
+            ConfigurationError: it holds another type, or a string that is not the marker.
+        """
+        super().check_type()
+        value = self.client.get(self.key) if key_type(self.client, self.key) == "string" else None
+        if value is not None and value != LEVELS_MARKER.encode():
+            raise ConfigurationError(
+                f"Redis key {self.key!r} holds the string {value[:40]!r}, not the marker of a "
+                f"{type(self).__name__} ({LEVELS_MARKER!r}); delete the key or choose the "
+                "matching SCHEDULER_QUEUE_CLASS"
+            )
+
+    def open(self, alive: Callable[[], list[str]] | None = None) -> int:
+        """Check the key's type, then :meth:`migrate`; a previous version's queue only
+        if ``alive`` names no live worker (those registered before the move are a
+        previous version's: this version registers after it). A previous version's
+        worker that runs on after the move loses the leases it hands back or reclaims
+        (its scripts delete a lease, then fail to put it back on the marker).
+
+        Raises:
+            ConfigurationError: the key holds another type than the marker or a zset,
+                or holds a previous version's queue while workers of the crawl run.
+        """
+        self.check_type()
+        if alive is not None and key_type(self.client, self.key) == "zset":
+            running = alive()
+            # a worker of this version registers after its move: one that opened at the
+            # same time and registered since has moved the queue (the marker is back)
+            if running and key_type(self.client, self.key) == "zset":
+                shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
+                raise ConfigurationError(
+                    f"Redis key {self.key!r} holds the priority queue a previous version of "
+                    f"scrapy_dist wrote, and {len(running)} worker(s) of the crawl are "
+                    f"running ({shown}): stop every worker of the previous version, then "
+                    "start this one (it moves the queue into levels at open). A worker "
+                    "killed without stopping counts as running for SCHEDULER_WORKER_TIMEOUT "
+                    "seconds after its last heartbeat"
+                )
+        return self.migrate()
 
 
 #: scrapy-redis's old names.

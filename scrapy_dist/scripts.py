@@ -3,8 +3,11 @@ typed call per script.
 
 Each ``.lua`` file opens with a header naming its ``KEYS`` and ``ARGV``; the method of
 :class:`Scripts` named after the script is the one place in Python that builds them, in
-that order, from named parameters. Every key a script touches is passed in ``KEYS``; no
-script derives key names.
+that order, from named parameters. Every key a script touches is passed in ``KEYS``,
+except those a script can only find out inside itself, built by the Lua twins of
+:mod:`scrapy_dist.keys`'s functions with the hash tag of a key passed in: a priority
+queue's levels (``lua/_levels.lua``) and a dupefilter's buckets and generations
+(``lua/_filters.lua``).
 
 Redis scripts cannot import each other, so code two scripts share lives in a library
 file (``_name.lua``, functions only) that :func:`source` prepends to every script whose
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from weakref import WeakKeyDictionary
 
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import LEVEL_FORMAT, LEVEL_INFIX, LEVELS_MARKER, LEVELS_SUFFIX
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -55,6 +59,10 @@ LUA_CONSTANTS: dict[str, int | str] = {
     "DEAD_NOW": DEAD_NOW,
     "FROM_QUEUE": FROM_QUEUE,
     "FROM_SEEDS": FROM_SEEDS,
+    "LEVELS_MARKER": LEVELS_MARKER,
+    "LEVELS_SUFFIX": LEVELS_SUFFIX,
+    "LEVEL_INFIX": LEVEL_INFIX,
+    "LEVEL_FORMAT": LEVEL_FORMAT,
 }
 
 #: A script argument.
@@ -77,6 +85,9 @@ NAMES = (
     "renew",
     "progress",
     "census",
+    "queued",
+    "pop",
+    "migrate",
     "release",
     "dupefilter",
     "stats",
@@ -215,7 +226,7 @@ class Scripts:
         """``lua/enqueue.lua``: dedupe and push ``(token, score, payload)`` entries.
 
         Args:
-            queue: the request queue; ``queue_kind`` its type (``"list"``, ``"zset"``).
+            queue: the request queue; ``queue_kind`` its kind (``"list"``, ``"levels"``).
             seq: the sequence counter giving entries their ids.
             epoch_key: the crawl's epoch key (not read when ``epoch`` is ``""``).
             filter_kind: the dupefilter backend's kind, ``"none"`` for no dedupe.
@@ -371,6 +382,19 @@ class Scripts:
     ) -> ScriptCall:
         """``lua/census.lua``: ``(queued, leased, settled)`` of one shard, fenced."""
         return self._call("census", [queue, leases, progress, epoch_key], [queue_kind, epoch])
+
+    def queued(self, *, queue: str, queue_kind: str) -> ScriptCall:
+        """``lua/queued.lua``: the number of entries of ``queue`` (every level's)."""
+        return self._call("queued", [queue], [queue_kind])
+
+    def pop(self, *, queue: str, count: int) -> ScriptCall:
+        """``lua/pop.lua``: pop up to ``count`` entries of priority queue ``queue``."""
+        return self._call("pop", [queue], [count])
+
+    def migrate(self, *, queue: str, count: int) -> ScriptCall:
+        """``lua/migrate.lua``: move up to ``count`` entries of a previous version's
+        zset at ``queue`` into levels; returns ``[moved, left]``."""
+        return self._call("migrate", [queue], [count])
 
     # -- the worker registry (lua/join, heartbeat, leave) --------------------------------
 

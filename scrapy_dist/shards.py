@@ -93,8 +93,9 @@ def join_id(index: int, raw: str) -> str:
 
 class AllShards:
     """Shard 0's request queue, whose length is that of every shard's queue together
-    (one ``ZCARD``/``LLEN`` per shard): what the scheduler asks when it wonders whether
-    work is pending. Everything else is shard 0's queue's."""
+    (one call per shard): what the scheduler asks when it wonders whether work is
+    pending; opened, it opens every shard's queue. Everything else is shard 0's
+    queue's."""
 
     def __init__(self, first: RedisQueue, others: Sequence[RedisQueue]) -> None:
         self._first = first
@@ -102,6 +103,11 @@ class AllShards:
 
     def __len__(self) -> int:
         return len(self._first) + sum(len(q) for q in self._others)
+
+    def open(self, alive: Callable[[], list[str]] | None = None) -> int:
+        """Open every shard's queue (:meth:`~scrapy_dist.queue.RedisQueue.open`, each
+        told the crawl's live workers): the entries moved in all."""
+        return self._first.open(alive) + sum(q.open(alive) for q in self._others)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._first, name)

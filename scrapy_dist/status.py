@@ -32,6 +32,7 @@ from scrapy_dist.keys import (
     stream_dead_key,
 )
 from scrapy_dist.queue import RedisQueue, leasable_queue
+from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
 
@@ -54,7 +55,8 @@ class CrawlLayout:
         keys: the crawl's keys.
         seeds: the seeds key (the spider's ``redis_key`` if it has one).
         seeds_kind: ``"list"``, ``"set"`` or ``"zset"`` (the seed mode).
-        queue_kind: Redis type of the request queue (``"zset"`` or ``"list"``).
+        queue_kind: how the request queue stores entries (``"levels"``: a priority
+            queue's lists, or ``"list"``; :attr:`~scrapy_dist.queue.RedisQueue.kind`).
         queue_cls: the request queue class.
         items: the items list (``REDIS_ITEMS_KEY``).
         worker_timeout: seconds without heartbeat after which a worker counts as gone.
@@ -322,6 +324,12 @@ def _size_command(pipe: Any, key: str, kind: str) -> None:
         pipe.llen(key)
 
 
+def _queued_command(pipe: Any, client: redis.Redis, key: str, kind: str) -> None:
+    """Count the entries of the request queue ``key`` in ``pipe`` (``lua/queued.lua``:
+    a priority queue's levels together, a previous version's zset too)."""
+    scripts_for(client).queued(queue=key, queue_kind=kind).run(pipe)
+
+
 def _numbers(raw: Mapping[bytes, bytes]) -> dict[str, float]:
     result = {}
     for name, value in raw.items():
@@ -339,14 +347,15 @@ _HINTS = {
         "list": "unset REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET",
     },
     "queue": {
+        "string": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.PriorityQueue'",
         "zset": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.PriorityQueue'",
         "list": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue' (or LifoQueue)",
     },
 }
 
 
-def check_type(key: str, actual: str, expected: str, role: str) -> None:
-    """Make sure ``key`` is absent or of the ``expected`` type.
+def check_type(key: str, actual: str, expected: str | tuple[str, ...], role: str) -> None:
+    """Make sure ``key`` is absent or of the ``expected`` type (or one of them).
 
     Raises:
         ConfigurationError: it holds another type; the message names the key, both
@@ -356,9 +365,10 @@ def check_type(key: str, actual: str, expected: str, role: str) -> None:
     def explain(actual: str) -> str:
         hint = _HINTS.get(role, {}).get(actual)
         advice = f"; if that is right, {hint}" if hint else ""
+        wanted = expected if isinstance(expected, str) else " or ".join(expected)
         return (
             f"Redis key {key!r} ({role}) holds a {actual}, but these settings expect a "
-            f"{expected}{advice}"
+            f"{wanted}{advice}"
         )
 
     expect_type(key, actual, expected, explain)
@@ -385,9 +395,9 @@ def read_status(
         redis.RedisError: Redis failed (``redis.ConnectionError`` when unreachable).
     """
     k = layout.keys
-    typed = [
+    typed: list[tuple[str, str | tuple[str, ...], str]] = [
         (layout.seeds, layout.seeds_kind, "seeds"),
-        (k.requests, layout.queue_kind, "queue"),
+        (k.requests, layout.queue_cls.key_types, "queue"),
         (k.leases, "zset", "leases"),
         (k.dead, "list", "dead letters"),
         (k.workers, "hash", "workers"),
@@ -402,7 +412,7 @@ def read_status(
         for key, _, _ in typed:
             pipe.type(key)
         _size_command(pipe, layout.seeds, layout.seeds_kind)
-        _size_command(pipe, k.requests, layout.queue_kind)
+        _queued_command(pipe, client, k.requests, layout.queue_kind)
         pipe.zcard(k.leases)
         pipe.llen(k.dead)
         pipe.hgetall(k.workers)
@@ -549,7 +559,7 @@ def shard_figures(client: redis.Redis, layout: CrawlLayout, config: Config) -> l
     figures = []
     for index, (shard, keys) in enumerate(other_shards(client, layout.keys, config.keys), 1):
         with shard.pipeline(transaction=False) as pipe:
-            _size_command(pipe, keys.requests, layout.queue_kind)
+            _queued_command(pipe, shard, keys.requests, layout.queue_kind)
             pipe.zcard(keys.leases)
             pipe.llen(keys.dead)
             pipe.hgetall(keys.progress)

@@ -46,6 +46,19 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+def live_workers(client: redis.Redis, key: str, timeout: float) -> list[str]:
+    """The workers registered in ``key`` with a heartbeat within ``timeout`` seconds of
+    the server's clock (none if the key is not a hash). One round trip."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.hgetall(key)
+        (seconds, micros), workers = pipe.execute(raise_on_error=False)
+    if isinstance(workers, Exception):
+        return []
+    now = seconds + micros / 1e6
+    return sorted(w.decode() for w, beat in workers.items() if now - float(beat) <= timeout)
+
+
 class WorkerRegistry:
     """Join, heartbeat and leave one crawl's worker registry.
 
@@ -119,6 +132,10 @@ class WorkerRegistry:
         """
         call = self._scripts.leave(workers=self.key, worker=self.worker_id, timeout=self.timeout)
         return int(cast("int", call.run()))
+
+    def alive(self) -> list[str]:
+        """The registered workers with a heartbeat within the timeout (:func:`live_workers`)."""
+        return live_workers(self.client, self.key, self.timeout)
 
     def live(self) -> dict[str, float]:
         """Every registered worker and its last heartbeat (server time, seconds)."""

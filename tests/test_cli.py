@@ -26,10 +26,11 @@ from scrapy_dist.addon import with_defaults
 from scrapy_dist.cli import main
 from scrapy_dist.cli.push import ProgressBar
 from scrapy_dist.filters import backend_from_settings
-from scrapy_dist.keys import RedisKeys
+from scrapy_dist.keys import RedisKeys, level_key
 from scrapy_dist.serializers import JsonSerializer
 from scrapy_dist.stats import decode_stats
 from scrapy_dist.status import json_default
+from scrapy_dist.testing.queues import queued_count, queued_entries
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.site import TestSite, links
 from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready, wait_workers
@@ -258,7 +259,8 @@ def test_wrong_key_type_is_named(
     code, _, err = run("status", name, "--redis-url", redis_url)
     assert code == 2
     assert (
-        f"Redis key '{name}:requests' (queue) holds a list, but these settings expect a zset" in err
+        f"Redis key '{name}:requests' (queue) holds a list, but these settings expect a "
+        "string or zset" in err
     )
     assert "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue'" in err
 
@@ -307,6 +309,9 @@ def fill_crawl(client: redis.Redis, keys: RedisKeys) -> list[str]:
         keys.bloom_segment(0, 0),
         keys.bloom_segment(1, 0),
         keys.bloom_segment(7, 3),
+        level_key(keys.requests, "-3"),  # the priority queue's levels (found with SCAN)
+        level_key(keys.requests, "0"),
+        level_key(keys.requests, "0") + ":wrongtype",
     ]
     for key in names:
         client.rpush(key, "x")
@@ -489,11 +494,11 @@ def test_dead_list_requeue_and_purge(
     assert "#2: not requeued: seed is still invalid" in err
     assert "requeued 1 request(s)" in out
     assert "1 seed(s)" in out
-    queued = client.zrange(keys.requests, 0, -1, withscores=True)
+    queued = queued_entries(client, keys.requests)
     assert len(queued) == 1
-    entry, score = cast("tuple[bytes, float]", queued[0])
-    assert score == -5.0  # the request's priority, as the priority queue scores it
-    assert json.loads(entry[16:])["url"] == "https://a.example/"
+    # in the level of the request's priority, as the priority queue scores it
+    assert client.lrange(level_key(keys.requests, "-5"), 0, -1) == queued
+    assert json.loads(queued[0][16:])["url"] == "https://a.example/"
     assert client.lrange(keys.start_urls, 0, -1) == [b"https://b.example/"]
     assert [json.loads(r)["time"] for r in client.lrange(keys.dead, 0, -1)] == [3.0, 4.0, 5.0]
 
@@ -502,7 +507,7 @@ def test_dead_list_requeue_and_purge(
     )
     assert code == 1  # the unserializable record cannot become a request
     assert "#1: not requeued: not a serialized request" in err
-    assert client.zcard(keys.requests) == 2
+    assert queued_count(client, keys.requests) == 2
     assert [json.loads(r)["time"] for r in client.lrange(keys.dead, 0, -1)] == [3.0, 4.0]
 
     code, _, err = run("dead", "requeue", name, "--index", "9", "--redis-url", redis_url)
@@ -620,7 +625,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
             raw_workers = client.hgetall(k.workers)
             truth = {
                 "seeds": client.llen(k.start_urls),
-                "queued": client.zcard(k.requests),
+                "queued": queued_count(client, k.requests),
                 "leased": client.zcard(k.leases),
                 "dead": client.llen(k.dead),
                 "done": int(client.hget(k.progress, "done") or 0),

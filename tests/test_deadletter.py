@@ -12,6 +12,7 @@ import pytest
 from scrapy_dist import deadletter
 from scrapy_dist.cli import main
 from scrapy_dist.scripts import source
+from scrapy_dist.testing.queues import queued_entries
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -111,7 +112,7 @@ def test_records_of_both_writers_are_listed_and_requeued_byte_for_byte(  # noqa:
     assert main(["dead", "requeue", name, "--all", *options]) == 0, capsys.readouterr()
     assert client.llen(dead) == 0
     assert client.lrange(f"{name}:start_urls", 0, -1) == [SEED, SEED]
-    assert [e[16:] for e in client.zrange(f"{name}:requests", 0, -1)] == [REQUEST, REQUEST]
+    assert [e[16:] for e in queued_entries(client, f"{name}:requests")] == [REQUEST, REQUEST]
 
 
 def test_url_of_a_record(client: redis.Redis) -> None:

@@ -15,6 +15,7 @@ from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing.engine import HeldRequests
+from scrapy_dist.testing.queues import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -70,7 +71,7 @@ def test_taking_a_request_leases_it(worker: Callable[..., Worker], client: redis
     request = w.take()
     assert request is not None
     keys = w.frontier.keys
-    assert client.zcard(w.scheduler.queue.key) == 0
+    assert queued_count(client, w.scheduler.queue.key) == 0
     assert client.zcard(keys.leases) == 1  # held, with a deadline, until Scrapy is done
     w.scheduler._settle()
     assert client.zcard(keys.leases) == 1  # still in the engine
@@ -163,7 +164,7 @@ def test_close_hands_back_unstarted_requests_without_counting_a_delivery(
     a.scheduler.close("shutdown")  # one is still in the engine: handed back too
     keys = a.frontier.keys
     assert client.zcard(keys.leases) == 0
-    assert client.zcard(a.scheduler.queue.key) == 3
+    assert queued_count(client, a.scheduler.queue.key) == 3
     assert {int(v) for v in client.hvals(keys.deliveries)} <= {0}
 
 
@@ -231,7 +232,7 @@ def test_leases_granted_in_a_lost_reply_are_handed_back(
     f.flush(reserve=0)  # the next call first hands back what the worker does not know
     f.settle([])
     assert client.zcard(f.keys.leases) == 1
-    assert client.zcard(w.scheduler.queue.key) == 2
+    assert queued_count(client, w.scheduler.queue.key) == 2
     assert w.scheduler.stats.get_value("scheduler/leases/released_unknown") == 2
     assert {int(v) for v in client.hvals(f.keys.deliveries)} == {0, 1}
 

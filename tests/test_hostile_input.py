@@ -40,6 +40,7 @@ from scrapy_dist.spiders import RedisSpider
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing import TestSite
 from scrapy_dist.testing.crawl import WorkerCrawl, worker_logs
+from scrapy_dist.testing.queues import push_raw, queued_count, queued_entries
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -255,13 +256,13 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
     keys = frontier.keys
     good = [b"%016d" % i + b'{"url": "https://a.example/%d"}' % i for i in (1, 2, 3)]
     bad = b"\xff\xfe\x00 pushed by hand"
-    client.zadd(keys.requests, {good[0]: 0, bad: 0, good[1]: 1, good[2]: 1})
+    push_raw(client, keys.requests, {good[0]: 0, bad: 0, good[1]: 1, good[2]: 1})
     leases = frontier.reserve(10)
     assert sorted(lease.data for lease in leases) == sorted(entry[16:] for entry in good)
     records = [deadletter.parse(raw) for raw in _raw(client.lrange(keys.dead, 0, -1))]
     assert [deadletter.data_of(r) for r in records] == [bad]
     assert "malformed queue entry" in records[0]["reason"]
-    assert client.zcard(keys.requests) == 0
+    assert queued_count(client, keys.requests) == 0
 
 
 def _codec(policy: RequestPolicy | None = None) -> RequestCodec:
@@ -562,13 +563,13 @@ def hostile_crawl(
         crawl.seed()
         crawl.wait_ready(timeout=CRAWL_TIMEOUT)
         deadline = time.monotonic() + 20
-        while client.zcard("pages:requests") < 5 and time.monotonic() < deadline:
+        while queued_count(client, "pages:requests") < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
         # during the crawl: hostile seeds, and entries among the good ones in the queue
         client.rpush("pages:start_urls", *hostile_seeds)
         for n, payload in enumerate(hostile_entries):
-            client.zadd("pages:requests", {b"%016d" % (10**12 + n) + payload: 0})
-        client.zadd("pages:requests", dict.fromkeys(malformed, 0))
+            push_raw(client, "pages:requests", {b"%016d" % (10**12 + n) + payload: 0})
+        push_raw(client, "pages:requests", dict.fromkeys(malformed, 0))
         statuses = crawl.wait(timeout=CRAWL_TIMEOUT)
     finally:
         crawl.stop(timeout=5.0)
@@ -659,7 +660,7 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
     frontier = Frontier.for_crawler(crawler)
     keys = frontier.keys
     client.rpush(keys.start_urls, NON_UTF8_SEED)
-    client.zadd(keys.requests, {b"%016d" % 7 + NON_UTF8_PAYLOAD: 0})
+    push_raw(client, keys.requests, {b"%016d" % 7 + NON_UTF8_PAYLOAD: 0})
     assert [lease.data for lease in frontier.reserve(5, seeds=True)] == [NON_UTF8_SEED]
     assert [lease.data for lease in frontier.reserve(5)] == [NON_UTF8_PAYLOAD]
     time.sleep(0.3)
@@ -689,7 +690,7 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
     assert main(["dead", "requeue", name, "--all", *options]) == 0, capsys.readouterr()
     assert client.llen(keys.dead) == 0
     assert client.lrange(keys.start_urls, 0, -1) == [NON_UTF8_SEED, NON_UTF8_SEED]
-    payloads = [entry[16:] for entry in client.zrange(keys.requests, 0, -1)]
+    payloads = [entry[16:] for entry in queued_entries(client, keys.requests)]
     assert payloads == [NON_UTF8_PAYLOAD, NON_UTF8_PAYLOAD]
 
 
@@ -728,7 +729,7 @@ def test_requeue_leaves_a_request_a_worker_would_refuse_again(  # noqa: PLR0917
     dead_list = _raw(client.lrange(f"{name}:dead", 0, -1))
     left = [deadletter.data_of(deadletter.parse(r)) for r in dead_list]
     assert left == [hostile.encode(), local.encode()]
-    assert [e[16:] for e in client.zrange(f"{name}:requests", 0, -1)] == [fine.encode()]
+    assert [e[16:] for e in queued_entries(client, f"{name}:requests")] == [fine.encode()]
 
 
 @pytestmark_redis

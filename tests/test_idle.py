@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
+from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.site import TestSite
 from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready
@@ -107,7 +108,7 @@ def test_a_worker_joining_a_running_crawl_starts_at_once(
     client = redis.Redis.from_url(server.url)
     client.lpush("pages:start_urls", site.page_url(0))
     deadline = time.monotonic() + 15
-    while client.zcard("pages:requests") < 20:  # the shared queue fills up
+    while queued_count(client, "pages:requests") < 20:  # the shared queue fills up
         assert time.monotonic() < deadline, workers[0].log_tail(40)
         time.sleep(0.05)
     [late] = start_workers(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from scrapy_dist.scripts import DONE, FROM_QUEUE, FROM_SEEDS, ScriptCall, Scripts
+from scrapy_dist.testing.queues import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -35,7 +36,7 @@ class Crawl:
         self,
         entries: Iterable[tuple[bytes, float, bytes]],
         *,
-        kind: str = "zset",
+        kind: str = "levels",
         parents: list[str] | None = None,
         worker: str = "w",
     ) -> list[int]:
@@ -60,7 +61,7 @@ class Crawl:
         count: int,
         *,
         origin: str = FROM_QUEUE,
-        take: str = "zpopmin",
+        take: str = "levels",
         duration: float = 60.0,
         max_deliveries: int = 3,
     ) -> list[Any]:
@@ -78,7 +79,7 @@ class Crawl:
             index=k["index"],
             origin=origin,
             take=take,
-            queue_put_back="zadd",
+            queue_put_back="level",
             seeds_put_back="lpush",
             count=count,
             duration=duration,
@@ -89,7 +90,7 @@ class Crawl:
         ).run()
         return [reply[i : i + 3] for i in range(0, len(reply), 3)]
 
-    def settle(self, outcomes: Iterable[tuple[str, str]], *, put_back: str = "zadd") -> list[int]:
+    def settle(self, outcomes: Iterable[tuple[str, str]], *, put_back: str = "level") -> list[int]:
         k = self.key
         call = self.scripts.settle(
             leases=k["leases"],
@@ -136,7 +137,7 @@ class Crawl:
                 epoch_key=k["epoch"],
                 index=k["index"],
                 worker="w",
-                queue_put_back="zadd",
+                queue_put_back="level",
                 seeds_put_back="lpush",
                 epoch="",
                 known=list(known),
@@ -170,7 +171,7 @@ def test_a_batch_larger_than_lua_can_unpack_is_enqueued_leased_renewed_and_settl
     crawl: Crawl, client: redis.Redis
 ) -> None:
     assert crawl.enqueue(_entries(HUGE)) == [1] * HUGE
-    assert client.zcard(crawl.key["queue"]) == HUGE
+    assert queued_count(client, crawl.key["queue"]) == HUGE
     assert client.scard(crawl.key["filter"]) == HUGE
     assert crawl.enqueue(_entries(HUGE)) == [0] * HUGE  # every token recorded
 
@@ -196,7 +197,7 @@ def test_release_hands_back_a_batch_larger_than_a_chunk(crawl: Crawl, client: re
     leases = crawl.reserve(HUGE)
     kept = leases[0][0].decode()
     assert crawl.release([kept]) == HUGE - 1
-    assert client.zcard(crawl.key["queue"]) == HUGE - 1
+    assert queued_count(client, crawl.key["queue"]) == HUGE - 1
     assert client.hlen(crawl.key["leased"]) == 1
     # handed back: not counted as a delivery
     assert sorted(client.hvals(crawl.key["deliveries"])) == [b"0"] * (HUGE - 1) + [b"1"]
@@ -206,13 +207,22 @@ def test_release_hands_back_a_batch_larger_than_a_chunk(crawl: Crawl, client: re
 def test_each_script_runs_one_command_per_key_not_one_per_lease_or_request(
     crawl: Crawl, client: redis.Redis
 ) -> None:
-    calls = _calls(client, lambda: crawl.enqueue(_entries(50)))
+    # one priority (a page's links share their depth): one LPUSH of the entries, one
+    # ZADD of their level into the index
+    one_level = [(fp, 0.0, payload) for fp, _, payload in _entries(50)]
+    calls = _calls(client, lambda: crawl.enqueue(one_level))
     assert calls.get("sismember", 0) == 0
-    assert (calls["smismember"], calls["zadd"], calls["sadd"]) == (1, 1, 1)
+    assert (calls["smismember"], calls["lpush"], calls["zadd"], calls["sadd"]) == (1, 1, 1, 1)
+    assert calls.get("type", 0) == 0
+    # five priorities: one LPUSH per level (each checked first), still one ZADD
+    five = [(fp, float(i % 5), payload) for i, (fp, _, payload) in enumerate(_entries(50, 50))]
+    calls = _calls(client, lambda: crawl.enqueue(five))
+    assert (calls["lpush"], calls["type"], calls["zadd"]) == (5, 5, 1)
 
     leases: list[Any] = []
     calls = _calls(client, lambda: leases.extend(crawl.reserve(50)))
     assert len(leases) == 50
+    assert (calls["zrange"], calls["rpop"]) == (1, 1)  # the top level holds the 50
     assert calls.get("hincrby", 0) == 0
     assert (calls["hmget"], calls["hset"], calls["zadd"], calls["sadd"]) == (1, 2, 1, 1)
 
@@ -281,7 +291,7 @@ def test_expired_leases_are_reclaimed_in_one_command_per_key(
     calls = _calls(client, lambda: crawl.reserve(0, max_deliveries=max_deliveries))
     assert calls.get("hget", 0) == 0
     assert (calls["hmget"], calls["zrem"], calls["hdel"]) == (2, 1, 2 if dead else 1)
-    assert client.zcard(crawl.key["queue"]) == queued
+    assert queued_count(client, crawl.key["queue"]) == queued
     assert client.llen(crawl.key["dead"]) == dead
     assert client.exists(crawl.key["leases"], crawl.key["leased"]) == 0
     assert client.hlen(crawl.key["deliveries"]) == queued  # kept while the entry is queued

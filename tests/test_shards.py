@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -26,6 +26,7 @@ from scrapy_dist.settings import KeysConfig
 from scrapy_dist.shards import ShardedFrontier, host_of, join_id, shard_of, split_id
 from scrapy_dist.testing import TestSite
 from scrapy_dist.testing.engine import HeldRequests
+from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.topology import make_project, run_crawl, stats
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ def test_completion_waits_for_every_shard(
     assert isinstance(f, ShardedFrontier)
     w.scheduler.enqueue_request(Request(_url(0, "a")))
     w.scheduler.enqueue_request(Request(_url(2, "b")))
-    assert client.zcard(f.others[1].keys.requests) == 1  # placed by host
+    assert queued_count(client, f.others[1].keys.requests) == 1  # placed by host
     taken = [w.take(), w.take()]
     assert all(r is not None for r in taken)
     first = taken[0]
@@ -353,7 +354,7 @@ def test_a_parents_ack_waits_for_its_childs_shard(
     client.delete(queue)  # the operator fixes the key
     f.flush()  # the child is confirmed in shard 1, which releases the ack
     f.flush()
-    assert client.zcard(queue) == 1
+    assert queued_count(client, queue) == 1
     assert client.zcard(f.keys.leases) == 0
     assert f.pending_writes == 0
 
@@ -411,14 +412,14 @@ def test_the_command_line_sees_and_resets_every_shard(  # noqa: PLR0917
     assert main(["dead", "list", name, *common]) == 0
     assert "boom" in capsys.readouterr().out
     # a real record in shard 1's list goes back to shard 1's queue
-    entry = cast(bytes, client.zpopmin(f.others[0].keys.requests)[0][0])
-    record = DeadLetters(client, f.others[0].keys.dead).record("request", "x", entry[16:])
+    entry = f.others[0].queue.pop_payloads(1)[0]
+    record = DeadLetters(client, f.others[0].keys.dead).record("request", "x", entry)
     client.rpush(f.others[0].keys.dead, record)
     assert main(["dead", "requeue", name, "--index", "0", "--shard", "9", *common]) == 2
     assert main(["dead", "requeue", name, "--all", *common]) == 1  # "u" is no request
     out = capsys.readouterr().out
     assert f"requeued 1 request(s) to {f.others[0].keys.requests!r}" in out, out
-    assert client.zcard(f.others[0].keys.requests) == 1
+    assert queued_count(client, f.others[0].keys.requests) == 1
     assert client.llen(f.others[1].keys.dead) == 1
     assert main(["dead", "purge", name, "--yes", *common]) == 0
     assert client.llen(f.others[1].keys.dead) == 0
@@ -494,3 +495,25 @@ def test_a_junk_recorded_shard_count_is_no_count(
     frontier = Frontier.for_crawler(make_crawler({"SCHEDULER_SHARDS": 3}))
     with pytest.raises(ConfigurationError, match="not a shard count"):
         frontier.check_shards(3)
+
+
+@pytest.mark.redis_server
+def test_a_worker_moves_every_shards_previous_queue_into_levels(
+    sharded: Callable[..., Worker], client: redis.Redis
+) -> None:
+    first = sharded()
+    f = first.frontier
+    assert isinstance(f, ShardedFrontier)
+    # shard 2's queue as the previous version wrote it: one zset of <id><payload>
+    queue = f.others[1].keys.requests
+    client.delete(queue)
+    client.zadd(queue, {b"%016d" % 1 + b'{"url": "http://c.example/x"}': 0})
+    assert queued_count(client, queue) == 1
+    # the upgrade: no worker of the crawl runs while the previous version's queue is
+    # moved (one that runs refuses the move: test_levels_hostile)
+    first.close()
+    client.hdel(f.keys.workers, f.worker_id)
+    second = sharded()  # opens every shard's queue
+    assert client.type(queue) == b"string"
+    assert queued_count(client, queue) == 1
+    assert len(second.frontier.queue) == 1  # every shard's, counted by lua/queued.lua

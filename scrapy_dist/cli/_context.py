@@ -278,8 +278,8 @@ def iter_list(client: redis.Redis, key: str, total: int) -> Iterator[tuple[int, 
             return
 
 
-def check_key(client: redis.Redis, key: str, expected: str, role: str) -> None:
-    """Make sure ``key`` is absent or of the ``expected`` Redis type.
+def check_key(client: redis.Redis, key: str, expected: str | tuple[str, ...], role: str) -> None:
+    """Make sure ``key`` is absent or of the ``expected`` Redis type (or one of them).
 
     Raises:
         ConfigurationError: it holds another type (exit status 2).

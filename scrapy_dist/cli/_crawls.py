@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from scrapy_dist.connection import primaries
-from scrapy_dist.keys import RedisKeys, hash_tag_on, is_shard_crawl
+from scrapy_dist.keys import RedisKeys, hash_tag_on, is_shard_crawl, level_key
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -84,7 +84,8 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     name, plus Bloom segments and dupefilter buckets (both ``<dupefilter>:<n>:<n>``,
     :func:`scrapy_dist.keys.bucket_key`) and a recrawl window's generations
     (:func:`scrapy_dist.keys.window_generation_key` and the keys named after it) of any
-    number, found under the dupefilter key with ``SCAN``.
+    number, found under the dupefilter key with ``SCAN``, and a priority queue's levels
+    (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named).
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
@@ -99,5 +100,11 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     for raw in client.scan_iter(match=glob, count=1000):
         key = _text(raw)
         if segments.match(key) and key not in present:
+            present.append(key)
+    # a priority queue's levels: <requests>:level:<name> (scrapy_dist.keys.level_key)
+    glob = _glob_escape(level_key(layout.keys.requests, "")) + "*"
+    for raw in client.scan_iter(match=glob, count=1000):
+        key = _text(raw)
+        if key not in present:
             present.append(key)
     return present

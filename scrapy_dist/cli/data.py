@@ -24,6 +24,7 @@ from scrapy_dist.cli._context import (
     require_crawl,
 )
 from scrapy_dist.cli._crawls import scan_owned
+from scrapy_dist.workers import live_workers
 
 if TYPE_CHECKING:
     import argparse
@@ -92,16 +93,7 @@ def _shards_present(
 
 def _live_workers(client: redis.Redis, layout: CrawlLayout) -> list[str]:
     """Workers of the crawl with a recent heartbeat (none if the key is not a hash)."""
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.hgetall(layout.keys.workers)
-        (seconds, micros), workers = pipe.execute(raise_on_error=False)
-    if isinstance(workers, Exception):
-        return []
-    now = seconds + micros / 1e6
-    return sorted(
-        w.decode() for w, beat in workers.items() if now - float(beat) <= layout.worker_timeout
-    )
+    return live_workers(client, layout.keys.workers, layout.worker_timeout)
 
 
 def cmd_export(ctx: Context, args: argparse.Namespace) -> int:

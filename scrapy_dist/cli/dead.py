@@ -191,6 +191,7 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     queue (``--all``: every shard's)."""
     from scrapy_dist.seeds import SeedQueue
     from scrapy_dist.shards import other_shards
+    from scrapy_dist.workers import live_workers
 
     layout, config, spidercls = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)
@@ -208,8 +209,11 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     skipped: list[tuple[int, str]] = []
     for node, keys in shards:
         check_key(node, keys.dead, "list", "dead letters")
-        check_key(node, keys.requests, layout.queue_kind, "queue")
+        check_key(node, keys.requests, layout.queue_cls.key_types, "queue")
         queue = layout.queue_cls(node, keys.requests, keys.seq)
+        # (moves a previous version's priority queue into levels first, if none of the
+        # crawl's workers runs)
+        queue.open(lambda: live_workers(client, layout.keys.workers, layout.worker_timeout))
         checks = RecordChecks.from_config(config, spidercls, queue)
         requeuer = deadletter.Requeuer(
             node,

@@ -4,6 +4,7 @@
 -- A leased record is "<origin>|<score>|<worker>|<entry>": origin FROM_QUEUE ("q") for
 -- an entry of the request queue ("<ENTRY_ID_LEN-digit id><payload>"), FROM_SEEDS ("s")
 -- for a raw seed. (The constants are prepended by scrapy_dist/scripts.py.)
+-- uses: _levels
 
 -- Split a leased record into origin, score, worker, entry.
 local function parse_record(record)
@@ -14,9 +15,12 @@ local function parse_record(record)
     string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
 end
 
--- Put an entry back where it was taken from; how: "zadd", "sadd", "rpush" or "lpush".
+-- Put an entry back where it was taken from; how: "level" (at the head of the level
+-- of its score, lua/_levels.lua), "zadd", "sadd", "rpush" or "lpush".
 local function put_back(key, how, score, entry)
-  if how == "zadd" then
+  if how == "level" then
+    put_back_level(key, score, entry)
+  elseif how == "zadd" then
     redis.call("ZADD", key, score, entry)
   elseif how == "sadd" then
     redis.call("SADD", key, entry)
@@ -28,7 +32,9 @@ local function put_back(key, how, score, entry)
 end
 
 -- Put an entry back where its origin says it came from: the seeds key (FROM_SEEDS) or
--- the request queue (FROM_QUEUE), each with its own way of taking it back.
+-- the request queue (FROM_QUEUE), each with its own way of taking it back. Entries put
+-- back to a priority queue's levels are pushed when the script calls push_returned()
+-- (lua/_levels.lua), which it does once it has returned them all.
 local function return_entry(origin, score, entry, queue, qback, seeds, sback)
   if origin == FROM_SEEDS then
     put_back(seeds, sback, score, entry)

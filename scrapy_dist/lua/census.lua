@@ -5,21 +5,19 @@
 --
 -- KEYS[1] = the shard's request queue, KEYS[2] = its leases zset
 -- KEYS[3] = its progress hash (counters: done, dead), KEYS[4] = its epoch
--- ARGV[1] = queue type ("list" or "zset")
+-- ARGV[1] = queue kind ("list" or "levels", lua/_levels.lua)
 -- ARGV[2] = the crawl epoch this worker joined in that shard ("" = unfenced)
 -- Returns: {queued, leased, settled (done + dead)}; an error "EPOCH ..." if the shard's
---          epoch is not ARGV[2]
--- uses: _fence
+--          epoch is not ARGV[2], "WRONGTYPE ..." if the queue cannot be counted
+-- uses: _fence, _levels
 
 local refused = fence(KEYS[4], ARGV[2])
 if refused then
   return redis.error_reply(refused)
 end
-local queued
-if ARGV[1] == "zset" then
-  queued = redis.call("ZCARD", KEYS[1])
-else
-  queued = redis.call("LLEN", KEYS[1])
+local queued, refusal = queued_count(KEYS[1], ARGV[1])
+if refusal then
+  return redis.error_reply(refusal)
 end
 local settled = tonumber(redis.call("HGET", KEYS[3], "done") or "0")
   + tonumber(redis.call("HGET", KEYS[3], "dead") or "0")

@@ -1,13 +1,15 @@
 -- Dedupe and enqueue a batch of requests in one atomic step: a fingerprint is
 -- recorded only for a request that is queued in the same call ("seen implies queued").
 --
--- KEYS[1] = request queue (list or zset)
+-- KEYS[1] = request queue: a list, or a priority queue's marker (its levels,
+--           lua/_levels.lua, are named after it)
 -- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id
 -- KEYS[3] = crawl epoch (see lua/_fence.lua)
 -- KEYS[4] = leased hash (lease id -> "<origin>|<score>|<worker>|<entry>"; read only for
 --           a request that names a parent lease)
 -- KEYS[5..] = the dupefilter backend's keys (none when ARGV[2] == "none")
--- ARGV[1] = queue kind: "list" (LPUSH) or "zset" (ZADD with the given score)
+-- ARGV[1] = queue kind: "list" (LPUSH) or "levels" (LPUSH to the list of the entry's
+--           score, lua/_levels.lua)
 -- ARGV[2] = filter kind: "none", "set", "bloom" (bitmap) or "bf" (RedisBloom)
 -- ARGV[3] = F, the number of filter arguments that follow
 -- ARGV[4 .. 3+F] = filter arguments (backend-specific, see lua/_filters.lua;
@@ -20,8 +22,8 @@
 -- ARGV[#ARGV - 1] = the caller's worker id, after the requests
 -- ARGV[#ARGV] = the crawl epoch the caller joined ("" = unfenced)
 --
--- Entries are "<ENTRY_ID_LEN-digit id><payload>" (16 digits): ids keep identical payloads distinct, and in
--- the zset they order equal scores first-in first-out.
+-- Entries are "<ENTRY_ID_LEN-digit id><payload>" (16 digits): ids keep identical
+-- payloads distinct (and name their leases); each list is first-in first-out.
 -- Redis does not roll a script back when a command fails, so the script writes in a
 -- safe order: it only reads while deciding, pushes the new entries, and records their
 -- tokens last. A failure can at worst queue a request whose token is not recorded
@@ -32,7 +34,7 @@
 -- Returns: one integer per request, 1 if queued, 0 if its token was seen, -1 if its
 -- parent lease is not the caller's; an error "EPOCH ..." if the crawl's epoch is not
 -- ARGV[#ARGV] (nothing written).
--- uses: _batch, _filters, _leases, _fence
+-- uses: _batch, _filters, _levels, _leases, _fence
 
 local queue, seq, leased = KEYS[1], KEYS[2], KEYS[4]
 local queue_kind, filter_kind = ARGV[1], ARGV[2]
@@ -62,10 +64,17 @@ local filter = filters[filter_kind]
 if filter_kind ~= "none" and filter == nil then
   return redis.error_reply("unknown filter kind " .. filter_kind)
 end
-local queue_type = redis.call("TYPE", queue)["ok"]
-local expected = queue_kind == "zset" and "zset" or "list"
-if queue_type ~= "none" and queue_type ~= expected then
-  return redis.error_reply("WRONGTYPE " .. queue .. " holds a " .. queue_type)
+local levels = queue_kind == "levels"
+if levels then
+  local refusal = levels_refusal(queue) -- (writes the marker if absent)
+  if refusal then
+    return redis.error_reply(refusal)
+  end
+else
+  local queue_type = redis.call("TYPE", queue)["ok"]
+  if queue_type ~= "none" and queue_type ~= "list" then
+    return redis.error_reply("WRONGTYPE " .. queue .. " holds a " .. queue_type)
+  end
 end
 
 -- Whether this worker still holds each parent lease: one HMGET of the distinct parents.
@@ -128,22 +137,38 @@ for i = 0, n - 1 do
   end
 end
 
--- 2. push the new entries (one variadic ZADD or LPUSH, lua/_batch.lua)
+-- 2. push the new entries (one variadic LPUSH per list, lua/_batch.lua)
 if #accepted > 0 then
   local last = redis.call("INCRBY", seq, #accepted)
   local id = last - #accepted
-  local zset, push = queue_kind == "zset", {}
+  local push, by_level, order, names = {}, {}, {}, {}
   for _, i in ipairs(accepted) do
     id = id + 1
     local digits = tostring(id)
     local entry = string.rep("0", ENTRY_ID_LEN - #digits) .. digits .. ARGV[first + 4 * i + 2]
-    if zset then
-      push[#push + 1] = ARGV[first + 4 * i + 1]
+    if levels then
+      local score = ARGV[first + 4 * i + 1]
+      local name = names[score]
+      if name == nil then
+        name = level_name(score)
+        names[score] = name
+      end
+      local level = by_level[name]
+      if level == nil then
+        level = {tonumber(name), {}}
+        by_level[name] = level
+        order[#order + 1] = name
+      end
+      level[2][#level[2] + 1] = entry
+    else
+      push[#push + 1] = entry
     end
-    push[#push + 1] = entry
   end
-  if zset then
-    batched({"ZADD", queue}, push, 2)
+  if levels then
+    local refusal = push_levels(queue, by_level, order)
+    if refusal then
+      return redis.error_reply(refusal)
+    end
   else
     batched({"LPUSH", queue}, push)
   end

@@ -15,13 +15,15 @@
 -- KEYS[1] = worker registry hash (worker id -> last heartbeat, server time in seconds)
 -- KEYS[2] = crawl progress hash (fields: done, dead, idle_since, finished_at, run_base)
 -- KEYS[3] = the start requests queued in this run (set of fingerprints)
--- KEYS[4..] = frontier keys deleted by a flush (queue, dupefilter, sequence)
+-- KEYS[4..] = frontier keys deleted by a flush (queue, dupefilter, sequence; a priority
+--           queue's marker takes its levels with it, lua/_levels.lua)
 -- ARGV[1] = this worker's id
 -- ARGV[2] = seconds without heartbeat after which a worker counts as gone
 -- ARGV[3] = "1" to flush the frontier if no other worker is alive, else "0"
 -- ARGV[4] = seconds since this worker started (its age, so no clocks are compared)
 -- Returns: {number of other live workers, 1 if the frontier was flushed else 0,
 --          1 if a new run started else 0}
+-- uses: _levels
 
 local workers, progress = KEYS[1], KEYS[2]
 local me, timeout, flush = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1"
@@ -40,9 +42,7 @@ end
 
 local flushed = 0
 if flush and others == 0 then
-  for i = 4, #KEYS do
-    redis.call("UNLINK", KEYS[i])
-  end
+  unlink_frontier(KEYS, 4)
   flushed = 1
 end
 

@@ -8,8 +8,10 @@
 -- KEYS[1] = request queue, KEYS[2] = seeds key, KEYS[3] = leases zset
 -- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at, run_base)
 -- KEYS[5] = crawl epoch (deleted with the frontier, so a late write is refused)
--- KEYS[6..] = frontier keys deleted (UNLINK) at completion when ARGV[4] == "1"
--- ARGV[1] = queue type ("list" or "zset"), ARGV[2] = seeds type ("list", "set", "zset")
+-- KEYS[6..] = frontier keys deleted (UNLINK) at completion when ARGV[4] == "1" (a
+--           priority queue's marker takes its levels with it, lua/_levels.lua)
+-- ARGV[1] = queue kind ("list" or "levels", lua/_levels.lua), ARGV[2] = seeds type
+--           ("list", "set", "zset")
 -- ARGV[3] = GRACE seconds, ARGV[4] = "1" to delete the frontier at completion (and
 --           again whenever a finished crawl is found with its epoch re-created by a
 --           replacement that joined it late, so no key is left behind)
@@ -22,8 +24,9 @@
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
 --          (nothing settled in this run), "idle" (empty, within the grace) or "finished";
 --          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
---          finished and its epoch was deleted with its keys: "finished")
--- uses: _fence
+--          finished and its epoch was deleted with its keys: "finished"); an error
+--          "WRONGTYPE ..." if the queue cannot be counted
+-- uses: _fence, _levels
 
 local queue, seeds, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = fence(KEYS[5], ARGV[6])
@@ -47,7 +50,11 @@ local function size(key, kind)
   return redis.call("LLEN", key)
 end
 
-local queued, waiting, leased = size(queue, ARGV[1]), size(seeds, ARGV[2]), redis.call("ZCARD", leases)
+local queued, refusal = queued_count(queue, ARGV[1])
+if refusal then
+  return redis.error_reply(refusal)
+end
+local waiting, leased = size(seeds, ARGV[2]), redis.call("ZCARD", leases)
 local others_busy, others_settled = tonumber(ARGV[7] or "0"), tonumber(ARGV[8] or "0")
 queued = queued + others_busy
 if queued + waiting + leased > 0 then
@@ -60,9 +67,7 @@ if finished_at then
   if ARGV[4] == "1" then
     -- a replacement that joined this run after its keys were deleted re-created its
     -- epoch (and maybe a key or two, all empty now): delete them again
-    for i = 5, #KEYS do
-      redis.call("UNLINK", KEYS[i])
-    end
+    unlink_frontier(KEYS, 5)
   end
   return {"finished", 0, 0, 0, finished_at}
 end
@@ -88,9 +93,7 @@ if ARGV[8] then
 end
 if ARGV[4] == "1" then
   -- UNLINK: a large dupefilter is freed in the background, not on the server's thread
-  for i = 5, #KEYS do
-    redis.call("UNLINK", KEYS[i])
-  end
+  unlink_frontier(KEYS, 5)
   if tonumber(ARGV[5]) > 0 then
     redis.call("EXPIRE", stats, tonumber(ARGV[5]))
   end

@@ -8,7 +8,7 @@
 -- KEYS[4] = request queue, KEYS[5] = seeds key
 -- KEYS[6] = crawl epoch, KEYS[7] = this worker's lease index (set)
 -- ARGV[1] = worker id
--- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
+-- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[3] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[4] = the crawl epoch this worker joined ("" = unfenced)
 -- ARGV[5..] = the lease ids the worker knows it holds (buffered, in its engine, or
@@ -55,4 +55,5 @@ for k, id in ipairs(mine) do
   redis.call("HINCRBY", deliveries, id, -1)
   return_entry(record[1], record[2], record[3], queue, qback, seeds, sback)
 end
+push_returned()
 return #mine

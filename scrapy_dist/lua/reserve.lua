@@ -13,8 +13,9 @@
 -- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
 -- KEYS[10] = this worker's lease index (set of the lease ids it was granted)
 -- ARGV[1] = source to take from: FROM_QUEUE ("q", request queue) or FROM_SEEDS ("s")
--- ARGV[2] = how to take: "rpop" | "lpop" | "zpopmin" | "spop" | "zpopmax"
--- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
+-- ARGV[2] = how to take: "rpop" | "lpop" | "levels" (a priority queue's levels, highest
+--           first, lua/_levels.lua) | "zpopmin" | "spop" | "zpopmax"
+-- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[4] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[5] = COUNT, entries to lease (0 = only reclaim)
 -- ARGV[6] = lease duration in seconds
@@ -29,6 +30,13 @@
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
 -- id, and so its delivery count, each time its lease expires and it is read again. A
 -- copy of a seed whose id is leased at that moment gets "<id>:<n>" instead.
+--
+-- A priority level that holds another type than a list (written by hand) cannot be
+-- read: it is renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves
+-- the queue's index, with a dead-letter record naming it (counted as dead), and the
+-- other levels go on; the same when an entry is put back to such a level.
+-- A previous version's queue (a zset) found at the queue key when the levels run short
+-- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
 -- uses: _deadletter, _leases, _fence, _batch
 
 local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -44,6 +52,16 @@ end
 
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+
+-- a level renamed out of the way (lua/_levels.lua) is named in a dead-letter record
+-- (counted as dead)
+local function set_aside_loudly(key, kind, aside)
+  redis.call("RPUSH", dead, dead_json("request", "", "priority level " .. key .. " held a "
+    .. kind .. ", not a list of queue entries: renamed to " .. aside .. " and taken out of "
+    .. "the queue (inspect it, push its requests again if it has any, then delete it)",
+    now, worker, 0))
+  redis.call("HINCRBY", stats, "dead", 1)
+end
 
 -- 1. reclaim expired leases (one HMGET of their records and counts, one ZREM, one HDEL)
 local expired = redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, reclaim_limit)
@@ -72,6 +90,7 @@ if #expired > 0 then
       end
     end
   end
+  push_returned(set_aside_loudly)
   batched({"HDEL", deliveries}, forget)
   if buried > 0 then
     redis.call("HINCRBY", stats, "dead", buried)
@@ -82,6 +101,21 @@ end
 local taken
 if count <= 0 then
   taken = {}
+elseif take == "levels" then
+  local function set_aside_broken(_, key, kind)
+    set_aside_loudly(key, kind, set_aside(key))
+    return true
+  end
+  taken = take_levels(queue, count, set_aside_broken)
+  -- a previous version's queue still at the key (written after this worker opened and
+  -- moved it: a previous version's worker started on the crawl since): move what this
+  -- call would take, rather than wait beside it
+  if #taken < count and marker_state(queue) == "zset" then
+    move_previous(queue, count - #taken)
+    for _, pair in ipairs(take_levels(queue, count - #taken, set_aside_broken)) do
+      taken[#taken + 1] = pair
+    end
+  end
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
     source == FROM_QUEUE and queue or seeds, count)

@@ -7,7 +7,7 @@
 -- KEYS[7] = crawl stats hash (counters: done, retried, dead)
 -- KEYS[8] = crawl epoch, KEYS[9] = this worker's lease index (set)
 -- ARGV[1] = worker id
--- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "zadd"
+-- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[3] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[4] = maximum deliveries of one entry
 -- ARGV[5] = the crawl epoch this worker joined ("" = unfenced)
@@ -81,6 +81,13 @@ for k, id in ipairs(ids) do
     end
   end
 end
+push_returned(function(key, kind, aside)
+  redis.call("RPUSH", dead, dead_json("request", "", "priority level " .. key .. " held a "
+    .. kind .. ", not a list of queue entries: renamed to " .. aside .. " and taken out of "
+    .. "the queue (inspect it, push its requests again if it has any, then delete it)",
+    now, worker, 0))
+  buried = buried + 1
+end)
 batched({"ZREM", leases}, removed)
 batched({"HDEL", leased}, removed)
 batched({"HDEL", deliveries}, cleared)

@@ -1,0 +1,24 @@
+-- Pop up to COUNT entries of a priority queue without leasing them (scrapy-redis's
+-- queue.pop(), for scripts; workers lease, lua/reserve.lua): highest priority first,
+-- first in first out within a level (lua/_levels.lua).
+--
+-- KEYS[1] = request queue (a priority queue's marker)
+-- ARGV[1] = COUNT
+-- Returns: the entries taken, in order; an error "WRONGTYPE ..." if the first level
+--          to read holds another type than a list (nothing taken)
+-- uses: _levels
+
+local queue, count = KEYS[1], tonumber(ARGV[1])
+local broken
+local taken = take_levels(queue, count, function(name, key, kind)
+  broken = "WRONGTYPE priority level " .. key .. " holds a " .. kind .. ", not a list"
+  return false
+end)
+if broken and #taken == 0 then
+  return redis.error_reply(broken)
+end
+local entries = {}
+for k, pair in ipairs(taken) do
+  entries[k] = pair[1]
+end
+return entries
