@@ -476,7 +476,7 @@ def read_status(
         control=read_control_status(client, k),
         item_stream=item_stream,
     )
-    return with_shards(client, layout, config, status)
+    return with_shards(client, layout, config, status, dupefilter=dupefilter)
 
 
 def read_item_stream(client: redis.Redis, layout: CrawlLayout) -> StreamState | None:
@@ -551,9 +551,13 @@ def read_control_status(client: redis.Redis, keys: RedisKeys) -> ControlState | 
 # -- a sharded crawl (SCHEDULER_SHARDS, scrapy_dist.shards) ---------------------------------
 
 
-def shard_figures(client: redis.Redis, layout: CrawlLayout, config: Config) -> list[dict[str, Any]]:
+def shard_figures(
+    client: redis.Redis, layout: CrawlLayout, config: Config, *, dupefilter: bool = True
+) -> list[dict[str, Any]]:
     """Queued, leased, dead letters and counters of each shard ``1..N-1`` of a sharded
-    crawl (one round trip per shard; none for a one-shard crawl)."""
+    crawl (one round trip per shard; none for a one-shard crawl), and with
+    ``dupefilter`` its dupefilter's state (``"filter"``: a :class:`FilterState`, or
+    ``None`` where it does not exist yet; one or two more round trips per shard)."""
     from scrapy_dist.shards import other_shards
 
     figures = []
@@ -565,6 +569,7 @@ def shard_figures(client: redis.Redis, layout: CrawlLayout, config: Config) -> l
             pipe.hgetall(keys.progress)
             queued, leased, dead, progress = pipe.execute()
         counters = _numbers(progress)
+        state = dupefilter_state(shard, config, keys) if dupefilter else None
         figures.append(
             {
                 "shard": index,
@@ -577,19 +582,29 @@ def shard_figures(client: redis.Redis, layout: CrawlLayout, config: Config) -> l
                 "done": int(counters.get("done", 0)),
                 "retried": int(counters.get("retried", 0)),
                 "dead_lettered": int(counters.get("dead", 0)),
+                "filter": state if state is not None and state.exists else None,
             }
         )
     return figures
 
 
 def with_shards(
-    client: redis.Redis, layout: CrawlLayout, config: Config, status: CrawlStatus
+    client: redis.Redis,
+    layout: CrawlLayout,
+    config: Config,
+    status: CrawlStatus,
+    *,
+    dupefilter: bool = True,
 ) -> CrawlStatus:
     """``status`` (shard 0's) with the other shards' figures listed and added to its
-    queued, leased, dead letters and counters."""
-    others = shard_figures(client, layout, config)
+    queued, leased, dead letters and counters (with ``dupefilter``, their fingerprints
+    to its dupefilter's count)."""
+    others = shard_figures(client, layout, config, dupefilter=dupefilter)
     if not others:
         return status
+    filters = [f.pop("filter") for f in others]
+    for figures, state in zip(others, filters, strict=True):
+        figures["fingerprints"] = None if state is None else state.count
     first = {
         "shard": 0,
         "crawl": status.crawl,
@@ -601,6 +616,9 @@ def with_shards(
         "done": int(status.progress.get("done", 0)),
         "retried": int(status.progress.get("retried", 0)),
         "dead_lettered": int(status.progress.get("dead", 0)),
+        "fingerprints": status.dupefilter.count
+        if status.dupefilter and status.dupefilter.exists
+        else None,
     }
     progress = dict(status.progress)
     for name, field_name in (("done", "done"), ("retried", "retried"), ("dead", "dead_lettered")):
@@ -612,5 +630,23 @@ def with_shards(
         leased=status.leased + sum(f["leased"] for f in others),
         dead=status.dead + sum(f["dead"] for f in others),
         progress=progress,
+        dupefilter=_all_filters(status.dupefilter, filters),
         shards=[first, *others],
+    )
+
+
+def _all_filters(first: FilterState | None, others: list[FilterState | None]) -> FilterState | None:
+    """Shard 0's dupefilter state with every shard's fingerprints counted: counts,
+    capacities and filters added up, the highest estimated false-positive rate."""
+    found = [f for f in (first, *others) if f is not None and f.exists]
+    if not found:
+        return first
+    capacities = [f.capacity for f in found]
+    return replace(
+        first if first is not None and first.exists else found[0],
+        count=sum(f.count for f in found),
+        capacity=None if None in capacities else sum(c or 0 for c in capacities),
+        fpr_estimate=max(f.fpr_estimate for f in found),
+        stages=sum(f.stages for f in found),
+        full=any(f.full for f in found),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -405,10 +406,15 @@ def test_the_command_line_sees_and_resets_every_shard(  # noqa: PLR0917
     out = capsys.readouterr().out
     assert "queued" in out
     assert out.count("shard ") == 3, out
+    assert out.count("1 fingerprints") == 3, out
+    assert re.search(r"dupefilter\s+3\s+fingerprints in the 3 shards'", out), out
     assert main(["status", name, "--json", *common]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["queue"]["queued"] == 3
     assert [s["queued"] for s in status["shards"]] == [1, 1, 1]
+    # every shard's dupefilter counted, each shown on its line
+    assert status["dupefilter"]["size"] == 3
+    assert [s["fingerprints"] for s in status["shards"]] == [1, 1, 1]
     assert main(["dead", "list", name, *common]) == 0
     assert "boom" in capsys.readouterr().out
     # a real record in shard 1's list goes back to shard 1's queue

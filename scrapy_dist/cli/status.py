@@ -43,7 +43,9 @@ def _shard_lines(status: CrawlStatus) -> list[str]:
     """One line per shard of a sharded crawl (``SCHEDULER_SHARDS``)."""
     return [
         f"  shard {shard['shard']:<5}{shard['queued']:>9}  queued, {shard['leased']} leased, "
-        f"{shard['done']} done, {shard['dead']} dead letters  ({shard['crawl']})"
+        f"{shard['done']} done, {shard['dead']} dead letters"
+        + ("" if shard.get("fingerprints") is None else f", {shard['fingerprints']} fingerprints")
+        + f"  ({shard['crawl']})"
         for shard in status.shards
     ]
 
@@ -87,6 +89,8 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
         lines.append(row.format("dupefilter", 0, "(none yet)"))
     else:
         note = f"fingerprints in {df.key} ({df.backend})"
+        if status.shards:
+            note = f"fingerprints in the {len(status.shards)} shards' {df.key}... ({df.backend})"
         lines.append(row.format("dupefilter", df.count, note))
         lines += _recrawl_lines(df.recrawl_after)
         if df.capacity:
