@@ -123,7 +123,9 @@ def memory(entries: int) -> dict[str, Any]:
                     largest = max(sizes, key=lambda k: sizes[k])
                     row[f"{name}_encoding"] = client.object("encoding", largest).decode()
                     if name == "priority":
-                        row["lease"] = lease_bytes(client, queue, key, entries)
+                        by_key = lease_bytes(client, queue, key, entries)
+                        row["lease"] = sum(by_key.values())
+                        row.update({f"lease_{k}": v for k, v in by_key.items()})
                     client.unlink(key, f"{key}:seq", *sizes)
                 result.setdefault(label, {})[variant] = row
         client.close()
@@ -147,8 +149,8 @@ def queue_key_sizes(client: redis.Redis, key: str) -> dict[str, int]:
     return {name: client.memory_usage(name, samples=0) or 0 for name in names}
 
 
-def lease_bytes(client: redis.Redis, queue: RedisQueue, key: str, entries: int) -> float:
-    """Lease every entry of ``queue`` to one worker; bytes of the lease keys per lease."""
+def lease_bytes(client: redis.Redis, queue: RedisQueue, key: str, entries: int) -> dict[str, float]:
+    """Lease every entry of ``queue`` to one worker; bytes per lease of each lease key."""
     keys = {
         "leases": f"{key}:leases",
         "leased": f"{key}:leased",
@@ -181,9 +183,9 @@ def lease_bytes(client: redis.Redis, queue: RedisQueue, key: str, entries: int) 
         if got == 0:
             raise RuntimeError(f"reserve leased nothing after {leased} of {entries}")
         leased += got
-    total = sum(client.memory_usage(k, samples=0) or 0 for k in keys.values())
+    sizes = {name: (client.memory_usage(k, samples=0) or 0) / entries for name, k in keys.items()}
     client.unlink(*keys.values())
-    return total / entries
+    return sizes
 
 
 # -- server CPU per crawled page --------------------------------------------------------
@@ -507,6 +509,12 @@ def print_memory(result: dict[str, Any]) -> None:
                 f"{row[c]:>13.2f}" if label == "ratio" else f"{row[c]:>13.1f}" for c in cols
             )
             print(f"{variant:<12} {label:<8} {cells}")
+    print("Per lease, by key (bytes, after): deadlines zset, records hash, delivery counts, index")
+    for variant, row in result["after"].items():
+        parts = ", ".join(
+            f"{k} {row[f'lease_{k}']:.1f}" for k in ("leases", "leased", "deliveries", "index")
+        )
+        print(f"  {variant:<12} {parts}")
 
 
 def print_crawl(result: dict[str, Any]) -> None:
