@@ -156,6 +156,8 @@ class JsonSerializer:
 
     def __init__(self, short_names: bool = True) -> None:
         self.short_names = short_names
+        #: What ``json.dumps`` builds per call for these options, built once.
+        self._encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True)
 
     def dumps(self, obj: dict[str, Any], /) -> bytes:
         """Encode ``obj``.
@@ -166,9 +168,7 @@ class JsonSerializer:
         """
         obj = shorten(obj, short_names=self.short_names)
         try:
-            return json.dumps(
-                _encode(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=True
-            ).encode("utf-8")
+            return self._encoder.encode(_encode(obj)).encode("utf-8")
         except (TypeError, ValueError, RecursionError) as e:
             raise SerializationError(str(e)) from e
 
