@@ -266,8 +266,9 @@ class Deliveries:
                 self.buffer.append((lease, request))
         self.frontier.settle(bad)
         added = len(self.buffer) - buffered
-        if added and self._emptied == self.frontier.epoch and self.frontier.lost is None:
-            self._emptied = None  # leased under the same epoch: the crawl did not finish
+        emptied = self._emptied
+        if added and emptied and emptied == self.frontier.epoch and self.frontier.lost is None:
+            self._emptied = None  # leased under the same (fenced) epoch: not finished
         return added
 
     def take(self) -> Request | None:
