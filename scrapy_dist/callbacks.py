@@ -75,6 +75,17 @@ def resolve(spider: object, name: Any, *, public_only: bool) -> Any:
     reason = refusal(spider, name, public_only=public_only)
     if reason is not None:
         raise ValueError(reason)
+    return bound(spider, name)
+
+
+def bound(spider: object, name: str) -> Any:
+    """The attribute ``name`` of ``spider``, a name :func:`refusal` allowed: a method
+    bound to the spider (to the class, for a class).
+
+    Raises:
+        ValueError: the attribute found is not a method bound to the spider (an
+            instance attribute shadows it).
+    """
     method = getattr(spider, name)
     if not isinstance(spider, type) and getattr(method, "__self__", None) is not spider:
         raise ValueError(f"{name!r} is not a method bound to the spider")

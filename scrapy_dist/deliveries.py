@@ -44,8 +44,13 @@ class Deliveries:
         stats: the crawler's stats collector.
         prefetch: requests leased per call.
         max_held: leases this worker may hold at once (see the module docstring).
-        on_empty: called when a settlement leaves this worker holding nothing (the
-            crawl may then finish, and its dupefilter be deleted).
+        on_empty: forgets what this worker knows of the crawl's dupefilter (its
+            seen-cache), which a crawl that finishes deletes: called before that
+            knowledge is next used (:meth:`before_lookup`) once a settlement left this
+            worker holding nothing (the crawl may then finish), unless a reserve
+            under the same epoch brought leases first (the crawl had not finished:
+            Redis refuses a reserve of a finished crawl, whose epoch is deleted, and
+            a worker holding leases keeps it from finishing).
     """
 
     def __init__(
@@ -75,6 +80,9 @@ class Deliveries:
         #: Called with each request that left the engine, before its lease is settled
         #: (cluster-wide politeness releases its download token).
         self.on_finished: list[Callable[[Request], None]] = []
+        #: The crawl epoch when a settlement last left this worker holding nothing,
+        #: until :attr:`on_empty` is called or a reserve under it brings leases.
+        self._emptied: str | None = None
 
     def held(self) -> list[str]:
         """The ids of the leases this worker holds: buffered or in the engine."""
@@ -130,8 +138,18 @@ class Deliveries:
             if reason:
                 self.stats.inc_value("scheduler/failed_callbacks")
         if not self.out and not self.buffer:
-            self.on_empty()
+            self._emptied = self.frontier.epoch
+            if self.frontier.shard_count > 1:  # a reserve vouches for its own shard only
+                self.before_lookup()
         self.frontier.settle(outcomes)
+
+    def before_lookup(self) -> None:
+        """Call :attr:`on_empty` if this worker held nothing since it last had it called
+        and no reserve under the same epoch brought leases since (see ``on_empty``);
+        run before the seen-cache is consulted."""
+        if self._emptied is not None:
+            self._emptied = None
+            self.on_empty()
 
     def refill(
         self,
@@ -247,7 +265,11 @@ class Deliveries:
             else:
                 self.buffer.append((lease, request))
         self.frontier.settle(bad)
-        return len(self.buffer) - buffered
+        added = len(self.buffer) - buffered
+        emptied = self._emptied
+        if added and emptied and emptied == self.frontier.epoch and self.frontier.lost is None:
+            self._emptied = None  # leased under the same (fenced) epoch: not finished
+        return added
 
     def take(self) -> Request | None:
         """The next buffered request, now in the engine; ``None`` if none is buffered."""

@@ -500,6 +500,7 @@ class Scheduler(BaseScheduler):
 
     def _enqueue(self, request: Request) -> bool:
         assert self._enqueuer is not None, "scheduler not open"
+        self.deliveries.before_lookup()  # a seen-cache the crawl's end made stale goes now
         return self._enqueuer.enqueue(request)
 
     def _next(self) -> Request | None:

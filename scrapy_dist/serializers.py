@@ -156,6 +156,8 @@ class JsonSerializer:
 
     def __init__(self, short_names: bool = True) -> None:
         self.short_names = short_names
+        #: What ``json.dumps`` builds per call for these options, built once.
+        self._encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True)
 
     def dumps(self, obj: dict[str, Any], /) -> bytes:
         """Encode ``obj``.
@@ -166,9 +168,7 @@ class JsonSerializer:
         """
         obj = shorten(obj, short_names=self.short_names)
         try:
-            return json.dumps(
-                _encode(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=True
-            ).encode("utf-8")
+            return self._encoder.encode(_encode(obj)).encode("utf-8")
         except (TypeError, ValueError, RecursionError) as e:
             raise SerializationError(str(e)) from e
 
@@ -525,6 +525,9 @@ class RequestCodec:
         self.serializer = serializer
         self.spider = spider
         self.policy = policy or RequestPolicy()
+        #: Callback names :func:`callbacks.refusal` allowed for this spider (a rule
+        #: read from its class, which a crawl does not change): checked once each.
+        self._allowed: set[str] = set()
 
     def encode(self, request: Request) -> bytes:
         """Return the bytes of ``request``.
@@ -552,10 +555,11 @@ class RequestCodec:
         check_priority(data.get("priority", 0))
         for name in ("callback", "errback"):
             value = data.get(name)
-            if value:
+            if value and not (isinstance(value, str) and value in self._allowed):
                 reason = callbacks.refusal(self.spider, value, public_only=False)
                 if reason is not None:
                     raise SerializationError(f"{name} {reason}")
+                self._allowed.add(value)
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
         """``request.to_dict(spider=...)`` without the attributes at their class's
@@ -616,8 +620,8 @@ class RequestCodec:
         try:
             kwargs = {key: value for key, value in obj.items() if key in cls.attributes}
             for name in ("callback", "errback"):
-                if obj.get(name):
-                    kwargs[name] = callbacks.resolve(self.spider, obj[name], public_only=False)
+                if obj.get(name):  # allowed by _check above
+                    kwargs[name] = callbacks.bound(self.spider, obj[name])
             request = cls(**kwargs)
         except RecursionError as e:
             raise SerializationError("cannot rebuild request: nested too deeply") from e

@@ -394,6 +394,71 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     scheduler.close("finished")
 
 
+def _open(crawler: Crawler, holding: set[Request]) -> Scheduler:
+    scheduler = build_from_crawler(Scheduler, crawler)
+    scheduler.in_flight = lambda: holding
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    return scheduler
+
+
+def test_a_seen_cache_outlives_a_moment_holding_nothing_when_a_reserve_brings_leases(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """A worker that holds nothing for a moment and then leases more under the same
+    epoch keeps its seen-cache: the crawl cannot have finished meanwhile (Redis would
+    have refused the reserve), so known duplicates are still filtered locally."""
+    settings = {"SCHEDULER_FLUSH_INTERVAL": 0, "SCHEDULER_PREFETCH": 1}
+    crawler = make_crawler(settings)
+    holding: set[Request] = set()
+    scheduler = _open(crawler, holding)
+    stats = crawler.stats
+    assert stats is not None
+    assert scheduler.enqueue_request(Request(URL))
+    parent = scheduler.next_request()
+    assert parent is not None
+    holding.add(parent)
+    assert scheduler.enqueue_request(Request(f"{URL}child"))
+    assert not scheduler.enqueue_request(Request(URL))  # known locally
+    assert stats.get_value("dupefilter/local/hits") == 1
+    holding.clear()  # the engine is done with the parent: this worker holds nothing...
+    child = scheduler.next_request()  # ...until this reserve (same epoch) leases the child
+    assert child is not None
+    holding.add(child)
+    assert not scheduler.enqueue_request(Request(URL))
+    assert stats.get_value("dupefilter/local/hits") == 2  # still known locally
+    scheduler.close("finished")
+
+
+def test_a_seen_cache_goes_when_the_crawl_finished_and_a_new_run_leases(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """A worker that finished the crawl and then leases a request of the next run (a
+    new epoch) forgets its seen-cache before using it: the old dupefilter is gone."""
+    settings = {"SCHEDULER_FLUSH_INTERVAL": 0, "SCHEDULER_PREFETCH": 1}
+    crawler = make_crawler(settings)
+    holding: set[Request] = set()
+    scheduler = _open(crawler, holding)
+    assert scheduler.enqueue_request(Request(URL))
+    request = scheduler.next_request()
+    assert request is not None
+    holding.add(request)
+    assert not scheduler.enqueue_request(Request(URL))  # known locally
+    holding.clear()
+    assert scheduler.next_request() is None  # holds nothing now
+    assert _progress(scheduler.frontier.progress(grace=0, clear=True)).state == "finished"
+    other_holding: set[Request] = set()
+    other = _open(make_crawler(settings), other_holding)  # starts the next run
+    assert other.enqueue_request(Request(f"{URL}next"))
+    leased = scheduler.next_request()  # joins the new epoch, leases the next run's request
+    assert leased is not None
+    holding.add(leased)
+    assert scheduler.enqueue_request(Request(URL))  # the new run crawls it again
+    assert client.zcard(scheduler.queue.key) == 1
+    other.close("finished")
+    scheduler.close("finished")
+
+
 def _warning(record: logging.LogRecord) -> bool:
     """A warning other than the one about the parent-links middleware (these tests'
     crawlers have no spider middleware)."""
