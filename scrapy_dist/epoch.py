@@ -43,16 +43,20 @@ def fenced(error: BaseException) -> str | None:
     return None
 
 
-def why_gone(client: redis.Redis, keys: RedisKeys, found: str) -> str:
-    """Why a crawl's epoch is ``found`` (:func:`fenced`) rather than the one joined:
-    :data:`FINISHED` (its completion is recorded), :data:`VANISHED` or :data:`REPLACED`."""
+def why_gone(client: redis.Redis, keys: RedisKeys, found: str, joined: str = "") -> str:
+    """Why a crawl's epoch is ``found`` (:func:`fenced`) rather than ``joined``:
+    :data:`FINISHED` (the run of ``joined`` was marked finished, even if another run
+    started since; or, when ``found`` is ``"none"``, a completion is recorded),
+    :data:`VANISHED` or :data:`REPLACED`."""
+    try:
+        finished_at, finished_epoch = client.hmget(keys.progress, ["finished_at", "finished_epoch"])
+    except redis.RedisError:
+        finished_at = finished_epoch = None
+    if joined and finished_epoch in (joined, joined.encode()):
+        return FINISHED
     if found != "none":
         return REPLACED
-    try:
-        finished = client.hexists(keys.progress, "finished_at")
-    except redis.RedisError:
-        finished = False
-    return FINISHED if finished else VANISHED
+    return FINISHED if finished_at is not None else VANISHED
 
 
 def log_gone(state: str, args: dict[str, Any]) -> None:

@@ -425,7 +425,7 @@ class Frontier:
     def why_gone(self, found: str) -> str:
         """Why the crawl's epoch is ``found`` rather than the one joined (see
         :func:`scrapy_dist.epoch.why_gone`)."""
-        return why_gone(self.client, self.keys, found)
+        return why_gone(self.client, self.keys, found, self.epoch)
 
     def check_shards(self, count: int = 1) -> None:
         """Make sure the crawl was not started with another ``SCHEDULER_SHARDS`` (its

@@ -49,7 +49,8 @@ key                        type         holds
                                         spider queued in this run of the crawl (the
                                         first worker to add one crawls it)
 ``<crawl>:progress``       hash         crawl counters (done, retried, dead) and the
-                                        completion state (idle_since, finished_at)
+                                        completion state (idle_since, finished_at,
+                                        finished_epoch: the run last marked finished)
 ``<crawl>:workers``        hash         worker id -> last heartbeat (server time, s)
 ``<crawl>:dead``           list         JSON records of seeds/requests that failed
 ``<crawl>:items``          list         items as JSON lines (``RedisPipeline``;

@@ -6,7 +6,9 @@
 -- time of completion, so every worker sees the same answer.
 --
 -- KEYS[1] = request queue, KEYS[2] = seeds key, KEYS[3] = leases zset
--- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at, run_base)
+-- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at, run_base,
+--           finished_epoch: the epoch of the run last marked finished, kept when a new
+--           run starts, so a worker of that run learns it finished, not was replaced)
 -- KEYS[5] = crawl epoch (deleted with the frontier, so a late write is refused)
 -- KEYS[6..] = frontier keys deleted (UNLINK) at completion when ARGV[4] == "1" (a
 --           priority queue's marker takes its levels with it, lua/_levels.lua)
@@ -88,6 +90,9 @@ if now - idle_since < tonumber(ARGV[3]) then
 end
 finished_at = tostring(now)
 redis.call("HSET", stats, "finished_at", finished_at)
+if ARGV[6] ~= "" then
+  redis.call("HSET", stats, "finished_epoch", ARGV[6])
+end
 if ARGV[8] then
   redis.call("HSET", stats, "others_base", ARGV[8])
 end
