@@ -60,6 +60,27 @@ def _recrawl_lines(recrawl_after: float | None) -> list[str]:
     ]
 
 
+def _dupefilter_lines(status: CrawlStatus, row: str) -> list[str]:
+    """The dupefilter's size (every shard's), its recrawl window and a Bloom filter's fill."""
+    lines: list[str] = []
+    df = status.dupefilter
+    if df is None:
+        lines.append(row.format("dupefilter", 0, "(none yet)"))
+    else:
+        note = f"fingerprints in {df.key} ({df.backend})"
+        if status.shards:
+            note = f"fingerprints in the {len(status.shards)} shards' {df.key}... ({df.backend})"
+        lines.append(row.format("dupefilter", df.count, note))
+        lines += _recrawl_lines(df.recrawl_after)
+        if df.capacity:
+            lines.append(
+                f"  {'':<11}{'':>9}  Bloom: {df.count / df.capacity:.2%} of capacity "
+                f"{df.capacity}, estimated false-positive rate {df.fpr_estimate:.3g} "
+                f"(configured {df.error_rate:.3g}, {df.stages} filter(s))"
+            )
+    return lines
+
+
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     """The human-readable form of a crawl's status."""
     lines = [f"crawl {status.crawl}  at {status.redis}  [{status.state}]"]
@@ -84,21 +105,7 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     if p.get("finished_at"):
         done_note += f"; finished {when(p.get('finished_at'))}"
     lines.append(row.format("done", int(p.get("done", 0)), done_note))
-    df = status.dupefilter
-    if df is None:
-        lines.append(row.format("dupefilter", 0, "(none yet)"))
-    else:
-        note = f"fingerprints in {df.key} ({df.backend})"
-        if status.shards:
-            note = f"fingerprints in the {len(status.shards)} shards' {df.key}... ({df.backend})"
-        lines.append(row.format("dupefilter", df.count, note))
-        lines += _recrawl_lines(df.recrawl_after)
-        if df.capacity:
-            lines.append(
-                f"  {'':<11}{'':>9}  Bloom: {df.count / df.capacity:.2%} of capacity "
-                f"{df.capacity}, estimated false-positive rate {df.fpr_estimate:.3g} "
-                f"(configured {df.error_rate:.3g}, {df.stages} filter(s))"
-            )
+    lines += _dupefilter_lines(status, row)
     scraped = status.stats.get("item_scraped_count")
     items_note = f"stored in {status.items_key}"
     if scraped is not None:
