@@ -28,7 +28,7 @@ from scrapy_dist.keys import (
 )
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.scripts import scripts_for
-from scrapy_dist.testing.queues import queued_entries
+from scrapy_dist.testing.queues import join_flushing, queued_entries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -242,18 +242,7 @@ def test_a_flush_at_start_deletes_every_level(frontier: Frontier, client: redis.
     queue = cast("PriorityQueue", frontier.queue)
     push(queue, b"a", priority=1)
     push(queue, b"b", priority=2)
-    keys = frontier.keys
-    call = scripts_for(client).join(
-        workers=keys.workers,
-        progress=keys.progress,
-        starts=keys.starts,
-        flush_keys=frontier.clear_keys,
-        worker="w",
-        timeout=10,
-        flush=True,
-        age=0,
-    )
-    assert call.run()[1] == 1  # flushed
+    assert join_flushing(client, frontier)
     assert client.keys(f"{queue.key}*") == []
     push(queue, b"c")  # the queue works again
     assert len(queue) == 1

@@ -15,9 +15,8 @@ from scrapy_dist.frontier import Frontier
 from scrapy_dist.keys import level_key
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.scheduler import Scheduler
-from scrapy_dist.scripts import scripts_for
 from scrapy_dist.startup import start_failure
-from scrapy_dist.testing.queues import queued_entries
+from scrapy_dist.testing.queues import join_flushing, queued_entries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,18 +50,7 @@ def test_a_flush_at_start_deletes_the_levels_of_a_queue_key_deleted_alone(
     push(queue, b"a", priority=1)
     push(queue, b"b", priority=2)
     client.delete(queue.key)
-    keys = frontier.keys
-    call = scripts_for(client).join(
-        workers=keys.workers,
-        progress=keys.progress,
-        starts=keys.starts,
-        flush_keys=frontier.clear_keys,
-        worker="w",
-        timeout=10,
-        flush=True,
-        age=0,
-    )
-    assert call.run()[1] == 1  # flushed
+    assert join_flushing(client, frontier)
     assert client.keys(f"{queue.key}*") == []
 
 

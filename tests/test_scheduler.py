@@ -17,6 +17,7 @@ from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.startup import start_failure
+from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.redis_server import free_port
 
@@ -395,11 +396,8 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
 
 
 def _open(crawler: Crawler, holding: set[Request]) -> Scheduler:
-    scheduler = build_from_crawler(Scheduler, crawler)
-    scheduler.in_flight = lambda: holding
-    assert crawler.spider is not None
-    scheduler.open(crawler.spider)
-    return scheduler
+    """A scheduler opened for ``crawler`` whose engine holds ``holding``."""
+    return HeldRequests(crawler, holding=holding).scheduler
 
 
 def test_a_seen_cache_outlives_a_moment_holding_nothing_when_a_reserve_brings_leases(

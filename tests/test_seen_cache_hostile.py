@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 from scrapy import Request
-from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.epoch import FINISHED
-from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_ready, wait_workers
+from scrapy_dist.testing.engine import HeldRequests
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
+    from scrapy_dist.scheduler import Scheduler
     from scrapy_dist.testing import Worker
 
 PAGES = 40
@@ -120,11 +120,8 @@ def test_a_worker_that_stays_up_crawls_every_page_of_every_run(
 
 
 def _open(crawler: Crawler, holding: set[Request]) -> Scheduler:
-    scheduler = build_from_crawler(Scheduler, crawler)
-    scheduler.in_flight = lambda: holding
-    assert crawler.spider is not None
-    scheduler.open(crawler.spider)
-    return scheduler
+    """A scheduler opened for ``crawler`` whose engine holds ``holding``."""
+    return HeldRequests(crawler, holding=holding).scheduler
 
 
 def test_an_idle_worker_rejoins_a_finished_crawl_whose_next_run_began_first(

@@ -76,6 +76,18 @@ local function levels_refusal(queue)
   return nil
 end
 
+-- Add `entry` to level `name` of a batch for push_levels(): `by_level` maps a level name
+-- to {score, entries}, `order` lists the names in the order they first came.
+local function add_to_level(by_level, order, name, entry)
+  local level = by_level[name]
+  if level == nil then
+    level = {tonumber(name), {}}
+    by_level[name] = level
+    order[#order + 1] = name
+  end
+  level[2][#level[2] + 1] = entry
+end
+
 -- Push entries (oldest first) at the tail of their levels: `by_level` maps a level name
 -- to {score, entries}; `order` lists the names. One LPUSH per level, one ZADD of the
 -- index. Returns nil, or the refusal (WRONGTYPE ...) when a level holds another type
@@ -231,13 +243,7 @@ local function move_previous(queue, count)
   local by_level, order, members = {}, {}, {}
   for i = 1, #popped, 2 do
     local entry, name = popped[i], level_name(popped[i + 1])
-    local level = by_level[name]
-    if level == nil then
-      level = {tonumber(name), {}}
-      by_level[name] = level
-      order[#order + 1] = name
-    end
-    level[2][#level[2] + 1] = entry
+    add_to_level(by_level, order, name, entry)
     members[#members + 1] = entry
   end
   local refusal = push_levels(queue, by_level, order)

@@ -153,13 +153,7 @@ if #accepted > 0 then
         name = level_name(score)
         names[score] = name
       end
-      local level = by_level[name]
-      if level == nil then
-        level = {tonumber(name), {}}
-        by_level[name] = level
-        order[#order + 1] = name
-      end
-      level[2][#level[2] + 1] = entry
+      add_to_level(by_level, order, name, entry)
     else
       push[#push + 1] = entry
     end

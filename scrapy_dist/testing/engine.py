@@ -33,15 +33,23 @@ class HeldRequests:
         crawler: a crawler whose spider is set (its settings choose the scheduler's).
         started: when the worker's process started (monotonic seconds), for tests of
             the start-up grace; ``None`` keeps the scheduler's own.
+        holding: the set that stands for what the engine holds (default: a new one),
+            for tests that fill it themselves.
     """
 
-    def __init__(self, crawler: Crawler, started: float | None = None) -> None:
+    def __init__(
+        self,
+        crawler: Crawler,
+        started: float | None = None,
+        *,
+        holding: set[Request] | None = None,
+    ) -> None:
         # the spider middleware Scrapy builds before it opens the scheduler
         self.links = ParentLinks.from_crawler(crawler)
         self.scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
         if started is not None:
             self.scheduler.registry.started = started
-        self.holding: set[Request] = set()
+        self.holding: set[Request] = set() if holding is None else holding
         self.scheduler.in_flight = lambda: self.holding
         assert crawler.spider is not None
         self.scheduler.open(crawler.spider)

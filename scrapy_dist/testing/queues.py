@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from scrapy_dist.keys import LEVELS_MARKER, level_key, level_name, levels_key
+from scrapy_dist.scripts import scripts_for
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     import redis
+
+    from scrapy_dist.frontier import Frontier
 
 
 def _type(client: redis.Redis, key: str) -> str:
@@ -48,3 +51,20 @@ def push_raw(client: redis.Redis, key: str, entries: Mapping[bytes, float]) -> N
         name = level_name(score)
         client.lpush(level_key(key, name), entry)
         client.zadd(levels_key(key), {name: score})
+
+
+def join_flushing(client: redis.Redis, frontier: Frontier, worker: str = "w") -> bool:
+    """Join ``frontier``'s crawl as worker ``worker`` with ``SCHEDULER_FLUSH_ON_START``
+    (``lua/join.lua``, no other worker alive within 10 s): whether it flushed."""
+    keys = frontier.keys
+    call = scripts_for(client).join(
+        workers=keys.workers,
+        progress=keys.progress,
+        starts=keys.starts,
+        flush_keys=frontier.clear_keys,
+        worker=worker,
+        timeout=10,
+        flush=True,
+        age=0,
+    )
+    return bool(cast("list[int]", call.run())[1])
