@@ -258,19 +258,21 @@ class RedisQueue(Base):
         return self._decode_request(payloads[0]) if payloads else None
 
     def clear(self, pipe: Pipeline | None = None) -> None:
-        """Delete every entry."""
-        (pipe or self.client).delete(self.key)
+        """Delete every entry (``UNLINK``: a queue may be large)."""
+        (pipe or self.client).unlink(self.key)
 
-    def check_type(self) -> None:
-        """Make sure the key, if it exists, has a type this queue stores.
+    def check_type(self) -> str:
+        """Make sure the key, if it exists, has a type this queue stores; return the type
+        it holds (``"none"`` if absent).
 
         Raises:
             ConfigurationError: the key holds another type, e.g. a list left by a
                 FIFO queue while ``SCHEDULER_QUEUE_CLASS`` now names the priority queue.
         """
+        kind = key_type(self.client, self.key)
         expect_type(
             self.key,
-            key_type(self.client, self.key),
+            kind,
             self.key_types,
             lambda actual: (
                 f"Redis key {self.key!r} holds a {actual} but {type(self).__name__} stores "
@@ -278,6 +280,7 @@ class RedisQueue(Base):
                 "SCHEDULER_QUEUE_CLASS"
             ),
         )
+        return kind
 
     def open(self, alive: Callable[[], list[str]] | None = None) -> int:
         """Make the queue ready for a worker when it opens (:meth:`check_type`; the
@@ -433,20 +436,22 @@ class PriorityQueue(RedisQueue):
             if not left:
                 return moved
 
-    def check_type(self) -> None:
-        """Make sure the key is absent, a previous version's zset, or holds the marker.
+    def check_type(self) -> str:
+        """Make sure the key is absent, a previous version's zset, or holds the marker;
+        return its type.
 
         Raises:
             ConfigurationError: it holds another type, or a string that is not the marker.
         """
-        super().check_type()
-        value = self.client.get(self.key) if key_type(self.client, self.key) == "string" else None
+        kind = super().check_type()
+        value = self.client.get(self.key) if kind == "string" else None
         if value is not None and value != LEVELS_MARKER.encode():
             raise ConfigurationError(
                 f"Redis key {self.key!r} holds the string {value[:40]!r}, not the marker of a "
                 f"{type(self).__name__} ({LEVELS_MARKER!r}); delete the key or choose the "
                 "matching SCHEDULER_QUEUE_CLASS"
             )
+        return kind
 
     def open(self, alive: Callable[[], list[str]] | None = None) -> int:
         """Check the key's type, then :meth:`migrate`; a previous version's queue only
@@ -459,8 +464,7 @@ class PriorityQueue(RedisQueue):
             ConfigurationError: the key holds another type than the marker or a zset,
                 or holds a previous version's queue while workers of the crawl run.
         """
-        self.check_type()
-        if alive is not None and key_type(self.client, self.key) == "zset":
+        if self.check_type() == "zset" and alive is not None:
             running = alive()
             # a worker of this version registers after its move: one that opened at the
             # same time and registered since has moved the queue (the marker is back)

@@ -147,6 +147,14 @@ local function set_aside(key)
   return aside
 end
 
+-- The dead-letter reason of level `key`, which held a `kind` and was renamed to `aside`
+-- (set_aside): what the scripts that set a level aside record.
+local function set_aside_reason(key, kind, aside)
+  return "priority level " .. key .. " held a " .. kind .. ", not a list of queue entries: "
+    .. "renamed to " .. aside .. " and taken out of the queue (inspect it, push its "
+    .. "requests again if it has any, then delete it)"
+end
+
 -- Push what put_back_level() collected: one RPUSH per level (newest first, so that the
 -- oldest ends at the head) and one ZADD of the level into the index. A level that holds
 -- another type than a list is renamed out of the way first (set_aside) and handed to

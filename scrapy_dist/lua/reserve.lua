@@ -56,10 +56,8 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 -- a level renamed out of the way (lua/_levels.lua) is named in a dead-letter record
 -- (counted as dead)
 local function set_aside_loudly(key, kind, aside)
-  redis.call("RPUSH", dead, dead_json("request", "", "priority level " .. key .. " held a "
-    .. kind .. ", not a list of queue entries: renamed to " .. aside .. " and taken out of "
-    .. "the queue (inspect it, push its requests again if it has any, then delete it)",
-    now, worker, 0))
+  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), now,
+    worker, 0))
   redis.call("HINCRBY", stats, "dead", 1)
 end
 

@@ -82,10 +82,8 @@ for k, id in ipairs(ids) do
   end
 end
 push_returned(function(key, kind, aside)
-  redis.call("RPUSH", dead, dead_json("request", "", "priority level " .. key .. " held a "
-    .. kind .. ", not a list of queue entries: renamed to " .. aside .. " and taken out of "
-    .. "the queue (inspect it, push its requests again if it has any, then delete it)",
-    now, worker, 0))
+  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), now,
+    worker, 0))
   buried = buried + 1
 end)
 batched({"ZREM", leases}, removed)
