@@ -466,9 +466,12 @@ class Frontier:
 
     def delete_keys(self) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
-        shard's in a sharded crawl, a priority queue's levels with it."""
+        shard's in a sharded crawl, a priority queue's levels and every worker's
+        holding with it."""
         self.queue.clear()
-        self.client.unlink(*self.clear_keys)
+        holders = cast("list[bytes]", self.client.zrange(self.keys.holders, 0, -1))
+        holdings = [self.keys.holding(worker.decode()) for worker in holders]
+        self.client.unlink(*self.clear_keys, *holdings)
 
     def _gone(self, error: BaseException) -> bool:
         """If ``error`` is a script's refusal of another epoch, drop this worker's writes
@@ -742,7 +745,7 @@ class Frontier:
     def _calls(self, reserve: int, *, seeds: bool | SeedQueue) -> list[_Call]:
         """The calls of one flush: enqueue, settle, reserve (each if needed)."""
         calls: list[_Call] = []
-        fence = Fence(self.keys.epoch, self.epoch, self.keys.leased, self.worker_id)
+        fence = Fence(self.keys.epoch, self.epoch, self.leases.holding)
         enqueue = self.outbox.enqueue_call(fence)
         if enqueue is not None:
             calls.append(_Call("enqueue", enqueue, self._enqueued))
@@ -897,7 +900,8 @@ class Frontier:
         call = self._scripts.progress(
             queue=self.queue.key,
             seeds=self.seeds.key,
-            leases=k.leases,
+            holders=k.holders,
+            previous=k.leases,
             progress=k.progress,
             epoch_key=k.epoch,
             clear_keys=self.clear_keys,

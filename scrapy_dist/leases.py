@@ -1,7 +1,8 @@
 """The lease client: the calls by which one worker takes, keeps and gives back entries.
 
-Taking a request or a seed moves it into ``<crawl>:leases`` with a deadline
-(``lua/reserve.lua``). The worker renews the leases it holds (``lua/renew.lua``) and
+Taking a request or a seed moves it into the worker's holding, ``<crawl>:holders:<worker>``,
+and gives every lease the worker holds one deadline in ``<crawl>:holders``
+(``lua/reserve.lua``, ``lua/_leases.lua``). The worker renews its leases (``lua/renew.lua``) and
 settles each one when Scrapy is done with it (``lua/settle.lua``): acknowledged
 (:data:`DONE`), returned for another try with the failure's reason, dead-lettered at
 once (:data:`DEAD_NOW`), or handed back untouched at shutdown (:data:`HAND_BACK`).
@@ -97,9 +98,9 @@ class LeaseClient:
         self.taken: set[str] = set()
 
     @property
-    def index(self) -> str:
-        """This worker's lease index key."""
-        return self.keys.held(self.worker_id)
+    def holding(self) -> str:
+        """This worker's holding: the hash of the leases it holds."""
+        return self.keys.holding(self.worker_id)
 
     # -- reserve ----------------------------------------------------------------------
 
@@ -108,8 +109,8 @@ class LeaseClient:
         leases first); read the reply with :meth:`leases`."""
         k = self.keys
         return self._scripts.reserve(
-            leases=k.leases,
-            leased=k.leased,
+            holders=k.holders,
+            holding=self.holding,
             deliveries=k.deliveries,
             dead=k.dead,
             queue=self.queue.key,
@@ -117,7 +118,7 @@ class LeaseClient:
             seq=k.seq,
             progress=k.progress,
             epoch_key=k.epoch,
-            index=self.index,
+            previous=(k.leases, k.leased),
             origin=FROM_QUEUE if seeds is None else FROM_SEEDS,
             take=self.queue.take if seeds is None else seeds.take,
             queue_put_back=self.queue.put_back,
@@ -172,15 +173,13 @@ class LeaseClient:
         """Settle ``(lease id, outcome)`` pairs; read the reply with :meth:`settled`."""
         k = self.keys
         return self._scripts.settle(
-            leases=k.leases,
-            leased=k.leased,
+            holding=self.holding,
             deliveries=k.deliveries,
             dead=k.dead,
             queue=self.queue.key,
             seeds=self.seeds.key,
             progress=k.progress,
             epoch_key=k.epoch,
-            index=self.index,
             worker=self.worker_id,
             queue_put_back=self.queue.put_back,
             seeds_put_back=self.seeds.put_back,
@@ -215,13 +214,13 @@ class LeaseClient:
     # -- renew ------------------------------------------------------------------------
 
     def renew_call(self, lease_ids: Sequence[str], epoch: str) -> ScriptCall:
-        """Extend the deadlines of these leases; read the reply with :meth:`renewed`."""
+        """Extend the deadline of this worker's leases, and ask which of ``lease_ids`` it
+        no longer holds; read the reply with :meth:`renewed`."""
         k = self.keys
         return self._scripts.renew(
-            leases=k.leases,
-            leased=k.leased,
+            holders=k.holders,
+            holding=self.holding,
             epoch_key=k.epoch,
-            index=self.index,
             worker=self.worker_id,
             duration=self.lease_timeout,
             epoch=epoch,
@@ -245,14 +244,11 @@ class LeaseClient:
         :meth:`released`."""
         k = self.keys
         return self._scripts.release(
-            leases=k.leases,
-            leased=k.leased,
+            holding=self.holding,
             deliveries=k.deliveries,
             queue=self.queue.key,
             seeds=self.seeds.key,
             epoch_key=k.epoch,
-            index=self.index,
-            worker=self.worker_id,
             queue_put_back=self.queue.put_back,
             seeds_put_back=self.seeds.put_back,
             epoch=epoch,

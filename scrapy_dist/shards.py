@@ -450,7 +450,8 @@ class ShardedFrontier(Frontier):
         for shard in self.others:
             call = shard._scripts.census(
                 queue=shard.queue.key,
-                leases=shard.keys.leases,
+                holders=shard.keys.holders,
+                previous=shard.keys.leases,
                 progress=shard.keys.progress,
                 epoch_key=shard.keys.epoch,
                 queue_kind=shard.queue.kind,
