@@ -66,22 +66,37 @@ local function set_aside_loudly(key, kind, aside)
 end
 
 -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
--- (other than this worker), then the previous version's
-local budget, buried = reclaim_limit, 0
+-- (other than this worker), then the previous version's. Their delivery counts are
+-- written at the end, one HSET and one HDEL for the call (lua/_batch.lua): `counted`
+-- holds each id's count to keep (false: none), in the order first met (`recounted`), and
+-- is read before the hash meanwhile.
+local budget, buried, counted, recounted = reclaim_limit, 0, {}, {}
+local function recount(id, times)
+  if counted[id] == nil then
+    recounted[#recounted + 1] = id
+  end
+  counted[id] = times
+end
+local function times_of(ids)
+  local times = delivered(deliveries, ids)
+  for k, id in ipairs(ids) do
+    if counted[id] ~= nil then
+      times[k] = counted[id] or 1
+    end
+  end
+  return times
+end
 local function reclaim(id, origin, score, entry, times, holder)
   if times >= max_deliveries then
     local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
       .. "); SCHEDULER_MAX_DELIVERIES reached"
     redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
-    redis.call("HDEL", deliveries, id)
+    recount(id, false)
     buried = buried + 1
   else
     return_entry(origin, score, entry, queue, qback, seeds, sback)
-    if string.find(id, ":", 1, true) then
-      redis.call("HDEL", deliveries, id) -- a copy's id is not kept across deliveries
-    else
-      count_return(deliveries, id, times)
-    end
+    -- a copy's id is not kept across deliveries
+    recount(id, not string.find(id, ":", 1, true) and times)
   end
 end
 for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT", 0,
@@ -108,7 +123,7 @@ for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT
       batched({"HDEL", key}, ids)
     end
     budget = budget - #ids
-    local times = delivered(deliveries, ids)
+    local times = times_of(ids)
     for k, id in ipairs(ids) do
       local origin, score, entry = parse_holding(id, flat[2 * k])
       reclaim(id, origin, score, entry, times[k], holder)
@@ -119,7 +134,7 @@ if budget > 0 then
   local expired = redis.call("ZRANGEBYSCORE", previous, "-inf", now, "LIMIT", 0, budget)
   if #expired > 0 then
     local records = batched({"HMGET", previous_records}, expired)
-    local times = delivered(deliveries, expired)
+    local times = times_of(expired)
     batched({"ZREM", previous}, expired)
     batched({"HDEL", previous_records}, expired)
     for k, id in ipairs(expired) do
@@ -129,6 +144,20 @@ if budget > 0 then
       end
     end
   end
+end
+local kept, forgotten = {}, {}
+for _, id in ipairs(recounted) do
+  local times = counted[id]
+  if times then
+    kept[#kept + 1] = id
+    kept[#kept + 1] = times
+  else
+    forgotten[#forgotten + 1] = id
+  end
+end
+batched({"HSET", deliveries}, kept, 2)
+if #forgotten > 0 and redis.call("EXISTS", deliveries) == 1 then
+  batched({"HDEL", deliveries}, forgotten)
 end
 push_returned(set_aside_loudly)
 if buried > 0 then
