@@ -382,6 +382,38 @@ def test_a_lost_reply_hands_back_only_leases_the_worker_does_not_hold(
     assert frontier.stats.get_value("scheduler/leases/released_unknown") == 1
 
 
+def test_a_lease_taken_over_and_granted_back_to_its_worker_is_settled(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    paused = _scheduler(make_crawler)
+    frontier = paused.frontier
+    paused.enqueue_request(Request("https://example.com/parent"))
+    frontier.flush()
+    parent = paused.next_request()
+    assert parent is not None
+    assert paused.crawler is not None
+    links = ParentLinks.from_crawler(paused.crawler)
+    for child in links.process_spider_output(
+        Response(parent.url, request=parent), [Request("https://example.com/child")]
+    ):
+        paused.enqueue_request(child)
+    paused._settle()  # the parent is done: its ack waits behind its child
+    # the worker is paused past its lease: another worker's reserve takes it back
+    client.zadd(frontier.keys.holders, {frontier.worker_id: 0})
+    other = _scheduler(make_crawler)
+    other.frontier.leases.reserve_call(0, other.frontier.epoch).run()  # only reclaims
+    assert leases.holdings(client, frontier.keys.crawl) == {}
+    frontier.flush()  # the child is refused: the parent's lease was taken over
+    assert frontier.stats.get_value("scheduler/leases/taken_over") == 1
+    again = paused.next_request()  # the parent, granted back to the same worker
+    assert again is not None
+    assert again.url == parent.url
+    paused._settle()
+    frontier.flush()
+    assert leases.leased_count(client, frontier.keys.crawl) == 0  # settled, not kept for good
+    assert frontier.totals() == {"done": 1}
+
+
 def test_release_reads_only_this_workers_leases(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
