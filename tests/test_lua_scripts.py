@@ -117,7 +117,13 @@ CALLS: dict[str, Callable[[Scripts], ScriptCall]] = {
     ),
     "heartbeat": lambda s: s.heartbeat(workers="w", worker="me"),
     "census": lambda s: s.census(
-        queue="q", holders="h", previous="l", progress="p", epoch_key="e", queue_kind="list", epoch=""
+        queue="q",
+        holders="h",
+        previous="l",
+        progress="p",
+        epoch_key="e",
+        queue_kind="list",
+        epoch="",
     ),
     "leased": lambda s: s.leased(holders="h", previous="l"),
     "leave": lambda s: s.leave(workers="w", worker="me", timeout=1.0),
