@@ -18,6 +18,7 @@ from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.engine import HeldRequests
+from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.redis_server import free_port
 
@@ -148,7 +149,7 @@ def test_undecodable_entry_goes_to_dead_letters(
     assert scheduler.stats.get_value("scheduler/undecodable") == 1
     assert client.llen(scheduler.dead.key) == 1
     # dead-lettered in the step that settles its lease: counted as dead, not done
-    assert client.zcard(scheduler.frontier.keys.leases) == 0
+    assert leased_count(client, scheduler.frontier.keys.crawl) == 0
     assert scheduler.frontier.totals().get("dead") == 1
 
 
@@ -165,7 +166,8 @@ def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     assert [r.url for r in drain(b)] == [URL + "3"]
     b.close("finished")  # nothing queued, leased or waiting: the crawl is finished
     keys = a.frontier.keys
-    assert client.exists(a.queue.key, _set_key(a), keys.seq, keys.leases) == 0
+    held = (keys.holding(a.frontier.worker_id), keys.holding(b.frontier.worker_id))
+    assert client.exists(a.queue.key, _set_key(a), keys.seq, keys.holders, *held) == 0
     assert client.exists(a.registry.key) == 0
 
 
@@ -368,7 +370,8 @@ def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
     assert scheduler.frontier.flush() == []
     assert stats.get_value("scheduler/leases/acked") == 1
     assert queued_count(client, scheduler.queue.key) == 10 - 4  # four leased to this worker
-    assert client.zcard(scheduler.frontier.keys.leases) == 4
+    held = holdings(client, scheduler.frontier.keys.crawl)
+    assert {w: len(leases) for w, leases in held.items()} == {scheduler.frontier.worker_id: 4}
     scheduler.close("finished")
 
 
