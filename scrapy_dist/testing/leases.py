@@ -49,4 +49,4 @@ def held_by(client: redis.Redis, crawl: str, pid: int) -> int:
 def deadline(client: redis.Redis, crawl: str, worker: str) -> float | None:
     """The deadline (server time, seconds) of the leases ``worker`` holds, if any."""
     score = client.zscore(_holders(crawl), worker)
-    return None if score is None else float(cast("float", score))
+    return None if score is None else float(score)
