@@ -21,11 +21,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scripts import DEAD_NOW, DONE, ENTRY_ID_LEN, FROM_QUEUE, FROM_SEEDS, HAND_BACK
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
+    import redis
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.keys import RedisKeys
@@ -33,12 +35,49 @@ if TYPE_CHECKING:
     from scrapy_dist.scripts import ScriptCall, Scripts
     from scrapy_dist.seeds import SeedQueue
 
-__all__ = ["DEAD_NOW", "DONE", "HAND_BACK", "RECLAIM_LIMIT", "Lease", "LeaseClient"]
+__all__ = [
+    "DEAD_NOW",
+    "DONE",
+    "HAND_BACK",
+    "RECLAIM_LIMIT",
+    "Lease",
+    "LeaseClient",
+    "refuse_beside_previous",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Expired leases reclaimed per reserve call, at most.
 RECLAIM_LIMIT = 100
+
+
+def refuse_beside_previous(
+    client: redis.Redis, keys: RedisKeys, alive: Callable[[], list[str]]
+) -> None:
+    """Refuse to start beside a running worker of the previous version: it writes its
+    leases to ``<crawl>:leases``/``<crawl>:leased``, which this version only reclaims when
+    they expire, and knows nothing of this version's holdings (it could mark the crawl
+    finished while they hold requests). Checked when a worker opens, before it registers.
+
+    Raises:
+        ConfigurationError: the previous version's leases zset holds leases while
+            workers of the crawl are registered as running.
+    """
+    held = int(client.zcard(keys.leases))
+    if not held:
+        return
+    running = alive()
+    if running:
+        shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
+        raise ConfigurationError(
+            f"Redis key {keys.leases!r} holds {held} lease(s) a previous version of "
+            f"scrapy_dist granted, and {len(running)} worker(s) of the crawl are running "
+            f"({shown}): stop every worker of the previous version, then start this one (it "
+            "takes their leases back as they expire). If every running worker is of this "
+            "version, start again once those leases expired (SCHEDULER_LEASE_TIMEOUT); a "
+            "worker killed without stopping counts as running for SCHEDULER_WORKER_TIMEOUT "
+            "seconds after its last heartbeat"
+        )
 
 
 class Lease(NamedTuple):

@@ -9,7 +9,7 @@ spreads over N masters.
   shards ``1..N-1`` have keys of their own (:func:`scrapy_dist.keys.shard_keys`).
 - **One frontier per shard**: each shard is a :class:`~scrapy_dist.frontier.Frontier`
   on its own keys (and, under Cluster, on a client pinned to its node): its own epoch
-  (every script is fenced by its shard's copy), outbox, leases, lease index, renewals
+  (every script is fenced by its shard's copy), outbox, leases, renewals
   and hand-backs, replica ``WAIT``. A lease id of shard ``i > 0`` is ``#<i>:<id>`` for
   the worker's engine and is routed back to its shard.
 - **Acknowledgements across shards**: a settlement is held until every other shard has
