@@ -65,9 +65,14 @@ local function delivered(deliveries, ids)
   return out
 end
 
--- An entry leased `times` times goes back for another try: keep its count.
+-- An entry leased `times` times goes back for another try: keep its count (not a seed
+-- copy's: "<id>:<n>", lua/reserve.lua, is never leased again).
 local function count_return(deliveries, id, times)
-  redis.call("HSET", deliveries, id, times)
+  if string.find(id, ":", 1, true) then
+    redis.call("HDEL", deliveries, id)
+  else
+    redis.call("HSET", deliveries, id, times)
+  end
 end
 
 -- An entry leased `times` times is handed back untouched: that delivery does not count.

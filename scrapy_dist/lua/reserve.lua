@@ -32,7 +32,8 @@
 -- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
 -- id, and so its delivery count, each time its lease expires and it is read again. A
--- copy of a seed whose id this worker holds at that moment gets "<id>:<n>" instead.
+-- copy of a seed whose id is leased at that moment (by any worker: each holding is read)
+-- gets "<id>:<n>" instead, whose count is not kept when it comes back.
 --
 -- A worker never reclaims its own leases: it is alive (it calls), and this call renews
 -- them. A priority level that holds another type than a list (written by hand) cannot be
@@ -77,11 +78,7 @@ local function reclaim(id, origin, score, entry, times, holder)
     buried = buried + 1
   else
     return_entry(origin, score, entry, queue, qback, seeds, sback)
-    if string.find(id, ":", 1, true) then
-      redis.call("HDEL", deliveries, id) -- a copy's id is not kept across deliveries
-    else
-      count_return(deliveries, id, times)
-    end
+    count_return(deliveries, id, times)
   end
 end
 for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT", 0,
@@ -194,20 +191,35 @@ end
 
 -- 3. the leases: ids first, then one variadic command per key (lua/_batch.lua)
 local ids = {}
-local granted = {} -- seed ids leased by this call (the HEXISTS below cannot see them yet)
-for k, pair in ipairs(taken) do
-  local entry = pair[1]
-  local id
-  if source == FROM_QUEUE then
-    id = string.sub(entry, 1, ENTRY_ID_LEN)
-  else
-    id = FROM_SEEDS .. string.sub(redis.sha1hex(entry), 1, 15)
-    if granted[id] or redis.call("HEXISTS", holding, id) == 1 then
-      id = id .. ":" .. redis.call("INCR", seq)
-    end
-    granted[id] = true
+if source == FROM_QUEUE then
+  for k, pair in ipairs(taken) do
+    ids[k] = string.sub(pair[1], 1, ENTRY_ID_LEN)
   end
-  ids[k] = id
+elseif #taken > 0 then
+  -- a seed's id is held by any worker (or by a previous version's lease): one HMGET
+  -- per holding, one of the previous leased hash
+  local held = {}
+  for k, pair in ipairs(taken) do
+    ids[k] = FROM_SEEDS .. string.sub(redis.sha1hex(pair[1]), 1, 15)
+  end
+  local function note(records)
+    for k, record in ipairs(records) do
+      if record then
+        held[ids[k]] = true
+      end
+    end
+  end
+  for _, holder in ipairs(redis.call("ZRANGE", holders, 0, -1)) do
+    note(batched({"HMGET", holding_key(holders, holder)}, ids))
+  end
+  note(batched({"HMGET", holding}, ids)) -- (this worker's, when it is not a holder yet)
+  note(batched({"HMGET", previous_records}, ids))
+  for k, id in ipairs(ids) do
+    if held[id] then
+      ids[k] = id .. ":" .. redis.call("INCR", seq)
+    end
+    held[id] = true -- leased by this call: a second copy in it gets its own id
+  end
 end
 
 local result = {}
