@@ -35,7 +35,7 @@ class Crawl:
         self.keys = RedisKeys.build(name)
         self.queue = self.keys.requests
         self.seeds = self.keys.start_urls
-        self.filter = f"{name}:filter"
+        self.filter = self.keys.dupefilter
         self.max_deliveries = max_deliveries
 
     def enqueue(
@@ -456,3 +456,87 @@ def test_a_previous_versions_lease_expired_at_the_limit_is_dead_lettered(
     assert (record["deliveries"], record["worker"], record["data"]) == (3, "old:1:ab", "page")
     assert crawl.deliveries() == {}
     assert client.hget(crawl.keys.progress, "dead") == b"1"
+
+
+# -- 4. no holding is left behind ---------------------------------------------------------
+
+
+def _holding_keys(client: redis.Redis, crawl: Crawl) -> list[str]:
+    pattern = crawl.keys.holders.replace("[", "\\[") + "*"
+    return sorted(k.decode() for k in client.scan_iter(match=pattern, count=1000))
+
+
+def _hold(crawl: Crawl) -> None:
+    """Three workers hold leases; one of them has settled everything it held."""
+    crawl.enqueue(6)
+    for worker in ("w1", "w2", "idle"):
+        crawl.reserve(worker, 2)
+    crawl.settle("idle", [(i, DONE) for i in crawl.held("idle")])
+    assert _holding_keys(crawl.client, crawl) == [
+        crawl.keys.holders,
+        crawl.keys.holding("w1"),
+        crawl.keys.holding("w2"),
+    ]
+
+
+def test_a_flush_at_start_takes_every_holding(crawl: Crawl, client: redis.Redis) -> None:
+    _hold(crawl)
+    k = crawl.keys
+    flushed = crawl.scripts.join(
+        workers=k.workers,
+        progress=k.progress,
+        starts=k.starts,
+        flush_keys=[*k.frontier(), crawl.filter],
+        worker="w9",
+        timeout=60,
+        flush=True,
+        age=0,
+    ).run()
+    assert flushed[1] == 1
+    assert _holding_keys(client, crawl) == []
+
+
+def test_completion_takes_the_holders_of_workers_that_hold_nothing(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    _hold(crawl)
+    for worker in ("w1", "w2"):
+        crawl.settle(worker, [(i, DONE) for i in crawl.held(worker)])
+    assert crawl.progress(clear=True)[0] == "finished"
+    assert _holding_keys(client, crawl) == []
+
+
+def test_cli_reset_deletes_every_holding(
+    crawl: Crawl,
+    client: redis.Redis,
+    redis_url: str,
+    name: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from scrapy_dist.cli import main
+
+    _hold(crawl)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    assert main(["reset", name, "--yes", "--redis-url", redis_url]) == 0, capsys.readouterr()
+    assert _holding_keys(client, crawl) == []
+    assert list(client.scan_iter(match=f"{name}*")) == []
+
+
+def test_delete_keys_takes_every_holding(
+    make_crawler: Any, client: redis.Redis, name: str
+) -> None:
+    from scrapy_dist.testing.engine import HeldRequests
+
+    held = HeldRequests(make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0}))
+    try:
+        frontier = held.frontier
+        crawl = Crawl(client, name)
+        crawl.queue = frontier.queue.key
+        _hold(crawl)
+        frontier.delete_keys()
+        assert _holding_keys(client, crawl) == []
+    finally:
+        held.close()

@@ -85,7 +85,8 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     :func:`scrapy_dist.keys.bucket_key`) and a recrawl window's generations
     (:func:`scrapy_dist.keys.window_generation_key` and the keys named after it) of any
     number, found under the dupefilter key with ``SCAN``, and a priority queue's levels
-    (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named).
+    (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named), and
+    the holding of every worker in the crawl's holders zset.
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
@@ -107,4 +108,17 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
         key = _text(raw)
         if key not in present:
             present.append(key)
+    present += [key for key in _holdings(client, layout.keys) if key not in present]
     return present
+
+
+def _holdings(client: redis.Redis, keys: RedisKeys) -> list[str]:
+    """The holdings that exist of the workers in the crawl's holders zset
+    (:meth:`scrapy_dist.keys.RedisKeys.holding`; none if that key is not a zset)."""
+    if client.type(keys.holders) not in (b"zset", "zset"):
+        return []
+    named = [keys.holding(_text(worker)) for worker, _ in client.zscan_iter(keys.holders)]
+    with client.pipeline(transaction=False) as pipe:
+        for key in named:
+            pipe.exists(key)
+        return [key for key, n in zip(named, pipe.execute(), strict=True) if n]
