@@ -518,6 +518,10 @@ def test_cli_reset_deletes_every_holding(
     from scrapy_dist.cli import main
 
     _hold(crawl)
+    client.set(crawl.keys.holding("w:ü"), b"junk")  # set aside by the next reserve
+    client.zadd(crawl.keys.holders, {"w:ü": 1.0})
+    crawl.reserve("w1", 0)
+    assert client.exists(crawl.keys.holding("w:ü") + ":wrongtype") == 1
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
     assert main(["reset", name, "--yes", "--redis-url", redis_url]) == 0, capsys.readouterr()
@@ -540,3 +544,83 @@ def test_delete_keys_takes_every_holding(
         assert _holding_keys(client, crawl) == []
     finally:
         held.close()
+
+
+# -- 5. Redis refusals --------------------------------------------------------------------
+
+
+def test_a_broken_holding_of_an_expired_worker_does_not_stop_other_workers(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A holding that is not a hash (written by hand) of a worker whose deadline
+    passed: every reserve reclaims from it. It is renamed out of the way with a
+    dead-letter record naming it, and the reserve goes on."""
+    crawl.enqueue(3)
+    crawl.reserve("w1", 1)
+    broken = crawl.keys.holding("broken")
+    client.set(broken, b"junk")
+    client.zadd(crawl.keys.holders, {"broken": 1.0})
+    leases = crawl.reserve("a", 5)
+    assert len(leases) == 2
+    assert client.get(broken + ":wrongtype") == b"junk"
+    assert client.exists(broken) == 0
+    assert client.zscore(crawl.keys.holders, "broken") is None
+    [record] = crawl.dead()
+    assert broken in record["reason"]
+    assert "wrongtype" in record["reason"]
+    assert leased_count(client, crawl.keys.crawl) == 3
+    assert crawl.progress()[0] == "busy"
+
+
+def test_a_workers_own_broken_holding_is_set_aside_before_it_takes_anything(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A worker whose own holding is not a hash: its renewal does not keep the broken
+    key alive, and its reserve renames it out of the way before it takes entries (they
+    were taken, then could not be recorded: lost)."""
+    crawl.enqueue(3)
+    broken = crawl.keys.holding("w")
+    client.set(broken, b"junk")
+    client.zadd(crawl.keys.holders, {"w": time.time() + 5})
+    assert crawl.renew("w", ["0000000000000001"]) == ["0000000000000001"]
+    score = client.zscore(crawl.keys.holders, "w")
+    assert score is not None
+    assert score < time.time() + 30  # not renewed: it holds nothing
+    taken = crawl.reserve("w", 2)
+    assert len(taken) == 2
+    assert crawl.held("w") == set(_ids(taken))
+    assert client.get(broken + ":wrongtype") == b"junk"
+    [record] = crawl.dead()
+    assert broken in record["reason"]
+    assert len(crawl.queued_ids()) == 1
+    assert len(crawl.reserve("other", 1)) == 1
+
+
+def test_a_broken_holders_zset_is_a_clear_refusal_that_loses_nothing(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    crawl.enqueue(2)
+    client.set(crawl.keys.holders, b"junk")
+    for call in (
+        lambda: crawl.reserve("w", 2),
+        crawl.progress,
+        lambda: leased_count(client, crawl.keys.crawl),
+    ):
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            call()
+    assert len(crawl.queued_ids()) == 2
+    client.delete(crawl.keys.holders)
+    assert len(crawl.reserve("w", 2)) == 2
+
+
+def test_an_expired_holder_whose_holding_was_evicted_is_dropped(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    crawl.enqueue(2)
+    crawl.reserve("gone", 1)
+    crawl.expire("gone")
+    client.delete(crawl.keys.holding("gone"))  # evicted
+    assert leased_count(client, crawl.keys.crawl) == 0
+    assert len(crawl.reserve("a", 5)) == 1
+    assert client.zscore(crawl.keys.holders, "gone") is None
+    assert len(crawl.reserve("b", 5)) == 0

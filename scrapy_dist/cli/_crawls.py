@@ -85,8 +85,9 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     :func:`scrapy_dist.keys.bucket_key`) and a recrawl window's generations
     (:func:`scrapy_dist.keys.window_generation_key` and the keys named after it) of any
     number, found under the dupefilter key with ``SCAN``, and a priority queue's levels
-    (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named), and
-    the holding of every worker in the crawl's holders zset.
+    (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named), the
+    holding of every worker in the crawl's holders zset, and holdings set aside
+    (``<holding>:wrongtype``, found with ``SCAN``).
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
@@ -109,6 +110,13 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
         if key not in present:
             present.append(key)
     present += [key for key in _holdings(client, layout.keys) if key not in present]
+    # a holding that was not a hash, renamed out of the way (lua/_leases.lua):
+    # <holders>:<worker>:wrongtype[:<n>]
+    aside = re.compile(rf"^{re.escape(layout.keys.holders)}:.*:wrongtype(?::\d+)?$", re.DOTALL)
+    for raw in client.scan_iter(match=_glob_escape(layout.keys.holders) + ":*:wrongtype*"):
+        key = _text(raw)
+        if aside.match(key) and key not in present:
+            present.append(key)
     return present
 
 

@@ -23,6 +23,20 @@ local function holding_key(holders, worker)
   return holders .. ":" .. worker
 end
 
+-- A holding that is not a hash (written by hand) holds no lease a script can read: it
+-- is renamed out of the way (lua/_levels.lua set_aside: "<holding>:wrongtype"), so
+-- neither its worker nor the workers reclaiming from it fail on it for good. Returns
+-- the dead-letter reason naming it, or nil when `key` is a hash or absent.
+local function set_aside_holding(key)
+  local kind = redis.call("TYPE", key)["ok"]
+  if kind == "hash" or kind == "none" then
+    return nil
+  end
+  local aside = set_aside(key)
+  return "holding " .. key .. " held a " .. kind .. ", not a hash of leases: renamed to "
+    .. aside .. " (inspect it, push its requests again if it has any, then delete it)"
+end
+
 -- The holding record of an entry leased from `origin` at `score`.
 local function holding_record(origin, score, entry)
   if origin == FROM_QUEUE then

@@ -36,7 +36,9 @@
 -- gets "<id>:<n>" instead, whose count is not kept when it comes back.
 --
 -- A worker never reclaims its own leases: it is alive (it calls), and this call renews
--- them. A priority level that holds another type than a list (written by hand) cannot be
+-- them. A holding that is not a hash (written by hand), this worker's or an expired
+-- one's, is renamed out of the way ("<holding>:wrongtype", lua/_leases.lua) with a
+-- dead-letter record naming it (counted as dead), before anything is taken. A priority level that holds another type than a list (written by hand) cannot be
 -- read: it is renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves
 -- the queue's index, with a dead-letter record naming it (counted as dead), and the
 -- other levels go on; the same when an entry is put back to such a level.
@@ -66,6 +68,19 @@ local function set_aside_loudly(key, kind, aside)
   redis.call("HINCRBY", stats, "dead", 1)
 end
 
+-- a holding that is not a hash is set aside (lua/_leases.lua), named in a dead-letter
+-- record (counted as dead)
+local function holding_aside(key, holder)
+  local reason = set_aside_holding(key)
+  if reason then
+    redis.call("RPUSH", dead, dead_json("request", "", reason, now, holder, 0))
+    redis.call("HINCRBY", stats, "dead", 1)
+  end
+  return reason
+end
+-- this worker's first, before anything is taken that could not be recorded in it
+holding_aside(holding, worker)
+
 -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
 -- (other than this worker), then the previous version's
 local budget, buried = reclaim_limit, 0
@@ -86,8 +101,10 @@ for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT
   if budget <= 0 then
     break
   end
-  if holder ~= worker then
-    local key = holding_key(holders, holder)
+  local key = holding_key(holders, holder)
+  if holder ~= worker and holding_aside(key, holder) then
+    redis.call("ZREM", holders, holder)
+  elseif holder ~= worker then
     local left = redis.call("HLEN", key)
     local flat
     if left <= budget then
