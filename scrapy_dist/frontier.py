@@ -72,6 +72,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Transactions :meth:`Frontier.delete_keys` tries while workers add holdings under it;
+#: the last is sent unwatched.
+DELETE_ATTEMPTS = 10
+
 
 def recorded_shards(raw: object) -> int | None:
     """The shard count a ``<crawl>:shards`` value holds (``GET``'s reply), or ``None``
@@ -467,11 +471,28 @@ class Frontier:
     def delete_keys(self) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
         shard's in a sharded crawl, a priority queue's levels and every worker's
-        holding with it."""
+        holding with it (in one transaction with the holders zset, so a holding
+        granted meanwhile goes too)."""
         self.queue.clear()
-        holders = cast("list[bytes]", self.client.zrange(self.keys.holders, 0, -1))
-        holdings = [self.keys.holding(worker.decode()) for worker in holders]
-        self.client.unlink(*self.clear_keys, *holdings)
+        holders = self.keys.holders
+        with self.client.pipeline() as pipe:
+            for attempt in range(DELETE_ATTEMPTS):
+                # the holders zset is watched: a worker's reserve that adds a holding
+                # after it was read makes the transaction fail, and it is read again
+                # (else its holding would stay, named by no holders zset)
+                if attempt < DELETE_ATTEMPTS - 1:
+                    pipe.watch(holders)
+                try:
+                    workers = cast("list[bytes]", self.client.zrange(holders, 0, -1))
+                except redis.ResponseError:  # not a zset (written by hand): no holders
+                    workers = []
+                pipe.multi()
+                pipe.unlink(*self.clear_keys, *(holders.encode() + b":" + w for w in workers))
+                try:
+                    pipe.execute()
+                except redis.WatchError:
+                    continue
+                return
 
     def _gone(self, error: BaseException) -> bool:
         """If ``error`` is a script's refusal of another epoch, drop this worker's writes

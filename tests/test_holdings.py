@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import redis
 
-from scrapy_dist.keys import RedisKeys, level_key
+from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
 from scrapy_dist.scripts import DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_count, queued_entries
@@ -23,16 +23,19 @@ from scrapy_dist.testing.queues import queued_count, queued_entries
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from scrapy_dist.testing import ClusterServers
     from scrapy_dist.testing.redis_server import RedisServer
 
 
 class Crawl:
     """The keys of one crawl, and the lease scripts called on them by any worker."""
 
-    def __init__(self, client: redis.Redis, name: str, *, max_deliveries: int = 3) -> None:
+    def __init__(
+        self, client: redis.Redis, name: str, *, max_deliveries: int = 3, hash_tag: bool = False
+    ) -> None:
         self.client = client
         self.scripts = Scripts(client)
-        self.keys = RedisKeys.build(name)
+        self.keys = RedisKeys.build(name, hash_tag=hash_tag)
         self.queue = self.keys.requests
         self.seeds = self.keys.start_urls
         self.filter = self.keys.dupefilter
@@ -624,3 +627,197 @@ def test_an_expired_holder_whose_holding_was_evicted_is_dropped(
     assert len(crawl.reserve("a", 5)) == 1
     assert client.zscore(crawl.keys.holders, "gone") is None
     assert len(crawl.reserve("b", 5)) == 0
+
+
+def _oom(call: Any) -> bool:
+    """Run ``call``; True if Redis refused it for want of memory."""
+    try:
+        call()
+    except redis.exceptions.OutOfMemoryError:
+        return True
+    return False
+
+
+def test_out_of_memory_refusals_lose_nothing(server: RedisServer, name: str) -> None:
+    """With maxmemory reached (noeviction), a script either runs whole or is refused
+    before its first write: every entry stays in exactly one place."""
+    client = server.client()
+    crawl = Crawl(client, name)
+    crawl.enqueue(40)
+    ids = _ids(crawl.reserve("a", 10))
+    crawl.reserve("b", 10)
+    crawl.expire("b")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        refused = {
+            "enqueue": _oom(lambda: crawl.enqueue(5, start=100)),
+            "reserve": _oom(lambda: crawl.reserve("a", 5)),  # b's reclaimed, 5 taken
+            "reserve nothing": _oom(lambda: crawl.reserve("c", 0)),
+            "renew": _oom(lambda: crawl.renew("a", ids)),
+            "settle failed": _oom(lambda: crawl.settle("a", [(ids[0], "ValueError: x")])),
+            "settle done": _oom(lambda: crawl.settle("a", [(ids[1], DONE)])),
+            "hand back": _oom(lambda: crawl.settle("a", [(ids[2], HAND_BACK)])),
+            "release": _oom(lambda: crawl.release("a", ids[3:])),
+            "progress": _oom(crawl.progress),
+        }
+    finally:
+        client.config_set("maxmemory", 0)
+    assert refused["enqueue"]  # nothing written yet when it would grow the queue
+    assert not refused["settle done"]  # a deletion first: it runs
+    places = crawl.where()
+    done = int(client.hget(crawl.keys.progress, "done") or 0)
+    assert len(places) + done == 40
+    assert all(len(p) == 1 for p in places.values()), places
+    assert client.scard(crawl.filter) == 40  # the refused enqueue recorded no token
+    client.close()
+
+
+# -- 6. worker ids with odd characters ----------------------------------------------------
+
+ODD_IDS = ["host:1:ab", "a|b|c", "with space", "ünï©ødé 🕷", "{tag}", "w*?[x]\\", ""]
+
+
+@pytest.mark.parametrize("odd", ODD_IDS)
+def test_a_worker_id_with_odd_characters_holds_renews_and_is_reclaimed(
+    crawl: Crawl, client: redis.Redis, odd: str
+) -> None:
+    crawl.enqueue(4)
+    ids = _ids(crawl.reserve(odd, 3))
+    assert holdings(client, crawl.keys.crawl) == {
+        odd: {i: client.hget(crawl.keys.holding(odd), i) for i in ids}
+    }
+    assert crawl.renew(odd, ids) == []
+    crawl.settle(odd, [(ids[0], DONE)])
+    crawl.expire(odd)
+    assert len(crawl.reserve("other", 1, reclaim_limit=1)) == 1  # one of the two back
+    [left] = crawl.held(odd)
+    assert crawl.settle(odd, [(i, "ValueError: x") for i in ids[1:]]) == [0, 1, 0, 0, 1]
+    assert crawl.held(odd) == set()
+    assert left in crawl.queued_ids()
+    client.zadd(crawl.keys.holders, {odd: 1.0})
+    crawl.reserve(odd, 1)  # the worker takes one more, then expires at the limit
+    crawl.settle("other", [(i, DONE) for i in crawl.held("other")])
+    for _ in range(3):
+        crawl.expire(odd)
+        crawl.reserve("other", 0)
+        crawl.reserve(odd, 5)
+    crawl.expire(odd)
+    crawl.reserve("other", 0)
+    assert {record["worker"] for record in crawl.dead()} <= {odd}
+    assert leased_count(client, crawl.keys.crawl) == 0
+    assert client.exists(crawl.keys.holding(odd)) == 0
+    assert all(len(p) == 1 for p in crawl.where().values())
+
+
+def test_delete_keys_leaves_no_holding_of_a_worker_that_reserves_meanwhile(
+    make_crawler: Any, client: redis.Redis, redis_url: str, name: str
+) -> None:
+    """delete_keys reads the holders, then unlinks their holdings and the zset: a
+    worker whose reserve lands in between must not leave a holding that no holders
+    zset names (it has no expiry: it would stay for good)."""
+    import threading
+
+    from scrapy_dist.testing.engine import HeldRequests
+
+    held = HeldRequests(make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0}))
+    other = redis.Redis.from_url(redis_url)
+    racer = Crawl(other, name)
+    racer.queue = held.frontier.queue.key
+    stop = threading.Event()
+
+    def reserve_in_a_loop() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            racer.enqueue(1, start=n)
+            racer.reserve(f"w{n}", 1)
+            time.sleep(0.001)  # a busy crawl, not one reserve after another
+
+    thread = threading.Thread(target=reserve_in_a_loop)
+    thread.start()
+    try:
+        for _ in range(100):
+            held.frontier.delete_keys()
+    finally:
+        stop.set()
+        thread.join()
+        held.close()
+    held.frontier.delete_keys()  # nothing reserves now: every holding must go
+    crawl = Crawl(client, name)
+    assert _holding_keys(client, crawl) == []
+    other.close()
+
+
+def test_odd_worker_ids_leave_no_holding_after_delete_keys_or_completion(
+    make_crawler: Any, client: redis.Redis, name: str
+) -> None:
+    from scrapy_dist.testing.engine import HeldRequests
+
+    held = HeldRequests(make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0}))
+    try:
+        crawl = Crawl(client, name)
+        crawl.queue = held.frontier.queue.key
+        crawl.enqueue(len(ODD_IDS))
+        for odd in ODD_IDS:
+            crawl.reserve(odd, 1)
+        assert leased_count(client, crawl.keys.crawl) == len(ODD_IDS)
+        held.frontier.delete_keys()
+        assert _holding_keys(client, crawl) == []
+
+        crawl.enqueue(len(ODD_IDS), start=100)
+        for odd in ODD_IDS:
+            [(lease, _, _)] = crawl.reserve(odd, 1)
+            assert crawl.progress()[0] == "busy"
+            crawl.settle(odd, [(lease, DONE)])
+        assert crawl.progress(clear=True)[0] == "finished"
+        assert _holding_keys(client, crawl) == []
+    finally:
+        held.close()
+
+
+# -- 7. Redis Cluster: a holding is in its crawl's slot ------------------------------------
+
+
+def test_every_holding_is_in_the_crawls_slot() -> None:
+    keys = RedisKeys.build("books", hash_tag=True)
+    slot = crawl_slot(keys)
+    assert {slot_of(keys.holding(odd)) for odd in ODD_IDS} == {slot}
+    job = RedisKeys.build("books", job="{run}", hash_tag=True)  # a tag of its own
+    assert {slot_of(job.holding(odd)) for odd in ODD_IDS} == {crawl_slot(job)}
+
+
+@pytest.mark.redis_server
+def test_holdings_are_reclaimed_counted_and_cleared_on_a_cluster(
+    redis_cluster: ClusterServers, name: str
+) -> None:
+    """The scripts read other workers' holdings (not in their KEYS): on a cluster they
+    must be in the slot of the keys the call names."""
+    from scrapy.settings import Settings
+
+    from scrapy_dist.connection import client_from_config, crawl_client
+    from scrapy_dist.settings import connection_config
+
+    redis_cluster.wait_ok()
+    config = connection_config(Settings({"REDIS_STARTUP_NODES": redis_cluster.startup_nodes}))
+    client = client_from_config(config)
+    keys = RedisKeys.build(name, hash_tag=True)
+    node = crawl_client(client, keys)
+    crawl = Crawl(node, name, hash_tag=True)
+    try:
+        crawl.enqueue(2 * len(ODD_IDS))
+        for odd in ODD_IDS:
+            crawl.reserve(odd, 2)
+        for odd in ODD_IDS:
+            crawl.expire(odd)
+        assert leased_count(node, crawl.keys.crawl) == 2 * len(ODD_IDS)
+        assert crawl.reserve("other", 0, reclaim_limit=len(ODD_IDS)) == []
+        leases = crawl.reserve("other", 100)
+        assert len(leases) == 2 * len(ODD_IDS)
+        crawl.settle("other", [(i, DONE) for i in _ids(leases)])
+        assert crawl.progress(clear=True)[0] == "finished"
+        assert node.exists(crawl.keys.holders, *map(crawl.keys.holding, ODD_IDS)) == 0
+    finally:
+        for key in node.scan_iter(match=f"*{name}*"):
+            node.unlink(key)
+        client.close()
