@@ -26,15 +26,16 @@ end
 -- A holding that is not a hash (written by hand) holds no lease a script can read: it
 -- is renamed out of the way (lua/_levels.lua set_aside: "<holding>:wrongtype"), so
 -- neither its worker nor the workers reclaiming from it fail on it for good. Returns
--- the dead-letter reason naming it, or nil when `key` is a hash or absent.
+-- the dead-letter reason naming it (nil when `key` is a hash or absent), and whether
+-- `key` is a hash.
 local function set_aside_holding(key)
   local kind = redis.call("TYPE", key)["ok"]
   if kind == "hash" or kind == "none" then
-    return nil
+    return nil, kind == "hash"
   end
   local aside = set_aside(key)
   return "holding " .. key .. " held a " .. kind .. ", not a hash of leases: renamed to "
-    .. aside .. " (inspect it, push its requests again if it has any, then delete it)"
+    .. aside .. " (inspect it, push its requests again if it has any, then delete it)", false
 end
 
 -- The holding record of an entry leased from `origin` at `score`.

@@ -71,15 +71,16 @@ end
 -- a holding that is not a hash is set aside (lua/_leases.lua), named in a dead-letter
 -- record (counted as dead)
 local function holding_aside(key, holder)
-  local reason = set_aside_holding(key)
+  local reason, hash = set_aside_holding(key)
   if reason then
     redis.call("RPUSH", dead, dead_json("request", "", reason, now, holder, 0))
     redis.call("HINCRBY", stats, "dead", 1)
   end
-  return reason
+  return reason, hash
 end
 -- this worker's first, before anything is taken that could not be recorded in it
-holding_aside(holding, worker)
+-- (whether it holds leases: no other call reclaims them)
+local _, holds = holding_aside(holding, worker)
 
 -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
 -- (other than this worker), then the previous version's
@@ -268,7 +269,7 @@ if #ids > 0 then
   batched({"HSET", deliveries}, times_pairs, 2)
   batched({"HSET", holding}, record_pairs, 2)
 end
-if #ids > 0 or redis.call("EXISTS", holding) == 1 then
+if #ids > 0 or holds then
   redis.call("ZADD", holders, now + duration, worker)
 end
 return result
