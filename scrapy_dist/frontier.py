@@ -481,7 +481,7 @@ class Frontier:
                 # after it was read makes the transaction fail, and it is read again
                 # (else its holding would stay, named by no holders zset)
                 if attempt < DELETE_ATTEMPTS - 1:
-                    pipe.watch(holders)
+                    pipe.watch(holders)  # type: ignore[no-untyped-call]
                 try:
                     workers = cast("list[bytes]", self.client.zrange(holders, 0, -1))
                 except redis.ResponseError:  # not a zset (written by hand): no holders

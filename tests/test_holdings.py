@@ -18,10 +18,11 @@ import redis
 from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
 from scrapy_dist.scripts import DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
 from scrapy_dist.testing.leases import holdings, leased_count
-from scrapy_dist.testing.queues import queued_count, queued_entries
+from scrapy_dist.testing.queues import queued_entries
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from pathlib import Path
 
     from scrapy_dist.testing import ClusterServers
     from scrapy_dist.testing.redis_server import RedisServer
@@ -169,7 +170,8 @@ class Crawl:
         self.client.zadd(self.keys.holders, {worker: 1.0})
 
     def held(self, worker: str) -> set[str]:
-        return {i.decode() for i in self.client.hkeys(self.keys.holding(worker))}
+        keys = cast("list[bytes]", self.client.hkeys(self.keys.holding(worker)))
+        return {i.decode() for i in keys}
 
     def queued_ids(self) -> list[str]:
         return [e[:16].decode() for e in queued_entries(self.client, self.queue)]
@@ -282,9 +284,7 @@ def test_the_reclaim_budget_spans_several_expired_holders(
     assert all(len(p) == 1 for p in crawl.where().values())
 
 
-def test_a_worker_never_reclaims_its_own_expired_holding(
-    crawl: Crawl, client: redis.Redis
-) -> None:
+def test_a_worker_never_reclaims_its_own_expired_holding(crawl: Crawl, client: redis.Redis) -> None:
     crawl.enqueue(3)
     ids = _ids(crawl.reserve("w", 2))
     crawl.expire("w")
@@ -309,7 +309,7 @@ def test_children_of_a_reclaimed_lease_are_refused_those_of_a_kept_one_queued(
     taken = next(i for i in ids if i != kept)
     assert crawl.enqueue(1, start=500, worker="paused", parent=taken) == [-1]
     assert crawl.enqueue(1, start=501, worker="paused", parent=kept) == [1]
-    assert client.sismember(crawl.filter, b"fp%08d" % 500) == 0  # its token not recorded
+    assert client.sismember(crawl.filter, "fp00000500") == 0  # its token not recorded
 
 
 # -- 2. delivery counts -------------------------------------------------------------------
@@ -359,7 +359,7 @@ def test_an_entry_whose_lease_expires_at_the_limit_is_dead_lettered_once(
 ) -> None:
     crawl.enqueue(1)
     for times in (1, 2, 3):
-        [(x, delivered, _)] = crawl.reserve(f"w{times}", 1)
+        [(_, delivered, _)] = crawl.reserve(f"w{times}", 1)
         assert delivered == times
         crawl.expire(f"w{times}")
     assert crawl.reserve("last", 1) == []  # the third expiry: dead, not queued
@@ -509,14 +509,16 @@ def test_completion_takes_the_holders_of_workers_that_hold_nothing(
     assert _holding_keys(client, crawl) == []
 
 
+@pytest.fixture
+def outside_any_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI runs in an empty directory, no Scrapy project's settings."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+
+
+@pytest.mark.usefixtures("outside_any_project")
 def test_cli_reset_deletes_every_holding(
-    crawl: Crawl,
-    client: redis.Redis,
-    redis_url: str,
-    name: str,
-    tmp_path: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    crawl: Crawl, client: redis.Redis, redis_url: str, name: str
 ) -> None:
     from scrapy_dist.cli import main
 
@@ -525,16 +527,12 @@ def test_cli_reset_deletes_every_holding(
     client.zadd(crawl.keys.holders, {"w:ü": 1.0})
     crawl.reserve("w1", 0)
     assert client.exists(crawl.keys.holding("w:ü") + ":wrongtype") == 1
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
-    assert main(["reset", name, "--yes", "--redis-url", redis_url]) == 0, capsys.readouterr()
+    assert main(["reset", name, "--yes", "--redis-url", redis_url]) == 0
     assert _holding_keys(client, crawl) == []
     assert list(client.scan_iter(match=f"{name}*")) == []
 
 
-def test_delete_keys_takes_every_holding(
-    make_crawler: Any, client: redis.Redis, name: str
-) -> None:
+def test_delete_keys_takes_every_holding(make_crawler: Any, client: redis.Redis, name: str) -> None:
     from scrapy_dist.testing.engine import HeldRequests
 
     held = HeldRequests(make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0}))
