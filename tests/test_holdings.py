@@ -597,6 +597,23 @@ def test_a_workers_own_broken_holding_is_set_aside_before_it_takes_anything(
     assert len(crawl.reserve("other", 1)) == 1
 
 
+def test_a_live_workers_broken_holding_does_not_lose_the_seeds_another_takes(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """Leasing a seed reads every holding (is a copy of it leased?): one that is not a
+    hash, of a worker whose deadline has not passed, is not set aside yet; the seeds
+    taken must still be leased, not popped and dropped."""
+    client.rpush(crawl.seeds, b"https://example.com/1", b"https://example.com/2")
+    client.set(crawl.keys.holding("broken"), b"junk")
+    client.zadd(crawl.keys.holders, {"broken": time.time() + 60})
+    leases = crawl.reserve("a", 2, origin=FROM_SEEDS, take="lpop")
+    assert sorted(entry for _, _, entry in leases) == [
+        b"https://example.com/1",
+        b"https://example.com/2",
+    ]
+    assert len(crawl.held("a")) == 2
+
+
 def test_a_broken_holders_zset_is_a_clear_refusal_that_loses_nothing(
     crawl: Crawl, client: redis.Redis
 ) -> None:

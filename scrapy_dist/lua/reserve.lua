@@ -38,10 +38,11 @@
 -- A worker never reclaims its own leases: it is alive (it calls), and this call renews
 -- them. A holding that is not a hash (written by hand), this worker's or an expired
 -- one's, is renamed out of the way ("<holding>:wrongtype", lua/_leases.lua) with a
--- dead-letter record naming it (counted as dead), before anything is taken. A priority level that holds another type than a list (written by hand) cannot be
--- read: it is renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves
--- the queue's index, with a dead-letter record naming it (counted as dead), and the
--- other levels go on; the same when an entry is put back to such a level.
+-- dead-letter record naming it (counted as dead), before anything is taken. A priority
+-- level that holds another type than a list (written by hand) cannot be read: it is
+-- renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves the queue's
+-- index, with a dead-letter record naming it (counted as dead), and the other levels go
+-- on; the same when an entry is put back to such a level.
 -- A previous version's queue (a zset) found at the queue key when the levels run short
 -- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
 -- uses: _deadletter, _leases, _fence, _batch
@@ -215,23 +216,30 @@ if source == FROM_QUEUE then
   end
 elseif #taken > 0 then
   -- a seed's id is held by any worker (or by a previous version's lease): one HMGET
-  -- per holding, one of the previous leased hash
+  -- per holding, one of the previous leased hash. The seeds are taken already: a key
+  -- that is not a hash (written by hand, not set aside yet) holds none, it must not
+  -- fail the call
   local held = {}
   for k, pair in ipairs(taken) do
     ids[k] = FROM_SEEDS .. string.sub(redis.sha1hex(pair[1]), 1, 15)
   end
-  local function note(records)
-    for k, record in ipairs(records) do
-      if record then
-        held[ids[k]] = true
+  local function note(key)
+    for i = 1, #ids, BATCH_ARGS do
+      local records = redis.pcall("HMGET", key, unpack(ids, i, math.min(i + BATCH_ARGS - 1, #ids)))
+      if not records.err then
+        for j, record in ipairs(records) do
+          if record then
+            held[ids[i + j - 1]] = true
+          end
+        end
       end
     end
   end
   for _, holder in ipairs(redis.call("ZRANGE", holders, 0, -1)) do
-    note(batched({"HMGET", holding_key(holders, holder)}, ids))
+    note(holding_key(holders, holder))
   end
-  note(batched({"HMGET", holding}, ids)) -- (this worker's, when it is not a holder yet)
-  note(batched({"HMGET", previous_records}, ids))
+  note(holding) -- (this worker's, when it is not a holder yet)
+  note(previous_records)
   for k, id in ipairs(ids) do
     if held[id] then
       ids[k] = id .. ":" .. redis.call("INCR", seq)
