@@ -792,16 +792,26 @@ class Frontier:
         if refused:
             self.taken_over(refused)
 
-    def taken_over(self, refused: dict[str, int]) -> None:
+    def taken_over(self, refused: dict[str, int]) -> set[str]:
         """Redis refused the requests of these parent leases (id -> how many requests):
         this worker was paused past its lease and another holds them, or will. Log it
         once, count it, and drop what this worker holds for those parents (their
         pending settlements; their requests still in the engine are not settled, and
-        their later requests are dropped here, see :attr:`LeaseClient.taken`)."""
+        their later requests are dropped here, see :attr:`LeaseClient.taken`).
+
+        Returns:
+            The parents marked taken: those whose settlement was not pending (their
+            requests may still be in the engine). A parent whose settlement was
+            pending left the engine: marked, it would stay marked, and the next
+            delivery of its entry to this worker (same lease id) would never be
+            settled, but kept leased by this worker's renewals.
+        """
         ids = set(refused)
         self.leases.forget(ids)
-        self.leases.taken.update(ids)
-        dropped = self.outbox.drop_settlements(ids)
+        settled = self.outbox.drop_settlements(ids)
+        running = ids.difference(settled)
+        self.leases.taken.update(running)
+        dropped = len(settled)
         n = sum(refused.values())
         logger.warning(
             "Redis refused %(n)d request(s) produced by %(m)d page(s) whose leases this "
@@ -813,6 +823,7 @@ class Frontier:
         )
         self.stats.inc_value("scheduler/leases/children_refused", n)
         self.stats.inc_value("scheduler/leases/taken_over", len(ids))
+        return running
 
     def _reserve_call(self, count: int, *, seeds: bool | SeedQueue) -> _Call:
         source = None if seeds is False else self.seeds if seeds is True else seeds

@@ -836,3 +836,48 @@ def test_holdings_are_reclaimed_counted_and_cleared_on_a_cluster(
         for key in node.scan_iter(match=f"*{name}*"):
             node.unlink(key)
         client.close()
+
+
+# -- a worker that gets back the page it was found to have lost ----------------------------
+
+
+def test_a_page_taken_over_after_it_finished_is_settled_when_its_worker_gets_it_again(
+    make_crawler: Any, client: redis.Redis, name: str
+) -> None:
+    """The worker finished a page; its ack waits behind the page's children (batched
+    writes). Paused past its deadline, the page is reclaimed: the children are
+    refused, the ack dropped. The page's entry comes back, and to this worker (same
+    lease id): it must be settled when it finishes this time, else the worker keeps it
+    leased, renewing it with the rest, and the crawl never finishes."""
+    from scrapy import Request
+
+    from scrapy_dist.testing.engine import HeldRequests
+
+    w = HeldRequests(
+        make_crawler(
+            {"SCHEDULER_FLUSH_INTERVAL": 0.1, "SCHEDULER_PREFETCH": 1, "SCHEDULER_PERSIST": True}
+        )
+    )
+    try:
+        w.frontier.eager = False
+        crawl = Crawl(client, name)
+        crawl.queue = w.frontier.queue.key
+        w.scheduler.enqueue_request(Request("https://example.com/parent"))
+        w.frontier.flush()
+        parent = w.take()
+        assert parent is not None
+        w.returns(parent, Request("https://example.com/child"))
+        w.finish(parent)  # its ack waits behind the child
+        crawl.expire(w.frontier.worker_id)
+        crawl.reserve("other", 0)  # the parent goes back to the queue
+        w.frontier.flush()  # the child is refused: the parent was taken over
+        assert w.scheduler.stats.get_value("scheduler/leases/taken_over") == 1
+        again = w.take()
+        assert again is not None
+        assert again.url == "https://example.com/parent"
+        w.finish(again)
+        w.frontier.flush()
+        assert leased_count(client, crawl.keys.crawl) == 0
+        assert client.hget(crawl.keys.progress, "done") == b"1"
+    finally:
+        w.close()
