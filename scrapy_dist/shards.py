@@ -133,9 +133,10 @@ class Shard(Frontier):
     def check_shards(self, count: int = 1) -> None:
         """Shard 0 keeps the crawl's shard count."""
 
-    def taken_over(self, refused: dict[str, int]) -> None:
-        super().taken_over(refused)
-        self.main.leases.taken.update(join_id(self.index, i) for i in refused)
+    def taken_over(self, refused: dict[str, int]) -> set[str]:
+        running = super().taken_over(refused)
+        self.main.leases.taken.update(join_id(self.index, i) for i in running)
+        return running
 
 
 class ShardedFrontier(Frontier):

@@ -86,7 +86,8 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     (:func:`scrapy_dist.keys.window_generation_key` and the keys named after it) of any
     number, found under the dupefilter key with ``SCAN``, and a priority queue's levels
     (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named), and
-    every worker's holding (found with ``SCAN``).
+    every worker's holding, whether the holders zset names it or not, and holdings set
+    aside (``<holding>:wrongtype``): ``<crawl>:holders:*``, found with ``SCAN``.
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))

@@ -23,6 +23,21 @@ local function holding_key(holders, worker)
   return holders .. ":" .. worker
 end
 
+-- A holding that is not a hash (written by hand) holds no lease a script can read: it
+-- is renamed out of the way (lua/_levels.lua set_aside: "<holding>:wrongtype"), so
+-- neither its worker nor the workers reclaiming from it fail on it for good. Returns
+-- the dead-letter reason naming it (nil when `key` is a hash or absent), and whether
+-- `key` is a hash.
+local function set_aside_holding(key)
+  local kind = redis.call("TYPE", key)["ok"]
+  if kind == "hash" or kind == "none" then
+    return nil, kind == "hash"
+  end
+  local aside = set_aside(key)
+  return "holding " .. key .. " held a " .. kind .. ", not a hash of leases: renamed to "
+    .. aside .. " (inspect it, push its requests again if it has any, then delete it)", false
+end
+
 -- The holding record of an entry leased from `origin` at `score`.
 local function holding_record(origin, score, entry)
   if origin == FROM_QUEUE then
@@ -65,17 +80,22 @@ local function delivered(deliveries, ids)
   return out
 end
 
--- An entry leased `times` times goes back for another try: keep its count.
+-- An entry leased `times` times goes back for another try: keep its count (not a seed
+-- copy's: "<id>:<n>", lua/reserve.lua, is never leased again).
 local function count_return(deliveries, id, times)
-  redis.call("HSET", deliveries, id, times)
+  if string.find(id, ":", 1, true) then
+    redis.call("HDEL", deliveries, id)
+  else
+    redis.call("HSET", deliveries, id, times)
+  end
 end
 
 -- An entry leased `times` times is handed back untouched: that delivery does not count.
+-- (A lease on its first delivery has no count to delete: a count is written from the
+-- second delivery on.)
 local function count_hand_back(deliveries, id, times)
   if times > 1 then
     redis.call("HSET", deliveries, id, times - 1)
-  else
-    redis.call("HDEL", deliveries, id)
   end
 end
 

@@ -9,8 +9,8 @@
 -- ARGV[3] = the crawl epoch this worker joined ("" = unfenced)
 -- ARGV[4..] = lease ids
 -- Returns: the ids of the leases this worker no longer holds (expired and taken back,
---          a lease already reclaimed is not revived); an error "EPOCH ..." if the
---          crawl's epoch is not ARGV[3]
+--          a lease already reclaimed is not revived; all of them when its holding is
+--          not a hash); an error "EPOCH ..." if the crawl's epoch is not ARGV[3]
 -- uses: _fence, _batch
 
 local holders, holding, worker = KEYS[1], KEYS[2], ARGV[1]
@@ -20,14 +20,16 @@ if refused then
 end
 local t = redis.call("TIME")
 local deadline = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2])
-if redis.call("EXISTS", holding) == 1 then
-  redis.call("ZADD", holders, deadline, worker)
-end
--- one HMGET of the records (lua/_batch.lua)
+-- one HMGET of the records (lua/_batch.lua); a holding that is not a hash (written by
+-- hand) holds nothing, and is not renewed: it expires, and a reserve sets it aside
 local ids = {}
 for i = 4, #ARGV do
   ids[#ids + 1] = ARGV[i]
 end
+if redis.call("TYPE", holding)["ok"] ~= "hash" then
+  return ids
+end
+redis.call("ZADD", holders, deadline, worker)
 local lost = {}
 for k, record in ipairs(batched({"HMGET", holding}, ids)) do
   if not record then

@@ -1,7 +1,7 @@
--- Lease up to COUNT entries to a worker: first return other workers' expired leases to
--- where they came from (or to the dead-letter list past the delivery limit), then move
--- entries from the source (request queue or seeds key) into this worker's holding, and
--- give every lease it holds a new deadline (lua/_leases.lua).
+-- Lease up to COUNT entries to a worker: first return expired leases to where they came
+-- from (or to the dead-letter list past the delivery limit), then move entries from the
+-- source (request queue or seeds key) into this worker's holding and, when it granted
+-- some, give every lease the worker holds a new deadline (lua/_leases.lua).
 --
 -- KEYS[1] = holders zset (worker id -> deadline of its leases, server time in seconds)
 -- KEYS[2] = this worker's holding hash (lease id -> "<origin>|<score>|<data>")
@@ -32,13 +32,18 @@
 -- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
 -- id, and so its delivery count, each time its lease expires and it is read again. A
--- copy of a seed whose id this worker holds at that moment gets "<id>:<n>" instead.
+-- copy of a seed whose id is leased at that moment (by any worker: each holding is read)
+-- gets "<id>:<n>" instead, whose count is not kept when it comes back.
 --
--- A worker never reclaims its own leases: it is alive (it calls), and this call renews
--- them. A priority level that holds another type than a list (written by hand) cannot be
--- read: it is renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves
--- the queue's index, with a dead-letter record naming it (counted as dead), and the
--- other levels go on; the same when an entry is put back to such a level.
+-- A worker's own expired leases are reclaimed like any other's: it let them lapse (it
+-- was paused past its lease, or it holds leases it no longer knows of, which a reserve
+-- that grants nothing does not keep alive). A holding that is not a hash (written by hand), this worker's or an expired
+-- one's, is renamed out of the way ("<holding>:wrongtype", lua/_leases.lua) with a
+-- dead-letter record naming it (counted as dead), before anything is taken. A priority
+-- level that holds another type than a list (written by hand) cannot be read: it is
+-- renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves the queue's
+-- index, with a dead-letter record naming it (counted as dead), and the other levels go
+-- on; the same when an entry is put back to such a level.
 -- A previous version's queue (a zset) found at the queue key when the levels run short
 -- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
 -- uses: _deadletter, _leases, _fence, _batch
@@ -65,8 +70,21 @@ local function set_aside_loudly(key, kind, aside)
   redis.call("HINCRBY", stats, "dead", 1)
 end
 
+-- a holding that is not a hash is set aside (lua/_leases.lua), named in a dead-letter
+-- record (counted as dead)
+local function holding_aside(key, holder)
+  local reason, hash = set_aside_holding(key)
+  if reason then
+    redis.call("RPUSH", dead, dead_json("request", "", reason, now, holder, 0))
+    redis.call("HINCRBY", stats, "dead", 1)
+  end
+  return reason, hash
+end
+-- this worker's first, before anything is taken that could not be recorded in it
+holding_aside(holding, worker)
+
 -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
--- (other than this worker), then the previous version's. Their delivery counts are
+-- (this worker's too), then the previous version's. Their delivery counts are
 -- written at the end, one HSET and one HDEL for the call (lua/_batch.lua): `counted`
 -- holds each id's count to keep (false: none), in the order first met (`recounted`), and
 -- is read before the hash meanwhile.
@@ -104,8 +122,10 @@ for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT
   if budget <= 0 then
     break
   end
-  if holder ~= worker then
-    local key = holding_key(holders, holder)
+  local key = holding_key(holders, holder)
+  if holder ~= worker and holding_aside(key, holder) then
+    redis.call("ZREM", holders, holder)
+  else
     local left = redis.call("HLEN", key)
     local flat
     if left <= budget then
@@ -223,20 +243,42 @@ end
 
 -- 3. the leases: ids first, then one variadic command per key (lua/_batch.lua)
 local ids = {}
-local granted = {} -- seed ids leased by this call (the HEXISTS below cannot see them yet)
-for k, pair in ipairs(taken) do
-  local entry = pair[1]
-  local id
-  if source == FROM_QUEUE then
-    id = string.sub(entry, 1, ENTRY_ID_LEN)
-  else
-    id = FROM_SEEDS .. string.sub(redis.sha1hex(entry), 1, 15)
-    if granted[id] or redis.call("HEXISTS", holding, id) == 1 then
-      id = id .. ":" .. redis.call("INCR", seq)
-    end
-    granted[id] = true
+if source == FROM_QUEUE then
+  for k, pair in ipairs(taken) do
+    ids[k] = string.sub(pair[1], 1, ENTRY_ID_LEN)
   end
-  ids[k] = id
+elseif #taken > 0 then
+  -- a seed's id is held by any worker (or by a previous version's lease): one HMGET
+  -- per holding, one of the previous leased hash. The seeds are taken already: a key
+  -- that is not a hash (written by hand, not set aside yet) holds none, it must not
+  -- fail the call
+  local held = {}
+  for k, pair in ipairs(taken) do
+    ids[k] = FROM_SEEDS .. string.sub(redis.sha1hex(pair[1]), 1, 15)
+  end
+  local function note(key)
+    for i = 1, #ids, BATCH_ARGS do
+      local records = redis.pcall("HMGET", key, unpack(ids, i, math.min(i + BATCH_ARGS - 1, #ids)))
+      if not records.err then
+        for j, record in ipairs(records) do
+          if record then
+            held[ids[i + j - 1]] = true
+          end
+        end
+      end
+    end
+  end
+  for _, holder in ipairs(redis.call("ZRANGE", holders, 0, -1)) do
+    note(holding_key(holders, holder))
+  end
+  note(holding) -- (this worker's, when it is not a holder yet)
+  note(previous_records)
+  for k, id in ipairs(ids) do
+    if held[id] then
+      ids[k] = id .. ":" .. redis.call("INCR", seq)
+    end
+    held[id] = true -- leased by this call: a second copy in it gets its own id
+  end
 end
 
 local result = {}
@@ -268,7 +310,7 @@ if #ids > 0 then
   batched({"HSET", deliveries}, times_pairs, 2)
   batched({"HSET", holding}, record_pairs, 2)
 end
-if #ids > 0 or redis.call("EXISTS", holding) == 1 then
+if #ids > 0 then
   redis.call("ZADD", holders, now + duration, worker)
 end
 return result
