@@ -533,3 +533,34 @@ def test_start_request_once_per_run(
     assert again.enqueue_request(_start())
     assert not other.enqueue_request(_start())
     assert [r.url for r in drain(again)] == [URL]
+
+
+def test_a_worker_does_not_start_beside_a_previous_version_worker_holding_leases(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """Leases in the previous layout while a worker of the crawl runs: that worker is of
+    the previous version (it knows nothing of holdings), so this one refuses to start,
+    naming it; once nothing runs, it starts and takes those leases back as they expire."""
+    crawler = make_crawler()
+    keys = assemble(crawler).keys
+    client.zadd(keys.leases, {"0000000000000001": 9e9})  # an old worker's lease
+    client.hset(keys.leased, "0000000000000001", b"q|0|old:1:aa|0000000000000001{}")
+    now = client.time()[0]
+    client.hset(keys.workers, "old:1:aa", now)  # its heartbeat, just now
+    scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    failure = start_failure(crawler)
+    assert failure is not None
+    assert failure.reason == "configuration_error"
+    assert "1 lease(s) a previous version of scrapy_dist granted" in failure.message
+    assert "old:1:aa" in failure.message
+    assert client.hkeys(keys.workers) == [b"old:1:aa"]  # never joined
+    client.hset(keys.workers, "old:1:aa", now - 3600)  # it stopped long ago
+    again = make_crawler()
+    scheduler = build_from_crawler(Scheduler, again)
+    assert again.spider is not None
+    scheduler.open(again.spider)
+    assert start_failure(again) is None
+    assert leased_count(client, keys.crawl) == 1  # counted until it expires
+    scheduler.close("finished")
