@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scripts import DEAD_NOW, DONE, ENTRY_ID_LEN, FROM_QUEUE, FROM_SEEDS, HAND_BACK
+from scrapy_dist.workers import previous_version_running
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -68,15 +69,12 @@ def refuse_beside_previous(
         return
     running = alive()
     if running:
-        shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
         raise ConfigurationError(
             f"Redis key {keys.leases!r} holds {held} lease(s) a previous version of "
-            f"scrapy_dist granted, and {len(running)} worker(s) of the crawl are running "
-            f"({shown}): stop every worker of the previous version, then start this one (it "
-            "takes their leases back as they expire). If every running worker is of this "
-            "version, start again once those leases expired (SCHEDULER_LEASE_TIMEOUT); a "
-            "worker killed without stopping counts as running for SCHEDULER_WORKER_TIMEOUT "
-            "seconds after its last heartbeat"
+            "scrapy_dist granted, and "
+            + previous_version_running(running, "it takes their leases back as they expire")
+            + ". If every running worker is of this version, start again once those "
+            "leases expired (SCHEDULER_LEASE_TIMEOUT)"
         )
 
 
