@@ -17,8 +17,9 @@ Usage::
 (``Request(url, callback=spider.parse)``, and the same with ``meta={"depth": 3}`` as the
 crawl's links carry) pushed through each queue class's own enqueue script into a fresh
 key; ``MEMORY USAGE key SAMPLES 0`` / N. Then every entry of the priority queue is leased
-with ``lua/reserve.lua`` (one worker, batches of 500) and the lease keys (deadlines zset,
-records hash, delivery counts hash, the worker's lease index) are measured the same way.
+with ``lua/reserve.lua`` (one worker, batches of 500) and the lease keys (the holders
+zset of deadlines, the worker's holding hash, the delivery counts hash) are measured the
+same way.
 
 **Crawl** (``--pages``, default 10,000): one ``scrapy crawl dist`` worker over the
 benchmark site (``bench_crawl.Bench``), once per encoding, with ``SLOWLOG`` recording
@@ -134,7 +135,9 @@ def memory(entries: int) -> dict[str, Any]:
     for variant in result["after"]:
         before, after = result["before"][variant], result["after"][variant]
         result.setdefault("ratio", {})[variant] = {
-            k: after[k] / before[k] for k in after if isinstance(after[k], float)
+            k: after[k] / before[k] if before[k] else 1.0
+            for k in after
+            if isinstance(after[k], float)
         }
     return result
 
@@ -152,16 +155,16 @@ def queue_key_sizes(client: redis.Redis, key: str) -> dict[str, int]:
 def lease_bytes(client: redis.Redis, queue: RedisQueue, key: str, entries: int) -> dict[str, float]:
     """Lease every entry of ``queue`` to one worker; bytes per lease of each lease key."""
     keys = {
-        "leases": f"{key}:leases",
-        "leased": f"{key}:leased",
+        "holders": f"{key}:holders",
+        "holding": f"{key}:holders:w1",
         "deliveries": f"{key}:deliveries",
-        "index": f"{key}:index",
     }
     scripts = scripts_for(client)
     leased = 0
     while leased < entries:
         reply = scripts.reserve(
             **keys,
+            previous=(f"{key}:leases", f"{key}:leased"),
             dead=f"{key}:dead",
             queue=key,
             seeds=f"{key}:seeds",
@@ -364,15 +367,13 @@ def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dic
             )
         client.set("c:epoch", "E")
         keys = {
-            "leases": "c:leases",
-            "leased": "c:leased",
+            "holding": "c:holders:w1",
             "deliveries": "c:deliveries",
             "dead": "c:dead",
             "queue": "c:q",
             "seeds": "c:seeds",
             "progress": "c:progress",
             "epoch_key": "c:epoch",
-            "index": "c:index",
         }
         scripts = scripts_for(client)
         trivial = client.register_script("return 1")
@@ -383,6 +384,8 @@ def script_calls(counts: Sequence[int] = (0, 1, 5, 20), calls: int = 300) -> dic
             def reserve(count: int = count, ids: list[bytes] = ids) -> None:
                 reply = scripts.reserve(
                     **keys,
+                    holders="c:holders",
+                    previous=("c:leases", "c:leased"),
                     seq="c:seq",
                     origin=FROM_QUEUE,
                     take=queue.take,
@@ -509,10 +512,10 @@ def print_memory(result: dict[str, Any]) -> None:
                 f"{row[c]:>13.2f}" if label == "ratio" else f"{row[c]:>13.1f}" for c in cols
             )
             print(f"{variant:<12} {label:<8} {cells}")
-    print("Per lease, by key (bytes, after): deadlines zset, records hash, delivery counts, index")
+    print("Per lease, by key (bytes, after): holders zset, the worker's holding, delivery counts")
     for variant, row in result["after"].items():
         parts = ", ".join(
-            f"{k} {row[f'lease_{k}']:.1f}" for k in ("leases", "leased", "deliveries", "index")
+            f"{k} {row[f'lease_{k}']:.1f}" for k in ("holders", "holding", "deliveries")
         )
         print(f"  {variant:<12} {parts}")
 

@@ -360,7 +360,7 @@ class CrawlControl:
 
     def settled(self) -> Settled:
         """Unexpired leases held by live workers (in every shard of a sharded crawl)
-        and live workers, now: one round trip, then two per shard. Leases of a worker
+        and live workers, now: one round trip, then one per shard. Leases of a worker
         that died (no heartbeat for ``worker_timeout`` seconds) are not counted: they
         expire, and the next reserve after a resume takes them back."""
         from scrapy_dist.shards import shard_count
@@ -382,12 +382,15 @@ class CrawlControl:
         if live:
             for client, keys in self._shards(shard_count(self.client, self.keys)):
                 with client.pipeline(transaction=False) as pipe:
+                    pipe.zmscore(keys.holders, live)
                     for worker in live:
-                        pipe.smembers(keys.held(worker))
-                    ids = sorted({i for found in pipe.execute() for i in found})
-                if ids:
-                    scores = client.zmscore(keys.leases, ids)
-                    held += sum(1 for score in scores if score is not None and score > now)
+                        pipe.hlen(keys.holding(worker))
+                    scores, *sizes = pipe.execute()
+                held += sum(
+                    size
+                    for score, size in zip(scores, sizes, strict=True)
+                    if score is not None and score > now
+                )
         return Settled(held, len(live))
 
     def _shards(self, count: int) -> list[tuple[redis.Redis, RedisKeys]]:

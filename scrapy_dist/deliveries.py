@@ -255,6 +255,14 @@ class Deliveries:
         Returns:
             How many were buffered.
         """
+        taken = self.frontier.leases.taken
+        if taken:
+            # a lease taken over and now granted to this worker again is its own once no
+            # request of the earlier delivery is in the engine: settled, not skipped (a
+            # worker's reserves keep every lease it holds alive: one it never settles
+            # would stay leased for good)
+            started = set(self.out.values())
+            taken.difference_update(lease.id for lease in leases if lease.id not in started)
         bad = []
         buffered = len(self.buffer)
         for lease in leases:

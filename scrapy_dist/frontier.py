@@ -72,6 +72,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Transactions :meth:`Frontier.delete_keys` tries while workers add holdings under it;
+#: the last is sent unwatched.
+DELETE_ATTEMPTS = 10
+
 
 def recorded_shards(raw: object) -> int | None:
     """The shard count a ``<crawl>:shards`` value holds (``GET``'s reply), or ``None``
@@ -466,9 +470,29 @@ class Frontier:
 
     def delete_keys(self) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
-        shard's in a sharded crawl, a priority queue's levels with it."""
+        shard's in a sharded crawl, a priority queue's levels and every worker's
+        holding with it (in one transaction with the holders zset, so a holding
+        granted meanwhile goes too)."""
         self.queue.clear()
-        self.client.unlink(*self.clear_keys)
+        holders = self.keys.holders
+        with self.client.pipeline() as pipe:
+            for attempt in range(DELETE_ATTEMPTS):
+                # the holders zset is watched: a worker's reserve that adds a holding
+                # after it was read makes the transaction fail, and it is read again
+                # (else its holding would stay, named by no holders zset)
+                if attempt < DELETE_ATTEMPTS - 1:
+                    pipe.watch(holders)  # type: ignore[no-untyped-call]
+                try:
+                    workers = cast("list[bytes]", self.client.zrange(holders, 0, -1))
+                except redis.ResponseError:  # not a zset (written by hand): no holders
+                    workers = []
+                pipe.multi()
+                pipe.unlink(*self.clear_keys, *(holders.encode() + b":" + w for w in workers))
+                try:
+                    pipe.execute()
+                except redis.WatchError:
+                    continue
+                return
 
     def _gone(self, error: BaseException) -> bool:
         """If ``error`` is a script's refusal of another epoch, drop this worker's writes
@@ -742,7 +766,7 @@ class Frontier:
     def _calls(self, reserve: int, *, seeds: bool | SeedQueue) -> list[_Call]:
         """The calls of one flush: enqueue, settle, reserve (each if needed)."""
         calls: list[_Call] = []
-        fence = Fence(self.keys.epoch, self.epoch, self.keys.leased, self.worker_id)
+        fence = Fence(self.keys.epoch, self.epoch, self.leases.holding)
         enqueue = self.outbox.enqueue_call(fence)
         if enqueue is not None:
             calls.append(_Call("enqueue", enqueue, self._enqueued))
@@ -768,16 +792,26 @@ class Frontier:
         if refused:
             self.taken_over(refused)
 
-    def taken_over(self, refused: dict[str, int]) -> None:
+    def taken_over(self, refused: dict[str, int]) -> set[str]:
         """Redis refused the requests of these parent leases (id -> how many requests):
         this worker was paused past its lease and another holds them, or will. Log it
         once, count it, and drop what this worker holds for those parents (their
         pending settlements; their requests still in the engine are not settled, and
-        their later requests are dropped here, see :attr:`LeaseClient.taken`)."""
+        their later requests are dropped here, see :attr:`LeaseClient.taken`).
+
+        Returns:
+            The parents marked taken: those whose settlement was not pending (their
+            requests may still be in the engine). A parent whose settlement was
+            pending left the engine: marked, it would stay marked, and the next
+            delivery of its entry to this worker (same lease id) would never be
+            settled, but kept leased by this worker's renewals.
+        """
         ids = set(refused)
         self.leases.forget(ids)
-        self.leases.taken.update(ids)
-        dropped = self.outbox.drop_settlements(ids)
+        settled = self.outbox.drop_settlements(ids)
+        running = ids.difference(settled)
+        self.leases.taken.update(running)
+        dropped = len(settled)
         n = sum(refused.values())
         logger.warning(
             "Redis refused %(n)d request(s) produced by %(m)d page(s) whose leases this "
@@ -789,6 +823,7 @@ class Frontier:
         )
         self.stats.inc_value("scheduler/leases/children_refused", n)
         self.stats.inc_value("scheduler/leases/taken_over", len(ids))
+        return running
 
     def _reserve_call(self, count: int, *, seeds: bool | SeedQueue) -> _Call:
         source = None if seeds is False else self.seeds if seeds is True else seeds
@@ -897,7 +932,8 @@ class Frontier:
         call = self._scripts.progress(
             queue=self.queue.key,
             seeds=self.seeds.key,
-            leases=k.leases,
+            holders=k.holders,
+            previous=k.leases,
             progress=k.progress,
             epoch_key=k.epoch,
             clear_keys=self.clear_keys,

@@ -37,11 +37,18 @@ key                        type         holds
                                         its segments ``<...>:<g>:<s>:<i>``; or a
                                         RedisBloom filter), expiring with it
 ``<crawl>:seq``            string       counter giving each queued entry its id
-``<crawl>:leases``         zset         lease id -> deadline: entries a worker holds
-``<crawl>:leased``         hash         lease id -> ``origin|score|worker|entry``
-``<crawl>:deliveries``     hash         lease id -> times handed to a worker
-``<crawl>:held:<worker>``  set          lease ids granted to one worker (its index, so
-                                        release and renewal touch only its leases)
+``<crawl>:holders``        zset         worker id -> deadline of the leases it holds
+                                        (one for all: every reserve and renewal
+                                        extends it)
+``<holders>:<worker>``     hash         a worker's holding: lease id ->
+                                        ``origin|score|data`` of each entry it holds
+                                        (``lua/_leases.lua``)
+``<crawl>:deliveries``     hash         lease id -> times handed to a worker, for an
+                                        entry delivered more than once
+``<crawl>:leases``,        zset, hash,  the previous version's leases (lease id ->
+``<crawl>:leased``,        set          deadline; lease id -> ``origin|score|worker|
+``<crawl>:held:<worker>``               entry``; a worker's lease ids): reclaimed when
+                                        they expire, never written
 ``<crawl>:epoch``          string       random id written by the crawl's first worker;
                                         every frontier write checks it (a crawl that
                                         finished, was flushed or evicted has none)
@@ -78,7 +85,7 @@ as shard 0, and adds shards ``1..N-1``, each a crawl name of its own,
 ``<crawl>#shard<i>`` (``{books#shard<i>}`` or ``{books#shard<i>.<k>}`` under a hash tag,
 ``k`` chosen so that the shards' slots fall in different N-ths of the slot space, which
 a cluster's masters usually own): each has its own ``requests``, ``dupefilter``,
-``seq``, ``leases``, ``leased``, ``deliveries``, ``held:<worker>``, ``epoch``,
+``seq``, ``holders``, ``holders:<worker>``, ``deliveries``, ``epoch``,
 ``progress`` (its counters) and ``dead``. Seeds, workers, items and stats stay in shard 0.
 """
 
@@ -133,6 +140,9 @@ def bucket_key(dupefilter: str, gen: str, index: int) -> str:
 #: whose priority queue was a zset at that key, fails on it with WRONGTYPE instead of
 #: reading an empty queue (docs/migration.md).
 LEVELS_MARKER = "scrapy_dist priority queue in levels, v1"
+#: Suffix of the crawl's holders zset, ``<crawl>:holders``; a worker's holding is
+#: ``<crawl>:holders:<worker>``.
+HOLDERS_SUFFIX = ":holders"
 #: Suffix of a priority queue's index of levels: ``<queue>:levels``.
 LEVELS_SUFFIX = ":levels"
 #: Infix of a priority queue's level lists: ``<queue>:level:<name>``.
@@ -203,11 +213,21 @@ class RedisKeys:
         return f"{self.dupefilter}:{stage}:{segment}"
 
     @property
+    def holders(self) -> str:
+        return f"{self.crawl}{HOLDERS_SUFFIX}"
+
+    def holding(self, worker: str) -> str:
+        """The leases worker ``worker`` holds (``lua/_leases.lua`` names it alike)."""
+        return f"{self.holders}:{worker}"
+
+    @property
     def leases(self) -> str:
+        """The previous version's leases zset (only reclaimed and counted)."""
         return f"{self.crawl}:leases"
 
     @property
     def leased(self) -> str:
+        """The previous version's leased hash (only reclaimed)."""
         return f"{self.crawl}:leased"
 
     @property
@@ -215,7 +235,7 @@ class RedisKeys:
         return f"{self.crawl}:deliveries"
 
     def held(self, worker: str) -> str:
-        """The lease ids granted to worker ``worker`` (its lease index)."""
+        """The previous version's lease index of worker ``worker`` (expires by itself)."""
         return f"{self.crawl}:held:{worker}"
 
     @property
@@ -295,8 +315,8 @@ class RedisKeys:
         """Keys that make up the crawl's shared state, removed when it is flushed
         (the dupefilter backend adds its own keys to these)."""
         return (
-            self.requests, self.seq, self.leases, self.leased, self.deliveries, self.epoch,
-            self.starts, self.shards,
+            self.requests, self.seq, self.holders, self.leases, self.leased, self.deliveries,
+            self.epoch, self.starts, self.shards,
         )  # fmt: skip
 
     def start_urls_key(self, template: str) -> str:
@@ -377,7 +397,7 @@ def crawl_slot(keys: RedisKeys, extra: Sequence[str] = ()) -> int:
     """
     names = [
         *keys.every(),
-        keys.held("worker"),
+        keys.holding("worker"),
         keys.bloom_segment(0, 0),
         level_key(keys.requests, "0"),
         *extra,

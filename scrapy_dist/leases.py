@@ -1,7 +1,8 @@
 """The lease client: the calls by which one worker takes, keeps and gives back entries.
 
-Taking a request or a seed moves it into ``<crawl>:leases`` with a deadline
-(``lua/reserve.lua``). The worker renews the leases it holds (``lua/renew.lua``) and
+Taking a request or a seed moves it into the worker's holding, ``<crawl>:holders:<worker>``,
+and gives every lease the worker holds one deadline in ``<crawl>:holders``
+(``lua/reserve.lua``, ``lua/_leases.lua``). The worker renews its leases (``lua/renew.lua``) and
 settles each one when Scrapy is done with it (``lua/settle.lua``): acknowledged
 (:data:`DONE`), returned for another try with the failure's reason, dead-lettered at
 once (:data:`DEAD_NOW`), or handed back untouched at shutdown (:data:`HAND_BACK`).
@@ -20,11 +21,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scripts import DEAD_NOW, DONE, ENTRY_ID_LEN, FROM_QUEUE, FROM_SEEDS, HAND_BACK
+from scrapy_dist.workers import previous_version_running
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
+    import redis
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.keys import RedisKeys
@@ -32,12 +36,46 @@ if TYPE_CHECKING:
     from scrapy_dist.scripts import ScriptCall, Scripts
     from scrapy_dist.seeds import SeedQueue
 
-__all__ = ["DEAD_NOW", "DONE", "HAND_BACK", "RECLAIM_LIMIT", "Lease", "LeaseClient"]
+__all__ = [
+    "DEAD_NOW",
+    "DONE",
+    "HAND_BACK",
+    "RECLAIM_LIMIT",
+    "Lease",
+    "LeaseClient",
+    "refuse_beside_previous",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Expired leases reclaimed per reserve call, at most.
 RECLAIM_LIMIT = 100
+
+
+def refuse_beside_previous(
+    client: redis.Redis, keys: RedisKeys, alive: Callable[[], list[str]]
+) -> None:
+    """Refuse to start beside a running worker of the previous version: it writes its
+    leases to ``<crawl>:leases``/``<crawl>:leased``, which this version only reclaims when
+    they expire, and knows nothing of this version's holdings (it could mark the crawl
+    finished while they hold requests). Checked when a worker opens, before it registers.
+
+    Raises:
+        ConfigurationError: the previous version's leases zset holds leases while
+            workers of the crawl are registered as running.
+    """
+    held = int(client.zcard(keys.leases))
+    if not held:
+        return
+    running = alive()
+    if running:
+        raise ConfigurationError(
+            f"Redis key {keys.leases!r} holds {held} lease(s) a previous version of "
+            "scrapy_dist granted, and "
+            + previous_version_running(running, "it takes their leases back as they expire")
+            + ". If every running worker is of this version, start again once those "
+            "leases expired (SCHEDULER_LEASE_TIMEOUT)"
+        )
 
 
 class Lease(NamedTuple):
@@ -97,9 +135,9 @@ class LeaseClient:
         self.taken: set[str] = set()
 
     @property
-    def index(self) -> str:
-        """This worker's lease index key."""
-        return self.keys.held(self.worker_id)
+    def holding(self) -> str:
+        """This worker's holding: the hash of the leases it holds."""
+        return self.keys.holding(self.worker_id)
 
     # -- reserve ----------------------------------------------------------------------
 
@@ -108,8 +146,8 @@ class LeaseClient:
         leases first); read the reply with :meth:`leases`."""
         k = self.keys
         return self._scripts.reserve(
-            leases=k.leases,
-            leased=k.leased,
+            holders=k.holders,
+            holding=self.holding,
             deliveries=k.deliveries,
             dead=k.dead,
             queue=self.queue.key,
@@ -117,7 +155,7 @@ class LeaseClient:
             seq=k.seq,
             progress=k.progress,
             epoch_key=k.epoch,
-            index=self.index,
+            previous=(k.leases, k.leased),
             origin=FROM_QUEUE if seeds is None else FROM_SEEDS,
             take=self.queue.take if seeds is None else seeds.take,
             queue_put_back=self.queue.put_back,
@@ -172,15 +210,13 @@ class LeaseClient:
         """Settle ``(lease id, outcome)`` pairs; read the reply with :meth:`settled`."""
         k = self.keys
         return self._scripts.settle(
-            leases=k.leases,
-            leased=k.leased,
+            holding=self.holding,
             deliveries=k.deliveries,
             dead=k.dead,
             queue=self.queue.key,
             seeds=self.seeds.key,
             progress=k.progress,
             epoch_key=k.epoch,
-            index=self.index,
             worker=self.worker_id,
             queue_put_back=self.queue.put_back,
             seeds_put_back=self.seeds.put_back,
@@ -215,13 +251,13 @@ class LeaseClient:
     # -- renew ------------------------------------------------------------------------
 
     def renew_call(self, lease_ids: Sequence[str], epoch: str) -> ScriptCall:
-        """Extend the deadlines of these leases; read the reply with :meth:`renewed`."""
+        """Extend the deadline of this worker's leases, and ask which of ``lease_ids`` it
+        no longer holds; read the reply with :meth:`renewed`."""
         k = self.keys
         return self._scripts.renew(
-            leases=k.leases,
-            leased=k.leased,
+            holders=k.holders,
+            holding=self.holding,
             epoch_key=k.epoch,
-            index=self.index,
             worker=self.worker_id,
             duration=self.lease_timeout,
             epoch=epoch,
@@ -245,14 +281,11 @@ class LeaseClient:
         :meth:`released`."""
         k = self.keys
         return self._scripts.release(
-            leases=k.leases,
-            leased=k.leased,
+            holding=self.holding,
             deliveries=k.deliveries,
             queue=self.queue.key,
             seeds=self.seeds.key,
             epoch_key=k.epoch,
-            index=self.index,
-            worker=self.worker_id,
             queue_put_back=self.queue.put_back,
             seeds_put_back=self.seeds.put_back,
             epoch=epoch,

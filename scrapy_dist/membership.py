@@ -27,6 +27,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_dist.connection import check, describe
 from scrapy_dist.frontier import FINISHED
+from scrapy_dist.leases import refuse_beside_previous
 from scrapy_dist.seeds import similar_seed_keys
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ class Membership:
         check(queue.client)
         # (moves a previous version's priority queue into levels, if none of its workers runs)
         moved = queue.open(self.registry.alive)
+        # (and refuses to run beside a previous version's worker that holds leases)
+        refuse_beside_previous(queue.client, self.frontier.keys, self.registry.alive)
         self.frontier.seeds.check_type()
         shared = self.shared_df
         expiring = shared.expiring_keys() if shared is not None else []

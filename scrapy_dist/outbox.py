@@ -235,18 +235,18 @@ class Outbox:
         self.flying = None
         return dropped
 
-    def drop_settlements(self, lease_ids: set[str]) -> int:
+    def drop_settlements(self, lease_ids: set[str]) -> list[str]:
         """Forget the settlements of these leases (this worker no longer holds them).
 
         Returns:
-            How many were dropped.
+            The ids of the settlements dropped, one per settlement.
         """
-        before = len(self._outcomes) + len(self._ready)
+        dropped = [o[0] for o in (*self._outcomes, *self._ready) if o[0] in lease_ids]
         self._outcomes = [o for o in self._outcomes if o[0] not in lease_ids]
         self._ready = [o for o in self._ready if o[0] not in lease_ids]
         for lease_id in lease_ids:
             self._failed_parents.pop(lease_id, None)
-        return before - len(self._outcomes) - len(self._ready)
+        return dropped
 
     # -- one flush ----------------------------------------------------------------------
 

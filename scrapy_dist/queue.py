@@ -23,6 +23,7 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import LEVELS_MARKER, expect_type, key_type, level_key, levels_key
 from scrapy_dist.scripts import ENTRY_ID_LEN, Fence, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
+from scrapy_dist.workers import previous_version_running
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -469,14 +470,10 @@ class PriorityQueue(RedisQueue):
             # a worker of this version registers after its move: one that opened at the
             # same time and registered since has moved the queue (the marker is back)
             if running and key_type(self.client, self.key) == "zset":
-                shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
                 raise ConfigurationError(
                     f"Redis key {self.key!r} holds the priority queue a previous version of "
-                    f"scrapy_dist wrote, and {len(running)} worker(s) of the crawl are "
-                    f"running ({shown}): stop every worker of the previous version, then "
-                    "start this one (it moves the queue into levels at open). A worker "
-                    "killed without stopping counts as running for SCHEDULER_WORKER_TIMEOUT "
-                    "seconds after its last heartbeat"
+                    "scrapy_dist wrote, and "
+                    + previous_version_running(running, "it moves the queue into levels at open")
                 )
         return self.migrate()
 

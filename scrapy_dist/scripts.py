@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from weakref import WeakKeyDictionary
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import LEVEL_FORMAT, LEVEL_INFIX, LEVELS_MARKER, LEVELS_SUFFIX
+from scrapy_dist.keys import (
+    HOLDERS_SUFFIX,
+    LEVEL_FORMAT,
+    LEVEL_INFIX,
+    LEVELS_MARKER,
+    LEVELS_SUFFIX,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -63,6 +69,7 @@ LUA_CONSTANTS: dict[str, int | str] = {
     "LEVELS_SUFFIX": LEVELS_SUFFIX,
     "LEVEL_INFIX": LEVEL_INFIX,
     "LEVEL_FORMAT": LEVEL_FORMAT,
+    "HOLDERS_SUFFIX": HOLDERS_SUFFIX,
 }
 
 #: A script argument.
@@ -86,6 +93,7 @@ NAMES = (
     "progress",
     "census",
     "queued",
+    "leased",
     "pop",
     "migrate",
     "release",
@@ -160,9 +168,8 @@ class Fence(NamedTuple):
     epoch_key: str
     #: ``""``: unfenced (a command-line tool).
     epoch: str
-    #: The crawl's leased hash (``""``: no request names a parent).
-    leased: str = ""
-    worker: str = ""
+    #: The worker's holding hash (``""``: no request names a parent).
+    holding: str = ""
     #: The parent lease id of each request (``""``: none).
     parents: Sequence[str] = ()
 
@@ -219,8 +226,7 @@ class Scripts:
         filter_args: Sequence[Arg] = (),
         entries: Iterable[tuple[bytes, float, bytes]],
         epoch: str = "",
-        leased: str = "",
-        worker: str = "",
+        holding: str = "",
         parents: Sequence[str] = (),
     ) -> ScriptCall:
         """``lua/enqueue.lua``: dedupe and push ``(token, score, payload)`` entries.
@@ -233,24 +239,23 @@ class Scripts:
             filter_keys: the backend's keys; ``filter_args`` its arguments.
             entries: the token (``b""``: not filtered), score and payload of each request.
             epoch: the crawl epoch the caller joined (``""``: unfenced).
-            leased: the crawl's leased hash (read only for entries with a parent;
-                ``""``: the sequence key stands in, never read).
-            worker: the caller's worker id (``""``: no entry has a parent).
+            holding: the calling worker's holding hash (read only for entries with a
+                parent; ``""``: the sequence key stands in, never read).
             parents: the lease id of each entry's parent, aligned with ``entries``
                 (``""`` or missing: none, e.g. a seed's or a start request's); an entry
-                whose parent lease ``worker`` no longer holds is refused.
+                whose parent lease is not in ``holding`` is refused.
         """
         args: list[Arg] = [queue_kind, filter_kind, len(filter_args), *filter_args]
         for i, (token, score, payload) in enumerate(entries):
             args += (token, score, payload, parents[i] if i < len(parents) else "")
-        args += (worker, epoch)
-        return self._call("enqueue", [queue, seq, epoch_key, leased or seq, *filter_keys], args)
+        args.append(epoch)
+        return self._call("enqueue", [queue, seq, epoch_key, holding or seq, *filter_keys], args)
 
     def reserve(
         self,
         *,
-        leases: str,
-        leased: str,
+        holders: str,
+        holding: str,
         deliveries: str,
         dead: str,
         queue: str,
@@ -258,7 +263,7 @@ class Scripts:
         seq: str,
         progress: str,
         epoch_key: str,
-        index: str,
+        previous: tuple[str, str],
         origin: str,
         take: str,
         queue_put_back: str,
@@ -270,10 +275,12 @@ class Scripts:
         reclaim_limit: int,
         epoch: str,
     ) -> ScriptCall:
-        """``lua/reserve.lua``: reclaim expired leases, then lease up to ``count``
-        entries taken from the queue (``origin`` :data:`FROM_QUEUE`) or the seeds key
-        (:data:`FROM_SEEDS`) with the command ``take``."""
-        keys = [leases, leased, deliveries, dead, queue, seeds, seq, progress, epoch_key, index]
+        """``lua/reserve.lua``: reclaim expired leases (``previous``: the previous
+        version's leases zset and leased hash too), then lease up to ``count`` entries
+        taken from the queue (``origin`` :data:`FROM_QUEUE`) or the seeds key
+        (:data:`FROM_SEEDS`) with the command ``take`` into ``holding``."""
+        keys = [holders, holding, deliveries, dead, queue, seeds, seq, progress, epoch_key]
+        keys += previous
         args: list[Arg] = [
             origin,
             take,
@@ -291,15 +298,13 @@ class Scripts:
     def settle(
         self,
         *,
-        leases: str,
-        leased: str,
+        holding: str,
         deliveries: str,
         dead: str,
         queue: str,
         seeds: str,
         progress: str,
         epoch_key: str,
-        index: str,
         worker: str,
         queue_put_back: str,
         seeds_put_back: str,
@@ -309,7 +314,7 @@ class Scripts:
     ) -> ScriptCall:
         """``lua/settle.lua``: settle ``(lease id, outcome)`` pairs (outcomes
         :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a record, or a reason)."""
-        keys = [leases, leased, deliveries, dead, queue, seeds, progress, epoch_key, index]
+        keys = [holding, deliveries, dead, queue, seeds, progress, epoch_key]
         args: list[Arg] = [worker, queue_put_back, seeds_put_back, max_deliveries, epoch]
         for lease_id, outcome in outcomes:
             args += (lease_id, outcome)
@@ -318,38 +323,35 @@ class Scripts:
     def renew(
         self,
         *,
-        leases: str,
-        leased: str,
+        holders: str,
+        holding: str,
         epoch_key: str,
-        index: str,
         worker: str,
         duration: float,
         epoch: str,
         lease_ids: Iterable[str],
     ) -> ScriptCall:
-        """``lua/renew.lua``: extend the deadlines of these leases by ``duration``."""
-        keys = [leases, leased, epoch_key, index]
+        """``lua/renew.lua``: extend the deadline of the worker's leases by
+        ``duration``; the reply names those of ``lease_ids`` it no longer holds."""
+        keys = [holders, holding, epoch_key]
         return self._call("renew", keys, [worker, duration, epoch, *lease_ids])
 
     def release(
         self,
         *,
-        leases: str,
-        leased: str,
+        holding: str,
         deliveries: str,
         queue: str,
         seeds: str,
         epoch_key: str,
-        index: str,
-        worker: str,
         queue_put_back: str,
         seeds_put_back: str,
         epoch: str,
         known: Iterable[str],
     ) -> ScriptCall:
-        """``lua/release.lua``: hand back this worker's leases other than ``known``."""
-        keys = [leases, leased, deliveries, queue, seeds, epoch_key, index]
-        args: list[Arg] = [worker, queue_put_back, seeds_put_back, epoch, *known]
+        """``lua/release.lua``: hand back the leases of ``holding`` other than ``known``."""
+        keys = [holding, deliveries, queue, seeds, epoch_key]
+        args: list[Arg] = [queue_put_back, seeds_put_back, epoch, *known]
         return self._call("release", keys, args)
 
     def progress(
@@ -357,7 +359,8 @@ class Scripts:
         *,
         queue: str,
         seeds: str,
-        leases: str,
+        holders: str,
+        previous: str,
         progress: str,
         epoch_key: str,
         clear_keys: Iterable[str],
@@ -370,18 +373,34 @@ class Scripts:
         others: tuple[int, int] | None = None,
     ) -> ScriptCall:
         """``lua/progress.lua``: where the crawl stands; mark it finished after
-        ``grace`` seconds of emptiness, then (``clear``) delete ``clear_keys``."""
-        keys = [queue, seeds, leases, progress, epoch_key, *clear_keys]
+        ``grace`` seconds of emptiness, then (``clear``) delete ``clear_keys``.
+        ``previous``: the previous version's leases zset (counted as leased)."""
+        keys = [queue, seeds, holders, progress, epoch_key, previous, *clear_keys]
         args: list[Arg] = [queue_kind, seeds_kind, grace, int(clear), keep_for, epoch]
         if others is not None:  # a sharded crawl: what the other shards hold and settled
             args += [others[0], others[1]]
         return self._call("progress", keys, args)
 
     def census(
-        self, *, queue: str, leases: str, progress: str, epoch_key: str, queue_kind: str, epoch: str
+        self,
+        *,
+        queue: str,
+        holders: str,
+        previous: str,
+        progress: str,
+        epoch_key: str,
+        queue_kind: str,
+        epoch: str,
     ) -> ScriptCall:
-        """``lua/census.lua``: ``(queued, leased, settled)`` of one shard, fenced."""
-        return self._call("census", [queue, leases, progress, epoch_key], [queue_kind, epoch])
+        """``lua/census.lua``: ``(queued, leased, settled)`` of one shard, fenced
+        (``previous``: the previous version's leases zset, counted as leased)."""
+        keys = [queue, holders, progress, epoch_key, previous]
+        return self._call("census", keys, [queue_kind, epoch])
+
+    def leased(self, *, holders: str, previous: str) -> ScriptCall:
+        """``lua/leased.lua``: the number of leases held (``previous``: the previous
+        version's leases zset, counted too)."""
+        return self._call("leased", [holders, previous], [])
 
     def queued(self, *, queue: str, queue_kind: str) -> ScriptCall:
         """``lua/queued.lua``: the number of entries of ``queue`` (every level's)."""

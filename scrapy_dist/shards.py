@@ -9,7 +9,7 @@ spreads over N masters.
   shards ``1..N-1`` have keys of their own (:func:`scrapy_dist.keys.shard_keys`).
 - **One frontier per shard**: each shard is a :class:`~scrapy_dist.frontier.Frontier`
   on its own keys (and, under Cluster, on a client pinned to its node): its own epoch
-  (every script is fenced by its shard's copy), outbox, leases, lease index, renewals
+  (every script is fenced by its shard's copy), outbox, leases, renewals
   and hand-backs, replica ``WAIT``. A lease id of shard ``i > 0`` is ``#<i>:<id>`` for
   the worker's engine and is routed back to its shard.
 - **Acknowledgements across shards**: a settlement is held until every other shard has
@@ -133,9 +133,10 @@ class Shard(Frontier):
     def check_shards(self, count: int = 1) -> None:
         """Shard 0 keeps the crawl's shard count."""
 
-    def taken_over(self, refused: dict[str, int]) -> None:
-        super().taken_over(refused)
-        self.main.leases.taken.update(join_id(self.index, i) for i in refused)
+    def taken_over(self, refused: dict[str, int]) -> set[str]:
+        running = super().taken_over(refused)
+        self.main.leases.taken.update(join_id(self.index, i) for i in running)
+        return running
 
 
 class ShardedFrontier(Frontier):
@@ -450,7 +451,8 @@ class ShardedFrontier(Frontier):
         for shard in self.others:
             call = shard._scripts.census(
                 queue=shard.queue.key,
-                leases=shard.keys.leases,
+                holders=shard.keys.holders,
+                previous=shard.keys.leases,
                 progress=shard.keys.progress,
                 epoch_key=shard.keys.epoch,
                 queue_kind=shard.queue.kind,

@@ -330,6 +330,12 @@ def _queued_command(pipe: Any, client: redis.Redis, key: str, kind: str) -> None
     scripts_for(client).queued(queue=key, queue_kind=kind).run(pipe)
 
 
+def _leased_command(pipe: Any, client: redis.Redis, keys: RedisKeys) -> None:
+    """Count the leases held in ``pipe`` (``lua/leased.lua``: every worker's holding,
+    a previous version's leases too)."""
+    scripts_for(client).leased(holders=keys.holders, previous=keys.leases).run(pipe)
+
+
 def _numbers(raw: Mapping[bytes, bytes]) -> dict[str, float]:
     result = {}
     for name, value in raw.items():
@@ -398,6 +404,7 @@ def read_status(
     typed: list[tuple[str, str | tuple[str, ...], str]] = [
         (layout.seeds, layout.seeds_kind, "seeds"),
         (k.requests, layout.queue_cls.key_types, "queue"),
+        (k.holders, "zset", "holders"),
         (k.leases, "zset", "leases"),
         (k.dead, "list", "dead letters"),
         (k.workers, "hash", "workers"),
@@ -413,7 +420,7 @@ def read_status(
             pipe.type(key)
         _size_command(pipe, layout.seeds, layout.seeds_kind)
         _queued_command(pipe, client, k.requests, layout.queue_kind)
-        pipe.zcard(k.leases)
+        _leased_command(pipe, client, k)
         pipe.llen(k.dead)
         pipe.hgetall(k.workers)
         pipe.hgetall(k.progress)
@@ -564,7 +571,7 @@ def shard_figures(
     for index, (shard, keys) in enumerate(other_shards(client, layout.keys, config.keys), 1):
         with shard.pipeline(transaction=False) as pipe:
             _queued_command(pipe, shard, keys.requests, layout.queue_kind)
-            pipe.zcard(keys.leases)
+            _leased_command(pipe, shard, keys)
             pipe.llen(keys.dead)
             pipe.hgetall(keys.progress)
             queued, leased, dead, progress = pipe.execute()

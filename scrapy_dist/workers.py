@@ -59,6 +59,19 @@ def live_workers(client: redis.Redis, key: str, timeout: float) -> list[str]:
     return sorted(w.decode() for w, beat in workers.items() if now - float(beat) <= timeout)
 
 
+def previous_version_running(running: list[str], then: str) -> str:
+    """The end of the message refusing to start beside workers of a previous version:
+    the ``running`` workers named (five at most), what to do, and ``then``, what this
+    worker does once started."""
+    shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
+    return (
+        f"{len(running)} worker(s) of the crawl are running ({shown}): stop every worker "
+        f"of the previous version, then start this one ({then}). A worker killed without "
+        "stopping counts as running for SCHEDULER_WORKER_TIMEOUT seconds after its last "
+        "heartbeat"
+    )
+
+
 class WorkerRegistry:
     """Join, heartbeat and leave one crawl's worker registry.
 

@@ -23,6 +23,7 @@ from scrapy_dist import frontier as frontier_module
 from scrapy_dist.background import IOThread
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisSpider
+from scrapy_dist.testing.leases import holdings, leased_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -141,7 +142,7 @@ def _queued(scheduler: Scheduler) -> int:
 
 
 def _leased(scheduler: Scheduler, client: redis.Redis) -> int:
-    return int(client.zcard(scheduler.frontier.keys.leases))
+    return leased_count(client, scheduler.frontier.keys.crawl)
 
 
 @pytest.mark.parametrize("background", [True, False])
@@ -249,7 +250,9 @@ def test_an_outage_during_a_flush_in_flight_loses_nothing(
     assert scheduler.stats.get_value("scheduler/leases/acked") == 1
     # nothing lost: the 3 buffered still leased, the parent acknowledged, the children queued
     with server.client() as check:
-        assert int(check.zcard(frontier.keys.leases)) == 3
+        held = holdings(check, frontier.keys.crawl)
+    buffered = {lease.id for lease, _ in scheduler.deliveries.buffer}
+    assert {w: set(leases) for w, leases in held.items()} == {frontier.worker_id: buffered}
     assert _queued(scheduler) == 30 + 3 - 4
 
 

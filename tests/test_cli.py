@@ -30,6 +30,7 @@ from scrapy_dist.keys import RedisKeys, level_key
 from scrapy_dist.serializers import JsonSerializer
 from scrapy_dist.stats import decode_stats
 from scrapy_dist.status import json_default
+from scrapy_dist.testing.leases import holdings
 from scrapy_dist.testing.queues import queued_count, queued_entries
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.site import TestSite, links
@@ -626,7 +627,7 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
             truth = {
                 "seeds": client.llen(k.start_urls),
                 "queued": queued_count(client, k.requests),
-                "leased": client.zcard(k.leases),
+                "leased": sum(len(held) for held in holdings(client, k.crawl).values()),
                 "dead": client.llen(k.dead),
                 "done": int(client.hget(k.progress, "done") or 0),
                 "dupefilter": client.scard(k.dupefilter),

@@ -78,7 +78,8 @@ def test_keys_carry_the_crawl_hash_tag_under_cluster() -> None:
     assert keys.crawl == "{books}"
     assert keys.requests == "{books}:requests"
     assert keys.start_urls == "{books}:start_urls"
-    assert keys.held("w1") == "{books}:held:w1"
+    assert keys.holders == "{books}:holders"
+    assert keys.holding("w1") == "{books}:holders:w1"
     assert keys.bloom_segment(0, 1) == "{books}:dupefilter:0:1"
     assert len({slot_of(key) for key in keys.every()}) == 1
     plain = keys_from_settings(Settings({}), "books")

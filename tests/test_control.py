@@ -43,6 +43,7 @@ from scrapy_dist.metrics import control_gauges
 from scrapy_dist.queue import Base
 from scrapy_dist.settings import Config
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
+from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.site import TestSite
 
@@ -167,7 +168,7 @@ def test_pause_resume_drain_a_running_crawl(
         assert not late, f"{len(late)} request(s) more than 1 s after the pause: {late[:5]}"
         hits = site.hits()
         assert all(n == 1 for n in hits.values())
-        assert client.zcard("pages:leases") == 0
+        assert leased_count(client, "pages") == 0
         done = int(cast("bytes", client.hget("pages:progress", "done")))
         assert done == len(hits) + 1  # every page fetched (and the seed) acknowledged
         assert queued_count(client, "pages:requests") > 0
@@ -191,7 +192,7 @@ def test_pause_resume_drain_a_running_crawl(
         assert crawl.wait(timeout=30) == [0, 0], crawl.logs()
         for worker in crawl.workers:
             assert "Closing spider (drained)" in worker.log_file.read_text(), crawl.logs()
-        assert client.zcard("pages:leases") == 0
+        assert leased_count(client, "pages") == 0
         assert queued_count(client, "pages:requests") > 0, (
             f"the crawl finished before the drain: {site.hits().__len__()} pages fetched, "
             f"{client.hgetall('pages:progress')}\n" + crawl.full_logs()
@@ -353,14 +354,16 @@ def test_cli_wait_times_out_while_a_live_worker_holds_leases(  # noqa: PLR0917
 ) -> None:
     monkeypatch.chdir(tmp_path)
     now = time.time()
-    client.zadd(f"{name}:leases", {"a": now + 60, "expired": now - 60})
-    client.hset(f"{name}:workers", "w1", str(now))
-    client.sadd(f"{name}:held:w1", "a", "expired")  # its lease index
+    # w1's lease lasts 60 s more; w2's expired (a worker's leases share one deadline)
+    client.zadd(f"{name}:holders", {"w1": now + 60, "w2": now - 60})
+    client.hset(f"{name}:holders:w1", "a", "q|0|{}")
+    client.hset(f"{name}:holders:w2", "expired", "q|0|{}")
+    client.hset(f"{name}:workers", mapping={"w1": str(now), "w2": str(now)})
     code, _out, err = run(
         ["drain", name, "--wait", "--timeout", "0.3", "--redis-url", redis_url], capsys
     )
     assert code == 1
-    assert "1 lease(s) still held and 1 worker(s) live" in err  # the expired one not counted
+    assert "1 lease(s) still held and 2 worker(s) live" in err  # the expired one not counted
 
 
 @pytest.mark.parametrize(
@@ -571,14 +574,18 @@ def test_a_paused_scheduler_hands_out_nothing_and_hands_back_its_buffer(
     assert scheduler.next_request() is None
     assert not scheduler.deliveries.buffer
     scheduler.frontier.flush()
-    assert client.zcard(keys.leases) == 1  # only the one in flight
+    in_flight = scheduler.deliveries.out[first]
+    held = holdings(client, keys.crawl)  # only the one in flight, still this worker's
+    assert {w: set(leases) for w, leases in held.items()} == {
+        scheduler.frontier.worker_id: {in_flight}
+    }
     assert queued_count(client, keys.requests) == 5
     with pytest.raises(DontCloseSpider):
         scheduler.close_if_failed()
     scheduler.in_flight = set
     scheduler.heartbeat.tick()  # settles the one in flight: acknowledged while paused
     scheduler.frontier.flush()
-    assert client.zcard(keys.leases) == 0
+    assert leased_count(client, keys.crawl) == 0
     set_state(client, keys, RUNNING)
     scheduler.control.watcher._next_read = 0
     assert scheduler.next_request() is not None
@@ -706,7 +713,7 @@ HOSTS = ["127.0.0.1", "127.0.1", "0x7f000001"]
 
 def leases_per_shard(crawl: WorkerCrawl, count: int = 3) -> list[int]:
     every = shard_keys(RedisKeys.build("pages"), Config.from_settings(Settings()).keys, count)
-    return [int(crawl.client.zcard(k.leases)) for k in every]
+    return [leased_count(crawl.client, k.crawl) for k in every]
 
 
 # -- what --wait counts ----------------------------------------------------------------
@@ -717,13 +724,15 @@ def test_settled_counts_the_leases_of_every_shard(client: redis.Redis, name: str
     control = CrawlControl(client, keys)
     client.set(keys.shards, 3)
     now = time.time()
-    client.hset(keys.workers, "w1", now)
-    client.zadd(f"{name}#shard2:leases", {"lease-1": now + 60, "expired": now - 60})
-    client.sadd(f"{name}#shard2:held:w1", "lease-1", "expired")
+    client.hset(keys.workers, mapping={"w1": now, "w2": now})
+    # in shard 2, w1's lease lasts 60 s more; w2's expired
+    client.zadd(f"{name}#shard2:holders", {"w1": now + 60, "w2": now - 60})
+    client.hset(f"{name}#shard2:holders:w1", "lease-1", "q|0|{}")
+    client.hset(f"{name}#shard2:holders:w2", "expired", "q|0|{}")
     found = control.settled()
-    assert (found.leased, found.workers) == (1, 1)  # the expired one is not waited for
+    assert (found.leased, found.workers) == (1, 2)  # the expired one is not waited for
     assert control.wait_settled(timeout=0.3).leased == 1
-    client.delete(f"{name}#shard2:leases")
+    client.hdel(f"{name}#shard2:holders:w1", "lease-1")  # w1 settles it
     assert control.settled().leased == 0
 
 
@@ -734,11 +743,11 @@ def test_settled_does_not_wait_for_the_leases_of_a_dead_worker(
     control = CrawlControl(client, keys, worker_timeout=2)
     now = time.time()
     client.hset(keys.workers, mapping={"dead": now - 60, "live": now})
-    client.zadd(keys.leases, {"a": now + 120, "b": now + 120})
-    client.sadd(keys.held("dead"), "a")  # killed -9: its lease lasts 120 s more
-    client.sadd(keys.held("live"), "b")
+    client.zadd(keys.holders, {"dead": now + 120, "live": now + 120})
+    client.hset(keys.holding("dead"), "a", "q|0|{}")  # killed -9: its lease lasts 120 s more
+    client.hset(keys.holding("live"), "b", "q|0|{}")
     assert control.settled() == Settled(1, 1)
-    client.zrem(keys.leases, "b")
+    client.hdel(keys.holding("live"), "b")  # the live worker settles it
     assert control.wait_settled(timeout=5) == Settled(0, 1)
 
 

@@ -27,6 +27,7 @@ from scrapy_dist.replication import Replication
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.settings import SENTINEL, SINGLE, Config
 from scrapy_dist.testing import TestSite
+from scrapy_dist.testing.leases import lease_ids, leased_count
 from scrapy_dist.testing.topology import make_project, run_crawl
 
 if TYPE_CHECKING:
@@ -105,6 +106,11 @@ def queued(client: redis.Redis, worker: Worker) -> list[bytes]:
     return [e[16:] for e in entries]
 
 
+def leased(client: redis.Redis, worker: Worker) -> set[str]:
+    """The ids of the leases held in ``worker``'s crawl, whoever holds them."""
+    return lease_ids(client, worker.frontier.keys.crawl)
+
+
 # -- settings ----------------------------------------------------------------------------
 
 
@@ -148,7 +154,7 @@ def test_a_short_wait_holds_the_parents_ack_and_sends_its_children_again(
     frontier = worker.frontier
     worker.add("https://example.com/parent")
     (parent,) = frontier.reserve(1)
-    assert client.zcard(frontier.keys.leases) == 1
+    assert leased(client, worker) == {parent.id}
 
     # this server has no replica: asking for one makes every WAIT fall short
     worker.replication.replicas = 1
@@ -165,18 +171,18 @@ def test_a_short_wait_holds_the_parents_ack_and_sends_its_children_again(
         b'{"url": "https://example.com/a"}',
         b'{"url": "https://example.com/b"}',
     ]
-    assert client.zcard(frontier.keys.leases) == 1
+    assert leased(client, worker) == {parent.id}
     assert frontier.pending_writes == 3  # the batch kept, the acknowledgement behind it
     assert frontier.pending_settlements == 1
 
     time.sleep(0.6)  # the backoff; the next attempt falls short again
     frontier.flush()
     assert not frontier.reachable
-    assert client.zcard(frontier.keys.leases) == 1
+    assert leased(client, worker) == {parent.id}
 
     worker.replication.replicas = 0  # confirmed from now on
     worker.flush_until_sent(5)
-    assert client.zcard(frontier.keys.leases) == 0  # acknowledged once confirmed
+    assert leased(client, worker) == set()  # acknowledged once confirmed
     assert len(queued(client, worker)) == 2  # sent three times, queued once
     assert worker.replies == [True, True, True]  # each told once (parent, a, b)
 
@@ -188,7 +194,7 @@ def test_a_settlement_with_no_children_is_not_held(client: redis.Redis, name: st
     worker.replication.replicas = 1
     worker.frontier.settle([(lease.id, DONE)])
     assert worker.frontier.flush() == []  # no enqueue, no WAIT
-    assert client.zcard(worker.frontier.keys.leases) == 0
+    assert leased(client, worker) == set()
 
 
 def test_a_wait_redone_after_a_script_flush_still_covers_the_enqueue(
@@ -297,7 +303,7 @@ def test_a_sentinel_failover_loses_no_child_and_acknowledges_after_it(
     redis_sentinel.wait_agreed(60)
     with new.client() as direct:
         assert direct.llen(frontier.queue.key) == len(children)
-        assert direct.zcard(frontier.keys.leases) == 0
+        assert leased_count(direct, frontier.keys.crawl) == 0
         assert direct.hget(frontier.keys.progress, "done") == b"1"
         direct.delete(*frontier.keys.every(), worker.backend.keys()[0])
     client.close()

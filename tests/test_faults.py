@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -29,6 +29,7 @@ from scrapy_dist.frontier import DONE
 from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.startup import start_failure
+from scrapy_dist.testing import leases
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
@@ -87,8 +88,7 @@ def crawl(server: RedisServer, tmp_path: Path) -> Iterator[Crawl]:
 
 def held_by(crawl: Crawl, worker: Worker) -> int:
     """How many requests and seeds ``worker`` holds leased (worker ids embed the pid)."""
-    records = cast("list[bytes]", crawl.client.hvals("pages:leased"))  # bytes replies
-    return sum(1 for r in records if f":{worker.pid}:" in r.split(b"|")[2].decode())
+    return leases.held_by(crawl.client, "pages", worker.pid)
 
 
 def assert_all_once(crawl: Crawl, allowed: int = 0) -> None:
@@ -377,9 +377,41 @@ def test_a_lost_reply_hands_back_only_leases_the_worker_does_not_hold(
     frontier.flush()
     # the waiting ack was sent, not handed back: that page is not crawled twice
     assert frontier.totals() == {"done": 1}
-    assert client.zcard(frontier.keys.leases) == 0
+    assert leases.leased_count(client, frontier.keys.crawl) == 0
     assert len(scheduler.queue) == 2  # the third request, and the second one handed back
     assert frontier.stats.get_value("scheduler/leases/released_unknown") == 1
+
+
+def test_a_lease_taken_over_and_granted_back_to_its_worker_is_settled(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    paused = _scheduler(make_crawler)
+    frontier = paused.frontier
+    paused.enqueue_request(Request("https://example.com/parent"))
+    frontier.flush()
+    parent = paused.next_request()
+    assert parent is not None
+    assert paused.crawler is not None
+    links = ParentLinks.from_crawler(paused.crawler)
+    for child in links.process_spider_output(
+        Response(parent.url, request=parent), [Request("https://example.com/child")]
+    ):
+        paused.enqueue_request(child)
+    paused._settle()  # the parent is done: its ack waits behind its child
+    # the worker is paused past its lease: another worker's reserve takes it back
+    client.zadd(frontier.keys.holders, {frontier.worker_id: 0})
+    other = _scheduler(make_crawler)
+    other.frontier.leases.reserve_call(0, other.frontier.epoch).run()  # only reclaims
+    assert leases.holdings(client, frontier.keys.crawl) == {}
+    frontier.flush()  # the child is refused: the parent's lease was taken over
+    assert frontier.stats.get_value("scheduler/leases/taken_over") == 1
+    again = paused.next_request()  # the parent, granted back to the same worker
+    assert again is not None
+    assert again.url == parent.url
+    paused._settle()
+    frontier.flush()
+    assert leases.leased_count(client, frontier.keys.crawl) == 0  # settled, not kept for good
+    assert frontier.totals() == {"done": 1}
 
 
 def test_release_reads_only_this_workers_leases(
@@ -400,7 +432,9 @@ def test_release_reads_only_this_workers_leases(
     finally:
         client.config_set("slowlog-log-slower-than", 10000)
     assert not slow, slow
-    assert client.zcard(busy.frontier.keys.leases) == 20000  # none of the busy one's
+    holding = busy.frontier.keys.holding(busy.frontier.worker_id)
+    assert client.hlen(holding) == 20000  # none of the busy one's
+    assert leases.leased_count(client, busy.frontier.keys.crawl) == 20000
 
 
 def test_a_finished_crawl_unlinks_its_keys(

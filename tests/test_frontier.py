@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy import Request
@@ -15,6 +15,7 @@ from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing.engine import HeldRequests
+from scrapy_dist.testing.leases import deadline, holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
 
 if TYPE_CHECKING:
@@ -70,14 +71,15 @@ def test_taking_a_request_leases_it(worker: Callable[..., Worker], client: redis
     w.scheduler.enqueue_request(Request(URL + "a"))
     request = w.take()
     assert request is not None
-    keys = w.frontier.keys
+    keys, me = w.frontier.keys, w.frontier.worker_id
     assert queued_count(client, w.scheduler.queue.key) == 0
-    assert client.zcard(keys.leases) == 1  # held, with a deadline, until Scrapy is done
+    assert client.hlen(keys.holding(me)) == 1  # held, with a deadline, until Scrapy is done
+    assert deadline(client, keys.crawl, me) is not None
     w.scheduler._settle()
-    assert client.zcard(keys.leases) == 1  # still in the engine
+    assert client.hlen(keys.holding(me)) == 1  # still in the engine
     w.finish(request)
-    assert client.zcard(keys.leases) == 0
-    assert client.hlen(keys.leased) == 0
+    assert client.exists(keys.holding(me)) == 0
+    assert leased_count(client, keys.crawl) == 0
     assert client.hget(keys.progress, "done") == b"1"
 
 
@@ -113,18 +115,23 @@ def test_renewal_keeps_a_slow_request(worker: Callable[..., Worker]) -> None:
 def test_poison_page_goes_to_dead_letters_after_max_deliveries(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:
-    w = worker()
-    w.scheduler.enqueue_request(Request(URL + "poison"))
-    for _ in range(2):  # MAX_DELIVERIES = 2: taken twice by workers that die
+    first = worker()
+    first.scheduler.enqueue_request(Request(URL + "poison"))
+    second = worker()
+    for w in (first, second):  # MAX_DELIVERIES = 2: taken twice by workers that die
         assert w.take() is not None
+        w.close()
         w.holding.clear()
         w.scheduler._out.clear()
         time.sleep(0.7)
-    assert w.take() is None  # the reserve reclaimed it to the dead-letter list
-    [record] = dead_letters(client, w.frontier)
+    last = worker()
+    assert last.take() is None  # the reserve reclaimed it to the dead-letter list
+    [record] = dead_letters(client, last.frontier)
     assert record["kind"] == "request"
     assert "lease expired" in record["reason"]
     assert record["deliveries"] == 2
+    assert record["worker"] == second.frontier.worker_id  # its last holder
+    assert leased_count(client, last.frontier.keys.crawl) == 0
     assert json.loads(record["data"])["url"] == URL + "poison"
 
 
@@ -163,9 +170,9 @@ def test_close_hands_back_unstarted_requests_without_counting_a_delivery(
     assert a.take() is not None
     a.scheduler.close("shutdown")  # one is still in the engine: handed back too
     keys = a.frontier.keys
-    assert client.zcard(keys.leases) == 0
+    assert leased_count(client, keys.crawl) == 0
     assert queued_count(client, a.scheduler.queue.key) == 3
-    assert {int(v) for v in client.hvals(keys.deliveries)} <= {0}
+    assert client.hlen(keys.deliveries) == 0  # handed back: no delivery counted
 
 
 def test_a_lease_taken_over_is_not_settled_by_its_old_holder(
@@ -178,7 +185,10 @@ def test_a_lease_taken_over_is_not_settled_by_its_old_holder(
     time.sleep(0.7)
     assert fast.take() is not None  # reclaimed and leased to fast
     slow.finish(request)  # too late: the lease is fast's now
-    assert client.zcard(slow.frontier.keys.leases) == 1
+    keys = slow.frontier.keys
+    assert client.exists(keys.holding(slow.frontier.worker_id)) == 0
+    assert client.hlen(keys.holding(fast.frontier.worker_id)) == 1
+    assert leased_count(client, keys.crawl) == 1
     assert slow.scheduler.stats.get_value("scheduler/leases/lease_lost") == 1
 
 
@@ -189,9 +199,11 @@ def test_seeds_are_leased_until_settled(worker: Callable[..., Worker], client: r
     leases = f.reserve(10, seeds=True)
     assert [lease.data for lease in leases] == [b"https://e.com/1", b"https://e.com/2"]
     assert client.llen(f.seeds.key) == 0
-    assert client.zcard(f.keys.leases) == 2
+    assert set(holdings(client, f.keys.crawl)[f.worker_id]) == {lease.id for lease in leases}
+    assert leased_count(client, f.keys.crawl) == 2
     f.settle([(leases[0].id, DONE), (leases[1].id, HAND_BACK)])
     assert client.lrange(f.seeds.key, 0, -1) == [b"https://e.com/2"]
+    assert leased_count(client, f.keys.crawl) == 0
 
 
 def test_progress_to_finished(worker: Callable[..., Worker], client: redis.Redis) -> None:
@@ -227,14 +239,17 @@ def test_leases_granted_in_a_lost_reply_are_handed_back(
     # Redis runs a reserve whose reply never reaches the worker (it timed out)
     lost = f.leases.reserve_call(2, f.epoch)
     client.evalsha(lost.script.sha, len(lost.keys), *lost.keys, *lost.args)
-    assert client.zcard(f.keys.leases) == 3
+    holding = f.keys.holding(f.worker_id)
+    assert client.hlen(holding) == 3
     f.leases.reply_lost = True
     f.flush(reserve=0)  # the next call first hands back what the worker does not know
     f.settle([])
-    assert client.zcard(f.keys.leases) == 1
+    assert client.hlen(holding) == 1
+    assert leased_count(client, f.keys.crawl) == 1
     assert queued_count(client, w.scheduler.queue.key) == 2
     assert w.scheduler.stats.get_value("scheduler/leases/released_unknown") == 2
-    assert {int(v) for v in client.hvals(f.keys.deliveries)} == {0, 1}
+    assert client.hlen(f.keys.deliveries) == 0  # handed back: that delivery not counted
+    assert [lease.deliveries for lease in f.reserve(2)] == [1, 1]
 
 
 def test_an_ack_never_outlives_a_refused_enqueue_of_its_children(
@@ -251,14 +266,15 @@ def test_an_ack_never_outlives_a_refused_enqueue_of_its_children(
     client.set(w.scheduler.queue.key, b"not a queue")  # the enqueue will be refused
     w.frontier.flush()
     assert w.scheduler.stats.get_value("scheduler/redis/refused/WRONGTYPE") == 1
-    assert client.zcard(w.frontier.keys.leases) == 1  # the ack was not sent with it
+    holding = w.frontier.keys.holding(w.frontier.worker_id)
+    assert client.hlen(holding) == 1  # the ack was not sent with it
     assert w.frontier.pending_writes == 2  # a refusal is an outage: both wait
     client.delete(w.scheduler.queue.key)  # the operator fixes the key
     w.frontier.outbox._retry_at = 0.0  # (skip the backoff pause)
     w.frontier.flush()  # the child is confirmed, and its parent's ack goes next
     w.frontier.flush()
     assert w.frontier.pending_writes == 0
-    assert client.zcard(w.frontier.keys.leases) == 0
+    assert client.hlen(holding) == 0
     assert w.take() is not None  # the child
 
 
@@ -289,14 +305,17 @@ def test_a_seed_keeps_its_id_across_deliveries_until_the_limit(
 ) -> None:
     """A seed carries no id, so its lease id comes from its content: the delivery count
     survives expired leases and reaches SCHEDULER_MAX_DELIVERIES (2 here)."""
-    f = worker().frontier
+    f, g, h = worker().frontier, worker().frontier, worker().frontier
     client.rpush(f.seeds.key, b"https://e.com/slow")
     [first] = f.reserve(1, seeds=True)
+    assert first.deliveries == 1
+    assert client.hlen(f.keys.deliveries) == 0  # no count written on a first delivery
     time.sleep(0.7)  # the lease expires (its worker died)
-    [second] = f.reserve(1, seeds=True)
+    [second] = g.reserve(1, seeds=True)
     assert (second.id, second.deliveries) == (first.id, 2)
+    assert client.hget(f.keys.deliveries, first.id) == b"2"
     time.sleep(0.7)
-    assert f.reserve(1, seeds=True) == []  # delivered twice: dead-lettered, not read again
+    assert h.reserve(1, seeds=True) == []  # delivered twice: dead-lettered, not read again
     [record] = dead_letters(client, f)
     assert (record["kind"], record["deliveries"]) == ("seed", 2)
     assert record["data"] == "https://e.com/slow"
@@ -312,7 +331,7 @@ def test_copies_of_a_seed_leased_together_get_their_own_leases(
     assert len({lease.id for lease in leases}) == 2
     f.settle([(lease.id, HAND_BACK) for lease in leases])
     assert client.llen(f.seeds.key) == 2  # neither copy lost
-    assert client.zcard(f.keys.leases) == 0
+    assert leased_count(client, f.keys.crawl) == 0
 
 
 def test_a_rejected_seed_is_settled_with_its_dead_letter_exactly_once(
@@ -325,7 +344,7 @@ def test_a_rejected_seed_is_settled_with_its_dead_letter_exactly_once(
     f.settle([(lease.id, DEAD_NOW + record)])
     f.settle([(lease.id, DEAD_NOW + record)])  # a second settlement finds it gone
     assert [d["data"] for d in dead_letters(client, f)] == ["ftp://x"]
-    assert client.zcard(f.keys.leases) == client.hlen(f.keys.deliveries) == 0
+    assert leased_count(client, f.keys.crawl) == client.hlen(f.keys.deliveries) == 0
     assert f.totals() == {"dead": 1}
     time.sleep(0.7)
     assert f.reserve(1, seeds=True) == []  # never comes back
@@ -414,12 +433,14 @@ def test_children_of_a_lease_taken_over_are_refused(
     w.frontier.flush()
     # this worker is paused past its lease: the other worker takes the page over
     keys = w.frontier.keys
-    expire_all = {cast(bytes, lease): 0 for lease in client.zrange(keys.leases, 0, -1)}
-    client.zadd(keys.leases, expire_all)
+    client.zadd(keys.holders, {w.frontier.worker_id: 0})
     taken = other.take()
     assert taken is not None
     assert taken.url == URL + "parent"
-    lease_of_other = client.zrange(keys.leases, 0, -1)
+    assert client.exists(keys.holding(w.frontier.worker_id)) == 0
+    others = keys.holding(other.frontier.worker_id)
+    lease_of_other = client.hkeys(others)
+    assert len(lease_of_other) == 1
     # it resumes: the children of the page it held are refused by Redis, and dropped
     w.returns(parent, Request(URL + "child/1"), Request(URL + "child/2"))
     w.frontier.flush()
@@ -437,7 +458,7 @@ def test_children_of_a_lease_taken_over_are_refused(
     other.frontier.flush()
     assert other.take() is not None
     # the late settlement did not remove the other worker's lease
-    assert set(lease_of_other) <= set(client.zrange(keys.leases, 0, -1))
+    assert set(lease_of_other) <= set(client.hkeys(others))
     assert w.frontier.totals() == {}
 
 
@@ -470,17 +491,23 @@ def test_a_late_settlement_or_renewal_leaves_the_new_holders_lease_alone(
     w, other = worker(), worker()
     w.scheduler.enqueue_request(Request(URL + "page"))
     [lease] = w.frontier.reserve(1)
-    keys = w.frontier.keys
-    client.zadd(keys.leases, {lease.id: 0})  # w is paused past its lease
+    keys, mine, its = w.frontier.keys, w.frontier.worker_id, other.frontier.worker_id
+    client.zadd(keys.holders, {mine: 0})  # w is paused past its lease
     [taken] = other.frontier.reserve(1)  # the other worker takes the page over
     assert taken.id == lease.id
-    deadline = client.zscore(keys.leases, lease.id)
+    held = holdings(client, keys.crawl)
+    assert held[its].keys() == {lease.id}
+    assert mine not in held
+    until = deadline(client, keys.crawl, its)
     assert w.frontier.renew([lease.id]) == [lease.id]  # not revived, not extended
-    assert client.zscore(keys.leases, lease.id) == deadline
+    assert deadline(client, keys.crawl, mine) is None
+    assert client.exists(keys.holding(mine)) == 0
+    assert deadline(client, keys.crawl, its) == until
     w.frontier.settle([(lease.id, DONE)])  # it resumes and settles what it held
     w.frontier.flush()
     assert w.scheduler.stats.get_value("scheduler/leases/lease_lost") == 1
-    assert client.zscore(keys.leases, lease.id) == deadline  # still the other's
+    assert holdings(client, keys.crawl) == held  # still the other's
+    assert deadline(client, keys.crawl, its) == until
     assert other.frontier.renew([lease.id]) == []
     assert w.frontier.totals() == {}
 
@@ -493,12 +520,13 @@ def test_a_worker_closing_after_a_takeover_hands_back_only_what_it_holds(
     page = w.take()  # in w's engine
     assert page is not None
     keys = w.frontier.keys
-    expire_all = {cast(bytes, lease): 0 for lease in client.zrange(keys.leases, 0, -1)}
-    client.zadd(keys.leases, expire_all)
+    client.zadd(keys.holders, {w.frontier.worker_id: 0})
     assert other.take() is not None  # taken over while w was paused
     w.scheduler.deliveries.renew()  # w resumes: its renewal finds the lease taken back
     w.scheduler.close("shutdown")  # still in its engine: neither handed back nor settled
     stats = w.scheduler.stats
     assert stats.get_value("scheduler/leases/handed_back") is None
     assert stats.get_value("scheduler/leases/lease_lost") is None
-    assert client.zcard(keys.leases) == 1  # the other worker's
+    assert client.exists(keys.holding(w.frontier.worker_id)) == 0
+    assert client.hlen(keys.holding(other.frontier.worker_id)) == 1  # the other worker's
+    assert leased_count(client, keys.crawl) == 1

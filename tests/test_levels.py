@@ -135,6 +135,15 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
     return frontier
 
 
+@pytest.fixture
+def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
+    """A second worker of ``frontier``'s crawl (a worker never reclaims its own leases)."""
+    crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
+    other = Frontier.for_crawler(crawler)
+    assert other.worker_id != frontier.worker_id
+    return other
+
+
 def lease(frontier: Frontier, count: int) -> list[tuple[str, bytes]]:
     """Lease up to ``count`` requests: (lease id, payload) pairs."""
     return [(lease.id, lease.data) for lease in frontier.reserve(count)]
@@ -167,13 +176,15 @@ def test_a_failed_lease_goes_back_to_the_head_of_its_level(frontier: Frontier) -
     assert [data for _, data in lease(frontier, 4)] == [b"a", b"b", b"c", b"d"]
 
 
-def test_an_expired_lease_goes_back_to_its_own_level_at_its_head(frontier: Frontier) -> None:
+def test_an_expired_lease_goes_back_to_its_own_level_at_its_head(
+    frontier: Frontier, other: Frontier
+) -> None:
     queue = cast("PriorityQueue", frontier.queue)
     push(queue, b"hi1", b"hi2", priority=7)
     push(queue, b"lo")
     assert [data for _, data in lease(frontier, 1)] == [b"hi1"]
-    time.sleep(0.4)  # its lease expires; the next reserve reclaims it first
-    assert [data for _, data in lease(frontier, 3)] == [b"hi1", b"hi2", b"lo"]
+    time.sleep(0.4)  # its lease expires; the other worker's next reserve reclaims it first
+    assert [data for _, data in lease(other, 3)] == [b"hi1", b"hi2", b"lo"]
 
 
 def test_hand_back_and_release_go_to_the_head_of_the_level(frontier: Frontier) -> None:
@@ -185,14 +196,11 @@ def test_hand_back_and_release_go_to_the_head_of_the_level(frontier: Frontier) -
     assert [e[16:] for e in queued_entries(queue.client, queue.key)] == [b"a", b"c"]
     # a lease the worker does not know (its reply was lost) is released: back at the head
     released = scripts_for(queue.client).release(
-        leases=frontier.keys.leases,
-        leased=frontier.keys.leased,
+        holding=frontier.keys.holding(frontier.worker_id),
         deliveries=frontier.keys.deliveries,
         queue=queue.key,
         seeds=frontier.keys.start_urls,
         epoch_key=frontier.keys.epoch,
-        index=frontier.keys.held(frontier.worker_id),
-        worker=frontier.worker_id,
         queue_put_back=queue.put_back,
         seeds_put_back="lpush",
         epoch="",
@@ -214,13 +222,16 @@ def test_progress_and_census_count_every_level(frontier: Frontier) -> None:
     assert (progress.state, progress.queued) == ("busy", 3)
     census = scripts_for(queue.client).census(
         queue=queue.key,
-        leases=frontier.keys.leases,
+        holders=frontier.keys.holders,
+        previous=frontier.keys.leases,
         progress=frontier.keys.progress,
         epoch_key=frontier.keys.epoch,
         queue_kind=queue.kind,
         epoch="",
     )
     assert census.run() == [3, 0, 0]
+    lease(frontier, 1)  # a lease held counts as leased, not queued
+    assert census.run() == [2, 1, 0]
 
 
 def test_a_finished_crawl_that_does_not_persist_deletes_its_levels(

@@ -35,6 +35,15 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
     return frontier
 
 
+@pytest.fixture
+def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
+    """A second worker of ``frontier``'s crawl (a worker never reclaims its own leases)."""
+    crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
+    other = Frontier.for_crawler(crawler)
+    assert other.worker_id != frontier.worker_id
+    return other
+
+
 def push(queue: PriorityQueue, *payloads: bytes, priority: int = 0) -> None:
     score = queue.score(Request("https://e.com/", priority=priority))
     assert queue.push([(p, score, b"") for p in payloads]) == [True] * len(payloads)
@@ -55,7 +64,7 @@ def test_a_flush_at_start_deletes_the_levels_of_a_queue_key_deleted_alone(
 
 
 def test_an_expired_lease_taken_from_a_level_named_by_hand_goes_back(
-    frontier: Frontier, client: redis.Redis
+    frontier: Frontier, other: Frontier, client: redis.Redis
 ) -> None:
     """A level whose name is not a number (``ZADD <crawl>:requests:levels -5 abc`` by
     hand) is read by its index score; its leases, and those reclaimed with them, come
@@ -66,7 +75,7 @@ def test_an_expired_lease_taken_from_a_level_named_by_hand_goes_back(
     client.zadd(queue.levels_key, {"abc": -5})
     assert sorted(lease.data for lease in frontier.reserve(5)) == [b"bad", b"good"]
     time.sleep(0.4)
-    again = frontier.reserve(5)  # reclaims both, then leases them again, -5 first
+    again = other.reserve(5)  # reclaims both, then leases them again, -5 first
     assert [(lease.data, lease.deliveries) for lease in again] == [(b"bad", 2), (b"good", 2)]
     assert queued_entries(client, queue.key) == []
 

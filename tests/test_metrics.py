@@ -63,7 +63,12 @@ def fill(client: redis.Redis, keys: RedisKeys) -> None:
     client.zadd(keys.requests, {b"0000000000000001a": 0, b"0000000000000002b": 0})
     client.rpush(keys.start_urls, "https://a.example/")
     client.rpush(keys.dead, json.dumps({"kind": "seed", "data": "x"}), "{}")
-    client.zadd(keys.leases, {"0000000000000003": time.time() + 60})
+    # two leases of a worker, and one of a previous version's layout: all counted
+    client.zadd(keys.holders, {"w": time.time() + 60})
+    client.hset(
+        keys.holding("w"), mapping={"0000000000000003": "q|0|c", "0000000000000004": "q|0|d"}
+    )
+    client.zadd(keys.leases, {"0000000000000005": time.time() + 60})
     client.sadd(keys.dupefilter, b"f1", b"f2", b"f3")
     client.rpush(keys.items, "{}")
     SharedStats(client, keys.stats, keys.timeline).apply(
@@ -90,7 +95,7 @@ def test_cli_prints_the_crawls_metrics(  # noqa: PLR0917
         "scrapy_dist_up": 1,
         "scrapy_dist_queue_depth": 2,
         "scrapy_dist_seeds": 1,
-        "scrapy_dist_leased": 1,
+        "scrapy_dist_leased": 3,
         "scrapy_dist_dead": 2,
         "scrapy_dist_workers": 0,
         "scrapy_dist_items_stored": 1,

@@ -13,10 +13,11 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import pytest
 
+from scrapy_dist.testing import leases
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.site import TestSite
 
@@ -61,14 +62,13 @@ class Crawl(WorkerCrawl):
         hits = self.site.hits()
         missing = self.site.expected_paths() - set(hits)
         assert not missing, f"{len(missing)} pages never fetched, e.g. {sorted(missing)[:5]}"
-        assert self.client.zcard("pages:leases") == 0, "requests left leased"
+        assert leases.leased_count(self.client, "pages") == 0, "requests left leased"
         assert self.client.exists("pages:requests") == 0, "requests left queued"
         return hits
 
     def held_by(self, worker: Worker) -> int:
         """How many requests and seeds ``worker`` holds leased (worker ids embed the pid)."""
-        records = cast("list[bytes]", self.client.hvals("pages:leased"))  # bytes replies
-        return sum(1 for r in records if f":{worker.pid}:" in r.split(b"|")[2].decode())
+        return leases.held_by(self.client, "pages", worker.pid)
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_redis_killed_and_restarted_from_its_aof(crawl: Crawl, server: RedisServ
     crawl.start(2)
     crawl.seed()
     crawl.hit_when(100)
-    leased = crawl.client.zcard("pages:leases")
+    leased = leases.leased_count(crawl.client, "pages")
     server.kill()
     time.sleep(2)
     server.restart()

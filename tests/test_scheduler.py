@@ -18,6 +18,7 @@ from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.engine import HeldRequests
+from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.redis_server import free_port
 
@@ -148,7 +149,7 @@ def test_undecodable_entry_goes_to_dead_letters(
     assert scheduler.stats.get_value("scheduler/undecodable") == 1
     assert client.llen(scheduler.dead.key) == 1
     # dead-lettered in the step that settles its lease: counted as dead, not done
-    assert client.zcard(scheduler.frontier.keys.leases) == 0
+    assert leased_count(client, scheduler.frontier.keys.crawl) == 0
     assert scheduler.frontier.totals().get("dead") == 1
 
 
@@ -165,7 +166,8 @@ def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     assert [r.url for r in drain(b)] == [URL + "3"]
     b.close("finished")  # nothing queued, leased or waiting: the crawl is finished
     keys = a.frontier.keys
-    assert client.exists(a.queue.key, _set_key(a), keys.seq, keys.leases) == 0
+    held = (keys.holding(a.frontier.worker_id), keys.holding(b.frontier.worker_id))
+    assert client.exists(a.queue.key, _set_key(a), keys.seq, keys.holders, *held) == 0
     assert client.exists(a.registry.key) == 0
 
 
@@ -368,7 +370,8 @@ def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
     assert scheduler.frontier.flush() == []
     assert stats.get_value("scheduler/leases/acked") == 1
     assert queued_count(client, scheduler.queue.key) == 10 - 4  # four leased to this worker
-    assert client.zcard(scheduler.frontier.keys.leases) == 4
+    held = holdings(client, scheduler.frontier.keys.crawl)
+    assert {w: len(leases) for w, leases in held.items()} == {scheduler.frontier.worker_id: 4}
     scheduler.close("finished")
 
 
@@ -530,3 +533,34 @@ def test_start_request_once_per_run(
     assert again.enqueue_request(_start())
     assert not other.enqueue_request(_start())
     assert [r.url for r in drain(again)] == [URL]
+
+
+def test_a_worker_does_not_start_beside_a_previous_version_worker_holding_leases(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """Leases in the previous layout while a worker of the crawl runs: that worker is of
+    the previous version (it knows nothing of holdings), so this one refuses to start,
+    naming it; once nothing runs, it starts and takes those leases back as they expire."""
+    crawler = make_crawler()
+    keys = assemble(crawler).keys
+    client.zadd(keys.leases, {"0000000000000001": 9e9})  # an old worker's lease
+    client.hset(keys.leased, "0000000000000001", b"q|0|old:1:aa|0000000000000001{}")
+    now = client.time()[0]
+    client.hset(keys.workers, "old:1:aa", now)  # its heartbeat, just now
+    scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    failure = start_failure(crawler)
+    assert failure is not None
+    assert failure.reason == "configuration_error"
+    assert "1 lease(s) a previous version of scrapy_dist granted" in failure.message
+    assert "old:1:aa" in failure.message
+    assert client.hkeys(keys.workers) == [b"old:1:aa"]  # never joined
+    client.hset(keys.workers, "old:1:aa", now - 3600)  # it stopped long ago
+    again = make_crawler()
+    scheduler = build_from_crawler(Scheduler, again)
+    assert again.spider is not None
+    scheduler.open(again.spider)
+    assert start_failure(again) is None
+    assert leased_count(client, keys.crawl) == 1  # counted until it expires
+    scheduler.close("finished")

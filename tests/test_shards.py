@@ -27,6 +27,7 @@ from scrapy_dist.settings import KeysConfig
 from scrapy_dist.shards import ShardedFrontier, host_of, join_id, shard_of, split_id
 from scrapy_dist.testing import TestSite
 from scrapy_dist.testing.engine import HeldRequests
+from scrapy_dist.testing.leases import leased_count
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.topology import make_project, run_crawl, stats
 
@@ -82,7 +83,8 @@ def test_two_workers_with_three_shards_on_one_server_crawl_every_page_once(
     crawl = f"pages:{settings['SCHEDULER_JOB_ID']}"
     # every shard was used, and the crawl left no frontier key behind (PERSIST off)
     left = [k.decode() for k in client.scan_iter(match=f"{crawl}*")]
-    assert not [k for k in left if k.endswith((":requests", ":epoch", ":leases"))], left
+    frontier = (":requests", ":epoch", ":holders")
+    assert not [k for k in left if k.endswith(frontier) or ":holders:" in k], left
     done = [int(client.hget(f"{shard_crawl(crawl, i, 3)}:progress", "done") or 0) for i in range(3)]
     assert all(n > PAGES // 6 for n in done), done  # each shard crawled its hosts' pages
     assert sum(done) == PAGES + 1, done  # and the seed
@@ -216,7 +218,7 @@ def test_one_shard_keeps_todays_keys_and_three_land_on_three_slot_ranges() -> No
     thirds = {slot_of(k.requests) * 3 // 16384 for k in every}
     assert len(thirds) == 3
     for k in every:  # each shard's keys share its own slot
-        assert len({slot_of(name) for name in (*k.frontier(), k.held("w"), k.progress)}) == 1
+        assert len({slot_of(name) for name in (*k.frontier(), k.holding("w"), k.progress)}) == 1
     plain = shard_keys(RedisKeys.build("books"), config, 3)
     assert [k.requests for k in plain] == [
         "books:requests", "books#shard1:requests", "books#shard2:requests",
@@ -303,7 +305,7 @@ def test_completion_waits_for_every_shard(
     assert progress.state == "finished"
     assert f.totals() == {"done": 2}
     for k in (f.keys, *(s.keys for s in f.others)):  # every shard's keys are gone
-        assert client.exists(k.requests, k.epoch, k.leases, k.leased) == 0
+        assert client.exists(k.requests, k.epoch, k.holders, k.holding(f.worker_id)) == 0
 
 
 @pytest.mark.redis_server
@@ -350,13 +352,13 @@ def test_a_parents_ack_waits_for_its_childs_shard(
     for _ in range(3):
         f.flush()
         child_shard.outbox._retry_at = 0.0
-    assert client.zcard(f.keys.leases) == 1  # the parent is still leased in shard 0
+    assert leased_count(client, f.keys.crawl) == 1  # the parent is still leased in shard 0
     assert f.pending_settlements == 1
     client.delete(queue)  # the operator fixes the key
     f.flush()  # the child is confirmed in shard 1, which releases the ack
     f.flush()
     assert queued_count(client, queue) == 1
-    assert client.zcard(f.keys.leases) == 0
+    assert leased_count(client, f.keys.crawl) == 0
     assert f.pending_writes == 0
 
 

@@ -16,6 +16,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
 from scrapy_dist.startup import start_failure
+from scrapy_dist.testing.leases import leased_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,7 +81,7 @@ def test_every_seed_format_and_bad_seeds_go_to_dead_letters(
     assert stats["seeds/fetched"] == 8
     assert stats["seeds/invalid"] == 4
     assert client.llen(s.redis_key) == 0
-    assert client.zcard(f"{s.name}:leases") == 0  # bad seeds settled with their records
+    assert leased_count(client, s.name) == 0  # bad seeds settled with their records
 
 
 def test_batches(spider: Callable[..., Spider], client: redis.Redis) -> None:

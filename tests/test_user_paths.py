@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_workers
+from scrapy_dist.testing.leases import leased_count
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -138,7 +139,7 @@ def test_bad_seeds_are_dead_lettered_once_and_the_crawl_finishes(
     assert sorted(d["data"] for d in dead) == ["ftp://x", "{oops"]
     assert all(d["kind"] == "seed" for d in dead)
     assert set(site.hits().values()) == {1}
-    assert client.zcard(f"{name}:leases") == 0
+    assert leased_count(client, name) == 0
 
 
 def test_a_second_run_of_a_finished_persisted_crawl_waits_for_its_seeds(

@@ -85,7 +85,9 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     :func:`scrapy_dist.keys.bucket_key`) and a recrawl window's generations
     (:func:`scrapy_dist.keys.window_generation_key` and the keys named after it) of any
     number, found under the dupefilter key with ``SCAN``, and a priority queue's levels
-    (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named).
+    (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named), and
+    every worker's holding, whether the holders zset names it or not, and holdings set
+    aside (``<holding>:wrongtype``): ``<crawl>:holders:*``, found with ``SCAN``.
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
@@ -103,6 +105,12 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
             present.append(key)
     # a priority queue's levels: <requests>:level:<name> (scrapy_dist.keys.level_key)
     glob = _glob_escape(level_key(layout.keys.requests, "")) + "*"
+    for raw in client.scan_iter(match=glob, count=1000):
+        key = _text(raw)
+        if key not in present:
+            present.append(key)
+    # every worker's holding: <crawl>:holders:<worker> (scrapy_dist.keys.RedisKeys.holding)
+    glob = _glob_escape(layout.keys.holding("")) + "*"
     for raw in client.scan_iter(match=glob, count=1000):
         key = _text(raw)
         if key not in present:

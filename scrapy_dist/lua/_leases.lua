@@ -1,18 +1,112 @@
 -- Library of the lease scripts (prepended by scrapy_dist/scripts.py to every script
 -- whose header says "-- uses: _leases"). No KEYS or ARGV of its own.
 --
--- A leased record is "<origin>|<score>|<worker>|<entry>": origin FROM_QUEUE ("q") for
--- an entry of the request queue ("<ENTRY_ID_LEN-digit id><payload>"), FROM_SEEDS ("s")
--- for a raw seed. (The constants are prepended by scrapy_dist/scripts.py.)
--- uses: _levels
+-- The leases a worker holds are one hash, its holding "<holders>:<worker>": lease id ->
+-- "<origin>|<score>|<data>", origin FROM_QUEUE ("q") for an entry of the request queue
+-- (data = its payload: the entry is "<lease id><payload>", the lease id being the
+-- entry's ENTRY_ID_LEN-digit id), FROM_SEEDS ("s") for a raw seed (data = the seed).
+-- The holders zset "<holders>" gives each worker that holds leases their one deadline:
+-- a worker's leases last while it renews them (every reserve and renewal does), and
+-- expire together. (The constants are prepended by scrapy_dist/scripts.py.)
+--
+-- The deliveries hash counts deliveries of an entry from its second one: an entry
+-- leased with no count there is on its first delivery. The count is written when the
+-- entry comes back for another try (expired, failed) and while it is leased again.
+--
+-- The previous version's layout (a leases zset lease id -> deadline, and a leased hash
+-- lease id -> "<origin>|<score>|<worker>|<entry>") is only read: its expired leases are
+-- reclaimed by lua/reserve.lua and counted by leased_count.
+-- uses: _batch, _levels
 
--- Split a leased record into origin, score, worker, entry.
-local function parse_record(record)
+-- The holding hash of worker `worker` (scrapy_dist/keys.py RedisKeys.holding).
+local function holding_key(holders, worker)
+  return holders .. ":" .. worker
+end
+
+-- A holding that is not a hash (written by hand) holds no lease a script can read: it
+-- is renamed out of the way (lua/_levels.lua set_aside: "<holding>:wrongtype"), so
+-- neither its worker nor the workers reclaiming from it fail on it for good. Returns
+-- the dead-letter reason naming it (nil when `key` is a hash or absent), and whether
+-- `key` is a hash.
+local function set_aside_holding(key)
+  local kind = redis.call("TYPE", key)["ok"]
+  if kind == "hash" or kind == "none" then
+    return nil, kind == "hash"
+  end
+  local aside = set_aside(key)
+  return "holding " .. key .. " held a " .. kind .. ", not a hash of leases: renamed to "
+    .. aside .. " (inspect it, push its requests again if it has any, then delete it)", false
+end
+
+-- The holding record of an entry leased from `origin` at `score`.
+local function holding_record(origin, score, entry)
+  if origin == FROM_QUEUE then
+    entry = string.sub(entry, ENTRY_ID_LEN + 1)
+  end
+  return origin .. "|" .. score .. "|" .. entry
+end
+
+-- Split the holding record of lease `id` into origin, score, entry.
+local function parse_holding(id, record)
+  local a = string.find(record, "|", 1, true)
+  local b = string.find(record, "|", a + 1, true)
+  local origin, data = string.sub(record, 1, a - 1), string.sub(record, b + 1)
+  if origin == FROM_QUEUE then
+    data = id .. data
+  end
+  return origin, string.sub(record, a + 1, b - 1), data
+end
+
+-- Split a previous version's leased record into origin, score, worker, entry.
+local function parse_previous(record)
   local a = string.find(record, "|", 1, true)
   local b = string.find(record, "|", a + 1, true)
   local c = string.find(record, "|", b + 1, true)
   return string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1),
     string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
+end
+
+-- How many times each of the leases `ids` was delivered (a count absent: once): one
+-- HMGET, none when the deliveries hash is empty. Returns a table aligned with `ids`.
+local function delivered(deliveries, ids)
+  local counts = {}
+  if #ids > 0 and redis.call("EXISTS", deliveries) == 1 then
+    counts = batched({"HMGET", deliveries}, ids)
+  end
+  local out = {}
+  for k = 1, #ids do
+    out[k] = tonumber(counts[k] or "1") or 1
+  end
+  return out
+end
+
+-- An entry leased `times` times goes back for another try: keep its count (not a seed
+-- copy's: "<id>:<n>", lua/reserve.lua, is never leased again).
+local function count_return(deliveries, id, times)
+  if string.find(id, ":", 1, true) then
+    redis.call("HDEL", deliveries, id)
+  else
+    redis.call("HSET", deliveries, id, times)
+  end
+end
+
+-- An entry leased `times` times is handed back untouched: that delivery does not count.
+-- (A lease on its first delivery has no count to delete: a count is written from the
+-- second delivery on.)
+local function count_hand_back(deliveries, id, times)
+  if times > 1 then
+    redis.call("HSET", deliveries, id, times - 1)
+  end
+end
+
+-- Leases held in the crawl: every holder's holding, and the previous version's leases
+-- zset `previous`.
+local function leased_count(holders, previous)
+  local n = redis.call("ZCARD", previous)
+  for _, worker in ipairs(redis.call("ZRANGE", holders, 0, -1)) do
+    n = n + redis.call("HLEN", holding_key(holders, worker))
+  end
+  return n
 end
 
 -- Put an entry back where it was taken from; how: "level" (at the head of the level

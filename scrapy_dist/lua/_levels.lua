@@ -302,7 +302,8 @@ end
 
 -- UNLINK keys[from..]; a key that holds LEVELS_MARKER takes its levels with it, and so
 -- does an absent key whose index of levels exists (the marker deleted alone, by hand or
--- by an eviction: its levels are still the queue's).
+-- by an eviction: its levels are still the queue's); the holders zset (HOLDERS_SUFFIX)
+-- takes its workers' holdings.
 local function unlink_frontier(keys, from)
   for i = from, #keys do
     local key = keys[i]
@@ -310,6 +311,11 @@ local function unlink_frontier(keys, from)
     if (kind == "string" and redis.call("GET", key) == LEVELS_MARKER)
       or (kind == "none" and redis.call("TYPE", levels_key(key))["ok"] == "zset") then
       unlink_levels(key)
+    elseif kind == "zset" and string.sub(key, -#HOLDERS_SUFFIX) == HOLDERS_SUFFIX then
+      -- the holders zset takes its workers' holdings (lua/_leases.lua holding_key)
+      for _, worker in ipairs(redis.call("ZRANGE", key, 0, -1)) do
+        redis.call("UNLINK", key .. ":" .. worker)
+      end
     end
     redis.call("UNLINK", key)
   end

@@ -5,8 +5,8 @@
 --           lua/_levels.lua, are named after it)
 -- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id
 -- KEYS[3] = crawl epoch (see lua/_fence.lua)
--- KEYS[4] = leased hash (lease id -> "<origin>|<score>|<worker>|<entry>"; read only for
---           a request that names a parent lease)
+-- KEYS[4] = the calling worker's holding hash (lua/_leases.lua; read only for a request
+--           that names a parent lease)
 -- KEYS[5..] = the dupefilter backend's keys (none when ARGV[2] == "none")
 -- ARGV[1] = queue kind: "list" (LPUSH) or "levels" (LPUSH to the list of the entry's
 --           score, lua/_levels.lua)
@@ -19,8 +19,7 @@
 --                for "set" and "bf", its 16-byte MurmurHash3 for "bloom"); parent is
 --                the lease id of the request whose callback produced it ("" = none:
 --                a seed's, a start request's)
--- ARGV[#ARGV - 1] = the caller's worker id, after the requests
--- ARGV[#ARGV] = the crawl epoch the caller joined ("" = unfenced)
+-- ARGV[#ARGV] = the crawl epoch the caller joined ("" = unfenced), after the requests
 --
 -- Entries are "<ENTRY_ID_LEN-digit id><payload>" (16 digits): ids keep identical
 -- payloads distinct (and name their leases); each list is first-in first-out.
@@ -34,14 +33,13 @@
 -- Returns: one integer per request, 1 if queued, 0 if its token was seen, -1 if its
 -- parent lease is not the caller's; an error "EPOCH ..." if the crawl's epoch is not
 -- ARGV[#ARGV] (nothing written).
--- uses: _batch, _filters, _levels, _leases, _fence
+-- uses: _batch, _filters, _levels, _fence
 
-local queue, seq, leased = KEYS[1], KEYS[2], KEYS[4]
+local queue, seq, holding = KEYS[1], KEYS[2], KEYS[4]
 local queue_kind, filter_kind = ARGV[1], ARGV[2]
 local nfilter = tonumber(ARGV[3])
 local first = 4 + nfilter
-local n = (#ARGV - first - 1) / 4
-local worker = ARGV[#ARGV - 1]
+local n = (#ARGV - first) / 4
 local refused = fence(KEYS[3], ARGV[#ARGV])
 if refused then
   return redis.error_reply(refused)
@@ -86,13 +84,8 @@ for i = 0, n - 1 do
     parents[#parents + 1] = parent
   end
 end
-for k, record in ipairs(batched({"HMGET", leased}, parents)) do
-  local holder
-  if record then
-    local _
-    _, _, holder = parse_record(record)
-  end
-  holds[parents[k]] = holder == worker
+for k, record in ipairs(batched({"HMGET", holding}, parents)) do
+  holds[parents[k]] = record ~= false
 end
 
 -- Whether each token that will be tested is new: one variadic read for a filter that

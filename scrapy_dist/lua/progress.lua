@@ -5,12 +5,13 @@
 -- deletes the frontier when the crawl does not persist; the stats hash stays, with the
 -- time of completion, so every worker sees the same answer.
 --
--- KEYS[1] = request queue, KEYS[2] = seeds key, KEYS[3] = leases zset
+-- KEYS[1] = request queue, KEYS[2] = seeds key, KEYS[3] = holders zset (lua/_leases.lua)
 -- KEYS[4] = crawl stats hash (fields: done, dead, idle_since, finished_at, run_base,
 --           finished_epoch: the epoch of the run last marked finished, kept when a new
 --           run starts, so a worker of that run learns it finished, not was replaced)
 -- KEYS[5] = crawl epoch (deleted with the frontier, so a late write is refused)
--- KEYS[6..] = frontier keys deleted (UNLINK) at completion when ARGV[4] == "1" (a
+-- KEYS[6] = the previous version's leases zset (counted as leased)
+-- KEYS[7..] = frontier keys deleted (UNLINK) at completion when ARGV[4] == "1" (a
 --           priority queue's marker takes its levels with it, lua/_levels.lua)
 -- ARGV[1] = queue kind ("list" or "levels", lua/_levels.lua), ARGV[2] = seeds type
 --           ("list", "set", "zset")
@@ -28,9 +29,9 @@
 --          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
 --          finished and its epoch was deleted with its keys: "finished"); an error
 --          "WRONGTYPE ..." if the queue cannot be counted
--- uses: _fence, _levels
+-- uses: _fence, _leases
 
-local queue, seeds, leases, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queue, seeds, holders, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = fence(KEYS[5], ARGV[6])
 if refused then
   local finished_at = redis.call("HGET", stats, "finished_at")
@@ -56,7 +57,7 @@ local queued, refusal = queued_count(queue, ARGV[1])
 if refusal then
   return redis.error_reply(refusal)
 end
-local waiting, leased = size(seeds, ARGV[2]), redis.call("ZCARD", leases)
+local waiting, leased = size(seeds, ARGV[2]), leased_count(holders, KEYS[6])
 local others_busy, others_settled = tonumber(ARGV[7] or "0"), tonumber(ARGV[8] or "0")
 queued = queued + others_busy
 if queued + waiting + leased > 0 then

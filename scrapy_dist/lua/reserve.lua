@@ -1,17 +1,20 @@
--- Lease up to COUNT entries to a worker: first return expired leases to where they
--- came from (or to the dead-letter list past the delivery limit), then move entries
--- from the source (request queue or seeds key) into the leases, each with a deadline.
+-- Lease up to COUNT entries to a worker: first return expired leases to where they came
+-- from (or to the dead-letter list past the delivery limit), then move entries from the
+-- source (request queue or seeds key) into this worker's holding and, when it granted
+-- some, give every lease the worker holds a new deadline (lua/_leases.lua).
 --
--- KEYS[1] = leases zset (lease id -> deadline, server time in seconds)
--- KEYS[2] = leased hash (lease id -> "<origin>|<score>|<worker>|<entry>")
--- KEYS[3] = deliveries hash (lease id -> times handed to a worker)
+-- KEYS[1] = holders zset (worker id -> deadline of its leases, server time in seconds)
+-- KEYS[2] = this worker's holding hash (lease id -> "<origin>|<score>|<data>")
+-- KEYS[3] = deliveries hash (lease id -> times handed to a worker, from the second)
 -- KEYS[4] = dead-letter list
 -- KEYS[5] = request queue
 -- KEYS[6] = seeds key
 -- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time)
 -- KEYS[8] = crawl stats hash (counters: dead)
 -- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
--- KEYS[10] = this worker's lease index (set of the lease ids it was granted)
+-- KEYS[10] = the previous version's leases zset (lease id -> deadline; only reclaimed)
+-- KEYS[11] = the previous version's leased hash (lease id -> "<origin>|<score>|<worker>|
+--            <entry>"; only reclaimed)
 -- ARGV[1] = source to take from: FROM_QUEUE ("q", request queue) or FROM_SEEDS ("s")
 -- ARGV[2] = how to take: "rpop" | "lpop" | "levels" (a priority queue's levels, highest
 --           first, lua/_levels.lua) | "zpopmin" | "spop" | "zpopmax"
@@ -29,22 +32,28 @@
 -- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
 -- id, and so its delivery count, each time its lease expires and it is read again. A
--- copy of a seed whose id is leased at that moment gets "<id>:<n>" instead.
+-- copy of a seed whose id is leased at that moment (by any worker: each holding is read)
+-- gets "<id>:<n>" instead, whose count is not kept when it comes back.
 --
--- A priority level that holds another type than a list (written by hand) cannot be
--- read: it is renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves
--- the queue's index, with a dead-letter record naming it (counted as dead), and the
--- other levels go on; the same when an entry is put back to such a level.
+-- A worker's own expired leases are reclaimed like any other's: it let them lapse (it
+-- was paused past its lease, or it holds leases it no longer knows of, which a reserve
+-- that grants nothing does not keep alive). A holding that is not a hash (written by hand), this worker's or an expired
+-- one's, is renamed out of the way ("<holding>:wrongtype", lua/_leases.lua) with a
+-- dead-letter record naming it (counted as dead), before anything is taken. A priority
+-- level that holds another type than a list (written by hand) cannot be read: it is
+-- renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves the queue's
+-- index, with a dead-letter record naming it (counted as dead), and the other levels go
+-- on; the same when an entry is put back to such a level.
 -- A previous version's queue (a zset) found at the queue key when the levels run short
 -- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
 -- uses: _deadletter, _leases, _fence, _batch
 
-local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local holders, holding, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, seq, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local previous, previous_records = KEYS[10], KEYS[11]
 local source, take, qback, sback = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local count, duration, worker = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local max_deliveries, reclaim_limit = tonumber(ARGV[8]), tonumber(ARGV[9])
-local index = KEYS[10]
 local refused = fence(KEYS[9], ARGV[10])
 if refused then
   return redis.error_reply(refused)
@@ -61,38 +70,118 @@ local function set_aside_loudly(key, kind, aside)
   redis.call("HINCRBY", stats, "dead", 1)
 end
 
--- 1. reclaim expired leases (one HMGET of their records and counts, one ZREM, one HDEL)
-local expired = redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, reclaim_limit)
-if #expired > 0 then
-  local records = batched({"HMGET", leased}, expired)
-  local counts = batched({"HMGET", deliveries}, expired)
-  batched({"ZREM", leases}, expired)
-  batched({"HDEL", leased}, expired)
-  local forget, buried = {}, 0
-  for k, id in ipairs(expired) do
-    local record = records[k]
-    if record then
-      local origin, score, holder, entry = parse_record(record)
-      local times = tonumber(counts[k] or "0")
-      if times >= max_deliveries then
-        local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
-          .. "); SCHEDULER_MAX_DELIVERIES reached"
-        redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
-        forget[#forget + 1] = id
-        buried = buried + 1
-      else
-        return_entry(origin, score, entry, queue, qback, seeds, sback)
-        if string.find(id, ":", 1, true) then
-          forget[#forget + 1] = id -- a copy's id is not kept across deliveries
-        end
+-- a holding that is not a hash is set aside (lua/_leases.lua), named in a dead-letter
+-- record (counted as dead)
+local function holding_aside(key, holder)
+  local reason, hash = set_aside_holding(key)
+  if reason then
+    redis.call("RPUSH", dead, dead_json("request", "", reason, now, holder, 0))
+    redis.call("HINCRBY", stats, "dead", 1)
+  end
+  return reason, hash
+end
+-- this worker's first, before anything is taken that could not be recorded in it
+holding_aside(holding, worker)
+
+-- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
+-- (this worker's too), then the previous version's. Their delivery counts are
+-- written at the end, one HSET and one HDEL for the call (lua/_batch.lua): `counted`
+-- holds each id's count to keep (false: none), in the order first met (`recounted`), and
+-- is read before the hash meanwhile.
+local budget, buried, counted, recounted = reclaim_limit, 0, {}, {}
+local function recount(id, times)
+  if counted[id] == nil then
+    recounted[#recounted + 1] = id
+  end
+  counted[id] = times
+end
+local function times_of(ids)
+  local times = delivered(deliveries, ids)
+  for k, id in ipairs(ids) do
+    if counted[id] ~= nil then
+      times[k] = counted[id] or 1
+    end
+  end
+  return times
+end
+local function reclaim(id, origin, score, entry, times, holder)
+  if times >= max_deliveries then
+    local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
+      .. "); SCHEDULER_MAX_DELIVERIES reached"
+    redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
+    recount(id, false)
+    buried = buried + 1
+  else
+    return_entry(origin, score, entry, queue, qback, seeds, sback)
+    -- a copy's id is not kept across deliveries
+    recount(id, not string.find(id, ":", 1, true) and times)
+  end
+end
+for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT", 0,
+    reclaim_limit)) do
+  if budget <= 0 then
+    break
+  end
+  local key = holding_key(holders, holder)
+  if holder ~= worker and holding_aside(key, holder) then
+    redis.call("ZREM", holders, holder)
+  else
+    local left = redis.call("HLEN", key)
+    local flat
+    if left <= budget then
+      flat = redis.call("HGETALL", key)
+      redis.call("UNLINK", key)
+      redis.call("ZREM", holders, holder)
+    else
+      flat = redis.call("HRANDFIELD", key, budget, "WITHVALUES")
+    end
+    local ids = {}
+    for i = 1, #flat, 2 do
+      ids[#ids + 1] = flat[i]
+    end
+    if left > budget then
+      batched({"HDEL", key}, ids)
+    end
+    budget = budget - #ids
+    local times = times_of(ids)
+    for k, id in ipairs(ids) do
+      local origin, score, entry = parse_holding(id, flat[2 * k])
+      reclaim(id, origin, score, entry, times[k], holder)
+    end
+  end
+end
+if budget > 0 then
+  local expired = redis.call("ZRANGEBYSCORE", previous, "-inf", now, "LIMIT", 0, budget)
+  if #expired > 0 then
+    local records = batched({"HMGET", previous_records}, expired)
+    local times = times_of(expired)
+    batched({"ZREM", previous}, expired)
+    batched({"HDEL", previous_records}, expired)
+    for k, id in ipairs(expired) do
+      if records[k] then
+        local origin, score, holder, entry = parse_previous(records[k])
+        reclaim(id, origin, score, entry, times[k], holder)
       end
     end
   end
-  push_returned(set_aside_loudly)
-  batched({"HDEL", deliveries}, forget)
-  if buried > 0 then
-    redis.call("HINCRBY", stats, "dead", buried)
+end
+local kept, forgotten = {}, {}
+for _, id in ipairs(recounted) do
+  local times = counted[id]
+  if times then
+    kept[#kept + 1] = id
+    kept[#kept + 1] = times
+  else
+    forgotten[#forgotten + 1] = id
   end
+end
+batched({"HSET", deliveries}, kept, 2)
+if #forgotten > 0 and redis.call("EXISTS", deliveries) == 1 then
+  batched({"HDEL", deliveries}, forgotten)
+end
+push_returned(set_aside_loudly)
+if buried > 0 then
+  redis.call("HINCRBY", stats, "dead", buried)
 end
 
 -- 2. lease new entries
@@ -154,29 +243,53 @@ end
 
 -- 3. the leases: ids first, then one variadic command per key (lua/_batch.lua)
 local ids = {}
-local granted = {} -- seed ids leased by this call (the HEXISTS below cannot see them yet)
-for k, pair in ipairs(taken) do
-  local entry = pair[1]
-  local id
-  if source == FROM_QUEUE then
-    id = string.sub(entry, 1, ENTRY_ID_LEN)
-  else
-    id = FROM_SEEDS .. string.sub(redis.sha1hex(entry), 1, 15)
-    if granted[id] or redis.call("HEXISTS", leased, id) == 1 then
-      id = id .. ":" .. redis.call("INCR", seq)
-    end
-    granted[id] = true
+if source == FROM_QUEUE then
+  for k, pair in ipairs(taken) do
+    ids[k] = string.sub(pair[1], 1, ENTRY_ID_LEN)
   end
-  ids[k] = id
+elseif #taken > 0 then
+  -- a seed's id is held by any worker (or by a previous version's lease): one HMGET
+  -- per holding, one of the previous leased hash. The seeds are taken already: a key
+  -- that is not a hash (written by hand, not set aside yet) holds none, it must not
+  -- fail the call
+  local held = {}
+  for k, pair in ipairs(taken) do
+    ids[k] = FROM_SEEDS .. string.sub(redis.sha1hex(pair[1]), 1, 15)
+  end
+  local function note(key)
+    for i = 1, #ids, BATCH_ARGS do
+      local records = redis.pcall("HMGET", key, unpack(ids, i, math.min(i + BATCH_ARGS - 1, #ids)))
+      if not records.err then
+        for j, record in ipairs(records) do
+          if record then
+            held[ids[i + j - 1]] = true
+          end
+        end
+      end
+    end
+  end
+  for _, holder in ipairs(redis.call("ZRANGE", holders, 0, -1)) do
+    note(holding_key(holders, holder))
+  end
+  note(holding) -- (this worker's, when it is not a holder yet)
+  note(previous_records)
+  for k, id in ipairs(ids) do
+    if held[id] then
+      ids[k] = id .. ":" .. redis.call("INCR", seq)
+    end
+    held[id] = true -- leased by this call: a second copy in it gets its own id
+  end
 end
 
 local result = {}
 if #ids > 0 then
   -- deliveries: what HINCRBY id 1 would give each, an id leased twice in this call
-  -- (one entry queued twice) counting twice
-  local before = batched({"HMGET", deliveries}, ids)
-  local counts, times_pairs, deadline_pairs, record_pairs = {}, {}, {}, {}
-  local deadline = now + duration
+  -- (one entry queued twice) counting twice; written only from the second delivery
+  local before = {}
+  if redis.call("EXISTS", deliveries) == 1 then
+    before = batched({"HMGET", deliveries}, ids)
+  end
+  local counts, times_pairs, record_pairs = {}, {}, {}
   for k, id in ipairs(ids) do
     local entry, score = taken[k][1], taken[k][2]
     local times = counts[id] or tonumber(before[k] or "0")
@@ -185,19 +298,19 @@ if #ids > 0 then
     end
     times = times + 1
     counts[id] = times
-    local j = 2 * k
-    times_pairs[j - 1], times_pairs[j] = id, times
-    deadline_pairs[j - 1], deadline_pairs[j] = deadline, id
-    record_pairs[j - 1], record_pairs[j] = id, source .. "|" .. score .. "|" .. worker .. "|" .. entry
+    if times > 1 then
+      times_pairs[#times_pairs + 1] = id
+      times_pairs[#times_pairs + 1] = times
+    end
+    record_pairs[2 * k - 1], record_pairs[2 * k] = id, holding_record(source, score, entry)
     result[#result + 1] = id
     result[#result + 1] = times
     result[#result + 1] = entry
   end
   batched({"HSET", deliveries}, times_pairs, 2)
-  batched({"ZADD", leases}, deadline_pairs, 2)
-  batched({"HSET", leased}, record_pairs, 2)
-  batched({"SADD", index}, ids)
-  -- a dead worker's index goes by itself (its leases expire and are reclaimed)
-  redis.call("EXPIRE", index, math.ceil(duration * 2 + 60))
+  batched({"HSET", holding}, record_pairs, 2)
+end
+if #ids > 0 then
+  redis.call("ZADD", holders, now + duration, worker)
 end
 return result

@@ -2,10 +2,10 @@
 -- failure (or dead-letter it past the delivery limit), or hand back untouched.
 -- Leases no longer held by this worker (expired and reclaimed) are left alone.
 --
--- KEYS[1] = leases zset, KEYS[2] = leased hash, KEYS[3] = deliveries hash
--- KEYS[4] = dead-letter list, KEYS[5] = request queue, KEYS[6] = seeds key
--- KEYS[7] = crawl stats hash (counters: done, retried, dead)
--- KEYS[8] = crawl epoch, KEYS[9] = this worker's lease index (set)
+-- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
+-- KEYS[3] = dead-letter list, KEYS[4] = request queue, KEYS[5] = seeds key
+-- KEYS[6] = crawl stats hash (counters: done, retried, dead)
+-- KEYS[7] = crawl epoch
 -- ARGV[1] = worker id
 -- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[3] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
@@ -20,37 +20,36 @@
 --          crawl's epoch is not ARGV[5]
 -- uses: _deadletter, _leases, _fence, _batch
 
-local leases, leased, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local queue, seeds, stats = KEYS[5], KEYS[6], KEYS[7]
+local holding, deliveries, dead = KEYS[1], KEYS[2], KEYS[3]
+local queue, seeds, stats = KEYS[4], KEYS[5], KEYS[6]
 local worker, qback, sback = ARGV[1], ARGV[2], ARGV[3]
-local max_deliveries, index = tonumber(ARGV[4]), KEYS[9]
-local refused = fence(KEYS[8], ARGV[5])
+local max_deliveries = tonumber(ARGV[4])
+local refused = fence(KEYS[7], ARGV[5])
 if refused then
   return redis.error_reply(refused)
 end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
--- One HMGET of the records and one SREM from the index for the whole call; the leases
--- settled are then deleted with one ZREM and one HDEL (lua/_batch.lua). An id settled
--- earlier in the same call is not ours any more (its record is gone), as before.
+-- One HMGET of the records for the whole call; the leases settled are then deleted
+-- with one HDEL (lua/_batch.lua). An id settled earlier in the same call is not ours
+-- any more (its record is gone), as before.
 local ids = {}
 for i = 6, #ARGV, 2 do
   ids[#ids + 1] = ARGV[i]
 end
-local records = batched({"HMGET", leased}, ids)
-batched({"SREM", index}, ids)
+local records = batched({"HMGET", holding}, ids)
 
 local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
 local settled, removed, cleared = {}, {}, {}
 for k, id in ipairs(ids) do
   local outcome = ARGV[5 + 2 * k]
   local record = not settled[id] and records[k]
-  local origin, score, holder, entry
+  local origin, score, entry
   if record then
-    origin, score, holder, entry = parse_record(record)
+    origin, score, entry = parse_holding(id, record)
   end
-  if not record or holder ~= worker then
+  if not record then
     lost = lost + 1
   else
     settled[id] = true
@@ -63,11 +62,11 @@ for k, id in ipairs(ids) do
       cleared[#cleared + 1] = id
       buried = buried + 1
     elseif outcome == HAND_BACK then
-      redis.call("HINCRBY", deliveries, id, -1)
+      count_hand_back(deliveries, id, delivered(deliveries, {id})[1])
       return_entry(origin, score, entry, queue, qback, seeds, sback)
       handed = handed + 1
     else
-      local times = tonumber(redis.call("HGET", deliveries, id) or "0")
+      local times = delivered(deliveries, {id})[1]
       if times >= max_deliveries then
         local reason = outcome .. " (failed on " .. times .. " deliveries; "
           .. "SCHEDULER_MAX_DELIVERIES reached)"
@@ -75,6 +74,7 @@ for k, id in ipairs(ids) do
         cleared[#cleared + 1] = id
         buried = buried + 1
       else
+        count_return(deliveries, id, times)
         return_entry(origin, score, entry, queue, qback, seeds, sback)
         retried = retried + 1
       end
@@ -86,9 +86,10 @@ push_returned(function(key, kind, aside)
     worker, 0))
   buried = buried + 1
 end)
-batched({"ZREM", leases}, removed)
-batched({"HDEL", leased}, removed)
-batched({"HDEL", deliveries}, cleared)
+batched({"HDEL", holding}, removed)
+if #cleared > 0 and redis.call("EXISTS", deliveries) == 1 then
+  batched({"HDEL", deliveries}, cleared)
+end
 if done > 0 then
   redis.call("HINCRBY", stats, "done", done)
 end
