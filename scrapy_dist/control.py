@@ -362,7 +362,8 @@ class CrawlControl:
         """Unexpired leases held by live workers (in every shard of a sharded crawl)
         and live workers, now: one round trip, then one per shard. Leases of a worker
         that died (no heartbeat for ``worker_timeout`` seconds) are not counted: they
-        expire, and the next reserve after a resume takes them back."""
+        expire, and the next reserve after a resume takes them back. Unexpired leases
+        of a previous version's layout (``<crawl>:leases``) count while workers live."""
         from scrapy_dist.shards import shard_count
 
         with self.client.pipeline(transaction=False) as pipe:
@@ -382,11 +383,12 @@ class CrawlControl:
         if live:
             for client, keys in self._shards(shard_count(self.client, self.keys)):
                 with client.pipeline(transaction=False) as pipe:
+                    pipe.zcount(keys.leases, f"({now}", "+inf")  # a previous version's
                     pipe.zmscore(keys.holders, live)
                     for worker in live:
                         pipe.hlen(keys.holding(worker))
-                    scores, *sizes = pipe.execute()
-                held += sum(
+                    previous, scores, *sizes = pipe.execute()
+                held += int(previous) + sum(
                     size
                     for score, size in zip(scores, sizes, strict=True)
                     if score is not None and score > now

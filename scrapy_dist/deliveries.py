@@ -73,6 +73,11 @@ class Deliveries:
         self.buffer: deque[tuple[Lease, Request]] = deque()
         #: Requests handed to the engine -> their lease id.
         self.out: dict[Request, str] = {}
+        #: Leases granted to this worker again while a request of their earlier
+        #: delivery, taken back from it, is still in the engine (its id is marked taken
+        #: until it leaves, and the two deliveries share that id): held and renewed,
+        #: buffered once that request has left.
+        self.deferred: dict[str, list[tuple[Lease, Request]]] = {}
         #: Requests whose callback raised -> the reason.
         self.failures: dict[Request, str] = {}
         #: When the leases were last renewed (monotonic seconds).
@@ -85,8 +90,12 @@ class Deliveries:
         self._emptied: str | None = None
 
     def held(self) -> list[str]:
-        """The ids of the leases this worker holds: buffered or in the engine."""
-        return [lease.id for lease, _ in self.buffer] + list(self.out.values())
+        """The ids of the leases this worker holds: buffered, deferred or in the engine."""
+        deferred = [lease.id for waiting in self.deferred.values() for lease, _ in waiting]
+        return [lease.id for lease, _ in self.buffer] + deferred + list(self.out.values())
+
+    def _deferred_count(self) -> int:
+        return sum(len(waiting) for waiting in self.deferred.values())
 
     def room(self, *, after_flush: bool = False) -> int:
         """Leases this worker may still take (see ``max_held``); ``after_flush``: once
@@ -99,7 +108,8 @@ class Deliveries:
             if after_flush
             else self.frontier.pending_settlements
         )
-        held = len(self.buffer) + len(self.out) + settlements + self.frontier.reserving
+        held = len(self.buffer) + self._deferred_count() + len(self.out) + settlements
+        held += self.frontier.reserving
         return self.max_held - held
 
     def lease_of(self, request: Request | None) -> str:
@@ -133,6 +143,8 @@ class Deliveries:
             lease_id = self.out.pop(request)
             if lease_id in taken:  # another worker holds it now: nothing to settle
                 taken.discard(lease_id)
+                # (a delivery of it granted since to this worker is its own now)
+                self.buffer.extendleft(reversed(self.deferred.pop(lease_id, [])))
                 continue
             outcomes.append((lease_id, reason))
             if reason:
@@ -256,24 +268,29 @@ class Deliveries:
             How many were buffered.
         """
         taken = self.frontier.leases.taken
+        started: set[str] = set()
         if taken:
             # a lease taken over and now granted to this worker again is its own once no
             # request of the earlier delivery is in the engine: settled, not skipped (a
             # worker's reserves keep every lease it holds alive: one it never settles
-            # would stay leased for good)
-            started = set(self.out.values())
+            # would stay leased for good). While one is, the new delivery is deferred:
+            # the two share the lease id, which the mark names.
+            started = {lease_id for lease_id in self.out.values() if lease_id in taken}
             taken.difference_update(lease.id for lease in leases if lease.id not in started)
         bad = []
-        buffered = len(self.buffer)
+        buffered, deferred = len(self.buffer), self._deferred_count()
         for lease in leases:
             try:
                 request = decode(lease.data)
             except SerializationError as e:
                 bad.append((lease.id, reject(lease, e)))
             else:
-                self.buffer.append((lease, request))
+                if lease.id in started:
+                    self.deferred.setdefault(lease.id, []).append((lease, request))
+                else:
+                    self.buffer.append((lease, request))
         self.frontier.settle(bad)
-        added = len(self.buffer) - buffered
+        added = len(self.buffer) - buffered + self._deferred_count() - deferred
         emptied = self._emptied
         if added and emptied and emptied == self.frontier.epoch and self.frontier.lost is None:
             self._emptied = None  # leased under the same (fenced) epoch: not finished
@@ -307,6 +324,7 @@ class Deliveries:
         buffered = len(self.buffer)
         self.buffer = deque(item for item in self.buffer if item[0].id not in gone)
         dropped = buffered - len(self.buffer)
+        dropped += sum(len(self.deferred.pop(lease_id, [])) for lease_id in gone)
         started = [request for request, lease_id in self.out.items() if lease_id in gone]
         # kept in the engine's map until they leave it, never settled: what their
         # callbacks still produce is dropped (Redis would refuse it too)
@@ -323,14 +341,17 @@ class Deliveries:
         self.stats.inc_value("scheduler/leases/dropped_taken_back", dropped)
 
     def drop_buffered(self) -> int:
-        """Forget the buffered leases (their crawl is gone); returns how many."""
-        buffered = len(self.buffer)
+        """Forget the buffered (and deferred) leases (their crawl is gone); returns how
+        many."""
+        buffered = len(self.buffer) + self._deferred_count()
         self.buffer.clear()
+        self.deferred.clear()
         return buffered
 
     def drop_all(self) -> None:
         """Forget every lease held (their crawl is gone: nothing to settle)."""
         self.buffer.clear()
+        self.deferred.clear()
         self.out.clear()
         self.failures.clear()
 
@@ -339,6 +360,7 @@ class Deliveries:
         close: the engine will not start it); returns how many were handed back."""
         self.settle()
         handed = [(lease.id, HAND_BACK) for lease, _ in self.buffer]
+        handed += [(lease.id, HAND_BACK) for w in self.deferred.values() for lease, _ in w]
         taken = self.frontier.leases.taken  # another worker holds those now
         handed += [(lease_id, HAND_BACK) for lease_id in self.out.values() if lease_id not in taken]
         self.drop_all()

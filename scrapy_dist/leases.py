@@ -53,28 +53,40 @@ RECLAIM_LIMIT = 100
 
 
 def refuse_beside_previous(
-    client: redis.Redis, keys: RedisKeys, alive: Callable[[], list[str]]
+    client: redis.Redis,
+    keys: RedisKeys,
+    worker_id: str,
+    lease_timeout: float,
+    alive: Callable[[], list[str]],
 ) -> None:
     """Refuse to start beside a running worker of the previous version: it writes its
     leases to ``<crawl>:leases``/``<crawl>:leased``, which this version only reclaims when
     they expire, and knows nothing of this version's holdings (it could mark the crawl
     finished while they hold requests). Checked when a worker opens, before it registers.
 
+    This worker first enters the holders zset (with an empty holding, for
+    ``lease_timeout`` seconds), which no previous version writes: a running worker found
+    there is of this version, so workers of this version started together do not refuse
+    each other.
+
     Raises:
         ConfigurationError: the previous version's leases zset holds leases while
-            workers of the crawl are registered as running.
+            workers of the crawl not in the holders zset are registered as running.
     """
+    seconds, micros = client.time()
+    client.zadd(keys.holders, {worker_id: seconds + micros / 1e6 + lease_timeout})
     held = int(client.zcard(keys.leases))
     if not held:
         return
     running = alive()
     if running:
+        scores = client.zmscore(keys.holders, running)
+        running = [w for w, score in zip(running, scores, strict=True) if score is None]
+    if running:
         raise ConfigurationError(
             f"Redis key {keys.leases!r} holds {held} lease(s) a previous version of "
             "scrapy_dist granted, and "
             + previous_version_running(running, "it takes their leases back as they expire")
-            + ". If every running worker is of this version, start again once those "
-            "leases expired (SCHEDULER_LEASE_TIMEOUT)"
         )
 
 

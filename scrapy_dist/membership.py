@@ -137,7 +137,14 @@ class Membership:
         # (moves a previous version's priority queue into levels, if none of its workers runs)
         moved = queue.open(self.registry.alive)
         # (and refuses to run beside a previous version's worker that holds leases)
-        refuse_beside_previous(queue.client, self.frontier.keys, self.registry.alive)
+        leases = self.frontier.leases
+        refuse_beside_previous(
+            queue.client,
+            self.frontier.keys,
+            leases.worker_id,
+            leases.lease_timeout,
+            self.registry.alive,
+        )
         self.frontier.seeds.check_type()
         shared = self.shared_df
         expiring = shared.expiring_keys() if shared is not None else []

@@ -751,6 +751,19 @@ def test_settled_does_not_wait_for_the_leases_of_a_dead_worker(
     assert control.wait_settled(timeout=5) == Settled(0, 1)
 
 
+def test_settled_waits_for_the_unexpired_leases_of_a_previous_version(
+    client: redis.Redis, name: str
+) -> None:
+    keys = RedisKeys.build(name)
+    control = CrawlControl(client, keys, worker_timeout=2)
+    now = time.time()
+    client.hset(keys.workers, "old", now)  # a worker of the previous version, running
+    client.zadd(keys.leases, {"1": now + 120, "2": now - 1})  # one live, one expired
+    assert control.settled() == Settled(1, 1)
+    client.zrem(keys.leases, "1")  # it settles it
+    assert control.wait_settled(timeout=5) == Settled(0, 1)
+
+
 @pytest.mark.e2e
 def test_drain_while_redis_refuses_writes_loses_nothing(
     server: RedisServer, project: Path, tmp_path: Path

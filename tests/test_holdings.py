@@ -899,19 +899,14 @@ def test_a_page_taken_over_after_it_finished_is_settled_when_its_worker_gets_it_
         w.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: LeaseClient.taken marks lease ids, not deliveries; a lease "
-    "id is its entry's id, so the mark of a page taken back while still in the engine "
-    "also covers the page's next delivery to the same worker",
-)
 def test_children_of_a_page_given_back_to_its_worker_are_not_dropped(
     make_crawler: Any, client: redis.Redis, name: str
 ) -> None:
     """A page in the engine is taken back (its renewal finds it lost: its request is
     marked taken over) and its entry comes back to the same worker at once (reclaimed
     entries go back at the head of the queue). The children of the new delivery must
-    be queued: its ack settles the page, so nobody would queue them."""
+    be queued: its ack settles the page, so nobody would queue them. The new delivery
+    waits (held, renewed) until the earlier one has left the engine."""
     from scrapy import Request
 
     from scrapy_dist.testing.engine import HeldRequests
@@ -930,12 +925,18 @@ def test_children_of_a_page_given_back_to_its_worker_are_not_dropped(
         crawl.expire(w.frontier.worker_id)
         crawl.reserve("other", 0)  # the page goes back to the queue
         w.scheduler.deliveries.renew()  # lost: the request in the engine is marked
+        assert w.take() is None  # granted again, deferred behind the earlier delivery
+        deliveries = w.scheduler.deliveries
+        [lease_id] = deliveries.deferred
+        assert lease_id in deliveries.held()  # renewed meanwhile
+        w.returns(first, Request("https://example.com/dropped"))  # taken over: dropped
+        w.finish(first)  # not settled (another delivery holds the lease)
         again = w.take()
         assert again is not None
         assert again.url == first.url
+        assert not deliveries.deferred
         w.returns(again, Request("https://example.com/child"))
         w.finish(again)
-        w.finish(first)
         w.frontier.flush()
         assert client.hget(crawl.keys.progress, "done") == b"1"
         assert len(crawl.queued_ids()) == 1  # the child

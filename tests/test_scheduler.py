@@ -563,4 +563,12 @@ def test_a_worker_does_not_start_beside_a_previous_version_worker_holding_leases
     scheduler.open(again.spider)
     assert start_failure(again) is None
     assert leased_count(client, keys.crawl) == 1  # counted until it expires
+    # a second worker of this version, started while the first runs and the old lease
+    # is still held: the first is in the holders zset, so it is not taken for an old one
+    third = make_crawler()
+    other = build_from_crawler(Scheduler, third)
+    assert third.spider is not None
+    other.open(third.spider)
+    assert start_failure(third) is None
+    other.close("finished")
     scheduler.close("finished")
