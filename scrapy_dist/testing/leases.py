@@ -24,13 +24,15 @@ def leased_count(client: redis.Redis, crawl: str) -> int:
 
 
 def holdings(client: redis.Redis, crawl: str) -> dict[str, dict[str, bytes]]:
-    """Worker id -> (lease id -> holding record) of every worker in the holders zset."""
+    """Worker id -> (lease id -> holding record) of every worker in the holders zset
+    that holds leases (a worker enters the zset when it opens, holding none yet)."""
     holders = _holders(crawl)
     found: dict[str, dict[str, bytes]] = {}
     for raw in cast("list[bytes]", client.zrange(holders, 0, -1)):
         worker = raw.decode()
         records = cast("dict[bytes, bytes]", client.hgetall(f"{holders}:{worker}"))
-        found[worker] = {lease.decode(): record for lease, record in records.items()}
+        if records:
+            found[worker] = {lease.decode(): record for lease, record in records.items()}
     return found
 
 
