@@ -298,9 +298,12 @@ class LeaseClient:
             queue=self.queue.key,
             seeds=self.seeds.key,
             epoch_key=k.epoch,
+            dead=k.dead,
+            progress=k.progress,
             queue_put_back=self.queue.put_back,
             seeds_put_back=self.seeds.put_back,
             epoch=epoch,
+            worker=self.worker_id,
             known=self.held,
         )
 

@@ -344,14 +344,19 @@ class Scripts:
         queue: str,
         seeds: str,
         epoch_key: str,
+        dead: str,
+        progress: str,
         queue_put_back: str,
         seeds_put_back: str,
         epoch: str,
+        worker: str,
         known: Iterable[str],
     ) -> ScriptCall:
-        """``lua/release.lua``: hand back the leases of ``holding`` other than ``known``."""
-        keys = [holding, deliveries, queue, seeds, epoch_key]
-        args: list[Arg] = [queue_put_back, seeds_put_back, epoch, *known]
+        """``lua/release.lua``: hand back the leases of ``holding`` other than ``known``
+        (a record it cannot read, and a level set aside, go to ``dead``, counted in
+        ``progress``)."""
+        keys = [holding, deliveries, queue, seeds, epoch_key, dead, progress]
+        args: list[Arg] = [queue_put_back, seeds_put_back, epoch, worker, *known]
         return self._call("release", keys, args)
 
     def progress(

@@ -11,6 +11,7 @@ SCHEDULER_PREFETCH`` per worker that failed), and that one log line names the fa
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -292,6 +293,44 @@ def test_a_worker_paused_past_its_lease_duplicates_within_the_bound(
         assert (
             "the requests they produce are dropped" in log or "whose leases this worker" in log
         ), crawl.logs()
+
+
+@pytest.mark.e2e
+def test_a_malformed_lease_record_of_a_paused_worker_is_dead_lettered_not_a_stall(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """An operator edits one lease record of a worker that is then paused past its
+    lease: the other worker's reserves reclaim that holding, so one record they cannot
+    read must not stop them. It is dead-lettered (at most its page is not crawled),
+    and the crawl ends with both workers exiting 0."""
+    with make_crawl(server, tmp_path, pages=500, delay=0.02) as crawl:
+        paused, _ = crawl.start(2)
+        crawl.seed()
+        crawl.hit_when(100)
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            while not held_by(crawl, paused):
+                assert time.monotonic() - stopped < 30, crawl.logs()
+                time.sleep(0.05)
+            [(worker, held)] = [
+                (w, h)
+                for w, h in leases.holdings(crawl.client, "pages").items()
+                if str(paused.pid) in w
+            ]
+            crawl.client.hset(f"pages:holders:{worker}", next(iter(held)), b"edited by hand")
+            time.sleep(5)
+            while held_by(crawl, paused):
+                assert time.monotonic() - stopped < 60, crawl.logs()
+                time.sleep(0.1)
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        assert crawl.wait() == [0, 0], crawl.logs()
+        [record] = [json.loads(r) for r in crawl.client.lrange("pages:dead", 0, -1)]
+        assert "malformed lease record" in record["reason"], record
+        assert record["data"] == "edited by hand"
+        assert len(crawl.missing()) <= 1, crawl.logs()
+        assert duplicates(crawl.site.hits()) <= BOUND
 
 
 @pytest.mark.e2e

@@ -136,9 +136,12 @@ class Crawl:
                 queue=self.queue,
                 seeds=self.seeds,
                 epoch_key=k.epoch,
+                dead=k.dead,
+                progress=k.progress,
                 queue_put_back="level",
                 seeds_put_back="lpush",
                 epoch="",
+                worker=worker,
                 known=list(known),
             ).run()
         )
@@ -658,6 +661,95 @@ def test_an_expired_holder_whose_holding_was_evicted_is_dropped(
     assert len(crawl.reserve("a", 5)) == 1
     assert client.zscore(crawl.keys.holders, "gone") is None
     assert len(crawl.reserve("b", 5)) == 0
+
+
+MALFORMED_RECORDS = [b"junk", b"q|not a number|x", b"q|nan|x", b"z|0|x", b"q|0", b""]
+
+
+@pytest.mark.parametrize("record", MALFORMED_RECORDS)
+def test_a_malformed_record_in_an_expired_holding_is_dead_lettered_not_a_stall(
+    crawl: Crawl, client: redis.Redis, record: bytes
+) -> None:
+    """A lease record a reserve did not write (edited by hand) in the holding of a
+    worker whose deadline passed: every reserve reclaims from it, so failing on it
+    would stop every worker for good. It is dead-lettered whole, counted as dead, and
+    the rest of the holding goes back to the queue."""
+    crawl.enqueue(4)
+    ids = _ids(crawl.reserve("gone", 3))
+    client.hset(crawl.keys.holding("gone"), ids[0], record)
+    crawl.expire("gone")
+    leases = crawl.reserve("a", 10)
+    assert len(leases) == 3  # the 2 reclaimed, and the one never leased
+    assert set(ids[1:]) < set(_ids(leases))
+    [dead] = crawl.dead()
+    assert dead["data"] == record.decode()
+    assert "malformed lease record" in dead["reason"]
+    assert ids[0] in dead["reason"]
+    assert client.hget(crawl.keys.progress, "dead") == b"1"
+    assert client.exists(crawl.keys.holding("gone")) == 0
+    assert crawl.deliveries() == {i: 2 for i in ids[1:]}
+
+
+def test_a_malformed_record_of_a_previous_versions_lease_is_dead_lettered(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    k = crawl.keys
+    client.zadd(k.leases, {"0000000000000007": 1.0, "0000000000000008": 1.0})
+    client.hset(k.leased, "0000000000000007", b"q|0|w")  # no entry field
+    client.hset(k.leased, "0000000000000008", b"q|0|w|0000000000000008{}")
+    crawl.reserve("a", 0)
+    [dead] = crawl.dead()
+    assert dead["data"] == "q|0|w"
+    assert "0000000000000007" in dead["reason"]
+    assert crawl.queued_ids() == ["0000000000000008"]
+    assert client.exists(k.leases, k.leased) == 0
+
+
+@pytest.mark.parametrize("outcome", ["ValueError: x", HAND_BACK])
+def test_settling_a_malformed_record_dead_letters_it_and_settles_the_rest(
+    crawl: Crawl, client: redis.Redis, outcome: str
+) -> None:
+    crawl.enqueue(3)
+    ids = _ids(crawl.reserve("w", 3))
+    client.hset(crawl.keys.holding("w"), ids[0], b"junk")
+    assert crawl.settle("w", [(i, outcome) for i in ids]) == (
+        [0, 2, 1, 0, 0] if outcome != HAND_BACK else [0, 0, 1, 2, 0]
+    )
+    [dead] = crawl.dead()
+    assert dead["data"] == "junk"
+    assert sorted(crawl.queued_ids()) == sorted(ids[1:])
+    assert crawl.held("w") == set()
+
+
+def test_a_malformed_record_settled_as_done_is_just_done(crawl: Crawl) -> None:
+    crawl.enqueue(1)
+    [lease] = _ids(crawl.reserve("w", 1))
+    crawl.client.hset(crawl.keys.holding("w"), lease, b"junk")
+    assert crawl.settle("w", [(lease, DONE)]) == [1, 0, 0, 0, 0]
+    assert crawl.dead() == []
+
+
+def test_a_release_dead_letters_a_malformed_record_and_a_broken_level(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """release.lua hands back what the worker does not know it holds: a record it
+    cannot parse is dead-lettered, and a level that is not a list (written by hand) is
+    set aside with a dead-letter record naming it, as reserve and settle do; nothing
+    is renamed or dropped silently."""
+    crawl.enqueue(3)
+    ids = _ids(crawl.reserve("w", 3))
+    client.hset(crawl.keys.holding("w"), ids[0], b"junk")
+    level = level_key(crawl.queue, "0")
+    client.delete(level)
+    client.set(level, b"not a list")
+    assert crawl.release("w") == 2
+    reasons = sorted(record["reason"] for record in crawl.dead())
+    assert len(reasons) == 2
+    assert any("malformed lease record" in r for r in reasons)
+    assert any(level in r and "wrongtype" in r for r in reasons)
+    assert client.hget(crawl.keys.progress, "dead") == b"2"
+    assert client.get(level + ":wrongtype") == b"not a list"
+    assert sorted(crawl.queued_ids()) == sorted(ids[1:])
 
 
 def _oom(call: Any) -> bool:

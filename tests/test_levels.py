@@ -201,9 +201,12 @@ def test_hand_back_and_release_go_to_the_head_of_the_level(frontier: Frontier) -
         queue=queue.key,
         seeds=frontier.keys.start_urls,
         epoch_key=frontier.keys.epoch,
+        dead=frontier.keys.dead,
+        progress=frontier.keys.progress,
         queue_put_back=queue.put_back,
         seeds_put_back="lpush",
         epoch="",
+        worker=frontier.worker_id,
         known=[],
     )
     assert released.run() == 1

@@ -141,9 +141,12 @@ class Crawl:
                 queue=k["queue"],
                 seeds=k["seeds"],
                 epoch_key=k["epoch"],
+                dead=k["dead"],
+                progress=k["progress"],
                 queue_put_back="level",
                 seeds_put_back="lpush",
                 epoch="",
+                worker="w",
                 known=list(known),
             ).run()
         )

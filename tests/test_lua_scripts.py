@@ -85,9 +85,12 @@ CALLS: dict[str, Callable[[Scripts], ScriptCall]] = {
         queue="q",
         seeds="s",
         epoch_key="e",
+        dead="d",
+        progress="p",
         queue_put_back="rpush",
         seeds_put_back="lpush",
         epoch="",
+        worker="w",
         known=["1"],
     ),
     "progress": lambda s: s.progress(

@@ -46,24 +46,54 @@ local function holding_record(origin, score, entry)
   return origin .. "|" .. score .. "|" .. entry
 end
 
--- Split the holding record of lease `id` into origin, score, entry.
-local function parse_holding(id, record)
+-- A record's origin and score, if it is "<origin>|<score>|..." as holding_record (or the
+-- previous version) writes it; nil when it is not.
+local function record_head(record)
   local a = string.find(record, "|", 1, true)
-  local b = string.find(record, "|", a + 1, true)
-  local origin, data = string.sub(record, 1, a - 1), string.sub(record, b + 1)
+  local b = a and string.find(record, "|", a + 1, true)
+  if not b then
+    return nil
+  end
+  local origin, score = string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1)
+  local n = tonumber(score)
+  if (origin ~= FROM_QUEUE and origin ~= FROM_SEEDS) or n == nil or n ~= n then
+    return nil
+  end
+  return origin, score, b
+end
+
+-- Split the holding record of lease `id` into origin, score, entry; nil when the record
+-- is not one a reserve writes (edited by hand): the caller dead-letters it whole
+-- (malformed_reason), so that one bad record never stops the scripts that read it.
+local function parse_holding(id, record)
+  local origin, score, b = record_head(record)
+  if not origin then
+    return nil
+  end
+  local data = string.sub(record, b + 1)
   if origin == FROM_QUEUE then
     data = id .. data
   end
-  return origin, string.sub(record, a + 1, b - 1), data
+  return origin, score, data
 end
 
--- Split a previous version's leased record into origin, score, worker, entry.
+-- Split a previous version's leased record into origin, score, worker, entry; nil when
+-- it is malformed.
 local function parse_previous(record)
-  local a = string.find(record, "|", 1, true)
-  local b = string.find(record, "|", a + 1, true)
-  local c = string.find(record, "|", b + 1, true)
-  return string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1),
-    string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
+  local origin, score, b = record_head(record)
+  local c = origin and string.find(record, "|", b + 1, true)
+  if not c then
+    return nil
+  end
+  return origin, score, string.sub(record, b + 1, c - 1), string.sub(record, c + 1)
+end
+
+-- The dead-letter reason of lease `id`'s record in `key`, which parse_holding or
+-- parse_previous could not read (its data is the record itself).
+local function malformed_reason(key, id)
+  return "malformed lease record of lease " .. id .. " in " .. key .. ": not \"<origin>|"
+    .. "<score>|<entry>\" as a reserve writes it (edited by hand?); its entry cannot go "
+    .. "back to the queue (push the request again if it is one)"
 end
 
 -- How many times each of the leases `ids` was delivered (a count absent: once): one

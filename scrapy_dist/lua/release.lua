@@ -4,25 +4,34 @@
 -- their leases to expire they go back where they came from, not counted as a delivery.
 -- Only this worker's holding is read.
 --
+-- A record it cannot read (edited by hand) is dead-lettered whole, and a priority level
+-- that is not a list is set aside with a dead-letter record naming it (lua/_levels.lua),
+-- both counted as dead: nothing is dropped or renamed silently.
+--
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = request queue, KEYS[4] = seeds key, KEYS[5] = crawl epoch
+-- KEYS[6] = dead-letter list, KEYS[7] = crawl stats hash (counter: dead)
 -- ARGV[1] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[2] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[3] = the crawl epoch this worker joined ("" = unfenced)
--- ARGV[4..] = the lease ids the worker knows it holds (buffered, in its engine, or
+-- ARGV[4] = worker id (named in dead-letter records)
+-- ARGV[5..] = the lease ids the worker knows it holds (buffered, in its engine, or
 --             waiting in its outbox to be settled)
--- Returns: the number of leases handed back; an error "EPOCH ..." if the crawl's epoch
---          is not ARGV[3]
--- uses: _leases, _fence, _batch
+-- Returns: the number of leases handed back (not those dead-lettered); an error
+--          "EPOCH ..." if the crawl's epoch is not ARGV[3]
+-- uses: _deadletter, _leases, _fence, _batch
 
 local holding, deliveries, queue, seeds = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local qback, sback = ARGV[1], ARGV[2]
+local dead, stats = KEYS[6], KEYS[7]
+local qback, sback, worker = ARGV[1], ARGV[2], ARGV[4]
 local refused = fence(KEYS[5], ARGV[3])
 if refused then
   return redis.error_reply(refused)
 end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local known = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   known[ARGV[i]] = true
 end
 
@@ -38,10 +47,27 @@ for i = 1, #flat, 2 do
 end
 batched({"HDEL", holding}, mine)
 local times = delivered(deliveries, mine)
+local buried, malformed = 0, 0
 for k, id in ipairs(mine) do
   local origin, score, entry = parse_holding(id, records[k])
-  count_hand_back(deliveries, id, times[k])
-  return_entry(origin, score, entry, queue, qback, seeds, sback)
+  if origin then
+    count_hand_back(deliveries, id, times[k])
+    return_entry(origin, score, entry, queue, qback, seeds, sback)
+  else
+    redis.call("RPUSH", dead, dead_json("request", records[k], malformed_reason(holding, id), now,
+      worker, times[k]))
+    if times[k] > 1 then
+      redis.call("HDEL", deliveries, id)
+    end
+    buried, malformed = buried + 1, malformed + 1
+  end
 end
-push_returned()
-return #mine
+push_returned(function(key, kind, aside)
+  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), now,
+    worker, 0))
+  buried = buried + 1
+end)
+if buried > 0 then
+  redis.call("HINCRBY", stats, "dead", buried)
+end
+return #mine - malformed

@@ -117,6 +117,13 @@ local function reclaim(id, origin, score, entry, times, holder)
     recount(id, not string.find(id, ":", 1, true) and times)
   end
 end
+-- a record no reserve wrote (edited by hand) is dead-lettered whole
+local function bury_malformed(key, id, record, holder, times)
+  redis.call("RPUSH", dead, dead_json("request", record, malformed_reason(key, id), now, holder,
+    times))
+  recount(id, false)
+  buried = buried + 1
+end
 for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT", 0,
     reclaim_limit)) do
   if budget <= 0 then
@@ -146,7 +153,11 @@ for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT
     local times = times_of(ids)
     for k, id in ipairs(ids) do
       local origin, score, entry = parse_holding(id, flat[2 * k])
-      reclaim(id, origin, score, entry, times[k], holder)
+      if origin then
+        reclaim(id, origin, score, entry, times[k], holder)
+      else
+        bury_malformed(key, id, flat[2 * k], holder, times[k])
+      end
     end
   end
 end
@@ -160,7 +171,11 @@ if budget > 0 then
     for k, id in ipairs(expired) do
       if records[k] then
         local origin, score, holder, entry = parse_previous(records[k])
-        reclaim(id, origin, score, entry, times[k], holder)
+        if origin then
+          reclaim(id, origin, score, entry, times[k], holder)
+        else
+          bury_malformed(previous_records, id, records[k], "", times[k])
+        end
       end
     end
   end

@@ -61,6 +61,12 @@ for k, id in ipairs(ids) do
       redis.call("RPUSH", dead, string.sub(outcome, #DEAD_NOW + 1))
       cleared[#cleared + 1] = id
       buried = buried + 1
+    elseif not origin then
+      -- a record no reserve wrote (edited by hand): it cannot go back, it is kept aside
+      redis.call("RPUSH", dead, dead_json("request", record, malformed_reason(holding, id), now,
+        worker, delivered(deliveries, {id})[1]))
+      cleared[#cleared + 1] = id
+      buried = buried + 1
     elseif outcome == HAND_BACK then
       count_hand_back(deliveries, id, delivered(deliveries, {id})[1])
       return_entry(origin, score, entry, queue, qback, seeds, sback)
