@@ -249,8 +249,18 @@ def test_each_script_runs_one_command_per_key_not_one_per_lease_or_request(
     assert (calls["hmget"], calls["zadd"]) == (1, 1)
     calls = _calls(client, lambda: crawl.settle((i, DONE) for i in ids))
     assert calls.get("hget", 0) == 0
-    assert (calls["hmget"], calls["hdel"]) == (1, 1)  # no count to clear: HDEL of the holding
+    # all done, no count kept: one HDEL of the holding, no record read, no clock
+    assert calls.get("hmget", 0) == 0
+    assert calls.get("time", 0) == 0
+    assert (calls["hdel"], calls["hincrby"]) == (1, 1)
     assert calls.get("zrem", 0) == 0
+    # one failure among them: the records are read (one HMGET) to put it back
+    more = [lease_id.decode() for lease_id, _, _ in crawl.reserve(3)]
+    calls = _calls(
+        client, lambda: crawl.settle([(more[0], "ValueError: x")] + [(i, DONE) for i in more[1:]])
+    )
+    # (and the count it now keeps makes the done ones' counts cleared: a second HDEL)
+    assert (calls["hmget"], calls["hdel"]) == (1, 2)
 
 
 def test_an_entry_queued_twice_and_leased_in_one_call_counts_two_deliveries(

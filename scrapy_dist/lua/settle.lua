@@ -28,8 +28,41 @@ local refused = fence(KEYS[7], ARGV[5])
 if refused then
   return redis.error_reply(refused)
 end
-local t = redis.call("TIME")
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now -- read from the server's clock when a dead-letter record needs it
+local function clock()
+  if not now then
+    local t = redis.call("TIME")
+    now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+  end
+  return now
+end
+
+-- The common call: every outcome is "done" and no delivery count is kept (no entry is on
+-- a second delivery). One HDEL settles them without reading a record: it deletes each
+-- id held once, so an id not held (taken back) or repeated in the call is not ours, as
+-- below.
+local all_done = true
+for i = 7, #ARGV, 2 do
+  if ARGV[i] ~= DONE then
+    all_done = false
+    break
+  end
+end
+if all_done and redis.call("EXISTS", deliveries) == 0 then
+  local n = (#ARGV - 5) / 2
+  local ids = {}
+  for k = 1, n do
+    ids[k] = ARGV[4 + 2 * k]
+  end
+  local removed = 0
+  for i = 1, n, BATCH_ARGS do
+    removed = removed + redis.call("HDEL", holding, unpack(ids, i, math.min(i + BATCH_ARGS - 1, n)))
+  end
+  if removed > 0 then
+    redis.call("HINCRBY", stats, "done", removed)
+  end
+  return {removed, 0, 0, 0, n - removed}
+end
 
 -- One HMGET of the records for the whole call; the leases settled are then deleted
 -- with one HDEL (lua/_batch.lua). An id settled earlier in the same call is not ours
@@ -63,7 +96,7 @@ for k, id in ipairs(ids) do
       buried = buried + 1
     elseif not origin then
       -- a record no reserve wrote (edited by hand): it cannot go back, it is kept aside
-      redis.call("RPUSH", dead, dead_json("request", record, malformed_reason(holding, id), now,
+      redis.call("RPUSH", dead, dead_json("request", record, malformed_reason(holding, id), clock(),
         worker, delivered(deliveries, {id})[1]))
       cleared[#cleared + 1] = id
       buried = buried + 1
@@ -76,7 +109,7 @@ for k, id in ipairs(ids) do
       if times >= max_deliveries then
         local reason = outcome .. " (failed on " .. times .. " deliveries; "
           .. "SCHEDULER_MAX_DELIVERIES reached)"
-        redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, worker, times))
+        redis.call("RPUSH", dead, dead_record(origin, entry, reason, clock(), worker, times))
         cleared[#cleared + 1] = id
         buried = buried + 1
       else
@@ -88,7 +121,7 @@ for k, id in ipairs(ids) do
   end
 end
 push_returned(function(key, kind, aside)
-  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), now,
+  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), clock(),
     worker, 0))
   buried = buried + 1
 end)
