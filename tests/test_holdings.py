@@ -1034,3 +1034,26 @@ def test_children_of_a_page_given_back_to_its_worker_are_not_dropped(
         assert len(crawl.queued_ids()) == 1  # the child
     finally:
         w.close()
+
+
+# -- 8. a script that fails after it wrote keeps what it wrote (Redis rolls nothing back)
+
+
+@pytest.mark.parametrize("count", [b"junk", b"nan", b"-inf", b"1.5"])
+def test_a_delivery_count_that_is_not_a_count_does_not_lose_what_a_reserve_took(
+    crawl: Crawl, client: redis.Redis, count: bytes
+) -> None:
+    """A delivery count written by hand: a reserve that took its entry failed on it
+    after popping the whole batch, and the pops stayed (every entry of the batch lost).
+    It is read as any other script reads it (one delivery), and the batch is leased."""
+    crawl.enqueue(3)
+    ids = sorted(crawl.queued_ids())
+    client.hset(crawl.keys.deliveries, ids[1], count)
+    leases = crawl.reserve("w", 3)
+    assert {lease_id: times for lease_id, times, _ in leases} == {
+        ids[0]: 1,
+        ids[1]: 2,
+        ids[2]: 1,
+    }
+    assert crawl.held("w") == set(ids)
+    assert crawl.deliveries() == {ids[1]: 2}

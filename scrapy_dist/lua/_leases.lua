@@ -38,6 +38,16 @@ local function set_aside_holding(key)
     .. aside .. " (inspect it, push its requests again if it has any, then delete it)", false
 end
 
+-- A delivery count as the scripts write it (a whole number), or nil for one written by
+-- hand ("junk", "nan", "1.5"...).
+local function count_of(value)
+  local n = tonumber(value)
+  if n == nil or n ~= math.floor(n) or n < 0 or n == math.huge then
+    return nil
+  end
+  return n
+end
+
 -- The holding record of an entry leased from `origin` at `score`.
 local function holding_record(origin, score, entry)
   if origin == FROM_QUEUE then
@@ -96,8 +106,9 @@ local function malformed_reason(key, id)
     .. "back to the queue (push the request again if it is one)"
 end
 
--- How many times each of the leases `ids` was delivered (a count absent: once): one
--- HMGET, none when the deliveries hash is empty. Returns a table aligned with `ids`.
+-- How many times each of the leases `ids` was delivered (a count absent, or not a count:
+-- once): one HMGET, none when the deliveries hash is empty. Returns a table aligned
+-- with `ids`.
 local function delivered(deliveries, ids)
   local counts = {}
   if #ids > 0 and redis.call("EXISTS", deliveries) == 1 then
@@ -105,7 +116,7 @@ local function delivered(deliveries, ids)
   end
   local out = {}
   for k = 1, #ids do
-    out[k] = tonumber(counts[k] or "1") or 1
+    out[k] = count_of(counts[k] or "1") or 1
   end
   return out
 end

@@ -307,10 +307,9 @@ if #ids > 0 then
   local counts, times_pairs, record_pairs = {}, {}, {}
   for k, id in ipairs(ids) do
     local entry, score = taken[k][1], taken[k][2]
-    local times = counts[id] or tonumber(before[k] or "0")
-    if times == nil then
-      redis.call("HINCRBY", deliveries, id, 1) -- not an integer: HINCRBY's own error
-    end
+    -- a count written by hand reads as one delivery, as delivered() reads it (failing
+    -- here would lose the entries taken)
+    local times = counts[id] or count_of(before[k] or "0") or 1
     times = times + 1
     counts[id] = times
     if times > 1 then
