@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
-from scrapy_dist.scripts import DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
+from scrapy_dist.scripts import DEAD_NOW, DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_entries
 
@@ -1057,3 +1057,69 @@ def test_a_delivery_count_that_is_not_a_count_does_not_lose_what_a_reserve_took(
     }
     assert crawl.held("w") == set(ids)
     assert crawl.deliveries() == {ids[1]: 2}
+
+
+def _break_deliveries(crawl: Crawl) -> None:
+    crawl.client.delete(crawl.keys.deliveries)
+    crawl.client.set(crawl.keys.deliveries, b"junk")
+
+
+def _deliveries_set_aside(crawl: Crawl, records: int = 1) -> None:
+    aside = crawl.keys.deliveries + ":wrongtype"
+    assert crawl.client.get(aside) == b"junk"
+    reasons = [r["reason"] for r in crawl.dead() if crawl.keys.deliveries in r["reason"]]
+    assert len(reasons) == 1
+    assert aside in reasons[0]
+    assert crawl.client.hget(crawl.keys.progress, "dead") == str(records).encode()
+
+
+def test_a_deliveries_key_that_is_not_a_hash_does_not_drain_the_queue(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A deliveries key of another type (written by hand): a reserve reclaiming an
+    expired holding unlinked it, then failed reading the counts (the holding lost);
+    one that took entries popped them, then failed (every reserve lost its batch, so
+    the workers emptied the queue into nothing). It is renamed out of the way with a
+    dead-letter record naming it, and the reserve goes on."""
+    crawl.enqueue(5)
+    gone = _ids(crawl.reserve("gone", 2))
+    crawl.expire("gone")
+    _break_deliveries(crawl)
+    leases = crawl.reserve("a", 10)
+    assert len(leases) == 5
+    assert set(gone) < set(_ids(leases))
+    assert client.exists(crawl.keys.holding("gone")) == 0
+    _deliveries_set_aside(crawl)
+    assert crawl.deliveries() == {i: 2 for i in gone}
+
+
+def test_a_release_with_a_deliveries_key_that_is_not_a_hash_loses_nothing(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """release.lua took the leases out of the holding, then failed reading their
+    counts: all of them lost."""
+    crawl.enqueue(3)
+    ids = _ids(crawl.reserve("w", 3))
+    _break_deliveries(crawl)
+    assert crawl.release("w") == 3
+    assert sorted(crawl.queued_ids()) == sorted(ids)
+    assert crawl.held("w") == set()
+    _deliveries_set_aside(crawl)
+
+
+def test_a_settle_with_a_deliveries_key_that_is_not_a_hash_buries_once(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """settle.lua dead-lettered a lease settled as dead now, then failed reading the
+    count of the next one: the record stayed, the lease too, and the worker's next
+    try dead-lettered it again."""
+    crawl.enqueue(2)
+    ids = _ids(crawl.reserve("w", 2))
+    _break_deliveries(crawl)
+    record = json.dumps({"kind": "seed", "data": "x", "reason": "bad"})
+    outcomes = [(ids[0], DEAD_NOW + record), (ids[1], "ValueError: x")]
+    assert crawl.settle("w", outcomes) == [0, 1, 2, 0, 0]
+    assert crawl.settle("w", outcomes) == [0, 0, 0, 0, 2]
+    assert [r["reason"] for r in crawl.dead()].count("bad") == 1
+    assert crawl.queued_ids() == [ids[1]]
+    _deliveries_set_aside(crawl, records=2)

@@ -38,6 +38,21 @@ local function set_aside_holding(key)
     .. aside .. " (inspect it, push its requests again if it has any, then delete it)", false
 end
 
+-- A deliveries key that is not a hash (written by hand) cannot count deliveries: it is
+-- renamed out of the way ("<deliveries>:wrongtype", as a holding), before a script
+-- takes anything whose count it would fail to read or write. Returns the dead-letter
+-- reason naming it, or nil when `key` is a hash or absent.
+local function set_aside_deliveries(key)
+  local kind = redis.call("TYPE", key)["ok"]
+  if kind == "hash" or kind == "none" then
+    return nil
+  end
+  local aside = set_aside(key)
+  return "deliveries " .. key .. " held a " .. kind .. ", not a hash of delivery counts: "
+    .. "renamed to " .. aside .. " (counts start again from there; inspect it, then "
+    .. "delete it)"
+end
+
 -- A delivery count as the scripts write it (a whole number), or nil for one written by
 -- hand ("junk", "nan", "1.5"...).
 local function count_of(value)

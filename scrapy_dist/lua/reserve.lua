@@ -39,7 +39,8 @@
 -- was paused past its lease, or it holds leases it no longer knows of, which a reserve
 -- that grants nothing does not keep alive). A holding that is not a hash (written by hand), this worker's or an expired
 -- one's, is renamed out of the way ("<holding>:wrongtype", lua/_leases.lua) with a
--- dead-letter record naming it (counted as dead), before anything is taken. A priority
+-- dead-letter record naming it (counted as dead), before anything is taken; so is a
+-- deliveries key that is not a hash ("<deliveries>:wrongtype"). A priority
 -- level that holds another type than a list (written by hand) cannot be read: it is
 -- renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves the queue's
 -- index, with a dead-letter record naming it (counted as dead), and the other levels go
@@ -82,6 +83,13 @@ local function holding_aside(key, holder)
 end
 -- this worker's first, before anything is taken that could not be recorded in it
 holding_aside(holding, worker)
+-- so is a deliveries key that is not a hash (it would fail the call once entries are
+-- taken or a holding reclaimed, and Redis keeps what was taken)
+local deliveries_aside = set_aside_deliveries(deliveries)
+if deliveries_aside then
+  redis.call("RPUSH", dead, dead_json("request", "", deliveries_aside, now, worker, 0))
+  redis.call("HINCRBY", stats, "dead", 1)
+end
 
 -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
 -- (this worker's too), then the previous version's. Their delivery counts are

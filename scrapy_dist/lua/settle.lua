@@ -1,6 +1,8 @@
 -- Settle leases this worker holds: acknowledge (done), return for another try after a
 -- failure (or dead-letter it past the delivery limit), or hand back untouched.
--- Leases no longer held by this worker (expired and reclaimed) are left alone.
+-- Leases no longer held by this worker (expired and reclaimed) are left alone. A
+-- deliveries key that is not a hash (written by hand) is set aside first, with a
+-- dead-letter record naming it (counted as dead, lua/_leases.lua).
 --
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = dead-letter list, KEYS[4] = request queue, KEYS[5] = seeds key
@@ -30,6 +32,15 @@ if refused then
 end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+
+-- a deliveries key that is not a hash is set aside first (lua/_leases.lua): reading it
+-- would fail the call after a lease was dead-lettered, which the next try did again
+local deliveries_aside = set_aside_deliveries(deliveries)
+if deliveries_aside then
+  redis.call("RPUSH", dead, dead_json("request", "", deliveries_aside, now, worker, 0))
+  buried = buried + 1
+end
 
 -- One HMGET of the records for the whole call; the leases settled are then deleted
 -- with one HDEL (lua/_batch.lua). An id settled earlier in the same call is not ours
@@ -40,7 +51,6 @@ for i = 6, #ARGV, 2 do
 end
 local records = batched({"HMGET", holding}, ids)
 
-local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
 local settled, removed, cleared = {}, {}, {}
 for k, id in ipairs(ids) do
   local outcome = ARGV[5 + 2 * k]
