@@ -41,6 +41,7 @@ class Crawl:
         self.seeds = self.keys.start_urls
         self.filter = self.keys.dupefilter
         self.max_deliveries = max_deliveries
+        self.seeds_put_back = "lpush"
 
     def enqueue(
         self, n: int, *, start: int = 0, score: float = 0.0, worker: str = "", parent: str = ""
@@ -85,7 +86,7 @@ class Crawl:
             origin=origin,
             take=take,
             queue_put_back="level",
-            seeds_put_back="lpush",
+            seeds_put_back=self.seeds_put_back,
             count=count,
             duration=duration,
             worker=worker,
@@ -107,7 +108,7 @@ class Crawl:
             epoch_key=k.epoch,
             worker=worker,
             queue_put_back="level",
-            seeds_put_back="lpush",
+            seeds_put_back=self.seeds_put_back,
             max_deliveries=self.max_deliveries,
             epoch="",
             outcomes=list(outcomes),
@@ -139,7 +140,7 @@ class Crawl:
                 dead=k.dead,
                 progress=k.progress,
                 queue_put_back="level",
-                seeds_put_back="lpush",
+                seeds_put_back=self.seeds_put_back,
                 epoch="",
                 worker=worker,
                 known=list(known),
@@ -1123,3 +1124,24 @@ def test_a_settle_with_a_deliveries_key_that_is_not_a_hash_buries_once(
     assert [r["reason"] for r in crawl.dead()].count("bad") == 1
     assert crawl.queued_ids() == [ids[1]]
     _deliveries_set_aside(crawl, records=2)
+
+
+@pytest.mark.parametrize("score", [b" 5", b"5 ", b"1e999", b"-1e999", b"1e-400"])
+def test_a_record_whose_score_the_seeds_zset_refuses_is_dead_lettered_not_the_holding(
+    crawl: Crawl, client: redis.Redis, score: bytes
+) -> None:
+    """A lease record edited by hand whose score reads as a number in Lua but not in
+    ZADD: a reserve reclaiming its expired holding unlinked it, then failed putting
+    the seed back (every seed of the holding lost). The record is dead-lettered whole,
+    the rest goes back."""
+    crawl.seeds_put_back = "zadd"
+    urls = [b"https://example.com/%d" % i for i in range(3)]
+    client.zadd(crawl.seeds, {url: i for i, url in enumerate(urls)})
+    ids = _ids(crawl.reserve("gone", 3, origin=FROM_SEEDS, take="zpopmin"))
+    client.hset(crawl.keys.holding("gone"), ids[0], b"s|" + score + b"|https://example.com/x")
+    crawl.expire("gone")
+    crawl.reserve("a", 0)
+    [dead] = crawl.dead()
+    assert "malformed lease record" in dead["reason"]
+    assert client.zcard(crawl.seeds) == 2
+    assert client.exists(crawl.keys.holding("gone")) == 0

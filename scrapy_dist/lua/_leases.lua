@@ -63,6 +63,21 @@ local function count_of(value)
   return n
 end
 
+-- True if ZADD takes `score` as it is. tonumber also takes " 5", "1e999" or "1e-400",
+-- which ZADD refuses, and hex, which a server may refuse: a put-back failing on one
+-- comes after the holding was emptied.
+local function zadd_score(score)
+  local mantissa = string.match(score, "^[-+]?([%d.]*)[eE][-+]?%d+$")
+    or string.match(score, "^[-+]?([%d.]*)$")
+  if not mantissa then
+    local word = string.lower(string.match(score, "^[-+]?(%a*)$") or "")
+    return word == "inf" or word == "infinity"
+  end
+  local n = tonumber(score)
+  return n ~= nil and n ~= math.huge and n ~= -math.huge
+    and (n ~= 0 or not string.find(mantissa, "[1-9]"))
+end
+
 -- The holding record of an entry leased from `origin` at `score`.
 local function holding_record(origin, score, entry)
   if origin == FROM_QUEUE then
@@ -80,8 +95,7 @@ local function record_head(record)
     return nil
   end
   local origin, score = string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1)
-  local n = tonumber(score)
-  if (origin ~= FROM_QUEUE and origin ~= FROM_SEEDS) or n == nil or n ~= n then
+  if (origin ~= FROM_QUEUE and origin ~= FROM_SEEDS) or not zadd_score(score) then
     return nil
   end
   return origin, score, b
