@@ -1145,3 +1145,57 @@ def test_a_record_whose_score_the_seeds_zset_refuses_is_dead_lettered_not_the_ho
     assert "malformed lease record" in dead["reason"]
     assert client.zcard(crawl.seeds) == 2
     assert client.exists(crawl.keys.holding("gone")) == 0
+
+
+def _seeds_added_as_a_set(crawl: Crawl) -> None:
+    """The operator adds a seed with SADD to a list crawl whose seeds were all taken."""
+    assert crawl.client.exists(crawl.seeds) == 0
+    crawl.client.sadd(crawl.seeds, b"https://example.com/added")
+
+
+def _seeds_set_aside(crawl: Crawl) -> None:
+    aside = crawl.seeds + ":wrongtype"
+    assert crawl.client.smembers(aside) == {b"https://example.com/added"}
+    [reason] = [r["reason"] for r in crawl.dead() if crawl.seeds in r["reason"]]
+    assert aside in reason
+
+
+def test_seeds_of_another_type_do_not_lose_the_seeds_a_reserve_reclaims(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A seeds key of another type than the crawl's (a set for a list crawl): a reserve
+    reclaiming an expired holding unlinked it, then failed putting its seeds back
+    (every one lost). The key is renamed out of the way first, with a dead-letter
+    record naming it, and the seeds go back."""
+    urls = [b"https://example.com/1", b"https://example.com/2"]
+    client.rpush(crawl.seeds, *urls)
+    crawl.reserve("gone", 2, origin=FROM_SEEDS, take="lpop")
+    crawl.expire("gone")
+    _seeds_added_as_a_set(crawl)
+    crawl.reserve("a", 0)
+    assert sorted(client.lrange(crawl.seeds, 0, -1)) == urls
+    assert client.exists(crawl.keys.holding("gone")) == 0
+    _seeds_set_aside(crawl)
+
+
+def test_seeds_of_another_type_do_not_lose_the_seeds_a_release_hands_back(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    urls = [b"https://example.com/1", b"https://example.com/2"]
+    client.rpush(crawl.seeds, *urls)
+    crawl.reserve("w", 2, origin=FROM_SEEDS, take="lpop")
+    _seeds_added_as_a_set(crawl)
+    assert crawl.release("w") == 2
+    assert sorted(client.lrange(crawl.seeds, 0, -1)) == urls
+    _seeds_set_aside(crawl)
+
+
+def test_seeds_of_another_type_do_not_stop_a_settle_for_good(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    client.rpush(crawl.seeds, b"https://example.com/1")
+    [lease] = _ids(crawl.reserve("w", 1, origin=FROM_SEEDS, take="lpop"))
+    _seeds_added_as_a_set(crawl)
+    assert crawl.settle("w", [(lease, "ValueError: x")]) == [0, 1, 1, 0, 0]
+    assert client.lrange(crawl.seeds, 0, -1) == [b"https://example.com/1"]
+    _seeds_set_aside(crawl)

@@ -53,6 +53,26 @@ local function set_aside_deliveries(key)
     .. "delete it)"
 end
 
+-- The type of key each way of putting an entry back writes (put_back); "level" writes
+-- levels, which push_returned checks itself (lua/_levels.lua).
+local PUT_BACK_TYPES = {rpush = "list", lpush = "list", sadd = "set", zadd = "zset"}
+
+-- A queue or seeds key of another type than `how` puts back to (written by hand: a seed
+-- SADDed to a list crawl's emptied seeds key) would fail a put-back after the lease left
+-- its holding: it is renamed out of the way ("<key>:wrongtype") before. Returns the
+-- dead-letter reason naming it, or nil.
+local function set_aside_destination(key, how)
+  local want = PUT_BACK_TYPES[how]
+  local kind = want and redis.call("TYPE", key)["ok"]
+  if not want or kind == want or kind == "none" then
+    return nil
+  end
+  local aside = set_aside(key)
+  return key .. " held a " .. kind .. ", not the " .. want .. " its entries go back to: "
+    .. "renamed to " .. aside .. " (inspect it, push its requests or seeds again, then "
+    .. "delete it)"
+end
+
 -- A delivery count as the scripts write it (a whole number), or nil for one written by
 -- hand ("junk", "nan", "1.5"...).
 local function count_of(value)

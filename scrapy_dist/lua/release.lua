@@ -5,7 +5,8 @@
 -- Only this worker's holding is read.
 --
 -- A record it cannot read (edited by hand) is dead-lettered whole, and a priority level
--- that is not a list, or a deliveries key that is not a hash, is set aside with a
+-- that is not a list, a deliveries key that is not a hash, or a queue or seeds key of
+-- another type than ARGV[1] or ARGV[2] puts back to, is set aside with a
 -- dead-letter record naming it (lua/_levels.lua, lua/_leases.lua), all counted as dead:
 -- nothing is dropped or renamed silently.
 --
@@ -53,6 +54,17 @@ for i = 1, #flat, 2 do
   if not known[flat[i]] then
     mine[#mine + 1] = flat[i]
     records[#records + 1] = flat[i + 1]
+  end
+end
+-- a queue or seeds key of another type than entries go back to is set aside before
+-- they leave the holding (lua/_leases.lua)
+if #mine > 0 then
+  for _, reason in ipairs({set_aside_destination(queue, qback) or false,
+      set_aside_destination(seeds, sback) or false}) do
+    if reason then
+      redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0))
+      buried = buried + 1
+    end
   end
 end
 batched({"HDEL", holding}, mine)

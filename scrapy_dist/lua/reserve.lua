@@ -40,7 +40,8 @@
 -- that grants nothing does not keep alive). A holding that is not a hash (written by hand), this worker's or an expired
 -- one's, is renamed out of the way ("<holding>:wrongtype", lua/_leases.lua) with a
 -- dead-letter record naming it (counted as dead), before anything is taken; so is a
--- deliveries key that is not a hash ("<deliveries>:wrongtype"). A priority
+-- deliveries key that is not a hash, and a queue or seeds key of another type than
+-- ARGV[3] or ARGV[4] puts back to ("<key>:wrongtype"). A priority
 -- level that holds another type than a list (written by hand) cannot be read: it is
 -- renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves the queue's
 -- index, with a dead-letter record naming it (counted as dead), and the other levels go
@@ -85,10 +86,15 @@ end
 holding_aside(holding, worker)
 -- so is a deliveries key that is not a hash (it would fail the call once entries are
 -- taken or a holding reclaimed, and Redis keeps what was taken)
-local deliveries_aside = set_aside_deliveries(deliveries)
-if deliveries_aside then
-  redis.call("RPUSH", dead, dead_json("request", "", deliveries_aside, now, worker, 0))
-  redis.call("HINCRBY", stats, "dead", 1)
+-- and a queue or seeds key of another type than entries go back to (a put-back would
+-- fail after a holding was reclaimed)
+for _, reason in ipairs({set_aside_deliveries(deliveries) or false,
+    set_aside_destination(queue, qback) or false,
+    set_aside_destination(seeds, sback) or false}) do
+  if reason then
+    redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0))
+    redis.call("HINCRBY", stats, "dead", 1)
+  end
 end
 
 -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline

@@ -1,7 +1,8 @@
 -- Settle leases this worker holds: acknowledge (done), return for another try after a
 -- failure (or dead-letter it past the delivery limit), or hand back untouched.
 -- Leases no longer held by this worker (expired and reclaimed) are left alone. A
--- deliveries key that is not a hash (written by hand) is set aside first, with a
+-- deliveries key that is not a hash (written by hand), or a queue or seeds key of
+-- another type than ARGV[2] or ARGV[3] puts back to, is set aside first, with a
 -- dead-letter record naming it (counted as dead, lua/_leases.lua).
 --
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
@@ -50,6 +51,21 @@ for i = 6, #ARGV, 2 do
   ids[#ids + 1] = ARGV[i]
 end
 local records = batched({"HMGET", holding}, ids)
+
+-- so is a queue or seeds key of another type than entries go back to, when one may go
+-- back (a failed put-back stopped every settle of this worker)
+for i = 7, #ARGV, 2 do
+  if ARGV[i] ~= DONE and string.sub(ARGV[i], 1, #DEAD_NOW) ~= DEAD_NOW then
+    for _, reason in ipairs({set_aside_destination(queue, qback) or false,
+        set_aside_destination(seeds, sback) or false}) do
+      if reason then
+        redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0))
+        buried = buried + 1
+      end
+    end
+    break
+  end
+end
 
 local settled, removed, cleared = {}, {}, {}
 for k, id in ipairs(ids) do
