@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
-from scrapy_dist.scripts import DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
+from scrapy_dist.scripts import DEAD_NOW, DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_entries
 
@@ -41,6 +41,7 @@ class Crawl:
         self.seeds = self.keys.start_urls
         self.filter = self.keys.dupefilter
         self.max_deliveries = max_deliveries
+        self.seeds_put_back = "lpush"
 
     def enqueue(
         self, n: int, *, start: int = 0, score: float = 0.0, worker: str = "", parent: str = ""
@@ -85,7 +86,7 @@ class Crawl:
             origin=origin,
             take=take,
             queue_put_back="level",
-            seeds_put_back="lpush",
+            seeds_put_back=self.seeds_put_back,
             count=count,
             duration=duration,
             worker=worker,
@@ -107,7 +108,7 @@ class Crawl:
             epoch_key=k.epoch,
             worker=worker,
             queue_put_back="level",
-            seeds_put_back="lpush",
+            seeds_put_back=self.seeds_put_back,
             max_deliveries=self.max_deliveries,
             epoch="",
             outcomes=list(outcomes),
@@ -139,7 +140,7 @@ class Crawl:
                 dead=k.dead,
                 progress=k.progress,
                 queue_put_back="level",
-                seeds_put_back="lpush",
+                seeds_put_back=self.seeds_put_back,
                 epoch="",
                 worker=worker,
                 known=list(known),
@@ -1034,3 +1035,167 @@ def test_children_of_a_page_given_back_to_its_worker_are_not_dropped(
         assert len(crawl.queued_ids()) == 1  # the child
     finally:
         w.close()
+
+
+# -- 8. a script that fails after it wrote keeps what it wrote (Redis rolls nothing back)
+
+
+@pytest.mark.parametrize("count", [b"junk", b"nan", b"-inf", b"1.5"])
+def test_a_delivery_count_that_is_not_a_count_does_not_lose_what_a_reserve_took(
+    crawl: Crawl, client: redis.Redis, count: bytes
+) -> None:
+    """A delivery count written by hand: a reserve that took its entry failed on it
+    after popping the whole batch, and the pops stayed (every entry of the batch lost).
+    It is read as any other script reads it (one delivery), and the batch is leased."""
+    crawl.enqueue(3)
+    ids = sorted(crawl.queued_ids())
+    client.hset(crawl.keys.deliveries, ids[1], count)
+    leases = crawl.reserve("w", 3)
+    assert {lease_id: times for lease_id, times, _ in leases} == {
+        ids[0]: 1,
+        ids[1]: 2,
+        ids[2]: 1,
+    }
+    assert crawl.held("w") == set(ids)
+    assert crawl.deliveries() == {ids[1]: 2}
+
+
+def _break_deliveries(crawl: Crawl) -> None:
+    crawl.client.delete(crawl.keys.deliveries)
+    crawl.client.set(crawl.keys.deliveries, b"junk")
+
+
+def _deliveries_set_aside(crawl: Crawl, records: int = 1) -> None:
+    aside = crawl.keys.deliveries + ":wrongtype"
+    assert crawl.client.get(aside) == b"junk"
+    reasons = [r["reason"] for r in crawl.dead() if crawl.keys.deliveries in r["reason"]]
+    assert len(reasons) == 1
+    assert aside in reasons[0]
+    assert crawl.client.hget(crawl.keys.progress, "dead") == str(records).encode()
+
+
+def test_a_deliveries_key_that_is_not_a_hash_does_not_drain_the_queue(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A deliveries key of another type (written by hand): a reserve reclaiming an
+    expired holding unlinked it, then failed reading the counts (the holding lost);
+    one that took entries popped them, then failed (every reserve lost its batch, so
+    the workers emptied the queue into nothing). It is renamed out of the way with a
+    dead-letter record naming it, and the reserve goes on."""
+    crawl.enqueue(5)
+    gone = _ids(crawl.reserve("gone", 2))
+    crawl.expire("gone")
+    _break_deliveries(crawl)
+    leases = crawl.reserve("a", 10)
+    assert len(leases) == 5
+    assert set(gone) < set(_ids(leases))
+    assert client.exists(crawl.keys.holding("gone")) == 0
+    _deliveries_set_aside(crawl)
+    assert crawl.deliveries() == {i: 2 for i in gone}
+
+
+def test_a_release_with_a_deliveries_key_that_is_not_a_hash_loses_nothing(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """release.lua took the leases out of the holding, then failed reading their
+    counts: all of them lost."""
+    crawl.enqueue(3)
+    ids = _ids(crawl.reserve("w", 3))
+    _break_deliveries(crawl)
+    assert crawl.release("w") == 3
+    assert sorted(crawl.queued_ids()) == sorted(ids)
+    assert crawl.held("w") == set()
+    _deliveries_set_aside(crawl)
+
+
+def test_a_settle_with_a_deliveries_key_that_is_not_a_hash_buries_once(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """settle.lua dead-lettered a lease settled as dead now, then failed reading the
+    count of the next one: the record stayed, the lease too, and the worker's next
+    try dead-lettered it again."""
+    crawl.enqueue(2)
+    ids = _ids(crawl.reserve("w", 2))
+    _break_deliveries(crawl)
+    record = json.dumps({"kind": "seed", "data": "x", "reason": "bad"})
+    outcomes = [(ids[0], DEAD_NOW + record), (ids[1], "ValueError: x")]
+    assert crawl.settle("w", outcomes) == [0, 1, 2, 0, 0]
+    assert crawl.settle("w", outcomes) == [0, 0, 0, 0, 2]
+    assert [r["reason"] for r in crawl.dead()].count("bad") == 1
+    assert crawl.queued_ids() == [ids[1]]
+    _deliveries_set_aside(crawl, records=2)
+
+
+@pytest.mark.parametrize("score", [b" 5", b"5 ", b"1e999", b"-1e999", b"1e-400"])
+def test_a_record_whose_score_the_seeds_zset_refuses_is_dead_lettered_not_the_holding(
+    crawl: Crawl, client: redis.Redis, score: bytes
+) -> None:
+    """A lease record edited by hand whose score reads as a number in Lua but not in
+    ZADD: a reserve reclaiming its expired holding unlinked it, then failed putting
+    the seed back (every seed of the holding lost). The record is dead-lettered whole,
+    the rest goes back."""
+    crawl.seeds_put_back = "zadd"
+    urls = [b"https://example.com/%d" % i for i in range(3)]
+    client.zadd(crawl.seeds, {url: i for i, url in enumerate(urls)})
+    ids = _ids(crawl.reserve("gone", 3, origin=FROM_SEEDS, take="zpopmin"))
+    client.hset(crawl.keys.holding("gone"), ids[0], b"s|" + score + b"|https://example.com/x")
+    crawl.expire("gone")
+    crawl.reserve("a", 0)
+    [dead] = crawl.dead()
+    assert "malformed lease record" in dead["reason"]
+    assert client.zcard(crawl.seeds) == 2
+    assert client.exists(crawl.keys.holding("gone")) == 0
+
+
+def _seeds_added_as_a_set(crawl: Crawl) -> None:
+    """The operator adds a seed with SADD to a list crawl whose seeds were all taken."""
+    assert crawl.client.exists(crawl.seeds) == 0
+    crawl.client.sadd(crawl.seeds, b"https://example.com/added")
+
+
+def _seeds_set_aside(crawl: Crawl) -> None:
+    aside = crawl.seeds + ":wrongtype"
+    assert crawl.client.smembers(aside) == {b"https://example.com/added"}
+    [reason] = [r["reason"] for r in crawl.dead() if crawl.seeds in r["reason"]]
+    assert aside in reason
+
+
+def test_seeds_of_another_type_do_not_lose_the_seeds_a_reserve_reclaims(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A seeds key of another type than the crawl's (a set for a list crawl): a reserve
+    reclaiming an expired holding unlinked it, then failed putting its seeds back
+    (every one lost). The key is renamed out of the way first, with a dead-letter
+    record naming it, and the seeds go back."""
+    urls = [b"https://example.com/1", b"https://example.com/2"]
+    client.rpush(crawl.seeds, *urls)
+    crawl.reserve("gone", 2, origin=FROM_SEEDS, take="lpop")
+    crawl.expire("gone")
+    _seeds_added_as_a_set(crawl)
+    crawl.reserve("a", 0)
+    assert sorted(client.lrange(crawl.seeds, 0, -1)) == urls
+    assert client.exists(crawl.keys.holding("gone")) == 0
+    _seeds_set_aside(crawl)
+
+
+def test_seeds_of_another_type_do_not_lose_the_seeds_a_release_hands_back(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    urls = [b"https://example.com/1", b"https://example.com/2"]
+    client.rpush(crawl.seeds, *urls)
+    crawl.reserve("w", 2, origin=FROM_SEEDS, take="lpop")
+    _seeds_added_as_a_set(crawl)
+    assert crawl.release("w") == 2
+    assert sorted(client.lrange(crawl.seeds, 0, -1)) == urls
+    _seeds_set_aside(crawl)
+
+
+def test_seeds_of_another_type_do_not_stop_a_settle_for_good(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    client.rpush(crawl.seeds, b"https://example.com/1")
+    [lease] = _ids(crawl.reserve("w", 1, origin=FROM_SEEDS, take="lpop"))
+    _seeds_added_as_a_set(crawl)
+    assert crawl.settle("w", [(lease, "ValueError: x")]) == [0, 1, 1, 0, 0]
+    assert client.lrange(crawl.seeds, 0, -1) == [b"https://example.com/1"]
+    _seeds_set_aside(crawl)

@@ -38,6 +38,66 @@ local function set_aside_holding(key)
     .. aside .. " (inspect it, push its requests again if it has any, then delete it)", false
 end
 
+-- A deliveries key that is not a hash (written by hand) cannot count deliveries: it is
+-- renamed out of the way ("<deliveries>:wrongtype", as a holding), before a script
+-- takes anything whose count it would fail to read or write. Returns the dead-letter
+-- reason naming it, or nil when `key` is a hash or absent.
+local function set_aside_deliveries(key)
+  local kind = redis.call("TYPE", key)["ok"]
+  if kind == "hash" or kind == "none" then
+    return nil
+  end
+  local aside = set_aside(key)
+  return "deliveries " .. key .. " held a " .. kind .. ", not a hash of delivery counts: "
+    .. "renamed to " .. aside .. " (counts start again from there; inspect it, then "
+    .. "delete it)"
+end
+
+-- The type of key each way of putting an entry back writes (put_back); "level" writes
+-- levels, which push_returned checks itself (lua/_levels.lua).
+local PUT_BACK_TYPES = {rpush = "list", lpush = "list", sadd = "set", zadd = "zset"}
+
+-- A queue or seeds key of another type than `how` puts back to (written by hand: a seed
+-- SADDed to a list crawl's emptied seeds key) would fail a put-back after the lease left
+-- its holding: it is renamed out of the way ("<key>:wrongtype") before. Returns the
+-- dead-letter reason naming it, or nil.
+local function set_aside_destination(key, how)
+  local want = PUT_BACK_TYPES[how]
+  local kind = want and redis.call("TYPE", key)["ok"]
+  if not want or kind == want or kind == "none" then
+    return nil
+  end
+  local aside = set_aside(key)
+  return key .. " held a " .. kind .. ", not the " .. want .. " its entries go back to: "
+    .. "renamed to " .. aside .. " (inspect it, push its requests or seeds again, then "
+    .. "delete it)"
+end
+
+-- A delivery count as the scripts write it (a whole number), or nil for one written by
+-- hand ("junk", "nan", "1.5"...).
+local function count_of(value)
+  local n = tonumber(value)
+  if n == nil or n ~= math.floor(n) or n < 0 or n == math.huge then
+    return nil
+  end
+  return n
+end
+
+-- True if ZADD takes `score` as it is. tonumber also takes " 5", "1e999" or "1e-400",
+-- which ZADD refuses, and hex, which a server may refuse: a put-back failing on one
+-- comes after the holding was emptied.
+local function zadd_score(score)
+  local mantissa = string.match(score, "^[-+]?([%d.]*)[eE][-+]?%d+$")
+    or string.match(score, "^[-+]?([%d.]*)$")
+  if not mantissa then
+    local word = string.lower(string.match(score, "^[-+]?(%a*)$") or "")
+    return word == "inf" or word == "infinity"
+  end
+  local n = tonumber(score)
+  return n ~= nil and n ~= math.huge and n ~= -math.huge
+    and (n ~= 0 or not string.find(mantissa, "[1-9]"))
+end
+
 -- The holding record of an entry leased from `origin` at `score`.
 local function holding_record(origin, score, entry)
   if origin == FROM_QUEUE then
@@ -55,8 +115,7 @@ local function record_head(record)
     return nil
   end
   local origin, score = string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1)
-  local n = tonumber(score)
-  if (origin ~= FROM_QUEUE and origin ~= FROM_SEEDS) or n == nil or n ~= n then
+  if (origin ~= FROM_QUEUE and origin ~= FROM_SEEDS) or not zadd_score(score) then
     return nil
   end
   return origin, score, b
@@ -96,8 +155,9 @@ local function malformed_reason(key, id)
     .. "back to the queue (push the request again if it is one)"
 end
 
--- How many times each of the leases `ids` was delivered (a count absent: once): one
--- HMGET, none when the deliveries hash is empty. Returns a table aligned with `ids`.
+-- How many times each of the leases `ids` was delivered (a count absent, or not a count:
+-- once): one HMGET, none when the deliveries hash is empty. Returns a table aligned
+-- with `ids`.
 local function delivered(deliveries, ids)
   local counts = {}
   if #ids > 0 and redis.call("EXISTS", deliveries) == 1 then
@@ -105,7 +165,7 @@ local function delivered(deliveries, ids)
   end
   local out = {}
   for k = 1, #ids do
-    out[k] = tonumber(counts[k] or "1") or 1
+    out[k] = count_of(counts[k] or "1") or 1
   end
   return out
 end

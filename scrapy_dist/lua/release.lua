@@ -5,8 +5,10 @@
 -- Only this worker's holding is read.
 --
 -- A record it cannot read (edited by hand) is dead-lettered whole, and a priority level
--- that is not a list is set aside with a dead-letter record naming it (lua/_levels.lua),
--- both counted as dead: nothing is dropped or renamed silently.
+-- that is not a list, a deliveries key that is not a hash, or a queue or seeds key of
+-- another type than ARGV[1] or ARGV[2] puts back to, is set aside with a
+-- dead-letter record naming it (lua/_levels.lua, lua/_leases.lua), all counted as dead:
+-- nothing is dropped or renamed silently.
 --
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = request queue, KEYS[4] = seeds key, KEYS[5] = crawl epoch
@@ -35,6 +37,15 @@ for i = 5, #ARGV do
   known[ARGV[i]] = true
 end
 
+-- a deliveries key that is not a hash is set aside first (lua/_leases.lua): reading it
+-- would fail the call once the leases are out of the holding
+local buried, malformed = 0, 0
+local deliveries_aside = set_aside_deliveries(deliveries)
+if deliveries_aside then
+  redis.call("RPUSH", dead, dead_json("request", "", deliveries_aside, now, worker, 0))
+  buried = buried + 1
+end
+
 -- one HGETALL and one HDEL of the leases handed back (lua/_batch.lua); deliveries and
 -- entries go back one by one
 local flat = redis.call("HGETALL", holding)
@@ -45,9 +56,19 @@ for i = 1, #flat, 2 do
     records[#records + 1] = flat[i + 1]
   end
 end
+-- a queue or seeds key of another type than entries go back to is set aside before
+-- they leave the holding (lua/_leases.lua)
+if #mine > 0 then
+  for _, reason in ipairs({set_aside_destination(queue, qback) or false,
+      set_aside_destination(seeds, sback) or false}) do
+    if reason then
+      redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0))
+      buried = buried + 1
+    end
+  end
+end
 batched({"HDEL", holding}, mine)
 local times = delivered(deliveries, mine)
-local buried, malformed = 0, 0
 for k, id in ipairs(mine) do
   local origin, score, entry = parse_holding(id, records[k])
   if origin then

@@ -37,13 +37,16 @@
 --
 -- A worker's own expired leases are reclaimed like any other's: it let them lapse (it
 -- was paused past its lease, or it holds leases it no longer knows of, which a reserve
--- that grants nothing does not keep alive). A holding that is not a hash (written by hand), this worker's or an expired
--- one's, is renamed out of the way ("<holding>:wrongtype", lua/_leases.lua) with a
--- dead-letter record naming it (counted as dead), before anything is taken. A priority
--- level that holds another type than a list (written by hand) cannot be read: it is
--- renamed out of the way ("<level>:wrongtype", lua/_levels.lua) and leaves the queue's
--- index, with a dead-letter record naming it (counted as dead), and the other levels go
--- on; the same when an entry is put back to such a level.
+-- that grants nothing does not keep alive). A holding that is not a hash (written by
+-- hand), this worker's or an expired one's, is renamed out of the way
+-- ("<holding>:wrongtype", lua/_leases.lua) with a dead-letter record naming it (counted
+-- as dead), before anything is taken; so is a deliveries key that is not a hash, and a
+-- queue or seeds key of another type than ARGV[3] or ARGV[4] puts back to
+-- ("<key>:wrongtype"). A priority level that holds another type than a list (written by
+-- hand) cannot be read: it is renamed out of the way ("<level>:wrongtype",
+-- lua/_levels.lua) and leaves the queue's index, with a dead-letter record naming it
+-- (counted as dead), and the other levels go on; the same when an entry is put back to
+-- such a level. A lease record no reserve wrote is dead-lettered whole (malformed).
 -- A previous version's queue (a zset) found at the queue key when the levels run short
 -- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
 -- uses: _deadletter, _leases, _fence, _batch
@@ -82,6 +85,18 @@ local function holding_aside(key, holder)
 end
 -- this worker's first, before anything is taken that could not be recorded in it
 holding_aside(holding, worker)
+-- so is a deliveries key that is not a hash (it would fail the call once entries are
+-- taken or a holding reclaimed, and Redis keeps what was taken)
+-- and a queue or seeds key of another type than entries go back to (a put-back would
+-- fail after a holding was reclaimed)
+for _, reason in ipairs({set_aside_deliveries(deliveries) or false,
+    set_aside_destination(queue, qback) or false,
+    set_aside_destination(seeds, sback) or false}) do
+  if reason then
+    redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0))
+    redis.call("HINCRBY", stats, "dead", 1)
+  end
+end
 
 -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
 -- (this worker's too), then the previous version's. Their delivery counts are
@@ -307,10 +322,9 @@ if #ids > 0 then
   local counts, times_pairs, record_pairs = {}, {}, {}
   for k, id in ipairs(ids) do
     local entry, score = taken[k][1], taken[k][2]
-    local times = counts[id] or tonumber(before[k] or "0")
-    if times == nil then
-      redis.call("HINCRBY", deliveries, id, 1) -- not an integer: HINCRBY's own error
-    end
+    -- a count written by hand reads as one delivery, as delivered() reads it (failing
+    -- here would lose the entries taken)
+    local times = counts[id] or count_of(before[k] or "0") or 1
     times = times + 1
     counts[id] = times
     if times > 1 then

@@ -1,6 +1,9 @@
 -- Settle leases this worker holds: acknowledge (done), return for another try after a
 -- failure (or dead-letter it past the delivery limit), or hand back untouched.
--- Leases no longer held by this worker (expired and reclaimed) are left alone.
+-- Leases no longer held by this worker (expired and reclaimed) are left alone. A
+-- deliveries key that is not a hash (written by hand), or a queue or seeds key of
+-- another type than ARGV[2] or ARGV[3] puts back to, is set aside first, with a
+-- dead-letter record naming it (counted as dead, lua/_leases.lua).
 --
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = dead-letter list, KEYS[4] = request queue, KEYS[5] = seeds key
@@ -64,6 +67,16 @@ if all_done and redis.call("EXISTS", deliveries) == 0 then
   return {removed, 0, 0, 0, n - removed}
 end
 
+local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+
+-- a deliveries key that is not a hash is set aside first (lua/_leases.lua): reading it
+-- would fail the call after a lease was dead-lettered, which the next try did again
+local deliveries_aside = set_aside_deliveries(deliveries)
+if deliveries_aside then
+  redis.call("RPUSH", dead, dead_json("request", "", deliveries_aside, clock(), worker, 0))
+  buried = buried + 1
+end
+
 -- One HMGET of the records for the whole call; the leases settled are then deleted
 -- with one HDEL (lua/_batch.lua). An id settled earlier in the same call is not ours
 -- any more (its record is gone), as before.
@@ -73,7 +86,21 @@ for i = 6, #ARGV, 2 do
 end
 local records = batched({"HMGET", holding}, ids)
 
-local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+-- so is a queue or seeds key of another type than entries go back to, when one may go
+-- back (a failed put-back stopped every settle of this worker)
+for i = 7, #ARGV, 2 do
+  if ARGV[i] ~= DONE and string.sub(ARGV[i], 1, #DEAD_NOW) ~= DEAD_NOW then
+    for _, reason in ipairs({set_aside_destination(queue, qback) or false,
+        set_aside_destination(seeds, sback) or false}) do
+      if reason then
+        redis.call("RPUSH", dead, dead_json("request", "", reason, clock(), worker, 0))
+        buried = buried + 1
+      end
+    end
+    break
+  end
+end
+
 local settled, removed, cleared = {}, {}, {}
 for k, id in ipairs(ids) do
   local outcome = ARGV[5 + 2 * k]
