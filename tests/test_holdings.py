@@ -1199,3 +1199,83 @@ def test_seeds_of_another_type_do_not_stop_a_settle_for_good(
     assert crawl.settle("w", [(lease, "ValueError: x")]) == [0, 1, 1, 0, 0]
     assert client.lrange(crawl.seeds, 0, -1) == [b"https://example.com/1"]
     _seeds_set_aside(crawl)
+
+
+def _break_dead(crawl: Crawl) -> None:
+    """The operator writes the dead-letter key as a hash."""
+    crawl.client.hset(crawl.keys.dead, "note", b"by hand")
+
+
+def _dead_set_aside(crawl: Crawl) -> list[dict[str, Any]]:
+    """The hash written by hand is renamed out of the way, and the first record of the
+    fresh list names it; returns the records after it."""
+    aside = crawl.keys.dead + ":wrongtype"
+    assert crawl.client.hgetall(aside) == {b"note": b"by hand"}
+    first, *rest = crawl.dead()
+    assert crawl.keys.dead in first["reason"]
+    assert aside in first["reason"]
+    return rest
+
+
+def test_a_dead_letter_key_of_another_type_does_not_lose_a_reserves_batch(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A dead-letter key of another type (written by hand): a reserve that popped a
+    batch with an entry it dead-letters (pushed by hand without an id) failed on the
+    RPUSH, after the pops (the whole batch lost). The key is renamed out of the way,
+    the record naming it goes into the fresh list, and the batch is leased."""
+    crawl.enqueue(2)
+    ids = crawl.queued_ids()
+    client.lpush(level_key(crawl.queue, "0"), b"no id")
+    _break_dead(crawl)
+    leases = crawl.reserve("w", 3)
+    assert sorted(_ids(leases)) == sorted(ids)
+    [malformed] = _dead_set_aside(crawl)
+    assert malformed["data"] == "no id"
+    assert client.hget(crawl.keys.progress, "dead") == b"2"
+
+
+def test_a_dead_letter_key_of_another_type_does_not_lose_a_reclaimed_holding(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A reserve reclaiming an expired holding with a malformed record unlinked the
+    holding, then failed dead-lettering the record: every lease in it lost."""
+    crawl.enqueue(3)
+    ids = _ids(crawl.reserve("gone", 3))
+    client.hset(crawl.keys.holding("gone"), ids[0], b"junk")
+    crawl.expire("gone")
+    _break_dead(crawl)
+    crawl.reserve("a", 0)
+    assert sorted(crawl.queued_ids()) == sorted(ids[1:])
+    [malformed] = _dead_set_aside(crawl)
+    assert malformed["data"] == "junk"
+    assert client.exists(crawl.keys.holding("gone")) == 0
+
+
+def test_a_dead_letter_key_of_another_type_does_not_lose_what_a_release_hands_back(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    crawl.enqueue(3)
+    ids = _ids(crawl.reserve("w", 3))
+    client.hset(crawl.keys.holding("w"), ids[0], b"junk")
+    _break_dead(crawl)
+    assert crawl.release("w") == 2
+    assert sorted(crawl.queued_ids()) == sorted(ids[1:])
+    [malformed] = _dead_set_aside(crawl)
+    assert malformed["data"] == "junk"
+    assert client.hget(crawl.keys.progress, "dead") == b"2"
+
+
+def test_a_dead_letter_key_of_another_type_does_not_stop_a_settle_for_good(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """settle.lua failed on the RPUSH of a lease past the delivery limit on every try:
+    the worker's settles stopped for good."""
+    crawl.max_deliveries = 1
+    crawl.enqueue(2)
+    ids = _ids(crawl.reserve("w", 2))
+    _break_dead(crawl)
+    assert crawl.settle("w", [(ids[0], "ValueError: x"), (ids[1], DONE)]) == [1, 0, 2, 0, 0]
+    [failed] = _dead_set_aside(crawl)
+    assert failed["data"] == "payload 0"
+    assert crawl.held("w") == set()

@@ -238,3 +238,24 @@ local function dead_record(origin, entry, reason, now, worker, times)
   end
   return dead_json(origin == FROM_QUEUE and "request" or "seed", data, reason, now, worker, times)
 end
+
+-- RPUSH `record` to the dead-letter list `dead`. A key of another type there (written by
+-- hand) would fail the push after the call took what it buries (Redis keeps what was
+-- taken): it is renamed out of the way ("<dead>:wrongtype", lua/_levels.lua) and a record
+-- naming it goes first into a fresh list. Returns the records pushed (2 then, else 1),
+-- each counted as dead by the caller. No call more than the RPUSH when the key is a list.
+local function push_dead(dead, record, now, worker)
+  local pushed = redis.pcall("RPUSH", dead, record)
+  if type(pushed) == "number" then
+    return 1
+  end
+  if string.sub(pushed.err, 1, 9) ~= "WRONGTYPE" then
+    redis.call("RPUSH", dead, record) -- fails the call with Redis's own error
+  end
+  local kind = redis.call("TYPE", dead)["ok"]
+  local aside = set_aside(dead)
+  local reason = "dead-letter key " .. dead .. " held a " .. kind .. ", not a list of records: "
+    .. "renamed to " .. aside .. " (inspect it, then delete it)"
+  redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0), record)
+  return 2
+end

@@ -8,7 +8,8 @@
 -- that is not a list, a deliveries key that is not a hash, or a queue or seeds key of
 -- another type than ARGV[1] or ARGV[2] puts back to, is set aside with a
 -- dead-letter record naming it (lua/_levels.lua, lua/_leases.lua), all counted as dead:
--- nothing is dropped or renamed silently.
+-- nothing is dropped or renamed silently. So is a dead-letter key of another type, when
+-- a record is pushed (push_dead).
 --
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = request queue, KEYS[4] = seeds key, KEYS[5] = crawl epoch
@@ -40,10 +41,14 @@ end
 -- a deliveries key that is not a hash is set aside first (lua/_leases.lua): reading it
 -- would fail the call once the leases are out of the holding
 local buried, malformed = 0, 0
+-- every dead-letter record goes through bury (a dead key of another type is set aside
+-- first, lua/_leases.lua push_dead), counted as dead at the end
+local function bury(record)
+  buried = buried + push_dead(dead, record, now, worker)
+end
 local deliveries_aside = set_aside_deliveries(deliveries)
 if deliveries_aside then
-  redis.call("RPUSH", dead, dead_json("request", "", deliveries_aside, now, worker, 0))
-  buried = buried + 1
+  bury(dead_json("request", "", deliveries_aside, now, worker, 0))
 end
 
 -- one HGETALL and one HDEL of the leases handed back (lua/_batch.lua); deliveries and
@@ -62,8 +67,7 @@ if #mine > 0 then
   for _, reason in ipairs({set_aside_destination(queue, qback) or false,
       set_aside_destination(seeds, sback) or false}) do
     if reason then
-      redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0))
-      buried = buried + 1
+      bury(dead_json("request", "", reason, now, worker, 0))
     end
   end
 end
@@ -75,18 +79,15 @@ for k, id in ipairs(mine) do
     count_hand_back(deliveries, id, times[k])
     return_entry(origin, score, entry, queue, qback, seeds, sback)
   else
-    redis.call("RPUSH", dead, dead_json("request", records[k], malformed_reason(holding, id), now,
-      worker, times[k]))
+    bury(dead_json("request", records[k], malformed_reason(holding, id), now, worker, times[k]))
     if times[k] > 1 then
       redis.call("HDEL", deliveries, id)
     end
-    buried, malformed = buried + 1, malformed + 1
+    malformed = malformed + 1
   end
 end
 push_returned(function(key, kind, aside)
-  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), now,
-    worker, 0))
-  buried = buried + 1
+  bury(dead_json("request", "", set_aside_reason(key, kind, aside), now, worker, 0))
 end)
 if buried > 0 then
   redis.call("HINCRBY", stats, "dead", buried)

@@ -46,7 +46,9 @@
 -- hand) cannot be read: it is renamed out of the way ("<level>:wrongtype",
 -- lua/_levels.lua) and leaves the queue's index, with a dead-letter record naming it
 -- (counted as dead), and the other levels go on; the same when an entry is put back to
--- such a level. A lease record no reserve wrote is dead-lettered whole (malformed).
+-- such a level. A lease record no reserve wrote is dead-lettered whole (malformed). A
+-- dead-letter key of another type is renamed out of the way ("<dead>:wrongtype") when a
+-- record is pushed, the record naming it going first into the fresh list.
 -- A previous version's queue (a zset) found at the queue key when the levels run short
 -- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
 -- uses: _deadletter, _leases, _fence, _batch
@@ -65,12 +67,16 @@ end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
+-- every dead-letter record of the call, counted as dead at the end (one HINCRBY); a dead
+-- key of another type is set aside first (push_dead, lua/_leases.lua)
+local buried = 0
+local function bury(record)
+  buried = buried + push_dead(dead, record, now, worker)
+end
+
 -- a level renamed out of the way (lua/_levels.lua) is named in a dead-letter record
--- (counted as dead)
 local function set_aside_loudly(key, kind, aside)
-  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), now,
-    worker, 0))
-  redis.call("HINCRBY", stats, "dead", 1)
+  bury(dead_json("request", "", set_aside_reason(key, kind, aside), now, worker, 0))
 end
 
 -- a holding that is not a hash is set aside (lua/_leases.lua), named in a dead-letter
@@ -78,8 +84,7 @@ end
 local function holding_aside(key, holder)
   local reason, hash = set_aside_holding(key)
   if reason then
-    redis.call("RPUSH", dead, dead_json("request", "", reason, now, holder, 0))
-    redis.call("HINCRBY", stats, "dead", 1)
+    bury(dead_json("request", "", reason, now, holder, 0))
   end
   return reason, hash
 end
@@ -93,8 +98,7 @@ for _, reason in ipairs({set_aside_deliveries(deliveries) or false,
     set_aside_destination(queue, qback) or false,
     set_aside_destination(seeds, sback) or false}) do
   if reason then
-    redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0))
-    redis.call("HINCRBY", stats, "dead", 1)
+    bury(dead_json("request", "", reason, now, worker, 0))
   end
 end
 
@@ -103,7 +107,7 @@ end
 -- written at the end, one HSET and one HDEL for the call (lua/_batch.lua): `counted`
 -- holds each id's count to keep (false: none), in the order first met (`recounted`), and
 -- is read before the hash meanwhile.
-local budget, buried, counted, recounted = reclaim_limit, 0, {}, {}
+local budget, counted, recounted = reclaim_limit, {}, {}
 local function recount(id, times)
   if counted[id] == nil then
     recounted[#recounted + 1] = id
@@ -123,9 +127,8 @@ local function reclaim(id, origin, score, entry, times, holder)
   if times >= max_deliveries then
     local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
       .. "); SCHEDULER_MAX_DELIVERIES reached"
-    redis.call("RPUSH", dead, dead_record(origin, entry, reason, now, holder, times))
+    bury(dead_record(origin, entry, reason, now, holder, times))
     recount(id, false)
-    buried = buried + 1
   else
     return_entry(origin, score, entry, queue, qback, seeds, sback)
     -- a copy's id is not kept across deliveries
@@ -134,10 +137,8 @@ local function reclaim(id, origin, score, entry, times, holder)
 end
 -- a record no reserve wrote (edited by hand) is dead-lettered whole
 local function bury_malformed(key, id, record, holder, times)
-  redis.call("RPUSH", dead, dead_json("request", record, malformed_reason(key, id), now, holder,
-    times))
+  bury(dead_json("request", record, malformed_reason(key, id), now, holder, times))
   recount(id, false)
-  buried = buried + 1
 end
 for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT", 0,
     reclaim_limit)) do
@@ -210,9 +211,6 @@ if #forgotten > 0 and redis.call("EXISTS", deliveries) == 1 then
   batched({"HDEL", deliveries}, forgotten)
 end
 push_returned(set_aside_loudly)
-if buried > 0 then
-  redis.call("HINCRBY", stats, "dead", buried)
-end
 
 -- 2. lease new entries
 local taken
@@ -259,12 +257,11 @@ if source == FROM_QUEUE then
     if string.match(string.sub(pair[1], 1, ENTRY_ID_LEN), entry_id) then
       kept[#kept + 1] = pair
     else
-      redis.call("RPUSH", dead, dead_json("request", pair[1],
+      bury(dead_json("request", pair[1],
         "malformed queue entry: it does not start with the " .. ENTRY_ID_LEN
         .. "-digit entry id the enqueue script writes (pushed by hand? "
         .. "'scrapy-dist dead requeue' gives it one)",
         now, worker, 0))
-      redis.call("HINCRBY", stats, "dead", 1)
     end
   end
   taken = kept
@@ -341,5 +338,8 @@ if #ids > 0 then
 end
 if #ids > 0 then
   redis.call("ZADD", holders, now + duration, worker)
+end
+if buried > 0 then
+  redis.call("HINCRBY", stats, "dead", buried)
 end
 return result

@@ -3,7 +3,8 @@
 -- Leases no longer held by this worker (expired and reclaimed) are left alone. A
 -- deliveries key that is not a hash (written by hand), or a queue or seeds key of
 -- another type than ARGV[2] or ARGV[3] puts back to, is set aside first, with a
--- dead-letter record naming it (counted as dead, lua/_leases.lua).
+-- dead-letter record naming it (counted as dead, lua/_leases.lua); so is a dead-letter
+-- key of another type, when a record is pushed (push_dead).
 --
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = dead-letter list, KEYS[4] = request queue, KEYS[5] = seeds key
@@ -68,13 +69,17 @@ if all_done and redis.call("EXISTS", deliveries) == 0 then
 end
 
 local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+-- every dead-letter record goes through bury (a dead key of another type is set aside
+-- first, lua/_leases.lua push_dead), counted as dead at the end
+local function bury(record)
+  buried = buried + push_dead(dead, record, clock(), worker)
+end
 
 -- a deliveries key that is not a hash is set aside first (lua/_leases.lua): reading it
 -- would fail the call after a lease was dead-lettered, which the next try did again
 local deliveries_aside = set_aside_deliveries(deliveries)
 if deliveries_aside then
-  redis.call("RPUSH", dead, dead_json("request", "", deliveries_aside, clock(), worker, 0))
-  buried = buried + 1
+  bury(dead_json("request", "", deliveries_aside, clock(), worker, 0))
 end
 
 -- One HMGET of the records for the whole call; the leases settled are then deleted
@@ -93,8 +98,7 @@ for i = 7, #ARGV, 2 do
     for _, reason in ipairs({set_aside_destination(queue, qback) or false,
         set_aside_destination(seeds, sback) or false}) do
       if reason then
-        redis.call("RPUSH", dead, dead_json("request", "", reason, clock(), worker, 0))
-        buried = buried + 1
+        bury(dead_json("request", "", reason, clock(), worker, 0))
       end
     end
     break
@@ -118,15 +122,13 @@ for k, id in ipairs(ids) do
       cleared[#cleared + 1] = id
       done = done + 1
     elseif string.sub(outcome, 1, #DEAD_NOW) == DEAD_NOW then
-      redis.call("RPUSH", dead, string.sub(outcome, #DEAD_NOW + 1))
+      bury(string.sub(outcome, #DEAD_NOW + 1))
       cleared[#cleared + 1] = id
-      buried = buried + 1
     elseif not origin then
       -- a record no reserve wrote (edited by hand): it cannot go back, it is kept aside
-      redis.call("RPUSH", dead, dead_json("request", record, malformed_reason(holding, id), clock(),
-        worker, delivered(deliveries, {id})[1]))
+      bury(dead_json("request", record, malformed_reason(holding, id), clock(), worker,
+        delivered(deliveries, {id})[1]))
       cleared[#cleared + 1] = id
-      buried = buried + 1
     elseif outcome == HAND_BACK then
       count_hand_back(deliveries, id, delivered(deliveries, {id})[1])
       return_entry(origin, score, entry, queue, qback, seeds, sback)
@@ -136,9 +138,8 @@ for k, id in ipairs(ids) do
       if times >= max_deliveries then
         local reason = outcome .. " (failed on " .. times .. " deliveries; "
           .. "SCHEDULER_MAX_DELIVERIES reached)"
-        redis.call("RPUSH", dead, dead_record(origin, entry, reason, clock(), worker, times))
+        bury(dead_record(origin, entry, reason, clock(), worker, times))
         cleared[#cleared + 1] = id
-        buried = buried + 1
       else
         count_return(deliveries, id, times)
         return_entry(origin, score, entry, queue, qback, seeds, sback)
@@ -148,9 +149,7 @@ for k, id in ipairs(ids) do
   end
 end
 push_returned(function(key, kind, aside)
-  redis.call("RPUSH", dead, dead_json("request", "", set_aside_reason(key, kind, aside), clock(),
-    worker, 0))
-  buried = buried + 1
+  bury(dead_json("request", "", set_aside_reason(key, kind, aside), clock(), worker, 0))
 end)
 batched({"HDEL", holding}, removed)
 if #cleared > 0 and redis.call("EXISTS", deliveries) == 1 then
