@@ -1279,3 +1279,86 @@ def test_a_dead_letter_key_of_another_type_does_not_stop_a_settle_for_good(
     [failed] = _dead_set_aside(crawl)
     assert failed["data"] == "payload 0"
     assert crawl.held("w") == set()
+
+
+def _settle_all(crawl: Crawl, n: int) -> None:
+    crawl.enqueue(n)
+    assert crawl.settle("w", [(i, DONE) for i in _ids(crawl.reserve("w", n))])[0] == n
+
+
+@pytest.mark.parametrize("field", ["done", "dead", "run_base", "others_base"])
+def test_a_progress_counter_that_is_not_a_number_does_not_hang_the_crawl(
+    crawl: Crawl, client: redis.Redis, field: str
+) -> None:
+    """A counter or base of the progress hash written by hand: progress.lua did
+    arithmetic on nil on every call, so the crawl was never reported finished. It
+    reads as 0, reset, its text kept in "<field>:wrongtype"; the crawl is not finished
+    while anything is queued, and is once it is empty."""
+    _settle_all(crawl, 2)
+    crawl.enqueue(1, start=2)
+    client.hset(crawl.keys.progress, field, b"junk")
+    assert crawl.progress(grace=0)[0] == "busy"
+    _ids(crawl.reserve("w", 1))
+    assert crawl.progress(grace=0)[0] == "busy"
+    client.delete(crawl.keys.holding("w"))
+    client.zrem(crawl.keys.holders, "w")
+    client.hset(crawl.keys.progress, field, b"junk")
+    assert crawl.progress(grace=0)[0] == "finished"
+    assert client.hget(crawl.keys.progress, field + ":wrongtype") == b"junk"
+
+
+def test_a_shard_counter_that_is_not_a_number_is_counted_as_0(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    _settle_all(crawl, 2)
+    client.hset(crawl.keys.progress, "dead", b"1.5x")
+    k = crawl.keys
+    call = crawl.scripts.census(
+        queue=crawl.queue,
+        holders=k.holders,
+        previous=k.leases,
+        progress=k.progress,
+        epoch_key=k.epoch,
+        queue_kind="levels",
+        epoch="",
+    )
+    assert list(call.run()) == [0, 0, 2]
+    assert client.hget(k.progress, "dead:wrongtype") == b"1.5x"
+
+
+def test_a_settle_counts_past_a_done_counter_that_is_not_an_integer(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """settle.lua's HINCRBY failed after it had settled the leases: the call failed,
+    so the worker's next try found them not its own (the counts lost, the crawl
+    reported waiting). The counter restarts from the call's count, its text in a
+    dead-letter record, and this run still counts what it settled."""
+    _settle_all(crawl, 2)
+    client.hset(crawl.keys.progress, mapping={"done": b"junk", "run_base": b"5"})
+    crawl.enqueue(2, start=2)
+    ids = _ids(crawl.reserve("w", 2))
+    assert crawl.settle("w", [(ids[0], DONE), (ids[1], "ValueError: x")]) == [1, 1, 1, 0, 0]
+    [record] = crawl.dead()
+    assert record["data"] == "junk"
+    assert "done" in record["reason"]
+    progress = client.hgetall(crawl.keys.progress)
+    assert progress[b"done"] == b"1"
+    assert progress[b"dead"] == b"1"
+    assert int(progress[b"run_base"]) < 2
+    assert crawl.held("w") == set()
+
+
+def test_a_reserve_does_not_lose_its_batch_on_a_dead_counter_that_is_not_an_integer(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """reserve.lua counted an entry it dead-lettered (pushed without an id) with an
+    HINCRBY after the pops: on a counter written by hand it failed, the batch lost."""
+    crawl.enqueue(2)
+    ids = crawl.queued_ids()
+    client.lpush(level_key(crawl.queue, "0"), b"no id")
+    client.hset(crawl.keys.progress, "dead", b"junk")
+    assert sorted(_ids(crawl.reserve("w", 3))) == sorted(ids)
+    malformed, counter = crawl.dead()
+    assert malformed["data"] == "no id"
+    assert counter["data"] == "junk"
+    assert client.hget(crawl.keys.progress, "dead") == b"2"

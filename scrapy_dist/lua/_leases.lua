@@ -259,3 +259,81 @@ local function push_dead(dead, record, now, worker)
   redis.call("RPUSH", dead, dead_json("request", "", reason, now, worker, 0), record)
   return 2
 end
+
+-- A counter or base of the progress hash as the scripts read it (a finite whole number),
+-- or nil for one written by hand.
+local function integer_of(value)
+  local n = tonumber(value)
+  if n == nil or n ~= math.floor(n) or n == math.huge or n == -math.huge then
+    return nil
+  end
+  return n
+end
+
+-- Restart counter `field` of the progress hash `stats` at n, this call's count, keeping
+-- done + dead - run_base (this run's settlements, lua/progress.lua) at least n: the run
+-- is not reported waiting for what it settled.
+local function restart_count(stats, field, n)
+  redis.call("HSET", stats, field, n)
+  if field == "done" or field == "dead" then
+    local v = redis.call("HMGET", stats, "done", "dead", "run_base")
+    local done, dead = integer_of(v[1] or "0"), integer_of(v[2] or "0")
+    local base = integer_of(v[3] or "0")
+    if done and dead and base and done + dead - base < n then
+      redis.call("HSET", stats, "run_base", string.format("%.0f", done + dead - n))
+    end
+  end
+end
+
+-- Add to the counters of the progress hash `stats`: `counts` is {field, n, ...} (an n of
+-- 0 is skipped). A field HINCRBY cannot add to (not an integer, or out of range: written
+-- by hand) would fail the call after its writes: it is restarted (restart_count), its old
+-- text the data of a dead-letter record naming it, pushed to `dead` and counted as dead.
+-- Returns the records pushed. No call more than the HINCRBYs when the fields are integers.
+local function add_counts(stats, dead, counts, worker)
+  local pushed, i = 0, 1
+  while i < #counts do
+    local field, n = counts[i], counts[i + 1]
+    local added = n > 0 and redis.pcall("HINCRBY", stats, field, n)
+    if type(added) == "table" then
+      if not (string.find(added.err, "not an integer", 1, true)
+          or string.find(added.err, "overflow", 1, true)) then
+        redis.call("HINCRBY", stats, field, n) -- fails the call with Redis's own error
+      end
+      local old = redis.call("HGET", stats, field) or ""
+      restart_count(stats, field, n)
+      local t = redis.call("TIME")
+      local reason = "progress counter " .. field .. " of " .. stats .. " was not an integer "
+        .. "(written by hand?): restarted from this call's count, " .. n .. "; its old "
+        .. "text is this record's data"
+      local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+      local more = push_dead(dead, dead_json("request", old, reason, now, worker, 0), now, worker)
+      pushed = pushed + more
+      counts[#counts + 1], counts[#counts + 2] = "dead", more
+    end
+    i = i + 2
+  end
+  return pushed
+end
+
+-- The counters `fields` of the progress hash `stats` (one HMGET), and whether one was
+-- garbled: a value that is not a whole number (written by hand) reads as 0 and is reset
+-- to 0, its text kept in the field "<field>:wrongtype" of the hash (and the server log).
+local function read_counts(stats, fields)
+  local raw = redis.call("HMGET", stats, unpack(fields))
+  local counts, fixed = {}, {}
+  for k, field in ipairs(fields) do
+    counts[k] = integer_of(raw[k] or "0")
+    if not counts[k] then
+      counts[k] = 0
+      fixed[#fixed + 1], fixed[#fixed + 2] = field .. ":wrongtype", raw[k]
+      fixed[#fixed + 1], fixed[#fixed + 2] = field, "0"
+      redis.log(redis.LOG_WARNING, "scrapy_dist: progress counter " .. field .. " of " .. stats
+        .. " was not a number: reset to 0, its text kept in " .. field .. ":wrongtype")
+    end
+  end
+  if #fixed > 0 then
+    redis.call("HSET", stats, unpack(fixed))
+  end
+  return counts, #fixed > 0
+end

@@ -8,6 +8,8 @@
 -- KEYS[5] = its previous version's leases zset (counted as leased)
 -- ARGV[1] = queue kind ("list" or "levels", lua/_levels.lua)
 -- ARGV[2] = the crawl epoch this worker joined in that shard ("" = unfenced)
+-- A counter that is not a number (written by hand) reads as 0 and is reset, its text
+-- kept in "<field>:wrongtype" (lua/progress.lua lets its shard's base follow).
 -- Returns: {queued, leased, settled (done + dead)}; an error "EPOCH ..." if the shard's
 --          epoch is not ARGV[2], "WRONGTYPE ..." if the queue cannot be counted
 -- uses: _fence, _leases
@@ -20,6 +22,6 @@ local queued, refusal = queued_count(KEYS[1], ARGV[1])
 if refusal then
   return redis.error_reply(refusal)
 end
-local settled = tonumber(redis.call("HGET", KEYS[3], "done") or "0")
-  + tonumber(redis.call("HGET", KEYS[3], "dead") or "0")
-return {queued, leased_count(KEYS[2], KEYS[5]), settled}
+-- one HMGET; a counter written by hand reads as 0, reset (lua/_leases.lua read_counts)
+local c = read_counts(KEYS[3], {"done", "dead"})
+return {queued, leased_count(KEYS[2], KEYS[5]), c[1] + c[2]}

@@ -24,6 +24,9 @@
 --           or leased in the other shards, and settlements the other shards counted
 --           so far; the latter is stored as others_base when the crawl finishes, so a
 --           new run counts only its own
+-- A counter or base of KEYS[4] that is not a number (written by hand) reads as 0 and is
+-- reset, its text kept in "<field>:wrongtype"; the run then counts as having settled one
+-- (never finished while anything is queued, seeded or leased, only after GRACE).
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
 --          (nothing settled in this run), "idle" (empty, within the grace) or "finished";
 --          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
@@ -74,10 +77,22 @@ if finished_at then
   end
   return {"finished", 0, 0, 0, finished_at}
 end
-local settled = tonumber(redis.call("HGET", stats, "done") or "0")
-  + tonumber(redis.call("HGET", stats, "dead") or "0")
-  - tonumber(redis.call("HGET", stats, "run_base") or "0")
-  + others_settled - tonumber(redis.call("HGET", stats, "others_base") or "0")
+-- one HMGET; a counter written by hand reads as 0, reset (lua/_leases.lua read_counts)
+local c, garbled = read_counts(stats, {"done", "dead", "run_base", "others_base"})
+local others = others_settled - c[4]
+if others < 0 then
+  -- the other shards count less than when the crawl last finished (a counter of theirs
+  -- reset, or expired): the base follows
+  redis.call("HSET", stats, "others_base", tostring(others_settled))
+  others = 0
+end
+local settled = c[1] + c[2] - c[3] + others
+if garbled and settled <= 0 then
+  -- a garbled counter existed, so something was settled: counted as this run's (one),
+  -- so that an emptied crawl finishes rather than waits for ever
+  redis.call("HSET", stats, "run_base", string.format("%.0f", c[1] + c[2] + others - 1))
+  settled = 1
+end
 if settled <= 0 then
   return {"waiting", 0, 0, 0, ""}
 end

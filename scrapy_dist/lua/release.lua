@@ -14,6 +14,7 @@
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = request queue, KEYS[4] = seeds key, KEYS[5] = crawl epoch
 -- KEYS[6] = dead-letter list, KEYS[7] = crawl stats hash (counter: dead)
+--            (a counter that is not an integer is restarted, lua/_leases.lua add_counts)
 -- ARGV[1] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[2] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[3] = the crawl epoch this worker joined ("" = unfenced)
@@ -89,7 +90,6 @@ end
 push_returned(function(key, kind, aside)
   bury(dead_json("request", "", set_aside_reason(key, kind, aside), now, worker, 0))
 end)
-if buried > 0 then
-  redis.call("HINCRBY", stats, "dead", buried)
-end
+-- a counter written by hand is restarted, not a failure after the writes (add_counts)
+add_counts(stats, dead, {"dead", buried}, worker)
 return #mine - malformed

@@ -11,6 +11,7 @@
 -- KEYS[6] = seeds key
 -- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time)
 -- KEYS[8] = crawl stats hash (counters: dead)
+--            (a counter that is not an integer is restarted, lua/_leases.lua add_counts)
 -- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
 -- KEYS[10] = the previous version's leases zset (lease id -> deadline; only reclaimed)
 -- KEYS[11] = the previous version's leased hash (lease id -> "<origin>|<score>|<worker>|
@@ -339,7 +340,6 @@ end
 if #ids > 0 then
   redis.call("ZADD", holders, now + duration, worker)
 end
-if buried > 0 then
-  redis.call("HINCRBY", stats, "dead", buried)
-end
+-- a counter written by hand is restarted, not a failure after the pops (add_counts)
+add_counts(stats, dead, {"dead", buried}, worker)
 return result

@@ -9,6 +9,7 @@
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = dead-letter list, KEYS[4] = request queue, KEYS[5] = seeds key
 -- KEYS[6] = crawl stats hash (counters: done, retried, dead)
+--            (a counter that is not an integer is restarted, lua/_leases.lua add_counts)
 -- KEYS[7] = crawl epoch
 -- ARGV[1] = worker id
 -- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
@@ -62,10 +63,8 @@ if all_done and redis.call("EXISTS", deliveries) == 0 then
   for i = 1, n, BATCH_ARGS do
     removed = removed + redis.call("HDEL", holding, unpack(ids, i, math.min(i + BATCH_ARGS - 1, n)))
   end
-  if removed > 0 then
-    redis.call("HINCRBY", stats, "done", removed)
-  end
-  return {removed, 0, 0, 0, n - removed}
+  local buried = add_counts(stats, dead, {"done", removed}, worker)
+  return {removed, 0, buried, 0, n - removed}
 end
 
 local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
@@ -155,13 +154,7 @@ batched({"HDEL", holding}, removed)
 if #cleared > 0 and redis.call("EXISTS", deliveries) == 1 then
   batched({"HDEL", deliveries}, cleared)
 end
-if done > 0 then
-  redis.call("HINCRBY", stats, "done", done)
-end
-if retried > 0 then
-  redis.call("HINCRBY", stats, "retried", retried)
-end
-if buried > 0 then
-  redis.call("HINCRBY", stats, "dead", buried)
-end
+-- a counter written by hand is restarted, not a failure after the writes (add_counts)
+buried = buried + add_counts(stats, dead, {"done", done, "retried", retried, "dead", buried},
+  worker)
 return {done, retried, buried, handed, lost}
