@@ -91,15 +91,22 @@ local function holding_aside(key, holder)
 end
 -- this worker's first, before anything is taken that could not be recorded in it
 holding_aside(holding, worker)
--- so is a deliveries key that is not a hash (it would fail the call once entries are
--- taken or a holding reclaimed, and Redis keeps what was taken)
--- and a queue or seeds key of another type than entries go back to (a put-back would
--- fail after a holding was reclaimed)
-for _, reason in ipairs({set_aside_deliveries(deliveries) or false,
-    set_aside_destination(queue, qback) or false,
-    set_aside_destination(seeds, sback) or false}) do
-  if reason then
-    bury(dead_json("request", "", reason, now, worker, 0))
+-- so are, before the first expired lease leaves its holding, a deliveries key that is not
+-- a hash and a queue or seeds key of another type than entries go back to: reading or
+-- putting back would fail the call after the holding was emptied (Redis keeps what was
+-- taken). Only a call that reclaims pays for the check.
+local guarded = false
+local function guard_reclaim()
+  if guarded then
+    return
+  end
+  guarded = true
+  for _, reason in ipairs({set_aside_deliveries(deliveries) or false,
+      set_aside_destination(queue, qback) or false,
+      set_aside_destination(seeds, sback) or false}) do
+    if reason then
+      bury(dead_json("request", "", reason, now, worker, 0))
+    end
   end
 end
 
@@ -146,6 +153,7 @@ for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT
   if budget <= 0 then
     break
   end
+  guard_reclaim()
   local key = holding_key(holders, holder)
   if holder ~= worker and holding_aside(key, holder) then
     redis.call("ZREM", holders, holder)
@@ -181,6 +189,7 @@ end
 if budget > 0 then
   local expired = redis.call("ZRANGEBYSCORE", previous, "-inf", now, "LIMIT", 0, budget)
   if #expired > 0 then
+    guard_reclaim()
     local records = batched({"HMGET", previous_records}, expired)
     local times = times_of(expired)
     batched({"ZREM", previous}, expired)
@@ -313,9 +322,14 @@ local result = {}
 if #ids > 0 then
   -- deliveries: what HINCRBY id 1 would give each, an id leased twice in this call
   -- (one entry queued twice) counting twice; written only from the second delivery
+  -- (a deliveries key of another type, unless a reclaim set it aside already, is set
+  -- aside now: the entries are taken, nothing may fail)
   local before = {}
-  if redis.call("EXISTS", deliveries) == 1 then
+  local kind = redis.call("TYPE", deliveries)["ok"]
+  if kind == "hash" then
     before = batched({"HMGET", deliveries}, ids)
+  elseif kind ~= "none" then
+    bury(dead_json("request", "", set_aside_deliveries(deliveries), now, worker, 0))
   end
   local counts, times_pairs, record_pairs = {}, {}, {}
   for k, id in ipairs(ids) do
