@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 #: The fast path's block in settle.lua, from its comment to its return.
 _FAST_PATH = re.compile(
-    r"-- The common call: .*?return \{removed, 0, 0, 0, n - removed\}\nend\n", re.DOTALL
+    r"-- The common call: .*?return \{removed, 0, \w+, 0, n - removed\}\nend\n", re.DOTALL
 )
 
 

@@ -61,7 +61,8 @@ if all_done and redis.call("EXISTS", deliveries) == 0 then
   end
   local removed = 0
   for i = 1, n, BATCH_ARGS do
-    removed = removed + redis.call("HDEL", holding, unpack(ids, i, math.min(i + BATCH_ARGS - 1, n)))
+    local last = math.min(i + BATCH_ARGS - 1, n)
+    removed = removed + redis.call("HDEL", holding, unpack(ids, i, last))
   end
   local buried = add_counts(stats, dead, {"done", removed}, worker)
   return {removed, 0, buried, 0, n - removed}
