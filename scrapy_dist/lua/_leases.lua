@@ -73,6 +73,19 @@ local function set_aside_destination(key, how)
     .. "delete it)"
 end
 
+-- set_aside_destination for the queue key `queue` (put back to by `qback`) and the seeds
+-- key `seeds` (by `sback`): the dead-letter reasons of those set aside, in that order.
+local function set_aside_destinations(queue, qback, seeds, sback)
+  local reasons = {}
+  for _, reason in ipairs({set_aside_destination(queue, qback) or false,
+      set_aside_destination(seeds, sback) or false}) do
+    if reason then
+      reasons[#reasons + 1] = reason
+    end
+  end
+  return reasons
+end
+
 -- A delivery count as the scripts write it (a whole number), or nil for one written by
 -- hand ("junk", "nan", "1.5"...).
 local function count_of(value)

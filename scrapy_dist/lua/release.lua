@@ -65,11 +65,8 @@ end
 -- a queue or seeds key of another type than entries go back to is set aside before
 -- they leave the holding (lua/_leases.lua)
 if #mine > 0 then
-  for _, reason in ipairs({set_aside_destination(queue, qback) or false,
-      set_aside_destination(seeds, sback) or false}) do
-    if reason then
-      bury(dead_json("request", "", reason, now, worker, 0))
-    end
+  for _, reason in ipairs(set_aside_destinations(queue, qback, seeds, sback)) do
+    bury(dead_json("request", "", reason, now, worker, 0))
   end
 end
 batched({"HDEL", holding}, mine)

@@ -101,12 +101,12 @@ local function guard_reclaim()
     return
   end
   guarded = true
-  for _, reason in ipairs({set_aside_deliveries(deliveries) or false,
-      set_aside_destination(queue, qback) or false,
-      set_aside_destination(seeds, sback) or false}) do
-    if reason then
-      bury(dead_json("request", "", reason, now, worker, 0))
-    end
+  local counts_aside = set_aside_deliveries(deliveries)
+  if counts_aside then
+    bury(dead_json("request", "", counts_aside, now, worker, 0))
+  end
+  for _, reason in ipairs(set_aside_destinations(queue, qback, seeds, sback)) do
+    bury(dead_json("request", "", reason, now, worker, 0))
   end
 end
 

@@ -95,11 +95,8 @@ local records = batched({"HMGET", holding}, ids)
 -- back (a failed put-back stopped every settle of this worker)
 for i = 7, #ARGV, 2 do
   if ARGV[i] ~= DONE and string.sub(ARGV[i], 1, #DEAD_NOW) ~= DEAD_NOW then
-    for _, reason in ipairs({set_aside_destination(queue, qback) or false,
-        set_aside_destination(seeds, sback) or false}) do
-      if reason then
-        bury(dead_json("request", "", reason, clock(), worker, 0))
-      end
+    for _, reason in ipairs(set_aside_destinations(queue, qback, seeds, sback)) do
+      bury(dead_json("request", "", reason, clock(), worker, 0))
     end
     break
   end
