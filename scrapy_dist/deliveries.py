@@ -42,7 +42,7 @@ class Deliveries:
         frontier: the crawl's frontier, through which leases are taken and settled.
         in_flight: returns the requests the engine is still working on.
         stats: the crawler's stats collector.
-        prefetch: the buffer's low mark: an empty or low buffer is filled up to twice that.
+        prefetch: the buffer's low mark: a refill or a top-up leases up to twice that.
         max_held: leases this worker may hold at once (see the module docstring).
         on_empty: forgets what this worker knows of the crawl's dupefilter (its
             seen-cache), which a crawl that finishes deletes: called before that
