@@ -292,9 +292,8 @@ SCHEDULER_POLITENESS = False
 #: send time without renewal: a killed worker's tokens free their slot after this.
 SCHEDULER_POLITENESS_TIMEOUT = 60.0
 
-#: A worker's buffer of requests leased from Redis: an empty buffer is filled with up to
-#: twice this many in one call, and the timer tops up one that holds fewer than this many
-#: to twice as many; ``0`` means half of ``CONCURRENT_REQUESTS``.
+#: Requests leased from Redis in one call and buffered by the worker; ``0`` means
+#: half of ``CONCURRENT_REQUESTS``.
 SCHEDULER_PREFETCH = 0
 
 #: Request queue class: ``scrapy_dist.queue.PriorityQueue``, ``FifoQueue`` or ``LifoQueue``.

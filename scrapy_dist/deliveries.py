@@ -42,7 +42,7 @@ class Deliveries:
         frontier: the crawl's frontier, through which leases are taken and settled.
         in_flight: returns the requests the engine is still working on.
         stats: the crawler's stats collector.
-        prefetch: the buffer's low mark: a refill or a top-up leases up to twice that.
+        prefetch: requests leased per call.
         max_held: leases this worker may hold at once (see the module docstring).
         on_empty: forgets what this worker knows of the crawl's dupefilter (its
             seen-cache), which a crawl that finishes deletes: called before that
@@ -168,8 +168,7 @@ class Deliveries:
         decode: Callable[[bytes], Request],
         reject: Callable[[Lease, SerializationError], str],
     ) -> bool:
-        """Lease up to ``2 * prefetch`` requests into an empty buffer (as a top-up fills
-        it), within ``max_held``.
+        """Lease up to ``prefetch`` requests into the buffer.
 
         Args:
             decode: rebuilds a request from a queue entry; raises
@@ -183,7 +182,7 @@ class Deliveries:
         if not self.buffer:
             self.frontier.land()  # the flush in flight may bring some
         while not self.buffer:
-            if not self._reserve(decode, reject, 2 * self.prefetch):
+            if not self._reserve(decode, reject):
                 return False
         return True
 

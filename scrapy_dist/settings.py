@@ -757,8 +757,8 @@ class SchedulerConfig:
     """The scheduler's settings.
 
     Attributes:
-        prefetch: the buffer's low mark (``SCHEDULER_PREFETCH``, or half of
-            ``CONCURRENT_REQUESTS``): reserves fill it up to twice that.
+        prefetch: requests leased per call (``SCHEDULER_PREFETCH``, or half of
+            ``CONCURRENT_REQUESTS``).
         max_held: most requests a worker holds (``CONCURRENT_REQUESTS + 2 * prefetch``).
     """
 

@@ -100,19 +100,13 @@ def worker(
 
 
 def _started(scheduler: Scheduler, holding: set[Request], requests: int = 30) -> Request:
-    """Queue ``requests`` requests and take ``prefetch + 1`` into the engine (the first
-    synchronously, which leases ``2 * prefetch``: the buffer then holds ``prefetch - 1``,
-    low enough for the timer to top it up)."""
+    """Queue ``requests`` requests and take one into the engine (synchronously: the
+    buffer then holds ``prefetch - 1``)."""
     for i in range(requests):
         scheduler.enqueue_request(Request(f"{URL}{i}"))
     first = scheduler.next_request()
     assert first is not None
     holding.add(first)
-    for _ in range(4):
-        request = scheduler.next_request()
-        assert request is not None
-        holding.add(request)
-    assert len(scheduler.deliveries.buffer) == 3
     return first
 
 
@@ -190,7 +184,7 @@ def test_the_timer_flush_does_not_block_on_a_slow_redis(
         # the top-up the flush carried: 2 x prefetch - 3 buffered at the tick
         assert len(scheduler.deliveries.buffer) == 2 + 5
         assert scheduler.stats.get_value("scheduler/redis/background_flushes") == 1
-        assert _queued(scheduler) == 30 + 1 - 8 - 5
+        assert _queued(scheduler) == 30 + 1 - 4 - 5
 
 
 def test_a_parent_settled_during_a_flush_waits_for_its_children(
@@ -207,19 +201,19 @@ def test_a_parent_settled_during_a_flush_waits_for_its_children(
         _pause(slow)
         scheduler._tick()  # the children go, in flight
         assert scheduler.frontier.flying
-        holding.clear()  # their parents leave the engine while they are in flight
-        scheduler._tick()  # their acknowledgements wait behind them
+        holding.clear()  # their parent leaves the engine while they are in flight
+        scheduler._tick()  # its acknowledgement waits behind them
         assert outbox.ready == []
-        assert scheduler.frontier.pending_settlements == 5
+        assert scheduler.frontier.pending_settlements == 1
         # a synchronous flush (here: the heartbeat's, or a starved engine's reserve)
         # first lands the flush in flight, then sends the acknowledgement
         assert scheduler.frontier.flush() == []
         assert not scheduler.frontier.flying
         assert scheduler.frontier.pending_writes == 0
-        assert scheduler.stats.get_value("scheduler/leases/acked") == 5
-        assert _queued(scheduler) == 30 + 3 - 8 - 5
+        assert scheduler.stats.get_value("scheduler/leases/acked") == 1
+        assert _queued(scheduler) == 30 + 3 - 4 - 5
     arrive(landing)  # the reply's own landing, after it was applied: nothing more
-    assert scheduler.stats.get_value("scheduler/leases/acked") == 5
+    assert scheduler.stats.get_value("scheduler/leases/acked") == 1
 
 
 def test_an_outage_during_a_flush_in_flight_loses_nothing(
@@ -243,23 +237,23 @@ def test_an_outage_during_a_flush_in_flight_loses_nothing(
     assert not frontier.reachable
     assert frontier.outbox.pending_items == 3  # back in the outbox
     assert len(scheduler.deliveries.buffer) == 3  # the top-up brought nothing
-    holding.clear()  # the parents finish during the outage
-    scheduler._tick()  # within the backoff: nothing sent, their acks wait behind the children
+    holding.clear()  # the parent finishes during the outage
+    scheduler._tick()  # within the backoff: nothing sent, its ack waits behind the children
     assert frontier.outbox.ready == []
     server.restart()
     time.sleep(0.6)  # the first backoff pause
     frontier.flush()  # the children, confirmed ...
     assert frontier.reachable
-    assert frontier.pending_settlements == 5
-    frontier.flush()  # ... before their parents' acknowledgements go
+    assert frontier.pending_settlements == 1
+    frontier.flush()  # ... before their parent's acknowledgement goes
     assert frontier.pending_writes == 0
-    assert scheduler.stats.get_value("scheduler/leases/acked") == 5
+    assert scheduler.stats.get_value("scheduler/leases/acked") == 1
     # nothing lost: the 3 buffered still leased, the parent acknowledged, the children queued
     with server.client() as check:
         held = holdings(check, frontier.keys.crawl)
     buffered = {lease.id for lease, _ in scheduler.deliveries.buffer}
     assert {w: set(leases) for w, leases in held.items()} == {frontier.worker_id: buffered}
-    assert _queued(scheduler) == 30 + 3 - 8
+    assert _queued(scheduler) == 30 + 3 - 4
 
 
 def test_close_waits_for_the_flush_in_flight_and_hands_its_top_up_back(
@@ -274,17 +268,17 @@ def test_close_waits_for_the_flush_in_flight_and_hands_its_top_up_back(
         _pause(slow)
         scheduler._tick()  # the child and a top-up of 5 in flight
         assert scheduler.frontier.reserving == 5
-        held = 3 + 5 + 5  # buffered, in the engine, and the top-up's: counted as held
+        held = 3 + 1 + 5  # buffered, in the engine, and the top-up's: counted as held
         assert scheduler.deliveries.room() == scheduler.deliveries.max_held - held
         holding.clear()
         scheduler.close("finished")
         assert not scheduler.frontier.flying
         assert _leased(scheduler, slow) == 0  # the top-up was handed back, the rest too
-        assert _queued(scheduler) == 30 + 1 - 5
-        assert scheduler.stats.get_value("scheduler/leases/acked") == 5
+        assert _queued(scheduler) == 30 + 1 - 1
+        assert scheduler.stats.get_value("scheduler/leases/acked") == 1
         arrive(landing)  # the reply's landing, after close: nothing more happens
         assert _leased(scheduler, slow) == 0
-        assert _queued(scheduler) == 30 + 1 - 5
+        assert _queued(scheduler) == 30
 
 
 def test_a_starved_engine_does_not_wait_for_the_top_up_in_flight(
@@ -295,8 +289,7 @@ def test_a_starved_engine_does_not_wait_for_the_top_up_in_flight(
 ) -> None:
     scheduler, holding = worker()
     woken = wakes()
-    first = _started(scheduler, holding)
-    holding &= {first}  # the engine holds fewer than prefetch: it is starved
+    _started(scheduler, holding)
     _emptied(scheduler)
     with server.client() as slow:
         _pause(slow)

@@ -563,11 +563,11 @@ def test_a_paused_scheduler_hands_out_nothing_and_hands_back_its_buffer(
 
     scheduler = crawler_of()
     keys = scheduler.frontier.keys
-    for i in range(8):
+    for i in range(6):
         scheduler.enqueue_request(Request(f"https://example.com/{i}"))
     first = scheduler.next_request()
     assert first is not None
-    assert len(scheduler.deliveries.buffer) == 5  # 2 x prefetch leased
+    assert len(scheduler.deliveries.buffer) == 2
     scheduler.in_flight = lambda: {first}
     set_state(client, keys, PAUSED)
     scheduler.control.watcher._next_read = 0  # as if the poll interval had passed
@@ -579,7 +579,7 @@ def test_a_paused_scheduler_hands_out_nothing_and_hands_back_its_buffer(
     assert {w: set(leases) for w, leases in held.items()} == {
         scheduler.frontier.worker_id: {in_flight}
     }
-    assert queued_count(client, keys.requests) == 7
+    assert queued_count(client, keys.requests) == 5
     with pytest.raises(DontCloseSpider):
         scheduler.close_if_failed()
     scheduler.in_flight = set

@@ -231,21 +231,21 @@ def test_leases_granted_in_a_lost_reply_are_handed_back(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:
     w = worker()
-    for c in "abcd":
+    for c in "abc":
         w.scheduler.enqueue_request(Request(URL + c))
-    kept = w.take()  # two leases the worker knows about (2 x prefetch: one buffered)
+    kept = w.take()  # one lease the worker knows about
     assert kept is not None
     f = w.frontier
     # Redis runs a reserve whose reply never reaches the worker (it timed out)
     lost = f.leases.reserve_call(2, f.epoch)
     client.evalsha(lost.script.sha, len(lost.keys), *lost.keys, *lost.args)
     holding = f.keys.holding(f.worker_id)
-    assert client.hlen(holding) == 4
+    assert client.hlen(holding) == 3
     f.leases.reply_lost = True
     f.flush(reserve=0)  # the next call first hands back what the worker does not know
     f.settle([])
-    assert client.hlen(holding) == 2
-    assert leased_count(client, f.keys.crawl) == 2
+    assert client.hlen(holding) == 1
+    assert leased_count(client, f.keys.crawl) == 1
     assert queued_count(client, w.scheduler.queue.key) == 2
     assert w.scheduler.stats.get_value("scheduler/leases/released_unknown") == 2
     assert client.hlen(f.keys.deliveries) == 0  # handed back: that delivery not counted
@@ -440,7 +440,7 @@ def test_children_of_a_lease_taken_over_are_refused(
     assert client.exists(keys.holding(w.frontier.worker_id)) == 0
     others = keys.holding(other.frontier.worker_id)
     lease_of_other = client.hkeys(others)
-    assert len(lease_of_other) == 2  # the page and the child queued before (2 x prefetch)
+    assert len(lease_of_other) == 1
     # it resumes: the children of the page it held are refused by Redis, and dropped
     w.returns(parent, Request(URL + "child/1"), Request(URL + "child/2"))
     w.frontier.flush()

@@ -57,14 +57,9 @@ def test_the_timer_tops_up_a_low_buffer_with_its_flush(
     scheduler, holding = worker({"SCHEDULER_PREFETCH": 4, "CONCURRENT_REQUESTS": 8})
     for i in range(30):
         scheduler.enqueue_request(Request(f"{URL}{i}"))
-    first = scheduler.next_request()  # sends them, leases 2 x prefetch
+    first = scheduler.next_request()  # sends them, leases 4
     assert first is not None
     holding.add(first)
-    assert len(scheduler.deliveries.buffer) == 7
-    for _ in range(4):  # the engine takes 4 more: the buffer is low
-        request = scheduler.next_request()
-        assert request is not None
-        holding.add(request)
     assert len(scheduler.deliveries.buffer) == 3
     scheduler.enqueue_request(Request(f"{URL}child"))  # a write the next tick sends
     before = _round_trips(scheduler)
@@ -86,11 +81,9 @@ def test_no_top_up_without_writes_to_carry_it(
     scheduler, holding = worker({"SCHEDULER_PREFETCH": 4})
     for i in range(10):
         scheduler.enqueue_request(Request(f"{URL}{i}"))
-    for _ in range(5):  # the first leases 2 x prefetch; the buffer is low after
-        request = scheduler.next_request()
-        assert request is not None
-        holding.add(request)
-    assert len(scheduler.deliveries.buffer) == 3
+    first = scheduler.next_request()
+    assert first is not None
+    holding.add(first)
     scheduler.control.watcher._next_read = float("inf")  # no control read due either
     before = _round_trips(scheduler)
     scheduler._tick()  # nothing to send: the timer makes no round trip of its own
@@ -208,20 +201,19 @@ def test_an_empty_buffer_waits_for_the_timer_while_the_engine_is_busy(
     monkeypatch.setattr(_engine, "wake", woken.append)
     for i in range(20):
         scheduler.enqueue_request(Request(f"{URL}{i}"))
-    first = scheduler.next_request()  # the engine holds nothing: a reserve of 2 x prefetch
+    first = scheduler.next_request()  # the engine holds nothing: a reserve now
     assert first is not None
     holding.add(first)
-    for _ in range(3):
-        request = scheduler.next_request()
-        assert request is not None
-        holding.add(request)
+    second = scheduler.next_request()
+    assert second is not None
+    holding.add(second)
     scheduler._tick()  # the timer ticks (nothing to send: no round trip)
-    # the engine holds prefetch requests or more and the buffer is empty: no round trip now
+    # the engine holds prefetch requests and the buffer is empty: no round trip now
     before = _round_trips(scheduler)
     assert scheduler.next_request() is None
     assert _round_trips(scheduler) == before
     assert scheduler.stats.get_value("scheduler/refill/deferred") == 1
-    holding.clear()  # the engine finished all four: their acknowledgements wait
+    holding.clear()  # the engine finished both: their acknowledgements wait
     scheduler._tick()  # the timer leases with its flush and wakes the engine
     assert _round_trips(scheduler) == before + 1
     assert len(scheduler.deliveries.buffer) == 4

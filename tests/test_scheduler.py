@@ -369,10 +369,9 @@ def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
     assert stats.get_value("scheduler/leases/acked") is None
     assert scheduler.frontier.flush() == []
     assert stats.get_value("scheduler/leases/acked") == 1
-    # 2 x prefetch leased to this worker (an empty buffer is filled as a top-up fills it)
-    assert queued_count(client, scheduler.queue.key) == 10 - 8
+    assert queued_count(client, scheduler.queue.key) == 10 - 4  # four leased to this worker
     held = holdings(client, scheduler.frontier.keys.crawl)
-    assert {w: len(leases) for w, leases in held.items()} == {scheduler.frontier.worker_id: 8}
+    assert {w: len(leases) for w, leases in held.items()} == {scheduler.frontier.worker_id: 4}
     scheduler.close("finished")
 
 
