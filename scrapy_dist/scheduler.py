@@ -84,7 +84,7 @@ class Scheduler(BaseScheduler):
         flush_on_start: clear the queue and dupefilter at open if no other worker runs.
         idle_before_close: seconds to keep reporting pending work after the queue was
             last seen non-empty.
-        prefetch: the buffer's low mark: a reserve leases up to twice that.
+        prefetch: requests leased from Redis per call.
         heartbeat_interval: seconds between heartbeats and lease renewals.
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
