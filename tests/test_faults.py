@@ -334,6 +334,26 @@ def test_a_malformed_lease_record_of_a_paused_worker_is_dead_lettered_not_a_stal
 
 
 @pytest.mark.e2e
+def test_a_sequence_counter_written_by_hand_mid_crawl_loses_no_page(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """An operator writes the crawl's sequence counter by hand while two workers crawl:
+    every enqueue failed on it, so each batch of new links was dead-lettered as refused
+    and the crawl ended with most of the site missing. The counter is set aside and
+    restarted; the crawl ends complete, with nothing dead-lettered."""
+    with make_crawl(server, tmp_path, pages=500, delay=0.02) as crawl:
+        crawl.start(2)
+        crawl.seed()
+        crawl.hit_when(50)
+        crawl.client.set("pages:seq", b"edited by hand")
+        assert crawl.wait() == [0, 0], crawl.logs()
+        assert not crawl.missing(), crawl.logs()
+        assert crawl.client.get("pages:seq:wrongtype") == b"edited by hand"
+        assert crawl.client.llen("pages:dead") == 0
+        assert duplicates(crawl.site.hits()) == 0
+
+
+@pytest.mark.e2e
 def test_an_outage_longer_than_the_lease_duplicates_within_the_bound(
     server: RedisServer, tmp_path: Path
 ) -> None:

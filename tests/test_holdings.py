@@ -1362,3 +1362,83 @@ def test_a_reserve_does_not_lose_its_batch_on_a_dead_counter_that_is_not_an_inte
     assert malformed["data"] == "no id"
     assert counter["data"] == "junk"
     assert client.hget(crawl.keys.progress, "dead") == b"2"
+
+
+def _garble(client: redis.Redis, key: str, value: bytes | None) -> None:
+    """``key`` written by hand: the string ``value``, or a list when None."""
+    client.delete(key)
+    if value is None:
+        client.rpush(key, b"junk")
+    else:
+        client.set(key, value)
+
+
+@pytest.mark.parametrize("value", [b"junk", b"1.5", b"-5", b"99999999999999999", None])
+def test_a_sequence_counter_written_by_hand_is_restarted_above_every_id(
+    crawl: Crawl, client: redis.Redis, value: bytes | None
+) -> None:
+    """enqueue.lua numbers entries with INCRBY on the sequence counter. One written by
+    hand failed every enqueue (not an integer, another type: every batch the workers
+    found dead-lettered as refused), or gave ids that are not ENTRY_ID_LEN digits (a
+    negative one: every entry dead-lettered as malformed; 17 digits: its last digit read
+    as part of the payload). It is renamed out of the way and restarts at the server's
+    time in microseconds, above every id it gave."""
+    crawl.enqueue(2)
+    before = crawl.queued_ids()
+    _garble(client, crawl.keys.seq, value)
+    now_us = int(time.time() * 1_000_000)
+    assert crawl.enqueue(3, start=2) == [1, 1, 1]
+    ids = crawl.queued_ids()
+    assert len(set(ids)) == 5
+    assert all(len(i) == 16 and i.isdigit() for i in ids)
+    assert all(int(i) > now_us - 10_000_000 for i in set(ids) - set(before))
+    if value is not None:
+        assert client.get(crawl.keys.seq + ":wrongtype") == value
+    else:
+        assert client.lrange(crawl.keys.seq + ":wrongtype", 0, -1) == [b"junk"]
+    leases = crawl.reserve("w", 10)
+    assert sorted(entry[16:] for _, _, entry in leases) == [b"payload %d" % i for i in range(5)]
+    assert crawl.dead() == []
+    assert crawl.enqueue(1, start=5) == [1]  # the restarted counter counts on
+    assert int(crawl.queued_ids()[0]) == max(int(i) for i in ids) + 1
+
+
+def test_a_seed_copy_does_not_lose_the_seeds_taken_on_a_sequence_counter_written_by_hand(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """reserve.lua numbers a second copy of a leased seed with INCR on the sequence
+    counter, after it popped the seeds: one written by hand failed the call, and the
+    popped seeds were lost. The counter is set aside and restarted, with a dead-letter
+    record naming it, and both copies are leased."""
+    seed = b"https://example.com/twice"
+    client.rpush(crawl.seeds, seed, seed, b"https://e.com/other")
+    _garble(client, crawl.keys.seq, b"junk")
+    leases = crawl.reserve("w", 3, origin=FROM_SEEDS, take="lpop")
+    assert sorted(data for _, _, data in leases) == sorted([seed, seed, b"https://e.com/other"])
+    assert len(set(_ids(leases))) == 3
+    [record] = crawl.dead()
+    assert crawl.keys.seq + ":wrongtype" in record["reason"]
+    assert client.get(crawl.keys.seq + ":wrongtype") == b"junk"
+    assert client.llen(crawl.seeds) == 0
+    assert crawl.held("w") == set(_ids(leases))
+
+
+def test_a_sequence_counter_written_by_hand_is_not_set_aside_under_out_of_memory(
+    server: RedisServer, name: str
+) -> None:
+    """With maxmemory reached, an enqueue on a garbled counter is refused before its
+    first write (the outbox keeps the batch), the counter left as it was."""
+    client = server.client()
+    crawl = Crawl(client, name)
+    client.set(crawl.keys.seq, b"junk")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            crawl.enqueue(2)
+    finally:
+        client.config_set("maxmemory", 0)
+    assert client.get(crawl.keys.seq) == b"junk"
+    assert client.exists(crawl.keys.seq + ":wrongtype") == 0
+    assert crawl.enqueue(2) == [1, 1]
+    client.close()

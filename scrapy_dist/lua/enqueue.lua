@@ -3,7 +3,8 @@
 --
 -- KEYS[1] = request queue: a list, or a priority queue's marker (its levels,
 --           lua/_levels.lua, are named after it)
--- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id
+-- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id (one
+--           written by hand is set aside and restarted, lua/_sequence.lua)
 -- KEYS[3] = crawl epoch (see lua/_fence.lua)
 -- KEYS[4] = the calling worker's holding hash (lua/_leases.lua; read only for a request
 --           that names a parent lease)
@@ -33,7 +34,7 @@
 -- Returns: one integer per request, 1 if queued, 0 if its token was seen, -1 if its
 -- parent lease is not the caller's; an error "EPOCH ..." if the crawl's epoch is not
 -- ARGV[#ARGV] (nothing written).
--- uses: _batch, _filters, _levels, _fence
+-- uses: _batch, _filters, _levels, _fence, _sequence
 
 local queue, seq, holding = KEYS[1], KEYS[2], KEYS[4]
 local queue_kind, filter_kind = ARGV[1], ARGV[2]
@@ -132,12 +133,12 @@ end
 
 -- 2. push the new entries (one variadic LPUSH per list, lua/_batch.lua)
 if #accepted > 0 then
-  local last = redis.call("INCRBY", seq, #accepted)
+  local last = next_ids(seq, #accepted)
   local id = last - #accepted
   local push, by_level, order, names = {}, {}, {}, {}
   for _, i in ipairs(accepted) do
     id = id + 1
-    local digits = tostring(id)
+    local digits = id_text(id)
     local entry = string.rep("0", ENTRY_ID_LEN - #digits) .. digits .. ARGV[first + 4 * i + 2]
     if levels then
       local score = ARGV[first + 4 * i + 1]

@@ -9,7 +9,8 @@
 -- KEYS[4] = dead-letter list
 -- KEYS[5] = request queue
 -- KEYS[6] = seeds key
--- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time)
+-- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time;
+--           one written by hand is set aside and restarted, lua/_sequence.lua)
 -- KEYS[8] = crawl stats hash (counters: dead)
 --            (a counter that is not an integer is restarted, lua/_leases.lua add_counts)
 -- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
@@ -52,7 +53,7 @@
 -- record is pushed, the record naming it going first into the fresh list.
 -- A previous version's queue (a zset) found at the queue key when the levels run short
 -- is moved into levels by the call (as much as it would take: lua/migrate.lua's step).
--- uses: _deadletter, _leases, _fence, _batch
+-- uses: _deadletter, _leases, _fence, _batch, _sequence
 
 local holders, holding, deliveries, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queue, seeds, seq, stats = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -312,7 +313,12 @@ elseif #taken > 0 then
   note(previous_records)
   for k, id in ipairs(ids) do
     if held[id] then
-      ids[k] = id .. ":" .. redis.call("INCR", seq)
+      -- a counter written by hand is restarted, not a failure after the pops
+      local n, reason = next_ids(seq, 1)
+      if reason then
+        bury(dead_json("request", "", reason, now, worker, 0))
+      end
+      ids[k] = id .. ":" .. id_text(n)
     end
     held[id] = true -- leased by this call: a second copy in it gets its own id
   end
