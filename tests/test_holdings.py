@@ -1600,3 +1600,89 @@ def test_a_progress_key_of_another_type_is_set_aside_under_out_of_memory(
     assert len(crawl.queued_ids()) == 1
     assert crawl.held("w") == set()
     client.close()
+
+
+def _join(crawl: Crawl, worker: str = "w9", *, flush: bool = True) -> list[int]:
+    """Worker ``worker`` opens (lua/join.lua), flushing the frontier if it is alone."""
+    k = crawl.keys
+    call = crawl.scripts.join(
+        workers=k.workers,
+        progress=k.progress,
+        starts=k.starts,
+        flush_keys=[*k.frontier(), crawl.filter],
+        worker=worker,
+        timeout=60,
+        flush=flush,
+        age=0,
+    )
+    return list(call.run())
+
+
+def test_a_new_run_starts_past_a_progress_counter_that_is_not_a_number(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """join.lua added tonumber(done) + tonumber(dead) for a new run: nil arithmetic on
+    a counter written by hand, after the flush had deleted the frontier (the worker
+    failed to open; the next one flushed nothing, the run never started). It reads as
+    0, reset, its text kept in "done:wrongtype"."""
+    crawl.enqueue(1)
+    client.hset(crawl.keys.progress, mapping={"done": b"junk", "dead": 2, "finished_at": 1.0})
+    assert _join(crawl) == [0, 1, 1]
+    progress = client.hgetall(crawl.keys.progress)
+    assert progress[b"run_base"] == b"2"
+    assert progress[b"done"] == b"0"
+    assert progress[b"done:wrongtype"] == b"junk"
+    assert b"finished_at" not in progress
+    assert crawl.queued_ids() == []
+
+
+def test_a_new_runs_base_is_written_as_a_whole_number(crawl: Crawl, client: redis.Redis) -> None:
+    """tostring() wrote a base of 10^15 or more as "1e+15", which progress.lua then
+    read rounded (and HINCRBY-style readers not at all)."""
+    client.hset(crawl.keys.progress, mapping={"done": 10**15, "dead": 1, "finished_at": 1.0})
+    assert _join(crawl, flush=False) == [0, 0, 1]
+    assert client.hget(crawl.keys.progress, "run_base") == b"1000000000000001"
+
+
+@pytest.mark.parametrize("beat", [b"junk", b"nan", b"inf", b""])
+def test_a_heartbeat_that_is_not_a_number_counts_as_a_gone_worker(
+    crawl: Crawl, client: redis.Redis, beat: bytes
+) -> None:
+    """join.lua compared tonumber(heartbeat) with the timeout: nil for a heartbeat
+    written by hand (the worker failed to open), NaN or inf alive for ever (a flush at
+    start never ran). It counts as a gone worker's: pruned."""
+    crawl.enqueue(1)
+    client.hset(crawl.keys.workers, mapping={"other": beat})
+    assert _join(crawl) == [0, 1, 0]
+    assert client.hkeys(crawl.keys.workers) == [b"w9"]
+    assert crawl.queued_ids() == []
+
+
+def test_a_worker_registry_of_another_type_is_set_aside_not_flushed_past(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A worker registry written by hand as a string: every worker failed to open on
+    the HGETALL. It is renamed out of the way ("<workers>:wrongtype", the next free
+    name when taken); who is alive is unknown, so a flush at start does not run."""
+    crawl.enqueue(1)
+    client.set(crawl.keys.workers + ":wrongtype", b"taken")
+    client.set(crawl.keys.workers, b"junk")
+    assert _join(crawl) == [0, 0, 0]
+    assert client.get(crawl.keys.workers + ":wrongtype:2") == b"junk"
+    assert client.hkeys(crawl.keys.workers) == [b"w9"]
+    assert len(crawl.queued_ids()) == 1
+    assert _join(crawl, "w8") == [1, 0, 0]  # then as usual
+
+
+def test_a_progress_key_of_another_type_does_not_fail_a_join_after_its_flush(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """join.lua read the progress hash after the flush: WRONGTYPE, the frontier deleted
+    and the worker not registered. It is set aside before anything is written; the
+    fresh hash counts the run as having settled one, as the scripts that count do."""
+    crawl.enqueue(1)
+    _break_progress(crawl)
+    assert _join(crawl) == [0, 1, 0]
+    _progress_set_aside(crawl)
+    assert client.hkeys(crawl.keys.workers) == [b"w9"]
+    assert crawl.progress(grace=0)[0] == "finished"
