@@ -1686,3 +1686,16 @@ def test_a_progress_key_of_another_type_does_not_fail_a_join_after_its_flush(
     _progress_set_aside(crawl)
     assert client.hkeys(crawl.keys.workers) == [b"w9"]
     assert crawl.progress(grace=0)[0] == "finished"
+
+
+@pytest.mark.parametrize("beat", [b"junk", b"nan"])
+def test_a_worker_leaves_past_a_heartbeat_that_is_not_a_number(
+    crawl: Crawl, client: redis.Redis, beat: bytes
+) -> None:
+    """leave.lua failed on the nil compare after it had unregistered its worker (or
+    counted a NaN heartbeat alive): pruned as in join.lua."""
+    _join(crawl, "w1", flush=False)
+    client.hset(crawl.keys.workers, "other", beat)
+    call = crawl.scripts.leave(workers=crawl.keys.workers, worker="w1", timeout=60)
+    assert call.run() == 0
+    assert client.exists(crawl.keys.workers) == 0
