@@ -402,6 +402,20 @@ def test_reset_refuses_live_workers_and_needs_confirmation(
     assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"
 
 
+@pytest.mark.parametrize("beat", [b"junk", b"nan", b"inf"])
+def test_reset_counts_a_heartbeat_written_by_hand_as_a_gone_worker(
+    run: Any, redis_url: str, client: redis.Redis, name: str, beat: bytes
+) -> None:
+    """float() of "junk" failed reset with a traceback, and "inf" counted as alive for
+    ever; as in lua/join.lua, it is a gone worker's ("nan" already was)."""
+    keys = RedisKeys.build(name)
+    client.rpush(keys.dead, "x")
+    client.hset(keys.workers, "host:1:abc", beat)
+    code, out, err = run("reset", name, "--yes", "--redis-url", redis_url)
+    assert code == 0, err
+    assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"
+
+
 # -- a crawl that has no keys -------------------------------------------------------
 
 
