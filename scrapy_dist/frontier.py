@@ -19,6 +19,7 @@ calls and the epoch's fence into one round trip, and reads best with what it cal
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -43,7 +44,7 @@ from scrapy_dist.settings import check_frontier
 from scrapy_dist.workers import new_worker_id
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -68,6 +69,7 @@ __all__ = [
     "Progress",
     "Read",
     "fenced",
+    "progress_numbers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -119,6 +121,66 @@ class Progress(NamedTuple):
     queued: int
     seeds: int
     leased: int
+
+
+#: The counters of the progress hash, whole numbers as the scripts write them
+#: (``lua/_leases.lua`` ``integer_of``); its other numbers are times (``idle_since``,
+#: ``finished_at``).
+PROGRESS_COUNTERS = frozenset({"done", "retried", "dead", "run_base", "others_base"})
+
+#: ``(key, field, value)`` of the garbled progress values already warned about.
+_garbled: set[tuple[str, str, bytes]] = set()
+
+
+def _warn_once(key: str, field: str, value: bytes, message: str) -> None:
+    if (key, field, value) in _garbled:
+        return
+    if len(_garbled) < 1000:  # a bound: a long-running exporter reads it forever
+        _garbled.add((key, field, value))
+    logger.warning(message, {"key": key, "field": field, "value": value[:80]})
+
+
+def progress_numbers(raw: Mapping[bytes, bytes] | Exception | None, key: str) -> dict[str, float]:
+    """The numbers of the progress hash ``key`` as ``HGETALL`` read it (``raw``), by
+    field: its counters (:data:`PROGRESS_COUNTERS`) and times. A counter written by hand
+    that is not a whole number (``junk``, ``nan``, ``1.5``) reads as 0, as the scripts
+    read it, a time that is not a finite number as absent, and a key of another type
+    (``raw``, the ``WRONGTYPE`` error of the read; the next script that counts sets it
+    aside) as no numbers: each with one warning (once per value), never an error.
+
+    Raises:
+        redis.RedisError: ``raw`` is another error than ``WRONGTYPE``.
+    """
+    if isinstance(raw, Exception):
+        if not str(raw).startswith("WRONGTYPE"):
+            raise raw
+        _warn_once(
+            key,
+            "",
+            b"",
+            "Progress key %(key)s is not a hash (written by hand?): read as no counters; "
+            "the next script that counts renames it to %(key)s:wrongtype",
+        )
+        return {}
+    numbers: dict[str, float] = {}
+    for name, value in (raw or {}).items():
+        field = name.decode(errors="replace")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if field in PROGRESS_COUNTERS and not number.is_integer():
+            _warn_once(
+                key,
+                field,
+                value,
+                "Progress counter %(field)s of %(key)s is not a whole number (%(value)r, "
+                "written by hand?): read as 0",
+            )
+            numbers[field] = 0
+        elif math.isfinite(number):
+            numbers[field] = number
+    return numbers
 
 
 class Read(NamedTuple):
@@ -954,11 +1016,20 @@ class Frontier:
         return Progress(state.decode(), int(queued), int(seeds), int(leased))
 
     def totals(self) -> dict[str, int]:
-        """The crawl-wide counters (``done``, ``retried``, ``dead``)."""
-        reply = self.call(lambda: self.client.hgetall(self.keys.progress))
-        raw = cast("dict[bytes, bytes] | None", reply)
+        """The crawl-wide counters (``done``, ``retried``, ``dead``); one written by hand
+        reads as 0, a progress key of another type as none (:func:`progress_numbers`)."""
+
+        def read() -> Any:
+            try:
+                return self.client.hgetall(self.keys.progress)
+            except redis.exceptions.ResponseError as e:
+                if str(e).startswith("WRONGTYPE"):
+                    return e  # the key's content, not a refusal of the server: no backoff
+                raise
+
+        raw = cast("dict[bytes, bytes] | Exception | None", self.call(read))
         return {
-            name.decode(): int(float(value))
-            for name, value in (raw or {}).items()
-            if name in (b"done", b"retried", b"dead")
+            name: int(value)
+            for name, value in progress_numbers(raw, self.keys.progress).items()
+            if name in ("done", "retried", "dead")
         }

@@ -12,6 +12,7 @@ finds the crawls present in Redis with ``SCAN`` (:mod:`scrapy_dist.cli._crawls`)
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -23,6 +24,7 @@ from scrapy_dist.control import ControlState, read_state
 from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
 from scrapy_dist.filters.exact import SetBackend, window_set_state
 from scrapy_dist.filters.window import split_window_signature
+from scrapy_dist.frontier import progress_numbers
 from scrapy_dist.keys import (
     RedisKeys,
     expect_type,
@@ -337,12 +339,15 @@ def _leased_command(pipe: Any, client: redis.Redis, keys: RedisKeys) -> None:
 
 
 def _numbers(raw: Mapping[bytes, bytes]) -> dict[str, float]:
+    """The fields of ``raw`` that hold a finite number (others, written by hand, left out)."""
     result = {}
     for name, value in raw.items():
         try:
-            result[_text(name)] = float(value)
+            number = float(value)
         except ValueError:
             continue
+        if math.isfinite(number):
+            result[_text(name)] = number
     return result
 
 
@@ -397,7 +402,8 @@ def read_status(
         dupefilter: also read the dupefilter's state (one or two more round trips).
 
     Raises:
-        ConfigurationError: a key holds the wrong type for these settings.
+        ConfigurationError: a key holds the wrong type for these settings (but the
+            progress hash, read as no counters with a warning: ``progress_numbers``).
         redis.RedisError: Redis failed (``redis.ConnectionError`` when unreachable).
     """
     k = layout.keys
@@ -434,12 +440,14 @@ def read_status(
             raise reply
     types = [_text(t) for t in rest[: len(typed)]]
     for (key, expected, role), actual in zip(typed, types, strict=True):
-        check_type(key, actual, expected, role)
+        if role != "progress":  # read as no counters (progress_numbers), not refused
+            check_type(key, actual, expected, role)
     values = rest[len(typed) :]
-    for value in (now_reply, df_type, *values):
+    progress = progress_numbers(values[5], k.progress)
+    for value in (now_reply, df_type, *values[:5], *values[6:]):
         if isinstance(value, Exception):
             raise value
-    seeds, queued, leased, dead, workers, progress, items, stats_raw, timeline = values
+    seeds, queued, leased, dead, workers, _, items, stats_raw, timeline = values
     seconds, micros = cast("tuple[int, int]", now_reply)
     now = seconds + micros / 1e6
     stats = decode_stats(stats_raw)
@@ -472,7 +480,7 @@ def read_status(
         leased=int(leased),
         dead_key=k.dead,
         dead=int(dead),
-        progress=_numbers(progress),
+        progress=progress,
         workers=_numbers(workers),
         worker_timeout=layout.worker_timeout,
         items_key=layout.items,
@@ -574,8 +582,11 @@ def shard_figures(
             _leased_command(pipe, shard, keys)
             pipe.llen(keys.dead)
             pipe.hgetall(keys.progress)
-            queued, leased, dead, progress = pipe.execute()
-        counters = _numbers(progress)
+            queued, leased, dead, progress = pipe.execute(raise_on_error=False)
+        for value in (queued, leased, dead):
+            if isinstance(value, Exception):
+                raise value
+        counters = progress_numbers(progress, keys.progress)
         state = dupefilter_state(shard, config, keys) if dupefilter else None
         figures.append(
             {

@@ -10,6 +10,7 @@ crawl does, see :mod:`scrapy_dist.frontier`).
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import socket
@@ -48,7 +49,9 @@ def new_worker_id() -> str:
 
 def live_workers(client: redis.Redis, key: str, timeout: float) -> list[str]:
     """The workers registered in ``key`` with a heartbeat within ``timeout`` seconds of
-    the server's clock (none if the key is not a hash). One round trip."""
+    the server's clock (none if the key is not a hash; a heartbeat that is not a finite
+    number, written by hand, counts as a gone worker's, as in ``lua/join.lua``). One
+    round trip."""
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         pipe.hgetall(key)
@@ -56,7 +59,14 @@ def live_workers(client: redis.Redis, key: str, timeout: float) -> list[str]:
     if isinstance(workers, Exception):
         return []
     now = seconds + micros / 1e6
-    return sorted(w.decode() for w, beat in workers.items() if now - float(beat) <= timeout)
+    return sorted(w.decode() for w, beat in workers.items() if _beat_within(beat, now - timeout))
+
+
+def _beat_within(beat: bytes, since: float) -> bool:
+    try:
+        return since <= float(beat) < math.inf
+    except ValueError:
+        return False
 
 
 def previous_version_running(running: list[str], then: str) -> str:

@@ -280,6 +280,39 @@ def test_status_judges_a_new_run_on_its_own_work(
     assert json.loads(out)["state"] == "idle"
 
 
+@pytest.mark.parametrize("value", [b"junk", b"nan", b"inf", b"1.5"])
+def test_status_reads_a_progress_counter_written_by_hand_as_0(
+    redis_url: str, client: redis.Redis, name: str, run: Any, value: bytes
+) -> None:
+    """``int(float(...))`` of "nan" or "inf" failed the status (a traceback), and a
+    finished_at of 1e300 failed the text report; a counter that is not a whole number
+    reads as 0, as the scripts read it."""
+    client.hset(f"{name}:progress", mapping={"done": value, "dead": 2, "finished_at": b"1e300"})
+    code, out, err = run("status", name, "--json", "--redis-url", redis_url)
+    assert code == 0, err
+    progress = json.loads(out)["progress"]
+    assert (progress["done"], progress["dead"]) == (0, 2)
+    code, out, err = run("status", name, "--redis-url", redis_url)
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
+def test_status_reads_a_progress_key_of_another_type_as_no_counters(
+    redis_url: str, client: redis.Redis, name: str, run: Any
+) -> None:
+    """The progress key written as a string: status refused the whole crawl (the
+    scripts set it aside as they count, lua/_leases.lua)."""
+    client.set(f"{name}:progress", b"junk")
+    client.rpush(f"{name}:start_urls", b"https://a.example/")
+    code, out, err = run("status", name, "--json", "--redis-url", redis_url)
+    assert code == 0, err
+    status = json.loads(out)
+    assert (status["state"], status["seeds"]["waiting"]) == ("busy", 1)
+    assert status["progress"]["done"] == 0
+    code, out, err = run("status", name, "--redis-url", redis_url)
+    assert code == 0, err
+
+
 def test_status_reads_a_bloom_filter_with_its_own_size(
     run: Any, redis_url: str, client: redis.Redis, name: str
 ) -> None:
@@ -366,6 +399,20 @@ def test_reset_refuses_live_workers_and_needs_confirmation(
     assert client.exists(keys.dead)
     code, out, _ = run("reset", name, "--force", "--yes", "--redis-url", redis_url)
     assert code == 0
+    assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"
+
+
+@pytest.mark.parametrize("beat", [b"junk", b"nan", b"inf"])
+def test_reset_counts_a_heartbeat_written_by_hand_as_a_gone_worker(
+    run: Any, redis_url: str, client: redis.Redis, name: str, beat: bytes
+) -> None:
+    """float() of "junk" failed reset with a traceback, and "inf" counted as alive for
+    ever; as in lua/join.lua, it is a gone worker's ("nan" already was)."""
+    keys = RedisKeys.build(name)
+    client.rpush(keys.dead, "x")
+    client.hset(keys.workers, "host:1:abc", beat)
+    code, out, err = run("reset", name, "--yes", "--redis-url", redis_url)
+    assert code == 0, err
     assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"
 
 

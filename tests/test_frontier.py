@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +226,37 @@ def test_progress_to_finished(worker: Callable[..., Worker], client: redis.Redis
     assert f.totals() == {"done": 1}
     w.scheduler.enqueue_request(Request(URL))  # new work: the crawl is busy again
     assert _progress(f.progress(grace=0.3, clear=False)).state == "busy"
+
+
+@pytest.mark.parametrize("value", [b"junk", b"nan", b"inf", b"1.5"])
+def test_totals_read_a_counter_written_by_hand_as_0_with_one_warning(
+    worker: Callable[..., Worker],
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    value: bytes,
+) -> None:
+    """``int(float(value))`` failed the close of a finished crawl (ValueError,
+    OverflowError), or read "1.5" as 1 where the scripts read 0."""
+    f = worker().frontier
+    client.hset(f.keys.progress, mapping={"done": value, "dead": 2})
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier"):
+        assert f.totals() == {"done": 0, "dead": 2}
+        assert f.totals() == {"done": 0, "dead": 2}
+    [warning] = [r.getMessage() for r in caplog.records if "Progress counter" in r.getMessage()]
+    assert f.keys.progress in warning
+
+
+def test_totals_read_a_progress_key_of_another_type_as_no_counters(
+    worker: Callable[..., Worker], client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The WRONGTYPE was taken for a server refusing (a backoff, with a log line that
+    Redis is refusing): at a crawl's close, right before its last writes."""
+    f = worker().frontier
+    client.set(f.keys.progress, b"junk")
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier"):
+        assert f.totals() == {}
+    assert f.reachable
+    assert any("is not a hash" in r.getMessage() for r in caplog.records)
 
 
 def test_leases_granted_in_a_lost_reply_are_handed_back(

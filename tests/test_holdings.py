@@ -1441,4 +1441,261 @@ def test_a_sequence_counter_written_by_hand_is_not_set_aside_under_out_of_memory
     assert client.get(crawl.keys.seq) == b"junk"
     assert client.exists(crawl.keys.seq + ":wrongtype") == 0
     assert crawl.enqueue(2) == [1, 1]
+
+
+def _break_progress(crawl: Crawl, how: str = "string") -> None:
+    """The operator writes the progress hash as another type (a string, or a list)."""
+    crawl.client.delete(crawl.keys.progress)
+    if how == "string":
+        crawl.client.set(crawl.keys.progress, b"junk")
+    else:
+        crawl.client.rpush(crawl.keys.progress, b"junk")
+
+
+def _progress_set_aside(crawl: Crawl, suffix: str = ":wrongtype") -> str:
+    """The key written by hand was renamed to ``<progress><suffix>``, and a fresh hash
+    counts this run as having settled one (run_base -1); returns the new name."""
+    aside = crawl.keys.progress + suffix
+    assert crawl.client.type(aside) in (b"string", b"list")
+    assert crawl.client.hget(crawl.keys.progress, "run_base") == b"-1"
+    return aside
+
+
+@pytest.mark.parametrize("how", ["string", "list"])
+def test_a_reserve_does_not_lose_its_batch_on_a_progress_key_of_another_type(
+    crawl: Crawl, client: redis.Redis, how: str
+) -> None:
+    """A progress key of another type (written by hand): reserve.lua counted an entry
+    it dead-lettered (pushed without an id) with an HINCRBY after the pops, which
+    failed with WRONGTYPE: the batch lost. The key is renamed out of the way, a record
+    naming it pushed and counted, and the batch leased."""
+    crawl.enqueue(2)
+    ids = crawl.queued_ids()
+    client.lpush(level_key(crawl.queue, "0"), b"no id")
+    _break_progress(crawl, how)
+    assert sorted(_ids(crawl.reserve("w", 3))) == sorted(ids)
+    aside = _progress_set_aside(crawl)
+    malformed, named = crawl.dead()
+    assert malformed["data"] == "no id"
+    assert aside in named["reason"]
+    assert client.hget(crawl.keys.progress, "dead") == b"2"
+
+
+def test_a_settle_counts_past_a_progress_key_of_another_type(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """settle.lua's HINCRBY failed with WRONGTYPE after it had settled the leases: the
+    worker's next try found them not its own (the counts lost). Both ways of settling
+    (the all-done fast path, and the one that reads records) count into a fresh hash;
+    the emptied crawl then finishes after its grace, not waits."""
+    crawl.enqueue(4)
+    ids = _ids(crawl.reserve("w", 4))
+    _break_progress(crawl)
+    assert crawl.settle("w", [(ids[0], DONE), (ids[1], DONE)]) == [2, 0, 1, 0, 0]
+    aside = _progress_set_aside(crawl)
+    [named] = crawl.dead()
+    assert aside in named["reason"]
+    _break_progress(crawl, "list")  # again: the first name is taken
+    assert crawl.settle("w", [(ids[2], DONE), (ids[3], "ValueError: x")]) == [1, 1, 1, 0, 0]
+    _progress_set_aside(crawl, ":wrongtype:2")
+    assert client.hgetall(crawl.keys.progress) == {
+        b"run_base": b"-1",
+        b"done": b"1",
+        b"retried": b"1",
+        b"dead": b"1",
+    }
+    assert crawl.progress(grace=0)[0] == "busy"  # the retried entry is queued again
+    [last] = _ids(crawl.reserve("w", 1))
+    assert crawl.settle("w", [(last, DONE)]) == [1, 0, 0, 0, 0]
+    assert crawl.progress(grace=0)[0] == "finished"
+
+
+def test_a_release_with_a_progress_key_of_another_type_loses_nothing(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """release.lua handed the leases back and dead-lettered a malformed record, then
+    failed counting it: the call failed after its writes."""
+    crawl.enqueue(3)
+    ids = _ids(crawl.reserve("w", 3))
+    client.hset(crawl.keys.holding("w"), ids[0], b"junk")
+    _break_progress(crawl)
+    assert crawl.release("w") == 2
+    assert sorted(crawl.queued_ids()) == sorted(ids[1:])
+    aside = _progress_set_aside(crawl)
+    malformed, named = crawl.dead()
+    assert malformed["data"] == "junk"
+    assert aside in named["reason"]
+    assert client.hget(crawl.keys.progress, "dead") == b"2"
+
+
+def test_a_progress_key_of_another_type_does_not_hang_the_crawl(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """progress.lua failed with WRONGTYPE on every call (HDEL, HMGET), so the crawl was
+    never reported finished. The key is set aside; the crawl is not finished while
+    anything is queued or leased, and once emptied finishes after its grace (the
+    crawl had counters, so something was settled), not waits for ever."""
+    _settle_all(crawl, 2)
+    crawl.enqueue(1, start=2)
+    _break_progress(crawl)
+    assert crawl.progress(grace=0)[0] == "busy"
+    _progress_set_aside(crawl)
+    [lease] = _ids(crawl.reserve("w", 1))
+    _break_progress(crawl, "list")
+    assert crawl.progress(grace=0)[0] == "busy"
+    _progress_set_aside(crawl, ":wrongtype:2")
+    client.delete(crawl.keys.holding("w"))  # dropped by hand: nothing settled since
+    client.zrem(crawl.keys.holders, "w")
+    assert lease not in crawl.where()
+    assert crawl.progress(grace=60)[0] == "idle"
+    _break_progress(crawl)
+    assert crawl.progress(grace=0)[0] == "finished"
+    _progress_set_aside(crawl, ":wrongtype:3")
+
+
+def test_a_shard_progress_key_of_another_type_is_counted_as_0(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    _settle_all(crawl, 2)
+    _break_progress(crawl)
+    k = crawl.keys
+    call = crawl.scripts.census(
+        queue=crawl.queue,
+        holders=k.holders,
+        previous=k.leases,
+        progress=k.progress,
+        epoch_key=k.epoch,
+        queue_kind="levels",
+        epoch="",
+    )
+    assert list(call.run()) == [0, 0, 0]
+    _progress_set_aside(crawl)
+
+
+def test_a_progress_key_of_another_type_is_set_aside_under_out_of_memory(
+    server: RedisServer, name: str
+) -> None:
+    """With maxmemory reached (noeviction), a settle that deleted its leases goes on
+    (Redis lets a script that wrote finish): the key is renamed, the counts kept. A
+    progress check renames it too (RENAME is not refused), and reports the crawl busy
+    as it is."""
+    client = server.client()
+    crawl = Crawl(client, name)
+    crawl.enqueue(4)
+    ids = _ids(crawl.reserve("w", 3))
+    client.config_set("maxmemory-policy", "noeviction")
+    for step in range(2):
+        _break_progress(crawl)
+        client.config_set("maxmemory", 1)
+        try:
+            if step == 0:
+                assert crawl.settle("w", [(i, DONE) for i in ids]) == [3, 0, 1, 0, 0]
+            else:
+                assert crawl.progress(grace=0)[0] == "busy"
+        finally:
+            client.config_set("maxmemory", 0)
+        _progress_set_aside(crawl, [":wrongtype", ":wrongtype:2"][step])
+        if step == 0:
+            assert client.hget(crawl.keys.progress, "done") == b"3"
+    assert len(crawl.queued_ids()) == 1
+    assert crawl.held("w") == set()
     client.close()
+
+
+def _join(crawl: Crawl, worker: str = "w9", *, flush: bool = True) -> list[int]:
+    """Worker ``worker`` opens (lua/join.lua), flushing the frontier if it is alone."""
+    k = crawl.keys
+    call = crawl.scripts.join(
+        workers=k.workers,
+        progress=k.progress,
+        starts=k.starts,
+        flush_keys=[*k.frontier(), crawl.filter],
+        worker=worker,
+        timeout=60,
+        flush=flush,
+        age=0,
+    )
+    return list(call.run())
+
+
+def test_a_new_run_starts_past_a_progress_counter_that_is_not_a_number(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """join.lua added tonumber(done) + tonumber(dead) for a new run: nil arithmetic on
+    a counter written by hand, after the flush had deleted the frontier (the worker
+    failed to open; the next one flushed nothing, the run never started). It reads as
+    0, reset, its text kept in "done:wrongtype"."""
+    crawl.enqueue(1)
+    client.hset(crawl.keys.progress, mapping={"done": b"junk", "dead": 2, "finished_at": 1.0})
+    assert _join(crawl) == [0, 1, 1]
+    progress = client.hgetall(crawl.keys.progress)
+    assert progress[b"run_base"] == b"2"
+    assert progress[b"done"] == b"0"
+    assert progress[b"done:wrongtype"] == b"junk"
+    assert b"finished_at" not in progress
+    assert crawl.queued_ids() == []
+
+
+def test_a_new_runs_base_is_written_as_a_whole_number(crawl: Crawl, client: redis.Redis) -> None:
+    """tostring() wrote a base of 10^15 or more as "1e+15", which progress.lua then
+    read rounded (and HINCRBY-style readers not at all)."""
+    client.hset(crawl.keys.progress, mapping={"done": 10**15, "dead": 1, "finished_at": 1.0})
+    assert _join(crawl, flush=False) == [0, 0, 1]
+    assert client.hget(crawl.keys.progress, "run_base") == b"1000000000000001"
+
+
+@pytest.mark.parametrize("beat", [b"junk", b"nan", b"inf", b""])
+def test_a_heartbeat_that_is_not_a_number_counts_as_a_gone_worker(
+    crawl: Crawl, client: redis.Redis, beat: bytes
+) -> None:
+    """join.lua compared tonumber(heartbeat) with the timeout: nil for a heartbeat
+    written by hand (the worker failed to open), NaN or inf alive for ever (a flush at
+    start never ran). It counts as a gone worker's: pruned."""
+    crawl.enqueue(1)
+    client.hset(crawl.keys.workers, mapping={"other": beat})
+    assert _join(crawl) == [0, 1, 0]
+    assert client.hkeys(crawl.keys.workers) == [b"w9"]
+    assert crawl.queued_ids() == []
+
+
+def test_a_worker_registry_of_another_type_is_set_aside_not_flushed_past(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A worker registry written by hand as a string: every worker failed to open on
+    the HGETALL. It is renamed out of the way ("<workers>:wrongtype", the next free
+    name when taken); who is alive is unknown, so a flush at start does not run."""
+    crawl.enqueue(1)
+    client.set(crawl.keys.workers + ":wrongtype", b"taken")
+    client.set(crawl.keys.workers, b"junk")
+    assert _join(crawl) == [0, 0, 0]
+    assert client.get(crawl.keys.workers + ":wrongtype:2") == b"junk"
+    assert client.hkeys(crawl.keys.workers) == [b"w9"]
+    assert len(crawl.queued_ids()) == 1
+    assert _join(crawl, "w8") == [1, 0, 0]  # then as usual
+
+
+def test_a_progress_key_of_another_type_does_not_fail_a_join_after_its_flush(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """join.lua read the progress hash after the flush: WRONGTYPE, the frontier deleted
+    and the worker not registered. It is set aside before anything is written; the
+    fresh hash counts the run as having settled one, as the scripts that count do."""
+    crawl.enqueue(1)
+    _break_progress(crawl)
+    assert _join(crawl) == [0, 1, 0]
+    _progress_set_aside(crawl)
+    assert client.hkeys(crawl.keys.workers) == [b"w9"]
+    assert crawl.progress(grace=0)[0] == "finished"
+
+
+@pytest.mark.parametrize("beat", [b"junk", b"nan"])
+def test_a_worker_leaves_past_a_heartbeat_that_is_not_a_number(
+    crawl: Crawl, client: redis.Redis, beat: bytes
+) -> None:
+    """leave.lua failed on the nil compare after it had unregistered its worker (or
+    counted a NaN heartbeat alive): pruned as in join.lua."""
+    _join(crawl, "w1", flush=False)
+    client.hset(crawl.keys.workers, "other", beat)
+    call = crawl.scripts.leave(workers=crawl.keys.workers, worker="w1", timeout=60)
+    assert call.run() == 0
+    assert client.exists(crawl.keys.workers) == 0

@@ -291,10 +291,14 @@ def check_key(client: redis.Redis, key: str, expected: str | tuple[str, ...], ro
 
 
 def when(timestamp: float | None) -> str:
-    """A timestamp as local ``YYYY-MM-DD HH:MM:SS`` (empty for none)."""
+    """A timestamp as local ``YYYY-MM-DD HH:MM:SS`` (empty for none; one the platform
+    cannot show, written by hand, as the number)."""
     if not timestamp:
         return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+    except (OverflowError, OSError, ValueError):
+        return str(timestamp)
 
 
 def positive(text: str) -> float:

@@ -283,6 +283,19 @@ local function integer_of(value)
   return n
 end
 
+-- Rename the progress hash `stats`, found holding a `kind` (written by hand: SET
+-- <crawl>:progress junk), out of the way (lua/_levels.lua set_aside:
+-- "<stats>:wrongtype"), and start a fresh hash whose run_base is -1: the crawl had
+-- counters, so something was settled, and this run counts as having settled one (an
+-- emptied crawl finishes after its grace, lua/progress.lua, rather than waits for ever).
+-- Returns the reason naming it, for a dead-letter record or the server's log.
+local function set_aside_progress(stats, kind)
+  local aside = set_aside(stats)
+  redis.call("HSET", stats, "run_base", "-1")
+  return "progress hash " .. stats .. " held a " .. kind .. ", not a hash of counters: "
+    .. "renamed to " .. aside .. " (counting starts again from 0; inspect it, then delete it)"
+end
+
 -- Restart counter `field` of the progress hash `stats` at n, this call's count, keeping
 -- done + dead - run_base (this run's settlements, lua/progress.lua) at least n: the run
 -- is not reported waiting for what it settled.
@@ -302,6 +315,8 @@ end
 -- 0 is skipped). A field HINCRBY cannot add to (not an integer, or out of range: written
 -- by hand) would fail the call after its writes: it is restarted (restart_count), its old
 -- text the data of a dead-letter record naming it, pushed to `dead` and counted as dead.
+-- So is a progress hash of another type: it is set aside (set_aside_progress), a record
+-- naming it pushed and counted, and the counts go to a fresh hash.
 -- Returns the records pushed. No call more than the HINCRBYs when the fields are integers.
 local function add_counts(stats, dead, counts, worker)
   local pushed, i = 0, 1
@@ -309,16 +324,23 @@ local function add_counts(stats, dead, counts, worker)
     local field, n = counts[i], counts[i + 1]
     local added = n > 0 and redis.pcall("HINCRBY", stats, field, n)
     if type(added) == "table" then
-      if not (string.find(added.err, "not an integer", 1, true)
+      local wrongtype = string.sub(added.err, 1, 9) == "WRONGTYPE"
+      if not (wrongtype or string.find(added.err, "not an integer", 1, true)
           or string.find(added.err, "overflow", 1, true)) then
         redis.call("HINCRBY", stats, field, n) -- fails the call with Redis's own error
       end
-      local old = redis.call("HGET", stats, field) or ""
-      restart_count(stats, field, n)
+      local old, reason = ""
+      if wrongtype then
+        reason = set_aside_progress(stats, redis.call("TYPE", stats)["ok"])
+        redis.call("HINCRBY", stats, field, n)
+      else
+        old = redis.call("HGET", stats, field) or ""
+        restart_count(stats, field, n)
+        reason = "progress counter " .. field .. " of " .. stats .. " was not an integer "
+          .. "(written by hand?): restarted from this call's count, " .. n .. "; its old "
+          .. "text is this record's data"
+      end
       local t = redis.call("TIME")
-      local reason = "progress counter " .. field .. " of " .. stats .. " was not an integer "
-        .. "(written by hand?): restarted from this call's count, " .. n .. "; its old "
-        .. "text is this record's data"
       local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
       local more = push_dead(dead, dead_json("request", old, reason, now, worker, 0), now, worker)
       pushed = pushed + more
@@ -332,8 +354,19 @@ end
 -- The counters `fields` of the progress hash `stats` (one HMGET), and whether one was
 -- garbled: a value that is not a whole number (written by hand) reads as 0 and is reset
 -- to 0, its text kept in the field "<field>:wrongtype" of the hash (and the server log).
+-- A progress hash of another type is set aside (set_aside_progress, named in the server
+-- log) and the fresh hash read.
 local function read_counts(stats, fields)
-  local raw = redis.call("HMGET", stats, unpack(fields))
+  local raw = redis.pcall("HMGET", stats, unpack(fields))
+  if raw.err then
+    if string.sub(raw.err, 1, 9) ~= "WRONGTYPE" then
+      redis.call("HMGET", stats, unpack(fields)) -- fails the call with Redis's own error
+    end
+    redis.log(redis.LOG_WARNING, "scrapy_dist: "
+      .. set_aside_progress(stats, redis.call("TYPE", stats)["ok"]))
+    local counts = read_counts(stats, fields)
+    return counts, true
+  end
   local counts, fixed = {}, {}
   for k, field in ipairs(fields) do
     counts[k] = integer_of(raw[k] or "0")

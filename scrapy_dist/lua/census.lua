@@ -9,7 +9,9 @@
 -- ARGV[1] = queue kind ("list" or "levels", lua/_levels.lua)
 -- ARGV[2] = the crawl epoch this worker joined in that shard ("" = unfenced)
 -- A counter that is not a number (written by hand) reads as 0 and is reset, its text
--- kept in "<field>:wrongtype" (lua/progress.lua lets its shard's base follow).
+-- kept in "<field>:wrongtype" (lua/progress.lua lets its shard's base follow); a KEYS[3]
+-- of another type is renamed to "<KEYS[3]>:wrongtype" (named in the server log) and
+-- counting starts again in a fresh hash (lua/_leases.lua read_counts).
 -- Returns: {queued, leased, settled (done + dead)}; an error "EPOCH ..." if the shard's
 --          epoch is not ARGV[2], "WRONGTYPE ..." if the queue cannot be counted
 -- uses: _fence, _leases

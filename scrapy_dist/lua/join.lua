@@ -21,19 +21,50 @@
 -- ARGV[2] = seconds without heartbeat after which a worker counts as gone
 -- ARGV[3] = "1" to flush the frontier if no other worker is alive, else "0"
 -- ARGV[4] = seconds since this worker started (its age, so no clocks are compared)
+-- A heartbeat that is not a finite number (written by hand) counts as a gone worker's.
+-- A KEYS[1] or KEYS[2] of another type (written by hand) is renamed out of the way
+-- before anything is written ("<key>:wrongtype", lua/_levels.lua set_aside; named in the
+-- server log), and a fresh one started; who is alive is then unknown, so the frontier
+-- is not flushed nor KEYS[3] dropped (unless a new run starts). A counter of KEYS[2]
+-- that is not a number reads as 0 (lua/_leases.lua read_counts).
 -- Returns: {number of other live workers, 1 if the frontier was flushed else 0,
 --          1 if a new run started else 0}
--- uses: _levels
+-- uses: _levels, _leases
 
 local workers, progress = KEYS[1], KEYS[2]
 local me, timeout, flush = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1"
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
-local entries = redis.call("HGETALL", workers)
+-- Run `command` ({"HGETALL", key}, ...); a WRONGTYPE sets its key aside (reason_of(key,
+-- kind) renames it and names it in the server log) and reads as `empty`, with true.
+-- Other errors fail the call.
+local function read_or_set_aside(command, empty, reason_of)
+  local value = redis.pcall(unpack(command))
+  if type(value) ~= "table" or not value.err then
+    return value, false
+  end
+  if string.sub(value.err, 1, 9) ~= "WRONGTYPE" then
+    redis.call(unpack(command)) -- fails the call with Redis's own error
+  end
+  local key = command[2]
+  redis.log(redis.LOG_WARNING, "scrapy_dist: " .. reason_of(key, redis.call("TYPE", key)["ok"]))
+  return empty, true
+end
+
+-- both read before anything is written (a flush, a heartbeat pruned)
+local entries, unknown = read_or_set_aside({"HGETALL", workers}, {}, function(key, kind)
+  return "worker registry " .. key .. " held a " .. kind .. ", not a hash of heartbeats: "
+    .. "renamed to " .. set_aside(key) .. " (inspect it, then delete it)"
+end)
+local finished_at = read_or_set_aside({"HGET", progress, "finished_at"}, false,
+  set_aside_progress)
+finished_at = tonumber(finished_at or "")
+
 local others = 0
 for i = 1, #entries, 2 do
-  if tonumber(entries[i + 1]) < now - timeout then
+  local beat = tonumber(entries[i + 1])
+  if not (beat and beat >= now - timeout and beat ~= math.huge) then
     redis.call("HDEL", workers, entries[i])
   elseif entries[i] ~= me then
     others = others + 1
@@ -41,22 +72,21 @@ for i = 1, #entries, 2 do
 end
 
 local flushed = 0
-if flush and others == 0 then
+if flush and others == 0 and not unknown then
   unlink_frontier(KEYS, 4)
   flushed = 1
 end
 
 local new_run = 0
-local finished_at = tonumber(redis.call("HGET", progress, "finished_at") or "")
 if finished_at and finished_at < now - tonumber(ARGV[4]) then
-  local settled = tonumber(redis.call("HGET", progress, "done") or "0")
-    + tonumber(redis.call("HGET", progress, "dead") or "0")
+  -- one HMGET; a counter written by hand reads as 0, reset (lua/_leases.lua read_counts)
+  local c = read_counts(progress, {"done", "dead"})
   redis.call("HDEL", progress, "idle_since", "finished_at")
-  redis.call("HSET", progress, "run_base", tostring(settled))
+  redis.call("HSET", progress, "run_base", string.format("%.0f", c[1] + c[2]))
   redis.call("PERSIST", progress)
   new_run = 1
 end
-if others == 0 or new_run == 1 then
+if (others == 0 and not unknown) or new_run == 1 then
   redis.call("UNLINK", KEYS[3])
 end
 redis.call("HSET", workers, me, tostring(now))

@@ -4,6 +4,8 @@
 -- KEYS[1] = worker registry hash (worker id -> last heartbeat, server time in seconds)
 -- ARGV[1] = this worker's id
 -- ARGV[2] = seconds without heartbeat after which a worker counts as gone
+-- A heartbeat that is not a finite number (written by hand) counts as a gone worker's
+-- (pruned), as in lua/join.lua.
 -- Returns: the number of live workers remaining
 
 local workers = KEYS[1]
@@ -15,7 +17,8 @@ redis.call("HDEL", workers, me)
 local entries = redis.call("HGETALL", workers)
 local remaining = 0
 for i = 1, #entries, 2 do
-  if tonumber(entries[i + 1]) < now - timeout then
+  local beat = tonumber(entries[i + 1])
+  if not (beat and beat >= now - timeout and beat ~= math.huge) then
     redis.call("HDEL", workers, entries[i])
   else
     remaining = remaining + 1

@@ -26,7 +26,9 @@
 --           new run counts only its own
 -- A counter or base of KEYS[4] that is not a number (written by hand) reads as 0 and is
 -- reset, its text kept in "<field>:wrongtype"; the run then counts as having settled one
--- (never finished while anything is queued, seeded or leased, only after GRACE).
+-- (never finished while anything is queued, seeded or leased, only after GRACE). So does
+-- a KEYS[4] of another type: it is renamed to "<KEYS[4]>:wrongtype" (named in the server
+-- log, lua/_leases.lua set_aside_progress) and counting starts again in a fresh hash.
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
 --          (nothing settled in this run), "idle" (empty, within the grace) or "finished";
 --          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
@@ -37,8 +39,8 @@
 local queue, seeds, holders, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = fence(KEYS[5], ARGV[6])
 if refused then
-  local finished_at = redis.call("HGET", stats, "finished_at")
-  if finished_at and redis.call("EXISTS", KEYS[5]) == 0 then
+  local finished_at = redis.pcall("HGET", stats, "finished_at") -- an error: not finished
+  if type(finished_at) == "string" and redis.call("EXISTS", KEYS[5]) == 0 then
     -- finished, and its keys deleted: every worker of it may read that answer
     return {"finished", 0, 0, 0, finished_at}
   end
@@ -46,6 +48,12 @@ if refused then
 end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+-- a stats hash of another type (written by hand) is set aside before it is written (one
+-- TYPE: this script runs when a worker is idle, not per page)
+local kind = redis.call("TYPE", stats)["ok"]
+if kind ~= "hash" and kind ~= "none" then
+  redis.log(redis.LOG_WARNING, "scrapy_dist: " .. set_aside_progress(stats, kind))
+end
 
 local function size(key, kind)
   if kind == "zset" then

@@ -14,7 +14,8 @@
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = request queue, KEYS[4] = seeds key, KEYS[5] = crawl epoch
 -- KEYS[6] = dead-letter list, KEYS[7] = crawl stats hash (counter: dead)
---            (a counter that is not an integer is restarted, lua/_leases.lua add_counts)
+--            (a counter that is not an integer is restarted, and a key of another type
+--            set aside when the call counts, lua/_leases.lua add_counts)
 -- ARGV[1] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[2] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[3] = the crawl epoch this worker joined ("" = unfenced)

@@ -12,7 +12,8 @@
 -- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time;
 --           one written by hand is set aside and restarted, lua/_sequence.lua)
 -- KEYS[8] = crawl stats hash (counters: dead)
---            (a counter that is not an integer is restarted, lua/_leases.lua add_counts)
+--            (a counter that is not an integer is restarted, and a key of another type
+--            set aside when the call counts, lua/_leases.lua add_counts)
 -- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
 -- KEYS[10] = the previous version's leases zset (lease id -> deadline; only reclaimed)
 -- KEYS[11] = the previous version's leased hash (lease id -> "<origin>|<score>|<worker>|

@@ -9,7 +9,8 @@
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = dead-letter list, KEYS[4] = request queue, KEYS[5] = seeds key
 -- KEYS[6] = crawl stats hash (counters: done, retried, dead)
---            (a counter that is not an integer is restarted, lua/_leases.lua add_counts)
+--            (a counter that is not an integer is restarted, and a key of another type
+--            set aside when the call counts, lua/_leases.lua add_counts)
 -- KEYS[7] = crawl epoch
 -- ARGV[1] = worker id
 -- ARGV[2] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
