@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
+import re
+
+#: How Redis 6.2 wraps an error raised by a script's ``redis.call()``: "Error running
+#: script (call to f_<sha>): @user_script:<line>: [@user_script: <line>: -]<error>".
+#: Redis 7 passes the error through, its origin appended.
+_SCRIPT_WRAPPER = re.compile(
+    r"^Error running script \(call to f_[0-9a-f]+\): @user_script:\d+: (?:@user_script: \d+: )?-?"
+)
+
+
+def redis_error_text(error: BaseException) -> str:
+    """The text of a Redis error as the server's own error starts (``OOM ...``,
+    ``WRONGTYPE ...``): without redis-py's pipeline prefix ("Command # 1 (...) of
+    pipeline caused error: ") or Redis 6.2's wrapper of an error raised inside a script,
+    so that its first word is the error code on every supported server."""
+    message = str(error).rsplit("caused error: ", 1)[-1]
+    return _SCRIPT_WRAPPER.sub("", message, count=1)
+
 
 class ScrapyDistError(Exception):
     """Root of every exception this package raises on purpose."""

@@ -24,7 +24,7 @@ import redis
 
 from scrapy_dist import deadletter
 from scrapy_dist.connection import describe
-from scrapy_dist.exceptions import StaleFilterView
+from scrapy_dist.exceptions import StaleFilterView, redis_error_text
 from scrapy_dist.filters import filter_error
 from scrapy_dist.replication import Command
 from scrapy_dist.scripts import DONE, Fence
@@ -77,8 +77,9 @@ def refusal(error: BaseException) -> str | None:
     if type(error).__name__ == "OutOfMemoryError":  # redis-py >= 5.0.1
         return "OOM"
     if isinstance(error, redis.exceptions.ResponseError):
-        # a pipeline's error reads "Command # 1 (...) of pipeline caused error: BUSY ..."
-        message = str(error).rsplit("caused error: ", 1)[-1]
+        # a pipeline's error reads "Command # 1 (...) of pipeline caused error: BUSY ...",
+        # and Redis 6.2 wraps one raised inside a script (redis_error_text)
+        message = redis_error_text(error)
         code = message.split(" ", 1)[0]
         if code in REFUSALS:
             return code

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 import redis
 from scrapy import Request as _Request
 
-from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.exceptions import ConfigurationError, redis_error_text
 from scrapy_dist.keys import LEVELS_MARKER, expect_type, key_type, level_key, levels_key
 from scrapy_dist.scripts import ENTRY_ID_LEN, Fence, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
@@ -427,7 +427,7 @@ class PriorityQueue(RedisQueue):
             try:
                 done, left = (int(n) for n in cast("list[int]", call.run()))
             except redis.ResponseError as e:
-                if not str(e).startswith("WRONGTYPE"):
+                if not redis_error_text(e).startswith("WRONGTYPE"):
                     raise
                 raise ConfigurationError(
                     f"Redis key {self.key!r} is not a priority queue: {e}; delete the key "

@@ -29,6 +29,7 @@ from scrapy_dist.keys import RedisKeys, bucket_key
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.testing import TestSite
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
+from scrapy_dist.testing.refusals import OOM_REFUSED
 
 if TYPE_CHECKING:
     from scrapy_dist.testing import RedisServer
@@ -242,7 +243,7 @@ def test_oom_refusal_writes_nothing(server: RedisServer, name: str) -> None:
         client.config_set("maxmemory", 1)  # a private test server
         try:
             fresh = fps(17, 5)
-            with pytest.raises(redis.exceptions.OutOfMemoryError):
+            with pytest.raises(redis.exceptions.ResponseError, match=OOM_REFUSED):
                 queue.push([(b"p", 0.0, fp) for fp in fresh], backend)
         finally:
             client.config_set("maxmemory", 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,6 +20,7 @@ from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
 from scrapy_dist.scripts import DEAD_NOW, DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_entries
+from scrapy_dist.testing.refusals import OOM_REFUSED
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -757,7 +759,9 @@ def _oom(call: Any) -> bool:
     """Run ``call``; True if Redis refused it for want of memory."""
     try:
         call()
-    except redis.exceptions.OutOfMemoryError:
+    except redis.exceptions.ResponseError as e:
+        if not re.search(OOM_REFUSED, str(e)):
+            raise
         return True
     return False
 
@@ -1434,7 +1438,7 @@ def test_a_sequence_counter_written_by_hand_is_not_set_aside_under_out_of_memory
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)
     try:
-        with pytest.raises(redis.exceptions.OutOfMemoryError):
+        with pytest.raises(redis.exceptions.ResponseError, match=OOM_REFUSED):
             crawl.enqueue(2)
     finally:
         client.config_set("maxmemory", 0)

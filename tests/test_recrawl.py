@@ -34,6 +34,7 @@ from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.settings import Config
 from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_ready, wait_workers
+from scrapy_dist.testing.refusals import OOM_REFUSED
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -373,7 +374,7 @@ def test_oom_refusal_writes_nothing(server: RedisServer, name: str) -> None:
         queue.push([(b"a", 0.0, fps(9, 1)[0])], b)
         client.config_set("maxmemory", 1)  # a private test server
         try:
-            with pytest.raises(redis.exceptions.OutOfMemoryError):
+            with pytest.raises(redis.exceptions.ResponseError, match=OOM_REFUSED):
                 queue.push([(b"p", 0.0, fp) for fp in fps(10, 5)], b)
         finally:
             client.config_set("maxmemory", 0)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import redis
 
+from scrapy_dist.exceptions import redis_error_text
 from scrapy_dist.scripts import DONE, FROM_QUEUE, Scripts, source
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ class Crawl:
         try:
             return list(self._settle_call(outcomes).run())
         except redis.ResponseError as e:
-            return ("error", str(e).split(" script:")[0])
+            return ("error", redis_error_text(e).split(" script:")[0])
 
     def settle_general(self, outcomes: list[tuple[str, str]]) -> Any:
         """settle.lua without its fast path; the reply, or the error it raised."""
@@ -124,7 +125,7 @@ class Crawl:
         try:
             return list(self.general(keys=call.keys, args=call.args))
         except redis.ResponseError as e:
-            return ("error", str(e).split(" script:")[0])
+            return ("error", redis_error_text(e).split(" script:")[0])
 
     def snapshot(self) -> dict[bytes, bytes]:
         return {

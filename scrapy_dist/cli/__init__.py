@@ -51,7 +51,7 @@ from scrapy_dist.cli._context import (
     describe,
     err,
 )
-from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
+from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable, redis_error_text
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         err(f"scrapy-dist: error: no permission (Redis ACL of this user): {e}")
         return EXIT_FAILED
     except redis.ResponseError as e:
-        code = EXIT_USAGE if str(e).startswith("WRONGTYPE") else EXIT_FAILED
+        code = EXIT_USAGE if redis_error_text(e).startswith("WRONGTYPE") else EXIT_FAILED
         err(f"scrapy-dist: error: Redis answered: {e}")
         return code
     except KeyboardInterrupt:

@@ -11,7 +11,11 @@ if TYPE_CHECKING:
 
     import redis
 
-__all__ = ["refuse_noreplicas", "refuse_oom", "refuse_readonly"]
+__all__ = ["OOM_REFUSED", "refuse_noreplicas", "refuse_oom", "refuse_readonly"]
+
+#: What the error of a write refused for want of memory says, wherever it stands in the
+#: message (Redis 6.2 wraps an error a script's call raised: search, do not match).
+OOM_REFUSED = "used memory > 'maxmemory'"
 
 
 def refuse_oom(client: redis.Redis) -> Callable[[], object]:
