@@ -528,7 +528,11 @@ class ItemConsumer:
         redelivered ones; an id whose entry is gone (trimmed) is acknowledged."""
         entries: list[StreamEntry] = []
         gone: list[str] = []
+        unnamed = False
         for entry_id, fields in raw:
+            if entry_id is None:  # Redis 6.2: a trimmed pending entry, its id not given
+                unnamed = True
+                continue
             eid = _text(entry_id)
             if not fields:  # a pending entry the stream trimmed (no entry has no field)
                 gone.append(eid)
@@ -537,6 +541,8 @@ class ItemConsumer:
             # REDIS_ITEMS_SERIALIZER's output must reach ``decode`` byte for byte
             item = next((v for k, v in fields.items() if _text(k) == "item"), None)
             entries.append(StreamEntry(eid, item, _fields(fields), 1))
+        if unnamed:
+            gone += self._trimmed_pending()
         if gone:
             self.counts["trimmed"] += len(gone)
             self.client.xack(self.stream, self.group, *gone)
@@ -545,6 +551,20 @@ class ItemConsumer:
             entries = [e._replace(deliveries=counts.get(e.id, 1)) for e in entries]
         self.counts["read"] += len(entries)
         return entries
+
+    def _trimmed_pending(self, count: int = 1000) -> list[str]:
+        """The ids this consumer has pending whose entries the stream trimmed away (up to
+        ``count`` pending ids looked at): Redis 6.2's ``XAUTOCLAIM`` answers nil for
+        such an entry and keeps it pending, where Redis 7 names and drops it."""
+        rows = self.client.xpending_range(
+            self.stream, self.group, min="-", max="+", count=count, consumername=self.consumer
+        )
+        ids = [_text(r["message_id"]) for r in rows]
+        with self.client.pipeline(transaction=False) as pipe:
+            for entry_id in ids:
+                pipe.xrange(self.stream, min=entry_id, max=entry_id, count=1)
+            found = pipe.execute()
+        return [entry_id for entry_id, entries in zip(ids, found, strict=True) if not entries]
 
     def _deliveries(self, ids: list[str]) -> dict[str, int]:
         """Delivery counts of pending entries (one pipelined ``XPENDING`` per id)."""
