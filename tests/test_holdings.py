@@ -168,6 +168,20 @@ class Crawl:
         )
         return [v.decode() if isinstance(v, bytes) else v for v in call.run()]
 
+    def census(self) -> list[int]:
+        """``lua/census.lua``'s figures of this crawl: queued, leased, settled."""
+        k = self.keys
+        call = self.scripts.census(
+            queue=self.queue,
+            holders=k.holders,
+            previous=k.leases,
+            progress=k.progress,
+            epoch_key=k.epoch,
+            queue_kind="levels",
+            epoch="",
+        )
+        return list(call.run())
+
     # -- reading the state ----------------------------------------------------------------
 
     def expire(self, worker: str) -> None:
@@ -1317,16 +1331,7 @@ def test_a_shard_counter_that_is_not_a_number_is_counted_as_0(
     _settle_all(crawl, 2)
     client.hset(crawl.keys.progress, "dead", b"1.5x")
     k = crawl.keys
-    call = crawl.scripts.census(
-        queue=crawl.queue,
-        holders=k.holders,
-        previous=k.leases,
-        progress=k.progress,
-        epoch_key=k.epoch,
-        queue_kind="levels",
-        epoch="",
-    )
-    assert list(call.run()) == [0, 0, 2]
+    assert crawl.census() == [0, 0, 2]
     assert client.hget(k.progress, "dead:wrongtype") == b"1.5x"
 
 
@@ -1562,17 +1567,7 @@ def test_a_shard_progress_key_of_another_type_is_counted_as_0(
 ) -> None:
     _settle_all(crawl, 2)
     _break_progress(crawl)
-    k = crawl.keys
-    call = crawl.scripts.census(
-        queue=crawl.queue,
-        holders=k.holders,
-        previous=k.leases,
-        progress=k.progress,
-        epoch_key=k.epoch,
-        queue_kind="levels",
-        epoch="",
-    )
-    assert list(call.run()) == [0, 0, 0]
+    assert crawl.census() == [0, 0, 0]
     _progress_set_aside(crawl)
 
 
