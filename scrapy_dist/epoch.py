@@ -11,6 +11,7 @@ worker then reports its crawl lost instead of re-creating its state.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ def fenced(error: BaseException) -> str | None:
 def why_gone(client: redis.Redis, keys: RedisKeys, found: str, joined: str = "") -> str:
     """Why a crawl's epoch is ``found`` (:func:`fenced`) rather than ``joined``:
     :data:`FINISHED` (the run of ``joined`` was marked finished, even if another run
-    started since; or, when ``found`` is ``"none"``, a completion is recorded),
+    started since; or, when ``found`` is ``"none"``, a completion time is recorded),
     :data:`VANISHED` or :data:`REPLACED`."""
     try:
         finished_at, finished_epoch = client.hmget(keys.progress, ["finished_at", "finished_epoch"])
@@ -56,7 +57,16 @@ def why_gone(client: redis.Redis, keys: RedisKeys, found: str, joined: str = "")
         return FINISHED
     if found != "none":
         return REPLACED
-    return FINISHED if finished_at is not None else VANISHED
+    return FINISHED if _is_time(finished_at) else VANISHED
+
+
+def _is_time(value: bytes | str | None) -> bool:
+    """Whether a ``finished_at`` read from Redis is a time (a finite number), as
+    ``lua/progress.lua`` reads it: one written by hand is no completion."""
+    try:
+        return value is not None and math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def log_gone(state: str, args: dict[str, Any]) -> None:

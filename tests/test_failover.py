@@ -18,6 +18,7 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.connection import topology
+from scrapy_dist.epoch import FINISHED, why_gone
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import backend_from_config
 from scrapy_dist.frontier import DONE, VANISHED, Frontier
@@ -269,6 +270,27 @@ def test_a_master_restarted_without_its_data_stops_the_crawl(
     assert "is gone with it" in caplog.text
     assert "vanished" in caplog.text
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("finished_at", "state"),
+    [
+        (b"1795000000.25", FINISHED),
+        (b"2026-11-23 18:00", VANISHED),
+        (b"nan", VANISHED),
+        (None, VANISHED),
+    ],
+)
+def test_a_crawl_whose_epoch_is_gone_finished_only_if_it_has_a_completion_time(
+    client: redis.Redis, name: str, finished_at: bytes | None, state: str
+) -> None:
+    """A worker finding its crawl's epoch gone reads it as finished (a quiet close) only
+    if a completion time is recorded; one written by hand (not a number) is none, as
+    lua/progress.lua reads it: the frontier vanished (an ERROR, ``frontier_lost``)."""
+    keys = RedisKeys(crawl=name, requests="r", dupefilter="d", start_urls="s")
+    if finished_at is not None:
+        client.hset(keys.progress, "finished_at", finished_at)
+    assert why_gone(client, keys, "none", joined="e1") == state
 
 
 # -- a real failover behind Sentinel ----------------------------------------------------

@@ -1643,6 +1643,38 @@ def test_a_new_runs_base_is_written_as_a_whole_number(crawl: Crawl, client: redi
     assert client.hget(crawl.keys.progress, "run_base") == b"1000000000000001"
 
 
+@pytest.mark.parametrize("text", [b"2026-11-23 18:00", b"nan", b"inf", b""])
+def test_a_completion_time_that_is_not_a_number_starts_the_next_run(
+    crawl: Crawl, client: redis.Redis, text: bytes
+) -> None:
+    """join.lua read a finished_at written by hand as no completion, so no new run
+    started, and progress.lua then read the crawl as finished for ever: the next
+    workers closed at once (tests/test_faults.py has the crawl). It is a finish at an
+    unknown time: a new run starts, its text kept in "finished_at:wrongtype"."""
+    client.hset(crawl.keys.progress, mapping={"done": 3, "finished_at": text})
+    assert _join(crawl, flush=False) == [0, 0, 1]
+    progress = client.hgetall(crawl.keys.progress)
+    assert b"finished_at" not in progress
+    assert progress[b"finished_at:wrongtype"] == text
+    assert progress[b"run_base"] == b"3"
+    assert crawl.progress(grace=0)[0] == "waiting"
+
+
+@pytest.mark.parametrize("text", [b"yesterday", b"-inf"])
+def test_a_completion_time_written_mid_run_does_not_finish_the_crawl(
+    crawl: Crawl, client: redis.Redis, text: bytes
+) -> None:
+    """progress.lua read any finished_at as finished once nothing was queued, skipping
+    the grace. One that is not a number is moved aside and the crawl judged without it:
+    idle within the grace, finished after it."""
+    _settle_all(crawl, 1)
+    client.hset(crawl.keys.progress, "finished_at", text)
+    assert crawl.progress(grace=60)[0] == "idle"
+    assert client.hget(crawl.keys.progress, "finished_at:wrongtype") == text
+    assert crawl.progress(grace=0)[0] == "finished"
+    assert float(client.hget(crawl.keys.progress, "finished_at") or b"")
+
+
 @pytest.mark.parametrize("beat", [b"junk", b"nan", b"inf", b""])
 def test_a_heartbeat_that_is_not_a_number_counts_as_a_gone_worker(
     crawl: Crawl, client: redis.Redis, beat: bytes
@@ -1671,6 +1703,27 @@ def test_a_worker_registry_of_another_type_is_set_aside_not_flushed_past(
     assert client.hkeys(crawl.keys.workers) == [b"w9"]
     assert len(crawl.queued_ids()) == 1
     assert _join(crawl, "w8") == [1, 0, 0]  # then as usual
+
+
+def test_a_worker_registry_of_another_type_is_set_aside_by_the_next_heartbeat(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """heartbeat.lua and leave.lua failed on a registry written by hand (an error at
+    every heartbeat), so until another worker joined, `status` refused the crawl
+    (tests/test_faults.py has the crawl). The next heartbeat sets it aside and
+    registers its worker again; a joining worker then sees it alive."""
+    _join(crawl, "w8")
+    client.delete(crawl.keys.workers)
+    client.rpush(crawl.keys.workers, b"junk")
+    crawl.scripts.heartbeat(workers=crawl.keys.workers, worker="w8").run()
+    assert client.lrange(crawl.keys.workers + ":wrongtype", 0, -1) == [b"junk"]
+    assert client.hkeys(crawl.keys.workers) == [b"w8"]
+    assert _join(crawl, flush=True) == [1, 0, 0]  # w8 is alive: nothing flushed
+    client.delete(crawl.keys.workers)
+    client.set(crawl.keys.workers, b"junk")
+    left = crawl.scripts.leave(workers=crawl.keys.workers, worker="w8", timeout=60).run()
+    assert left == 0
+    assert client.get(crawl.keys.workers + ":wrongtype:2") == b"junk"
 
 
 def test_a_progress_key_of_another_type_does_not_fail_a_join_after_its_flush(

@@ -283,6 +283,25 @@ local function integer_of(value)
   return n
 end
 
+-- The completion time `text` of the progress hash (finished_at: server seconds) as a
+-- number, or nil with true when it is not a finite number (written by hand: a date):
+-- its text is then moved to the field "finished_at:wrongtype" (and named in the server
+-- log), so that the crawl is never read as finished by it.
+local function finished_time(stats, text)
+  if not text then -- HGET's nil reply is false in Lua
+    return nil, false
+  end
+  local n = tonumber(text)
+  if n and n == n and n ~= math.huge and n ~= -math.huge then
+    return n, false
+  end
+  redis.call("HSET", stats, "finished_at:wrongtype", text)
+  redis.call("HDEL", stats, "finished_at")
+  redis.log(redis.LOG_WARNING, "scrapy_dist: completion time finished_at of " .. stats
+    .. " was not a number (written by hand?): removed, its text kept in finished_at:wrongtype")
+  return nil, true
+end
+
 -- Rename the progress hash `stats`, found holding a `kind` (written by hand: SET
 -- <crawl>:progress junk), out of the way (lua/_levels.lua set_aside:
 -- "<stats>:wrongtype"), and start a fresh hash whose run_base is -1: the crawl had

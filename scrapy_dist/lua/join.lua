@@ -23,13 +23,15 @@
 -- ARGV[4] = seconds since this worker started (its age, so no clocks are compared)
 -- A heartbeat that is not a finite number (written by hand) counts as a gone worker's.
 -- A KEYS[1] or KEYS[2] of another type (written by hand) is renamed out of the way
--- before anything is written ("<key>:wrongtype", lua/_levels.lua set_aside; named in the
+-- before anything is written ("<key>:wrongtype", lua/_registry.lua; named in the
 -- server log), and a fresh one started; who is alive is then unknown, so the frontier
 -- is not flushed nor KEYS[3] dropped (unless a new run starts). A counter of KEYS[2]
--- that is not a number reads as 0 (lua/_leases.lua read_counts).
+-- that is not a number reads as 0 (lua/_leases.lua read_counts); a finished_at that is
+-- not a number counts as a finish long ago (a new run starts), its text kept in
+-- "finished_at:wrongtype".
 -- Returns: {number of other live workers, 1 if the frontier was flushed else 0,
 --          1 if a new run started else 0}
--- uses: _levels, _leases
+-- uses: _registry, _leases
 
 local workers, progress = KEYS[1], KEYS[2]
 local me, timeout, flush = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1"
@@ -53,13 +55,13 @@ local function read_or_set_aside(command, empty, reason_of)
 end
 
 -- both read before anything is written (a flush, a heartbeat pruned)
-local entries, unknown = read_or_set_aside({"HGETALL", workers}, {}, function(key, kind)
-  return "worker registry " .. key .. " held a " .. kind .. ", not a hash of heartbeats: "
-    .. "renamed to " .. set_aside(key) .. " (inspect it, then delete it)"
-end)
+local entries, unknown = read_or_set_aside({"HGETALL", workers}, {}, set_aside_registry)
 local finished_at = read_or_set_aside({"HGET", progress, "finished_at"}, false,
   set_aside_progress)
-finished_at = tonumber(finished_at or "")
+-- a completion time written by hand (not a number) is a finish at an unknown time:
+-- long enough ago that this worker starts the next run (its text is kept aside)
+local finished_long_ago
+finished_at, finished_long_ago = finished_time(progress, finished_at)
 
 local others = 0
 for i = 1, #entries, 2 do
@@ -78,7 +80,7 @@ if flush and others == 0 and not unknown then
 end
 
 local new_run = 0
-if finished_at and finished_at < now - tonumber(ARGV[4]) then
+if finished_long_ago or (finished_at and finished_at < now - tonumber(ARGV[4])) then
   -- one HMGET; a counter written by hand reads as 0, reset (lua/_leases.lua read_counts)
   local c = read_counts(progress, {"done", "dead"})
   redis.call("HDEL", progress, "idle_since", "finished_at")

@@ -6,14 +6,17 @@
 -- ARGV[2] = seconds without heartbeat after which a worker counts as gone
 -- A heartbeat that is not a finite number (written by hand) counts as a gone worker's
 -- (pruned), as in lua/join.lua.
+-- A KEYS[1] of another type (written by hand) is renamed to "<KEYS[1]>:wrongtype" (named in
+-- the server log, lua/_registry.lua): none is known alive then, and none remains.
 -- Returns: the number of live workers remaining
+-- uses: _registry
 
 local workers = KEYS[1]
 local me, timeout = ARGV[1], tonumber(ARGV[2])
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
-redis.call("HDEL", workers, me)
+registry_write({"HDEL", workers, me})
 local entries = redis.call("HGETALL", workers)
 local remaining = 0
 for i = 1, #entries, 2 do

@@ -29,6 +29,9 @@
 -- (never finished while anything is queued, seeded or leased, only after GRACE). So does
 -- a KEYS[4] of another type: it is renamed to "<KEYS[4]>:wrongtype" (named in the server
 -- log, lua/_leases.lua set_aside_progress) and counting starts again in a fresh hash.
+-- A finished_at that is not a number (written by hand) is not read as finished: it is
+-- moved to "finished_at:wrongtype" (lua/_leases.lua finished_time) and the crawl judged
+-- as if it had none.
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
 --          (nothing settled in this run), "idle" (empty, within the grace) or "finished";
 --          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
@@ -40,7 +43,8 @@ local queue, seeds, holders, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = fence(KEYS[5], ARGV[6])
 if refused then
   local finished_at = redis.pcall("HGET", stats, "finished_at") -- an error: not finished
-  if type(finished_at) == "string" and redis.call("EXISTS", KEYS[5]) == 0 then
+  if type(finished_at) == "string" and tonumber(finished_at)
+      and redis.call("EXISTS", KEYS[5]) == 0 then
     -- finished, and its keys deleted: every worker of it may read that answer
     return {"finished", 0, 0, 0, finished_at}
   end
@@ -77,7 +81,7 @@ if queued + waiting + leased > 0 then
   return {"busy", queued, waiting, leased, ""}
 end
 local finished_at = redis.call("HGET", stats, "finished_at")
-if finished_at then
+if finished_time(stats, finished_at) then
   if ARGV[4] == "1" then
     -- a replacement that joined this run after its keys were deleted re-created its
     -- epoch (and maybe a key or two, all empty now): delete them again
