@@ -78,6 +78,10 @@ key                        type         holds
 ``<crawl>:polite:tokens``  zset         politeness tokens ``<token>|<slot>`` -> deadline
 ``<crawl>:polite:busy``    hash         download slot -> politeness tokens outstanding
 ``<crawl>:polite:next``    zset         download slot -> next allowed send (server ms)
+``<key>:wrongtype``        (any)        a key of the crawl found holding another type
+                                        (written by hand), renamed out of the way by a
+                                        script (:func:`set_aside_key`): kept for the
+                                        operator to inspect and delete
 =========================  ===========  ==============================================
 
 A sharded crawl (``SCHEDULER_SHARDS = N > 1``, :func:`shard_keys`) keeps the keys above
@@ -167,6 +171,17 @@ def level_key(queue: str, name: str) -> str:
     """Level ``name`` of priority queue ``queue``: ``<queue>:level:<name>``, a list of
     entries (``lua/_levels.lua`` builds the same names, with the queue's hash tag)."""
     return queue + LEVEL_INFIX + name
+
+
+#: What a frontier script renames a key of the wrong type to (written by hand:
+#: ``SET <crawl>:seq junk``), ``lua/_levels.lua`` set_aside: ``<key>:wrongtype``, or
+#: ``<key>:wrongtype:<n>`` (``n`` from 2) when that is taken.
+SET_ASIDE_SUFFIX = ":wrongtype"
+
+
+def set_aside_key(key: str, n: int = 1) -> str:
+    """The ``n``-th name ``key`` is set aside under (:data:`SET_ASIDE_SUFFIX`)."""
+    return key + SET_ASIDE_SUFFIX + ("" if n == 1 else f":{n}")
 
 
 @dataclass(frozen=True)

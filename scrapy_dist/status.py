@@ -31,6 +31,7 @@ from scrapy_dist.keys import (
     hash_tag_on,
     key_type,
     keys_from_config,
+    set_aside_key,
     stream_dead_key,
 )
 from scrapy_dist.queue import RedisQueue, leasable_queue
@@ -39,7 +40,7 @@ from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     import redis
     from scrapy.crawler import Crawler
@@ -143,6 +144,14 @@ class CrawlLayout:
         parts = assemble(crawler)
         return cls._make(parts.config, parts.keys, crawler.spidercls)
 
+    def settable_aside(self) -> list[str]:
+        """The keys of the crawl a frontier script renames out of the way when it finds
+        one of another type (:func:`~scrapy_dist.keys.set_aside_key`), but the
+        holdings and priority levels (found by their own patterns)."""
+        k = self.keys
+        keys = [self.seeds, k.requests, k.deliveries, k.dead, k.seq, k.progress, k.workers]
+        return list(dict.fromkeys(keys))
+
     def owned(self) -> list[str]:
         """Every key of the crawl named by its layout (the dupefilter backend's extra
         keys, such as Bloom segments, aside)."""
@@ -204,6 +213,11 @@ class CrawlStatus:
     item_stream: StreamState | None = None
     #: A sharded crawl's figures per shard (:func:`shard_figures`; empty: one shard).
     shards: list[dict[str, Any]] = field(default_factory=list)
+    #: Keys a script renamed out of the way (:func:`find_set_aside`), and fields of the
+    #: progress hash kept aside (``<field>:wrongtype`` -> the text found), both written
+    #: by hand: for the operator to inspect, then delete.
+    set_aside: list[str] = field(default_factory=list)
+    set_aside_fields: dict[str, str] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
@@ -297,6 +311,7 @@ class CrawlStatus:
             "control": None if self.control is None else self.control.as_dict(),
             "item_stream": None if self.item_stream is None else self.item_stream.as_dict(),
             "shards": self.shards,
+            "set_aside": {"keys": self.set_aside, "progress_fields": self.set_aside_fields},
         }
 
     def to_json(self) -> str:
@@ -313,6 +328,32 @@ def json_default(value: object) -> object:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def find_set_aside(client: redis.Redis, keys: Sequence[str]) -> list[str]:
+    """The names ``keys`` were set aside under (:func:`~scrapy_dist.keys.set_aside_key`)
+    that exist: ``EXISTS`` of the first three names of each (one round trip), then of
+    the next three after the highest found, until a round finds none (never ``SCAN``)."""
+    found: list[str] = []
+    probe = [(key, n) for key in dict.fromkeys(keys) for n in (1, 2, 3)]
+    while probe:
+        with client.pipeline(transaction=False) as pipe:
+            for key, n in probe:
+                pipe.exists(set_aside_key(key, n))
+            hits = [kn for kn, hit in zip(probe, pipe.execute(), strict=True) if hit]
+        found += [set_aside_key(key, n) for key, n in hits]
+        highest = {key: n for key, n in hits}  # probed in order: the last is the highest
+        probe = [(key, n + i) for key, n in highest.items() for i in (1, 2, 3)]
+        probe = [kn for kn in probe if set_aside_key(*kn) not in found]
+    return found
+
+
+def _set_aside_fields(raw: object) -> dict[str, str]:
+    """The fields of a progress hash (``HGETALL``'s reply) that hold a value kept aside."""
+    if not isinstance(raw, dict):
+        return {}
+    fields = {_text(name): _text(value) for name, value in raw.items()}
+    return {name: value for name, value in sorted(fields.items()) if name.endswith(":wrongtype")}
 
 
 def _size_command(pipe: Any, key: str, kind: str) -> None:
@@ -392,8 +433,9 @@ def read_status(
     *,
     dupefilter: bool = True,
 ) -> CrawlStatus:
-    """Read one crawl's state: one pipelined round trip, plus the dupefilter's state and
-    the control state (:func:`read_control_status`, one more).
+    """Read one crawl's state: one pipelined round trip, plus the dupefilter's state, the
+    control state (:func:`read_control_status`, one more) and the keys set aside
+    (:func:`find_set_aside`, one more while none is).
 
     Args:
         client: a client of the crawl's Redis.
@@ -466,11 +508,15 @@ def read_status(
     if dupefilter and df_kind != "none":
         df_state = dupefilter_state(client, config, k)
     item_stream = read_item_stream(client, layout)
+    set_aside = find_set_aside(client, layout.settable_aside())
     status = CrawlStatus(
         crawl=k.crawl,
         redis=describe(client),
         time=now,
-        exists=df_kind != "none" or any(t != "none" for t in types) or item_stream is not None,
+        exists=df_kind != "none"
+        or any(t != "none" for t in types)
+        or item_stream is not None
+        or bool(set_aside),
         seeds_key=layout.seeds,
         seeds_kind=layout.seeds_kind,
         seeds=int(seeds),
@@ -490,6 +536,8 @@ def read_status(
         dupefilter=df_state,
         control=read_control_status(client, k),
         item_stream=item_stream,
+        set_aside=set_aside,
+        set_aside_fields=_set_aside_fields(values[5]),
     )
     return with_shards(client, layout, config, status, dupefilter=dupefilter)
 

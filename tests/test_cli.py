@@ -416,6 +416,57 @@ def test_reset_counts_a_heartbeat_written_by_hand_as_a_gone_worker(
     assert out.strip() == f"deleted 2 key(s) of crawl '{name}'"
 
 
+def test_status_lists_and_reset_deletes_the_keys_scripts_set_aside(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    """A key written by hand is renamed out of the way by the frontier's scripts
+    (``<key>:wrongtype``, ``<key>:wrongtype:<n>`` when taken) and a garbled progress
+    field kept in ``<field>:wrongtype``. `status` did not name them, so the operator
+    never learned of them, and `reset` left them behind (it deleted the crawl, then
+    `jobs` still listed it)."""
+    keys = RedisKeys.build(name)
+    aside = [
+        f"{keys.seq}:wrongtype",
+        f"{keys.workers}:wrongtype",
+        f"{keys.workers}:wrongtype:2",
+        f"{keys.workers}:wrongtype:5",  # 3 and 4 deleted by the operator
+        f"{keys.requests}:wrongtype",
+        f"{keys.start_urls}:wrongtype",
+        f"{keys.dead}:wrongtype",
+        f"{keys.deliveries}:wrongtype",
+        f"{keys.progress}:wrongtype",
+    ]
+    for key in aside:
+        client.set(key, b"junk")
+    client.hset(keys.progress, mapping={"done": 0, "done:wrongtype": b"12x"})
+    code, out, err = run("status", name, "--redis-url", redis_url)
+    assert code == 0, err
+    assert f"  set aside         {len(aside) + 1}  found holding" in out
+    for key in aside:
+        assert f"  {key}\n" in out + "\n"
+    assert "progress field done:wrongtype = '12x'" in out
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
+    listed = json.loads(out)["set_aside"]
+    assert sorted(listed["keys"]) == sorted(aside)
+    assert listed["progress_fields"] == {"done:wrongtype": "12x"}
+
+    code, out, err = run("reset", name, "--yes", "--redis-url", redis_url)
+    assert code == 0, err
+    assert out.strip() == f"deleted {len(aside) + 1} key(s) of crawl '{name}'"
+    assert list(client.scan_iter(match=f"{name}*")) == []
+
+
+def test_status_of_a_sound_crawl_lists_nothing_set_aside(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    client.rpush(RedisKeys.build(name).dead, "{}")
+    code, out, _ = run("status", name, "--redis-url", redis_url)
+    assert code == 0
+    assert "set aside" not in out
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
+    assert json.loads(out)["set_aside"] == {"keys": [], "progress_fields": {}}
+
+
 # -- a crawl that has no keys -------------------------------------------------------
 
 

@@ -14,6 +14,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -407,6 +409,72 @@ def test_a_sequence_counter_written_by_hand_mid_crawl_loses_no_page(
         assert crawl.client.get("pages:seq:wrongtype") == b"edited by hand"
         assert crawl.client.llen("pages:dead") == 0
         assert duplicates(crawl.site.hits()) == 0
+        # the operator learns of it from `status`, and `reset` takes it with the crawl
+        status = _cli("status", "pages", "--json", "--redis-url", server.url)
+        assert json.loads(status)["set_aside"]["keys"] == ["pages:seq:wrongtype"]
+        _cli("reset", "pages", "--yes", "--redis-url", server.url)
+        assert list(crawl.client.scan_iter(match="pages*")) == []
+
+
+@pytest.mark.e2e
+def test_a_worker_registry_written_by_hand_mid_crawl_is_set_aside_by_the_heartbeats(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """An operator overwrites the worker registry while two workers crawl: their
+    heartbeats failed on it (an error every heartbeat) until another worker joined, and
+    `status` refused the crawl (exit 2: the workers key holds a string). The next
+    heartbeat sets it aside; `status` lists both workers live and the key set aside,
+    and the crawl ends complete."""
+    with make_crawl(server, tmp_path, pages=300, delay=0.03) as crawl:
+        crawl.start(2)
+        crawl.seed()
+        crawl.hit_when(30)
+        crawl.client.delete("pages:workers")
+        crawl.client.set("pages:workers", b"edited by hand")
+        time.sleep(1.5)  # three heartbeat intervals
+        status = json.loads(_cli("status", "pages", "--json", "--redis-url", server.url))
+        assert status["state"] == "busy"
+        assert status["workers"]["live"] == 2, crawl.logs()
+        assert status["set_aside"]["keys"] == ["pages:workers:wrongtype"]
+        assert crawl.wait() == [0, 0], crawl.logs()
+        assert not crawl.missing(), crawl.logs()
+        assert duplicates(crawl.site.hits()) == 0
+
+
+def _cli(*args: str) -> str:
+    """``scrapy-dist ARGS`` in the test project, as an operator runs it: its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "scrapy_dist", *args],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("finished_at", [b"2026-11-23 18:00", b"nan"])
+def test_a_completion_time_written_by_hand_does_not_end_the_next_run(
+    server: RedisServer, tmp_path: Path, finished_at: bytes
+) -> None:
+    """A finished crawl whose completion time an operator rewrote by hand (a date, not
+    server seconds): the next workers, started before their seeds are pushed, read the
+    crawl as still finished, so they closed at once and crawled nothing. A completion
+    time that is not a number starts the next run, as one that is does."""
+    with make_crawl(server, tmp_path, pages=30, delay=0.01) as crawl:
+        progress = {"done": 40, "finished_at": finished_at}
+        crawl.client.hset("pages:progress", mapping=progress)  # type: ignore[arg-type]
+        crawl.start(2)
+        crawl.wait_ready()
+        time.sleep(2)  # past CRAWL_DONE_GRACE: the workers wait for seeds
+        assert all(w.returncode is None for w in crawl.workers), crawl.logs()
+        crawl.seed()
+        assert crawl.wait() == [0, 0], crawl.logs()
+        assert not crawl.missing(), crawl.logs()
+        assert crawl.client.hget("pages:progress", "finished_at:wrongtype") == finished_at
 
 
 @pytest.mark.e2e

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_dist.connection import primaries
 from scrapy_dist.keys import RedisKeys, hash_tag_on, is_shard_crawl, level_key
+from scrapy_dist.status import find_set_aside
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -87,10 +88,12 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     number, found under the dupefilter key with ``SCAN``, and a priority queue's levels
     (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named), and
     every worker's holding, whether the holders zset names it or not, and holdings set
-    aside (``<holding>:wrongtype``): ``<crawl>:holders:*``, found with ``SCAN``.
+    aside (``<holding>:wrongtype``): ``<crawl>:holders:*``, found with ``SCAN``; and the
+    other keys scripts set aside (:func:`scrapy_dist.status.find_set_aside`).
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
+    named += [key for key in find_set_aside(client, layout.settable_aside()) if key not in named]
     # <dupefilter>:<n>:<n> (Bloom segments, buckets); with a recrawl window also
     # <dupefilter>:<run>:<g>[:<stage>:<n>] and <dupefilter>:<gen>-<g>:<n>|n
     segments = re.compile(rf"^{re.escape(layout.keys.dupefilter)}:\d+(?:-\d+)?(?::(?:\d+|n))+$")

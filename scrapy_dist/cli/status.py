@@ -81,6 +81,21 @@ def _dupefilter_lines(status: CrawlStatus, row: str) -> list[str]:
     return lines
 
 
+def _set_aside_lines(status: CrawlStatus) -> list[str]:
+    """The keys and progress fields scripts set aside (written by hand), if any."""
+    count = len(status.set_aside) + len(status.set_aside_fields)
+    if not count:
+        return []
+    pad = f"  {'':<11}{'':>9}  "
+    lines = [
+        f"  {'set aside':<11}{count:>9}  found holding what the crawl cannot read (written "
+        "by hand?) and kept aside: inspect, then delete them (`reset` deletes them too)"
+    ]
+    lines += [pad + key for key in status.set_aside]
+    lines += [f"{pad}progress field {n} = {v!r}" for n, v in status.set_aside_fields.items()]
+    return lines
+
+
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     """The human-readable form of a crawl's status."""
     lines = [f"crawl {status.crawl}  at {status.redis}  [{status.state}]"]
@@ -131,6 +146,7 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
         lines.append(f"  {'':<11}{'':>9}  {worker}  heartbeat {_ago(age)}{gone}")
     lines += _control_lines(status)
     lines += _shard_lines(status)
+    lines += _set_aside_lines(status)
     if all_stats and status.stats:
         lines.append("  stats:")
         for name, value in status.stats.items():
