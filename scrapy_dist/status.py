@@ -617,8 +617,9 @@ def read_control_status(client: redis.Redis, keys: RedisKeys) -> ControlState | 
 def shard_figures(
     client: redis.Redis, layout: CrawlLayout, config: Config, *, dupefilter: bool = True
 ) -> list[dict[str, Any]]:
-    """Queued, leased, dead letters and counters of each shard ``1..N-1`` of a sharded
-    crawl (one round trip per shard; none for a one-shard crawl), and with
+    """Queued, leased, dead letters, counters and keys set aside (:func:`find_set_aside`)
+    of each shard ``1..N-1`` of a sharded crawl (two round trips per shard; none for a
+    one-shard crawl), and with
     ``dupefilter`` its dupefilter's state (``"filter"``: a :class:`FilterState`, or
     ``None`` where it does not exist yet; one or two more round trips per shard)."""
     from scrapy_dist.shards import other_shards
@@ -636,6 +637,7 @@ def shard_figures(
                 raise value
         counters = progress_numbers(progress, keys.progress)
         state = dupefilter_state(shard, config, keys) if dupefilter else None
+        aside = [keys.requests, keys.deliveries, keys.dead, keys.seq, keys.progress]
         figures.append(
             {
                 "shard": index,
@@ -649,6 +651,7 @@ def shard_figures(
                 "retried": int(counters.get("retried", 0)),
                 "dead_lettered": int(counters.get("dead", 0)),
                 "filter": state if state is not None and state.exists else None,
+                "set_aside": find_set_aside(shard, aside),
             }
         )
     return figures
@@ -664,11 +667,13 @@ def with_shards(
 ) -> CrawlStatus:
     """``status`` (shard 0's) with the other shards' figures listed and added to its
     queued, leased, dead letters and counters (with ``dupefilter``, their fingerprints
-    to its dupefilter's count)."""
+    to its dupefilter's count), and their keys set aside to its own (their progress
+    fields set aside are not read)."""
     others = shard_figures(client, layout, config, dupefilter=dupefilter)
     if not others:
         return status
     filters = [f.pop("filter") for f in others]
+    set_aside = [key for f in others for key in f.pop("set_aside")]
     for figures, state in zip(others, filters, strict=True):
         figures["fingerprints"] = None if state is None else state.count
     first = {
@@ -698,6 +703,7 @@ def with_shards(
         progress=progress,
         dupefilter=_all_filters(status.dupefilter, filters),
         shards=[first, *others],
+        set_aside=status.set_aside + set_aside,
     )
 
 

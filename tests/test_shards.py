@@ -417,6 +417,11 @@ def test_the_command_line_sees_and_resets_every_shard(  # noqa: PLR0917
     # every shard's dupefilter counted, each shown on its line
     assert status["dupefilter"]["size"] == 3
     assert [s["fingerprints"] for s in status["shards"]] == [1, 1, 1]
+    # a key a script set aside in shard 2 is listed, and reset takes it
+    aside = f.others[1].keys.seq + ":wrongtype"
+    client.set(aside, b"junk")
+    assert main(["status", name, "--json", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["set_aside"]["keys"] == [aside]
     assert main(["dead", "list", name, *common]) == 0
     assert "boom" in capsys.readouterr().out
     # a real record in shard 1's list goes back to shard 1's queue
@@ -442,6 +447,7 @@ def test_the_command_line_sees_and_resets_every_shard(  # noqa: PLR0917
     capsys.readouterr()
     for part in f.shards:
         assert client.exists(part.keys.requests, part.keys.epoch, part.keys.dead) == 0
+    assert client.exists(aside) == 0
 
 
 def test_every_key_of_a_list_form_redis_key_gets_the_crawl_tag() -> None:
