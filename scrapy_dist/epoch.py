@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -57,16 +58,23 @@ def why_gone(client: redis.Redis, keys: RedisKeys, found: str, joined: str = "")
         return FINISHED
     if found != "none":
         return REPLACED
-    return FINISHED if _is_time(finished_at) else VANISHED
+    return FINISHED if stored_number(finished_at) is not None else VANISHED
 
 
-def _is_time(value: bytes | str | None) -> bool:
-    """Whether a ``finished_at`` read from Redis is a time (a finite number), as
-    ``lua/progress.lua`` reads it: one written by hand is no completion."""
-    try:
-        return value is not None and math.isfinite(float(value))
-    except ValueError:
-        return False
+#: A number as the scripts read one from the progress hash (``lua/_leases.lua``
+#: decimal_of): decimal digits, optional sign, point and exponent, spaces around.
+_DECIMAL = re.compile(rb"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*", re.ASCII)
+
+
+def stored_number(value: bytes | str | None) -> float | None:
+    """A counter or time of ``<crawl>:progress`` (``HGET``'s reply) as a finite number,
+    or ``None`` if absent or not one as ``lua/_leases.lua`` decimal_of reads it (written
+    by hand: ``junk``, ``nan``, ``0x10``, ``1_000``, ``1e999``)."""
+    raw = value.encode() if isinstance(value, str) else value
+    if raw is None or not _DECIMAL.fullmatch(raw):
+        return None
+    number = float(raw)
+    return number if math.isfinite(number) else None
 
 
 def log_gone(state: str, args: dict[str, Any]) -> None:

@@ -31,7 +31,16 @@ from scrapy.utils.misc import load_object
 from scrapy_dist.assembly import assemble
 from scrapy_dist.background import IOThread, call_from_thread, reactor_running
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.epoch import FINISHED, REPLACED, VANISHED, fenced, join, log_gone, why_gone
+from scrapy_dist.epoch import (
+    FINISHED,
+    REPLACED,
+    VANISHED,
+    fenced,
+    join,
+    log_gone,
+    stored_number,
+    why_gone,
+)
 from scrapy_dist.eviction import check_eviction_policy
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.leases import DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
@@ -165,9 +174,8 @@ def progress_numbers(raw: Mapping[bytes, bytes] | Exception | None, key: str) ->
     numbers: dict[str, float] = {}
     for name, value in (raw or {}).items():
         field = name.decode(errors="replace")
-        try:
-            number = float(value)
-        except ValueError:
+        number = stored_number(value)
+        if number is None:
             number = math.nan
         if field in PROGRESS_COUNTERS and not number.is_integer():
             _warn_once(

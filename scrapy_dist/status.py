@@ -26,6 +26,7 @@ from scrapy_dist.filters.exact import SetBackend, window_set_state
 from scrapy_dist.filters.window import split_window_signature
 from scrapy_dist.frontier import progress_numbers
 from scrapy_dist.keys import (
+    SET_ASIDE_SUFFIX,
     RedisKeys,
     expect_type,
     hash_tag_on,
@@ -330,12 +331,20 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: Names :func:`find_set_aside` probes per key and round: a script takes the lowest free
+#: name, so a name past a gap this long (copies the operator deleted) is not seen by
+#: ``status`` (``reset`` finds it with ``SCAN``).
+SET_ASIDE_PROBES = 10
+
+
 def find_set_aside(client: redis.Redis, keys: Sequence[str]) -> list[str]:
     """The names ``keys`` were set aside under (:func:`~scrapy_dist.keys.set_aside_key`)
-    that exist: ``EXISTS`` of the first three names of each (one round trip), then of
-    the next three after the highest found, until a round finds none (never ``SCAN``)."""
+    that exist: ``EXISTS`` of the first :data:`SET_ASIDE_PROBES` names of each (one
+    round trip), then of as many after the highest found, until a round finds none
+    (never ``SCAN``)."""
     found: list[str] = []
-    probe = [(key, n) for key in dict.fromkeys(keys) for n in (1, 2, 3)]
+    window = range(SET_ASIDE_PROBES)
+    probe = [(key, 1 + i) for key in dict.fromkeys(keys) for i in window]
     while probe:
         with client.pipeline(transaction=False) as pipe:
             for key, n in probe:
@@ -343,17 +352,21 @@ def find_set_aside(client: redis.Redis, keys: Sequence[str]) -> list[str]:
             hits = [kn for kn, hit in zip(probe, pipe.execute(), strict=True) if hit]
         found += [set_aside_key(key, n) for key, n in hits]
         highest = {key: n for key, n in hits}  # probed in order: the last is the highest
-        probe = [(key, n + i) for key, n in highest.items() for i in (1, 2, 3)]
-        probe = [kn for kn in probe if set_aside_key(*kn) not in found]
+        probe = [(key, n + 1 + i) for key, n in highest.items() for i in window]
     return found
 
 
 def _set_aside_fields(raw: object) -> dict[str, str]:
-    """The fields of a progress hash (``HGETALL``'s reply) that hold a value kept aside."""
+    """The fields of a progress hash (``HGETALL``'s reply) that hold a value kept aside,
+    bytes that are not UTF-8 shown escaped."""
     if not isinstance(raw, dict):
         return {}
-    fields = {_text(name): _text(value) for name, value in raw.items()}
-    return {name: value for name, value in sorted(fields.items()) if name.endswith(":wrongtype")}
+    suffix = SET_ASIDE_SUFFIX.encode()
+    return {
+        name.decode(errors="backslashreplace"): value.decode(errors="backslashreplace")
+        for name, value in sorted(raw.items())
+        if isinstance(name, bytes) and isinstance(value, bytes) and name.endswith(suffix)
+    }
 
 
 def _size_command(pipe: Any, key: str, kind: str) -> None:

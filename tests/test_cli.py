@@ -439,20 +439,27 @@ def test_status_lists_and_reset_deletes_the_keys_scripts_set_aside(
     for key in aside:
         client.set(key, b"junk")
     client.hset(keys.progress, mapping={"done": 0, "done:wrongtype": b"12x"})
+    client.hset(keys.progress, "dead:wrongtype", b"\xff\xfe junk")  # not UTF-8
+    far = f"{keys.dead}:wrongtype:14"  # past a gap of 10 deleted copies: only reset sees it
+    client.set(far, b"junk")
     code, out, err = run("status", name, "--redis-url", redis_url)
     assert code == 0, err
-    assert f"  set aside         {len(aside) + 1}  found holding" in out
+    assert f"  set aside         {len(aside) + 2}  found holding" in out
     for key in aside:
         assert f"  {key}\n" in out + "\n"
     assert "progress field done:wrongtype = '12x'" in out
+    assert "progress field dead:wrongtype = '\\\\xff\\\\xfe junk'" in out
     code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
     listed = json.loads(out)["set_aside"]
     assert sorted(listed["keys"]) == sorted(aside)
-    assert listed["progress_fields"] == {"done:wrongtype": "12x"}
+    assert listed["progress_fields"] == {
+        "dead:wrongtype": "\\xff\\xfe junk",
+        "done:wrongtype": "12x",
+    }
 
     code, out, err = run("reset", name, "--yes", "--redis-url", redis_url)
     assert code == 0, err
-    assert out.strip() == f"deleted {len(aside) + 1} key(s) of crawl '{name}'"
+    assert out.strip() == f"deleted {len(aside) + 2} key(s) of crawl '{name}'"
     assert list(client.scan_iter(match=f"{name}*")) == []
 
 

@@ -278,6 +278,8 @@ def test_a_master_restarted_without_its_data_stops_the_crawl(
         (b"1795000000.25", FINISHED),
         (b"2026-11-23 18:00", VANISHED),
         (b"nan", VANISHED),
+        (b"1_000", VANISHED),
+        (b"0x10", VANISHED),
         (None, VANISHED),
     ],
 )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import redis
 
+from scrapy_dist.epoch import stored_number
 from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
 from scrapy_dist.scripts import DEAD_NOW, DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
 from scrapy_dist.testing.leases import holdings, leased_count
@@ -1658,6 +1659,91 @@ def test_a_completion_time_that_is_not_a_number_starts_the_next_run(
     assert progress[b"finished_at:wrongtype"] == text
     assert progress[b"run_base"] == b"3"
     assert crawl.progress(grace=0)[0] == "waiting"
+
+
+def test_a_completion_time_written_by_hand_beside_a_live_worker_does_not_restart_the_run(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """With another worker alive, a finish at an unknown time may be a run still going:
+    the joining worker joins it (no new run: its start requests are not queued again,
+    its counts stay); the text is kept aside all the same."""
+    _join(crawl, "w8")
+    client.hset(crawl.keys.progress, mapping={"done": 40, "run_base": 10, "finished_at": b"junk"})
+    client.sadd(crawl.keys.starts, b"fp")
+    assert _join(crawl, flush=False) == [1, 0, 0]
+    progress = client.hgetall(crawl.keys.progress)
+    assert progress[b"run_base"] == b"10"
+    assert b"finished_at" not in progress
+    assert progress[b"finished_at:wrongtype"] == b"junk"
+    assert client.smembers(crawl.keys.starts) == {b"fp"}
+
+
+# what the scripts read as a number of the progress hash, as scrapy_dist.epoch reads it
+STORED_NUMBERS = [
+    (b"1795000000.25", 1795000000.25),
+    (b" 5 ", 5.0),
+    (b"1e5", 1e5),
+    (b".5", 0.5),
+    (b"5.", 5.0),
+    (b"-3", -3.0),
+    (b"0x10", None),
+    (b"0x1p3", None),
+    (b"1_000", None),
+    (b"nan", None),
+    (b"inf", None),
+    (b"-inf", None),
+    (b"1e999", None),
+    (b"", None),
+    (b".", None),
+    (b"2026-11-23", None),
+]
+
+
+@pytest.mark.parametrize(("text", "number"), STORED_NUMBERS)
+def test_a_gone_crawl_is_finished_for_the_scripts_and_workers_alike(
+    crawl: Crawl, client: redis.Redis, text: bytes, number: float | None
+) -> None:
+    """progress.lua, its epoch gone, answered "finished" for any finished_at tonumber()
+    takes (nan, inf, 0x10), the worker's why_gone for any float() takes (1_000): a
+    worker closed quietly as finished, or another's frontier was called lost. Both now
+    read one grammar (lua/_leases.lua decimal_of, scrapy_dist.epoch.stored_number)."""
+    assert stored_number(text) == number
+    client.hset(crawl.keys.progress, "finished_at", text)
+    k = crawl.keys
+    call = crawl.scripts.progress(
+        queue=crawl.queue,
+        seeds=crawl.seeds,
+        holders=k.holders,
+        previous=k.leases,
+        progress=k.progress,
+        epoch_key=k.epoch,
+        clear_keys=[*k.frontier(), crawl.filter],
+        queue_kind="levels",
+        seeds_kind="list",
+        grace=0,
+        clear=False,
+        keep_for=0,
+        epoch="E1",  # joined a run whose epoch is gone
+    )
+    if number is None:
+        with pytest.raises(redis.ResponseError, match=r"^EPOCH none expected E1"):
+            call.run()
+    else:
+        assert call.run()[0] == b"finished"
+
+
+@pytest.mark.parametrize("text", [b"inf", b"nan", b"-inf", b"junk"])
+def test_an_idle_time_written_by_hand_restarts_the_grace(
+    crawl: Crawl, client: redis.Redis, text: bytes
+) -> None:
+    """progress.lua compared now - tonumber(idle_since) with the grace: "nan" and
+    "-inf" finished the crawl at once, skipping the grace, and "inf" kept it idle for
+    ever (never finished). It starts the grace again."""
+    _settle_all(crawl, 1)
+    client.hset(crawl.keys.progress, "idle_since", text)
+    assert crawl.progress(grace=60)[0] == "idle"
+    assert stored_number(client.hget(crawl.keys.progress, "idle_since")) is not None
+    assert crawl.progress(grace=0)[0] == "finished"
 
 
 @pytest.mark.parametrize("text", [b"yesterday", b"-inf"])

@@ -7,8 +7,13 @@ import re
 from typing import TYPE_CHECKING
 
 from scrapy_dist.connection import primaries
-from scrapy_dist.keys import RedisKeys, hash_tag_on, is_shard_crawl, level_key
-from scrapy_dist.status import find_set_aside
+from scrapy_dist.keys import (
+    SET_ASIDE_SUFFIX,
+    RedisKeys,
+    hash_tag_on,
+    is_shard_crawl,
+    level_key,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -89,11 +94,11 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     (:func:`scrapy_dist.keys.level_key`, found with ``SCAN``; their index is named), and
     every worker's holding, whether the holders zset names it or not, and holdings set
     aside (``<holding>:wrongtype``): ``<crawl>:holders:*``, found with ``SCAN``; and the
-    other keys scripts set aside (:func:`scrapy_dist.status.find_set_aside`).
+    other keys scripts set aside (``<key>:wrongtype[:<n>]`` of
+    :meth:`~scrapy_dist.status.CrawlLayout.settable_aside`), found with ``SCAN``.
     Another crawl's keys never match, even a job's whose name starts with this crawl's
     (``books:20261122:requests`` is not a key of crawl ``books``)."""
     named = list(dict.fromkeys([*layout.owned(), *backend_keys]))
-    named += [key for key in find_set_aside(client, layout.settable_aside()) if key not in named]
     # <dupefilter>:<n>:<n> (Bloom segments, buckets); with a recrawl window also
     # <dupefilter>:<run>:<g>[:<stage>:<n>] and <dupefilter>:<gen>-<g>:<n>|n
     segments = re.compile(rf"^{re.escape(layout.keys.dupefilter)}:\d+(?:-\d+)?(?::(?:\d+|n))+$")
@@ -111,6 +116,14 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
     for raw in client.scan_iter(match=glob, count=1000):
         key = _text(raw)
         if key not in present:
+            present.append(key)
+    # keys scripts set aside: <key>:wrongtype[:<n>] (scrapy_dist.keys.set_aside_key), of
+    # any number (status probes the first few names only)
+    aside = "|".join(re.escape(key) for key in layout.settable_aside())
+    set_aside = re.compile(rf"^(?:{aside}){re.escape(SET_ASIDE_SUFFIX)}(?::\d+)?$")
+    for raw in client.scan_iter(match="*" + SET_ASIDE_SUFFIX + "*", count=1000):
+        key = _text(raw)
+        if set_aside.match(key) and key not in present:
             present.append(key)
     # every worker's holding: <crawl>:holders:<worker> (scrapy_dist.keys.RedisKeys.holding)
     glob = _glob_escape(layout.keys.holding("")) + "*"

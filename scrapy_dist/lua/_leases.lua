@@ -273,26 +273,41 @@ local function push_dead(dead, record, now, worker)
   return 2
 end
 
--- A counter or base of the progress hash as the scripts read it (a finite whole number),
--- or nil for one written by hand.
-local function integer_of(value)
+-- A number of the progress hash as the scripts read it: decimal digits with an optional
+-- sign, point and exponent (no hex, "nan" or "inf", which tonumber also takes), finite;
+-- nil for anything else (written by hand). scrapy_dist.epoch.stored_number reads the same.
+local function decimal_of(value)
+  if type(value) ~= "string" or not (string.find(value, "^%s*[-+]?%d*%.?%d*%s*$")
+      or string.find(value, "^%s*[-+]?%d*%.?%d*[eE][-+]?%d+%s*$")) then
+    return nil
+  end
   local n = tonumber(value)
-  if n == nil or n ~= math.floor(n) or n == math.huge or n == -math.huge then
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then
+    return nil
+  end
+  return n
+end
+
+-- A counter or base of the progress hash as the scripts read it (a finite whole number,
+-- decimal_of), or nil for one written by hand.
+local function integer_of(value)
+  local n = decimal_of(value)
+  if n == nil or n ~= math.floor(n) then
     return nil
   end
   return n
 end
 
 -- The completion time `text` of the progress hash (finished_at: server seconds) as a
--- number, or nil with true when it is not a finite number (written by hand: a date):
+-- number, or nil with true when it is not one (decimal_of; written by hand: a date):
 -- its text is then moved to the field "finished_at:wrongtype" (and named in the server
 -- log), so that the crawl is never read as finished by it.
 local function finished_time(stats, text)
   if not text then -- HGET's nil reply is false in Lua
     return nil, false
   end
-  local n = tonumber(text)
-  if n and n == n and n ~= math.huge and n ~= -math.huge then
+  local n = decimal_of(text)
+  if n then
     return n, false
   end
   redis.call("HSET", stats, "finished_at:wrongtype", text)

@@ -27,8 +27,8 @@
 -- server log), and a fresh one started; who is alive is then unknown, so the frontier
 -- is not flushed nor KEYS[3] dropped (unless a new run starts). A counter of KEYS[2]
 -- that is not a number reads as 0 (lua/_leases.lua read_counts); a finished_at that is
--- not a number counts as a finish long ago (a new run starts), its text kept in
--- "finished_at:wrongtype".
+-- not a number is moved to "finished_at:wrongtype" and, when no other worker is known
+-- alive, counts as a finish long ago (a new run starts).
 -- Returns: {number of other live workers, 1 if the frontier was flushed else 0,
 --          1 if a new run started else 0}
 -- uses: _registry, _leases
@@ -58,8 +58,9 @@ end
 local entries, unknown = read_or_set_aside({"HGETALL", workers}, {}, set_aside_registry)
 local finished_at = read_or_set_aside({"HGET", progress, "finished_at"}, false,
   set_aside_progress)
--- a completion time written by hand (not a number) is a finish at an unknown time:
--- long enough ago that this worker starts the next run (its text is kept aside)
+-- a completion time written by hand (not a number) is a finish at an unknown time: its
+-- text is kept aside, and with no other worker alive this worker starts the next run
+-- (with others alive, the run goes on and is judged again by lua/progress.lua)
 local finished_long_ago
 finished_at, finished_long_ago = finished_time(progress, finished_at)
 
@@ -80,7 +81,8 @@ if flush and others == 0 and not unknown then
 end
 
 local new_run = 0
-if finished_long_ago or (finished_at and finished_at < now - tonumber(ARGV[4])) then
+if (finished_long_ago and others == 0 and not unknown)
+    or (finished_at and finished_at < now - tonumber(ARGV[4])) then
   -- one HMGET; a counter written by hand reads as 0, reset (lua/_leases.lua read_counts)
   local c = read_counts(progress, {"done", "dead"})
   redis.call("HDEL", progress, "idle_since", "finished_at")

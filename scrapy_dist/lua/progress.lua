@@ -43,8 +43,7 @@ local queue, seeds, holders, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local refused = fence(KEYS[5], ARGV[6])
 if refused then
   local finished_at = redis.pcall("HGET", stats, "finished_at") -- an error: not finished
-  if type(finished_at) == "string" and tonumber(finished_at)
-      and redis.call("EXISTS", KEYS[5]) == 0 then
+  if decimal_of(finished_at) and redis.call("EXISTS", KEYS[5]) == 0 then
     -- finished, and its keys deleted: every worker of it may read that answer
     return {"finished", 0, 0, 0, finished_at}
   end
@@ -108,7 +107,8 @@ end
 if settled <= 0 then
   return {"waiting", 0, 0, 0, ""}
 end
-local idle_since = tonumber(redis.call("HGET", stats, "idle_since") or "")
+-- one written by hand (not a number: decimal_of) starts the grace again, never ends it
+local idle_since = decimal_of(redis.call("HGET", stats, "idle_since"))
 if not idle_since then
   redis.call("HSET", stats, "idle_since", tostring(now))
   idle_since = now
