@@ -417,6 +417,28 @@ def test_a_sequence_counter_written_by_hand_mid_crawl_loses_no_page(
 
 
 @pytest.mark.e2e
+def test_a_sequence_counter_deleted_mid_crawl_gives_no_id_again(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """An operator deletes the crawl's sequence counter while two workers crawl (or
+    Redis evicts it): it restarted at 1, numbering new links with the ids of entries
+    still queued or leased. It restarts above every id given; the crawl ends complete,
+    nothing fetched twice."""
+    with make_crawl(server, tmp_path, pages=500, delay=0.02) as crawl:
+        crawl.start(2)
+        crawl.seed()
+        crawl.hit_when(100)
+        before = int(crawl.client.get("pages:seq") or b"0")
+        crawl.client.delete("pages:seq")
+        time.sleep(1)
+        assert int(crawl.client.get("pages:seq") or b"0") > before, crawl.logs()
+        assert crawl.wait() == [0, 0], crawl.logs()
+        assert not crawl.missing(), crawl.logs()
+        assert crawl.client.llen("pages:dead") == 0
+        assert duplicates(crawl.site.hits()) == 0
+
+
+@pytest.mark.e2e
 def test_a_worker_registry_written_by_hand_mid_crawl_is_set_aside_by_the_heartbeats(
     server: RedisServer, tmp_path: Path
 ) -> None:

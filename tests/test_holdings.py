@@ -1413,6 +1413,30 @@ def test_a_sequence_counter_written_by_hand_is_restarted_above_every_id(
     assert int(crawl.queued_ids()[0]) == max(int(i) for i in ids) + 1
 
 
+@pytest.mark.parametrize("where", ["queued", "leased"])
+def test_a_sequence_counter_deleted_mid_crawl_gives_no_id_again(
+    crawl: Crawl, client: redis.Redis, where: str
+) -> None:
+    """A sequence counter deleted by hand (or evicted: allkeys-* policies) restarted at
+    1, giving the ids of entries still queued or leased again: one worker leasing two
+    entries of one id kept one in its holding (HSET), and the other request was lost.
+    A fresh counter beside entries that have ids restarts at the server's time in
+    microseconds, above every id given; a crawl's first enqueue still starts at 1."""
+    assert crawl.enqueue(2) == [1, 1]
+    assert crawl.queued_ids() == ["0000000000000001", "0000000000000002"]
+    if where == "leased":
+        parent = _ids(crawl.reserve("w", 1))[0]
+        crawl.enqueue(1, start=2, worker="w", parent=parent)  # a child of a leased page
+    client.delete(crawl.keys.seq)
+    crawl.enqueue(3, start=5, worker="w")
+    leases = crawl.reserve("w", 10)
+    taken = sorted(entry[16:] for _, _, entry in leases)
+    expected = {"queued": [0, 1, 5, 6, 7], "leased": [1, 2, 5, 6, 7]}[where]
+    assert taken == [b"payload %d" % i for i in expected]
+    assert len(crawl.held("w")) == len(expected) + (where == "leased")
+    assert crawl.dead() == []
+
+
 def test_a_seed_copy_does_not_lose_the_seeds_taken_on_a_sequence_counter_written_by_hand(
     crawl: Crawl, client: redis.Redis
 ) -> None:

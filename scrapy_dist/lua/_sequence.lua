@@ -22,9 +22,22 @@ end
 -- that collide or do not fit: it is renamed out of the way ("<seq>:wrongtype",
 -- lua/_levels.lua set_aside; its text stays there) and restarts at the server's time in
 -- microseconds, above any id it gave (one per microsecond at most since the crawl
--- began). Any other error (OOM, READONLY...) fails the call with Redis's own error.
-local function next_ids(seq, n)
+-- began). So does a counter found missing (INCRBY gave n) when in_use(), if given, says
+-- entries with ids exist. Any other error (OOM, READONLY...) fails the call with Redis's
+-- own error.
+local function next_ids(seq, n, in_use)
   local last = redis.pcall("INCRBY", seq, n)
+  if last == n and in_use and in_use() then
+    -- a fresh counter while entries that have ids exist: it was deleted or evicted, and
+    -- would give their ids again (a lease overwritten in a holding: a request lost)
+    local t = redis.call("TIME")
+    last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n
+    redis.call("SET", seq, id_text(last))
+    redis.log(redis.LOG_WARNING, "scrapy_dist: sequence counter " .. seq .. " was missing "
+      .. "while the crawl holds entries (deleted or evicted?): restarted at "
+      .. id_text(last - n) .. ", above every id it gave")
+    return last, nil
+  end
   if type(last) == "table" then
     local err = last.err
     if not (string.sub(err, 1, 9) == "WRONGTYPE" or string.find(err, "not an integer", 1, true)

@@ -6,8 +6,9 @@
 -- KEYS[2] = sequence counter (string) giving each entry a unique, increasing id (one
 --           written by hand is set aside and restarted, lua/_sequence.lua)
 -- KEYS[3] = crawl epoch (see lua/_fence.lua)
--- KEYS[4] = the calling worker's holding hash (lua/_leases.lua; read only for a request
---           that names a parent lease)
+-- KEYS[4] = the calling worker's holding hash (lua/_leases.lua; read for a request that
+--           names a parent lease, and its size when the counter is found missing), or
+--           KEYS[2] when the caller has none
 -- KEYS[5..] = the dupefilter backend's keys (none when ARGV[2] == "none")
 -- ARGV[1] = queue kind: "list" (LPUSH) or "levels" (LPUSH to the list of the entry's
 --           score, lua/_levels.lua)
@@ -133,7 +134,29 @@ end
 
 -- 2. push the new entries (one variadic LPUSH per list, lua/_batch.lua)
 if #accepted > 0 then
-  local last = next_ids(seq, #accepted)
+  -- asked only of a fresh counter: are there entries it would number again, queued or
+  -- leased by this worker? (an error reading, a key of another type: yes, so ids stay
+  -- above every id given; other workers' holdings are not read)
+  local last = next_ids(seq, #accepted, function()
+    local queued = redis.pcall(levels and "ZCARD" or "LLEN", levels and levels_key(queue) or queue)
+    if type(queued) ~= "number" or queued > 0 then
+      return true
+    end
+    if holding == seq then -- no holding
+      return false
+    end
+    -- leases of queue entries (a seed's lease id is not numbered by the counter)
+    local records = redis.pcall("HVALS", holding)
+    if records.err then
+      return true
+    end
+    for _, record in ipairs(records) do
+      if string.sub(record, 1, 2) == FROM_QUEUE .. "|" then
+        return true
+      end
+    end
+    return false
+  end)
   local id = last - #accepted
   local push, by_level, order, names = {}, {}, {}, {}
   for _, i in ipairs(accepted) do
