@@ -233,10 +233,10 @@ SCHEDULER_FAULT_EXIT_CODE = 3
 SCHEDULER_FLUSH_INTERVAL = 0.1
 
 #: Send the timer's flushes (requests, acknowledgements, the top-up of the local buffer)
-#: from an I/O thread, so the reactor goes on crawling during the round trip (opt-in
-#: while its gain is measured, see benchmarks/README.md); ``False``: send them on the
-#: reactor thread. A sharded crawl always sends them on the reactor.
-SCHEDULER_BACKGROUND_FLUSH = False
+#: from an I/O thread, so the reactor goes on crawling during the round trip (see
+#: benchmarks/README.md); ``False``: send them on the reactor thread, blocking it for
+#: each round trip. A sharded crawl always sends them on the reactor.
+SCHEDULER_BACKGROUND_FLUSH = True
 
 #: Delete this crawl's queue and dupefilter when a worker opens, if no other worker
 #: of the crawl is alive.

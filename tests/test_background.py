@@ -66,7 +66,7 @@ def worker(
     make_crawler: Callable[..., Crawler], server: RedisServer
 ) -> Iterator[Callable[..., tuple[Scheduler, set[Request]]]]:
     """Open a scheduler on the test's own server whose engine holds the returned set,
-    flushing in the background unless ``settings`` say otherwise (it is opt-in); the
+    flushing in the background unless ``settings`` say otherwise (the default); the
     test drives its timer by hand (``scheduler._tick()``)."""
     opened: list[Scheduler] = []
 

@@ -159,23 +159,26 @@ def test_two_workers_share_the_work(shared_crawl: Crawl) -> None:
     assert sum(responses) == PAGES
 
 
-def test_two_workers_flushing_off_the_reactor_thread_fetch_every_page_once(
+def test_two_workers_flushing_on_the_reactor_thread_fetch_every_page_once(
     crawl: Callable[..., Crawl],
 ) -> None:
-    # SCHEDULER_BACKGROUND_FLUSH = True: the timers' flushes went through the I/O thread
-    # in both workers, and every page was fetched once
+    # SCHEDULER_BACKGROUND_FLUSH = False: every flush waited on the reactor thread (none
+    # went through the I/O thread), and every page was fetched once
     pages = 500
     with TestSite(pages) as small_site:
-        done = crawl(2, site=small_site, settings={"SCHEDULER_BACKGROUND_FLUSH": True})
+        done = crawl(2, site=small_site, settings={"SCHEDULER_BACKGROUND_FLUSH": False})
         assert done.fetched() == small_site.expected_paths()
     assert set(done.hits.values()) == {1}
-    flushes = [int(stats.get("scheduler/redis/background_flushes", 0)) for stats in done.stats]
+    assert done.total("scheduler/redis/background_flushes") == 0
+
+
+def test_the_default_flushes_off_the_reactor_thread(shared_crawl: Crawl) -> None:
+    # SCHEDULER_BACKGROUND_FLUSH is on by default: the timers' flushes of both workers
+    # went through their I/O threads
+    flushes = [
+        int(stats.get("scheduler/redis/background_flushes", 0)) for stats in shared_crawl.stats
+    ]
     assert all(n > 0 for n in flushes), flushes
-
-
-def test_the_default_flushes_on_the_reactor_thread(shared_crawl: Crawl) -> None:
-    # SCHEDULER_BACKGROUND_FLUSH is off by default (opt-in until its gain is shown)
-    assert shared_crawl.total("scheduler/redis/background_flushes") == 0
 
 
 def test_two_workers_scrape_one_item_per_page(shared_crawl: Crawl) -> None:
