@@ -1420,10 +1420,12 @@ def test_a_sequence_counter_deleted_mid_crawl_gives_no_id_again(
     """A sequence counter deleted by hand (or evicted: allkeys-* policies) restarted at
     1, giving the ids of entries still queued or leased again: one worker leasing two
     entries of one id kept one in its holding (HSET), and the other request was lost.
-    A fresh counter beside entries that have ids restarts at the server's time in
-    microseconds, above every id given; a crawl's first enqueue still starts at 1."""
+    A fresh counter starts at the server's time in microseconds, above every id given,
+    a crawl's first enqueue too."""
     assert crawl.enqueue(2) == [1, 1]
-    assert crawl.queued_ids() == ["0000000000000001", "0000000000000002"]
+    first = int(crawl.queued_ids()[0])
+    assert crawl.queued_ids() == [f"{first:016d}", f"{first + 1:016d}"]
+    assert abs(first / 1e6 - float(client.time()[0])) < 60  # the server's clock
     if where == "leased":
         parent = _ids(crawl.reserve("w", 1))[0]
         crawl.enqueue(1, start=2, worker="w", parent=parent)  # a child of a leased page
@@ -1434,6 +1436,24 @@ def test_a_sequence_counter_deleted_mid_crawl_gives_no_id_again(
     expected = {"queued": [0, 1, 5, 6, 7], "leased": [1, 2, 5, 6, 7]}[where]
     assert taken == [b"payload %d" % i for i in expected]
     assert len(crawl.held("w")) == len(expected) + (where == "leased")
+    assert crawl.dead() == []
+
+
+def test_a_sequence_counter_deleted_while_only_another_worker_holds_leases_gives_no_id_again(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """The queue empty, its entries leased by worker a, the counter deleted: worker b
+    (holding nothing) enqueued with ids from 1, the ids of a's leases, and a leasing them
+    overwrote its own leases (HSET): requests lost. Any fresh counter starts at the
+    server's clock, whoever holds what."""
+    assert crawl.enqueue(2) == [1, 1]
+    held = _ids(crawl.reserve("a", 2))
+    assert crawl.queued_ids() == []
+    client.delete(crawl.keys.seq)
+    assert crawl.enqueue(2, start=2) == [1, 1]  # by b: no holding, no parent
+    assert not set(crawl.queued_ids()) & set(held)
+    crawl.reserve("a", 2)
+    assert len(crawl.held("a")) == 4
     assert crawl.dead() == []
 
 

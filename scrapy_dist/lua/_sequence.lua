@@ -22,20 +22,24 @@ end
 -- that collide or do not fit: it is renamed out of the way ("<seq>:wrongtype",
 -- lua/_levels.lua set_aside; its text stays there) and restarts at the server's time in
 -- microseconds, above any id it gave (one per microsecond at most since the crawl
--- began). So does a counter found missing (INCRBY gave n) when in_use(), if given, says
--- entries with ids exist. Any other error (OOM, READONLY...) fails the call with Redis's
--- own error.
+-- began). So does a missing counter (INCRBY gave n): a crawl's first ids, or a counter
+-- deleted or evicted mid-crawl, which must not give the ids of entries still queued or
+-- leased by any worker again; in_use(), if given, says whether entries with ids are
+-- known to exist, and only decides whether the server log warns. Any other error (OOM,
+-- READONLY...) fails the call with Redis's own error.
 local function next_ids(seq, n, in_use)
   local last = redis.pcall("INCRBY", seq, n)
-  if last == n and in_use and in_use() then
-    -- a fresh counter while entries that have ids exist: it was deleted or evicted, and
-    -- would give their ids again (a lease overwritten in a holding: a request lost)
+  if last == n then
+    -- a fresh counter: ids from the server's clock are above every id a lost counter
+    -- gave (a lease overwritten in a holding would be a request lost)
     local t = redis.call("TIME")
     last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n
     redis.call("SET", seq, id_text(last))
-    redis.log(redis.LOG_WARNING, "scrapy_dist: sequence counter " .. seq .. " was missing "
-      .. "while the crawl holds entries (deleted or evicted?): restarted at "
-      .. id_text(last - n) .. ", above every id it gave")
+    if in_use and in_use() then
+      redis.log(redis.LOG_WARNING, "scrapy_dist: sequence counter " .. seq .. " was "
+        .. "missing while the crawl holds entries (deleted or evicted?): restarted at "
+        .. id_text(last - n) .. ", above every id it gave")
+    end
     return last, nil
   end
   if type(last) == "table" then

@@ -134,9 +134,10 @@ end
 
 -- 2. push the new entries (one variadic LPUSH per list, lua/_batch.lua)
 if #accepted > 0 then
-  -- asked only of a fresh counter: are there entries it would number again, queued or
-  -- leased by this worker? (an error reading, a key of another type: yes, so ids stay
-  -- above every id given; other workers' holdings are not read)
+  -- asked only of a fresh counter (it starts at the server's clock either way): are
+  -- there entries it would have numbered again, queued or leased by this worker? Yes
+  -- (an error reading, a key of another type too): the server log warns that it went
+  -- missing mid-crawl. Other workers' holdings are not read.
   local last = next_ids(seq, #accepted, function()
     local queued = redis.pcall(levels and "ZCARD" or "LLEN", levels and levels_key(queue) or queue)
     if type(queued) ~= "number" or queued > 0 then
