@@ -558,7 +558,12 @@ class Scheduler(BaseScheduler):
         (their responses keep this worker busy meanwhile; with no flush in flight, one
         with a top-up is started now). Its reply's landing wakes the engine
         (:meth:`_wake`). An engine that holds nothing, with no top-up in flight, has
-        nothing to do meanwhile: it reserves now, on the reactor thread."""
+        nothing to do meanwhile: it reserves now, on the reactor thread.
+
+        A busy engine whose last reserve found the queue empty (within ``EMPTY_FRESH``
+        seconds, nothing of this worker's to enqueue since) starts no top-up: the
+        timer's next flush carries one. Each landing wakes the engine, which would ask
+        again at once: a round trip after another for as long as its downloads last."""
         frontier, busy = self.frontier, bool(self.deliveries.out)
         if not frontier.can_flush_later():
             return False
@@ -567,6 +572,9 @@ class Scheduler(BaseScheduler):
         count = self.deliveries.top_up_count() if busy else 0
         if not count:
             return False
+        if not frontier.pending_writes and time.monotonic() - frontier.found_empty_at < EMPTY_FRESH:
+            self._deferred = True  # the timer's next flush tops up (and wakes the engine)
+            return True
         frontier.flush_later(reserve=count, then=self._topped_up)
         return frontier.flying
 
