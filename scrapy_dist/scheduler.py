@@ -572,7 +572,7 @@ class Scheduler(BaseScheduler):
         count = self.deliveries.top_up_count() if busy else 0
         if not count:
             return False
-        if not frontier.pending_writes and time.monotonic() - frontier.found_empty_at < EMPTY_FRESH:
+        if self._found_empty_lately():
             self._deferred = True  # the timer's next flush tops up (and wakes the engine)
             return True
         frontier.flush_later(reserve=count, then=self._topped_up)
@@ -665,17 +665,21 @@ class Scheduler(BaseScheduler):
             # flight may bring leases and queue requests (it is not waited for: its
             # landing wakes the engine, which asks again)
             return True
-        if (
-            not self.frontier.pending_writes
-            and time.monotonic() - self.frontier.found_empty_at < EMPTY_FRESH
-        ):
-            size = 0  # a reserve found the queue empty a moment ago: no need to ask
-        else:
-            size = self.frontier.call(lambda: len(self.queue))  # sends pending writes first
+        # a reserve found the queue empty a moment ago: no need to ask (a call sends
+        # the pending writes first)
+        size = 0 if self._found_empty_lately() else self.frontier.call(lambda: len(self.queue))
         if size is None or size > 0:  # unreachable Redis: never let the crawl close
             self._last_work = time.monotonic()
             return True
         return time.monotonic() - self._last_work < self.idle_before_close
+
+    def _found_empty_lately(self) -> bool:
+        """Whether a reserve found the queue empty within ``EMPTY_FRESH`` seconds, with
+        nothing of this worker's to enqueue since."""
+        frontier = self.frontier
+        return (
+            not frontier.pending_writes and time.monotonic() - frontier.found_empty_at < EMPTY_FRESH
+        )
 
     def _len(self) -> int:
         size = self.frontier.call(lambda: len(self.queue))

@@ -15,6 +15,14 @@ local function id_text(id)
   return string.format("%.0f", id)
 end
 
+-- Set counter `seq` to the server's time in microseconds + n; returns it.
+local function restart_at_clock(seq, n)
+  local t = redis.call("TIME")
+  local last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n
+  redis.call("SET", seq, id_text(last))
+  return last
+end
+
 -- Take n ids from counter `seq` (one INCRBY): returns the last of them (the first is
 -- last - n + 1), and nil or, when the counter was garbled, the reason it was restarted.
 -- A counter a script cannot count on (written by hand: not an integer, of another
@@ -32,9 +40,7 @@ local function next_ids(seq, n, in_use)
   if last == n then
     -- a fresh counter: ids from the server's clock are above every id a lost counter
     -- gave (a lease overwritten in a holding would be a request lost)
-    local t = redis.call("TIME")
-    last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n
-    redis.call("SET", seq, id_text(last))
+    last = restart_at_clock(seq, n)
     if in_use and in_use() then
       redis.log(redis.LOG_WARNING, "scrapy_dist: sequence counter " .. seq .. " was "
         .. "missing while the crawl holds entries (deleted or evicted?): restarted at "
@@ -55,9 +61,7 @@ local function next_ids(seq, n, in_use)
   end
   local kind = redis.call("TYPE", seq)["ok"]
   local aside = set_aside(seq)
-  local t = redis.call("TIME")
-  last = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n
-  redis.call("SET", seq, id_text(last))
+  last = restart_at_clock(seq, n)
   local reason = "sequence counter " .. seq .. " held a " .. kind .. " that is not an id "
     .. "counter (written by hand?): renamed to " .. aside .. ", restarted at "
     .. id_text(last - n) .. " (inspect it, then delete it)"

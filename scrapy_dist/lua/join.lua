@@ -38,25 +38,9 @@ local me, timeout, flush = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1"
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
--- Run `command` ({"HGETALL", key}, ...); a WRONGTYPE sets its key aside (reason_of(key,
--- kind) renames it and names it in the server log) and reads as `empty`, with true.
--- Other errors fail the call.
-local function read_or_set_aside(command, empty, reason_of)
-  local value = redis.pcall(unpack(command))
-  if type(value) ~= "table" or not value.err then
-    return value, false
-  end
-  if string.sub(value.err, 1, 9) ~= "WRONGTYPE" then
-    redis.call(unpack(command)) -- fails the call with Redis's own error
-  end
-  local key = command[2]
-  redis.log(redis.LOG_WARNING, "scrapy_dist: " .. reason_of(key, redis.call("TYPE", key)["ok"]))
-  return empty, true
-end
-
 -- both read before anything is written (a flush, a heartbeat pruned)
-local entries, unknown = read_or_set_aside({"HGETALL", workers}, {}, set_aside_registry)
-local finished_at = read_or_set_aside({"HGET", progress, "finished_at"}, false,
+local entries, unknown = call_or_set_aside({"HGETALL", workers}, {}, set_aside_registry)
+local finished_at = call_or_set_aside({"HGET", progress, "finished_at"}, false,
   set_aside_progress)
 -- a completion time written by hand (not a number) is a finish at an unknown time: its
 -- text is kept aside, and with no other worker alive this worker starts the next run
