@@ -382,6 +382,71 @@ def test_reset_removes_exactly_one_jobs_keys_and_jobs_lists_crawls(
     assert remaining == {*job2, *strangers}
 
 
+def _project_with_literal_redis_key(root: Path, spider: str, redis_url: str) -> Path:
+    """A user's project whose spider names its seeds key literally, as scrapy-redis's
+    README does (``redis_key = "<spider>:start_urls"``): every job of it reads that key."""
+    package = root / "shop"
+    (package / "spiders").mkdir(parents=True)
+    (root / "scrapy.cfg").write_text("[settings]\ndefault = shop.settings\n")
+    (package / "__init__.py").write_text("")
+    (package / "settings.py").write_text(
+        'BOT_NAME = "shop"\nSPIDER_MODULES = ["shop.spiders"]\n'
+        'SCHEDULER = "scrapy_dist.scheduler.Scheduler"\n'
+        'DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"\n'
+        f"REDIS_URL = {redis_url!r}\n"
+    )
+    (package / "spiders" / "__init__.py").write_text("")
+    (package / "spiders" / "books.py").write_text(
+        "from scrapy_dist.spiders import RedisSpider\n\n\n"
+        "class Books(RedisSpider):\n"
+        f"    name = {spider!r}\n"
+        f"    redis_key = {spider + ':start_urls'!r}\n\n"
+        "    def parse(self, response):\n"
+        "        yield {'url': response.url}\n"
+    )
+    return root
+
+
+def test_reset_of_a_job_keeps_a_literal_redis_key_that_every_job_reads(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """``reset --job j1`` deleted ``<spider>:start_urls``, the literal ``redis_key`` of
+    the spider, and with it the seeds an operator had just pushed for job j2."""
+    project = _project_with_literal_redis_key(tmp_path, name, redis_url)
+    seeds = f"{name}:start_urls"
+    pushed = cli("push", name, "--job", "j2", "http://example.com/a", cwd=project)
+    assert pushed.returncode == 0, pushed.stderr
+    assert f"to {seeds!r}" in pushed.stdout
+    job1 = RedisKeys.build(name, job="j1")
+    client.rpush(job1.dead, "{}")
+    client.hset(job1.progress, "done", 3)
+
+    done = cli("reset", name, "--job", "j1", "--yes", cwd=project)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"deleted 2 key(s) of crawl '{name}:j1'"
+    assert f"kept 1 key(s) whose name does not contain '{name}:j1'" in done.stderr
+    assert f"  {seeds}\n" in done.stderr
+    assert client.lrange(seeds, 0, -1) == [b"http://example.com/a"]
+
+    # nothing of the job's own is left: the shared key alone is no crawl to delete
+    again = cli("reset", name, "--job", "j1", "--yes", cwd=project)
+    assert again.returncode == 1
+    assert f"kept 1 key(s) whose name does not contain '{name}:j1'" in again.stderr
+    assert client.exists(seeds)
+
+    everything = cli("reset", name, "--job", "j1", "--yes", "--include-shared", cwd=project)
+    assert everything.returncode == 0, everything.stderr
+    assert everything.stdout.strip() == f"deleted 1 key(s) of crawl '{name}:j1'"
+    assert not client.exists(seeds)
+
+    # the crawl without a job owns the key its name is in, as before
+    client.rpush(seeds, "http://example.com/b")
+    plain = cli("reset", name, "--yes", cwd=project)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() == f"deleted 1 key(s) of crawl '{name}'"
+    assert "kept" not in plain.stderr
+
+
 def test_reset_refuses_live_workers_and_needs_confirmation(
     run: Any, redis_url: str, client: redis.Redis, name: str
 ) -> None:

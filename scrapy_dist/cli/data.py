@@ -37,18 +37,29 @@ if TYPE_CHECKING:
 
 def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the crawl's keys (asks unless ``--yes``); exit 1 if refused (live workers,
-    no confirmation) or the crawl has no keys."""
+    no confirmation) or the crawl has no keys of its own.
+
+    A key whose name does not contain the crawl's name (:func:`shared_keys`: a literal
+    ``redis_key`` or key setting, which every job of the spider uses) is kept and named,
+    unless ``--include-shared``."""
     from scrapy_dist.filters import backend_from_config
 
     layout, config, _ = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)
     crawl = layout.keys.crawl
     backend_keys = backend_from_config(config.dupefilter, client, layout.keys).keys()
-    present = scan_owned(client, layout, backend_keys)
-    shards = _shards_present(client, layout, config)  # a sharded crawl's other shards
-    present += [key for _, keys in shards for key in keys]
+    groups = [(client, scan_owned(client, layout, backend_keys))]
+    groups += _shards_present(client, layout, config)  # a sharded crawl's other shards
+    shared = [key for _, keys in groups for key in shared_keys(crawl, keys)]
+    if not args.include_shared:
+        groups = [(node, [k for k in keys if k not in shared]) for node, keys in groups]
+    present = [key for _, keys in groups for key in keys]
+    kept = [] if args.include_shared else shared
     if not present:
-        report_absent(client, layout, config)
+        if kept:
+            _report_kept(crawl, kept)
+        else:
+            report_absent(client, layout, config)
         return EXIT_FAILED
     live = _live_workers(client, layout)
     if live and not args.force:
@@ -62,15 +73,38 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
         err(f"  {key}")
     if len(present) > 30:
         err(f"  ... and {len(present) - 30} more")
+    if kept:
+        _report_kept(crawl, kept)
     if not confirm(f"Delete these {len(present)} key(s)?", args.yes):
         err("nothing deleted")
         return EXIT_FAILED
     deleted = 0
-    for node, keys in [(client, present[: len(present) - sum(len(k) for _, k in shards)]), *shards]:
+    for node, keys in groups:
         for start in range(0, len(keys), READ_CHUNK):
             deleted += int(node.unlink(*keys[start : start + READ_CHUNK]))
     out(f"deleted {deleted} key(s) of crawl {crawl!r}")
     return EXIT_OK
+
+
+def shared_keys(crawl: str, keys: list[str]) -> list[str]:
+    """The keys among ``keys`` whose name does not contain crawl ``crawl``'s name (hash
+    tag aside): named by a literal template (``redis_key = "books:start_urls"``, a
+    ``SCHEDULER_DUPEFILTER_KEY`` without ``%(spider)s``), so every job of the spider, and
+    the crawl without a job, uses the same key. ``reset --job`` keeps them."""
+    plain = crawl[1:-1] if crawl.startswith("{") and crawl.endswith("}") else crawl
+    return [key for key in keys if plain not in key]
+
+
+def _report_kept(crawl: str, kept: list[str]) -> None:
+    err(
+        f"kept {len(kept)} key(s) whose name does not contain {crawl!r}: a literal "
+        "redis_key or key setting names them, so other jobs of the spider use them too "
+        "(--include-shared deletes them with the crawl)"
+    )
+    for key in kept[:30]:
+        err(f"  {key}")
+    if len(kept) > 30:
+        err(f"  ... and {len(kept) - 30} more")
 
 
 def _shards_present(
@@ -168,12 +202,20 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         help="delete one crawl's (or job's) keys",
         description="Delete every key of one crawl: queue, seeds, dupefilter (Bloom "
         "segments included), leases, workers, progress, dead letters, items, stats. "
-        "Other crawls, including other jobs of the same spider, are untouched. Refused "
+        "Other crawls, including other jobs of the same spider, are untouched: a key "
+        "whose name lacks the crawl's (a literal redis_key) is kept unless "
+        "--include-shared. Refused "
         "while workers of the crawl are alive, unless --force.",
     )
     reset.add_argument("spider", metavar="SPIDER")
     reset.add_argument("-y", "--yes", action="store_true", help="do not ask")
     reset.add_argument("--force", action="store_true", help="even with live workers")
+    reset.add_argument(
+        "--include-shared",
+        action="store_true",
+        help="also delete keys named without the crawl's name (a literal redis_key or key "
+        "setting), which other jobs of the spider use too",
+    )
     reset.set_defaults(func=cmd_reset)
 
     export = commands.add_parser(
