@@ -157,8 +157,15 @@ def source(name: str) -> str:
         ConfigurationError: The script is not part of this copy of the package (an egg
             or zip built without scrapy_dist's package data).
     """
+    libraries, body = parts(name)
+    return "\n".join([constants(), *libraries, body])
+
+
+def parts(name: str) -> tuple[list[str], str]:
+    """The texts of the libraries ``lua/<name>.lua`` uses (in the order :func:`source`
+    puts them) and its own text (what :func:`source` joins after :func:`constants`)."""
     text = _read(name)
-    return "\n".join([constants(), *(_read(lib) for lib in _libraries(text, [])), text])
+    return [_read(lib) for lib in _libraries(text, [])], text
 
 
 class Fence(NamedTuple):
