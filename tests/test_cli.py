@@ -12,8 +12,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -34,6 +32,7 @@ from scrapy_dist.testing.leases import holdings
 from scrapy_dist.testing.queues import queued_count, queued_entries
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.site import TestSite, links
+from scrapy_dist.testing.workers import run_cli as cli
 from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready, wait_workers
 
 if TYPE_CHECKING:
@@ -49,23 +48,6 @@ PROJECT = Path(__file__).parent / "project"
 def _bytes_hash(reply: dict[bytes | str, bytes | str]) -> dict[bytes, bytes]:
     """An ``HGETALL`` reply of a client without ``decode_responses``, typed as it is."""
     return cast("dict[bytes, bytes]", reply)
-
-
-def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m scrapy_dist ARGS`` in ``cwd`` (stdin empty, not a terminal)."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy_dist", *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.fixture

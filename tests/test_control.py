@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import fakeredis
@@ -46,9 +42,12 @@ from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.site import TestSite
+from scrapy_dist.testing.workers import run_cli
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Callable, Iterator
+    from pathlib import Path
 
     from scrapy.crawler import Crawler
 
@@ -122,21 +121,7 @@ def project(tmp_path: Path) -> Path:
 
 def cli(project: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m scrapy_dist ARGS --redis-url URL`` in the project, as an operator runs it."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
-    }
-    package = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy_dist", *args, "--redis-url", redis_url],
-        cwd=project,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    return run_cli(*args, "--redis-url", redis_url, cwd=project, timeout=90)
 
 
 @pytest.mark.e2e

@@ -14,8 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -39,6 +37,7 @@ from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
+from scrapy_dist.testing.workers import run_cli
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -465,14 +464,7 @@ def test_a_worker_registry_written_by_hand_mid_crawl_is_set_aside_by_the_heartbe
 
 def _cli(*args: str) -> str:
     """``scrapy-dist ARGS`` in the test project, as an operator runs it: its stdout."""
-    done = subprocess.run(
-        [sys.executable, "-m", "scrapy_dist", *args],
-        cwd=PROJECT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli(*args, cwd=PROJECT, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -42,6 +42,7 @@ from scrapy_dist.testing import TestSite
 from scrapy_dist.testing.crawl import WorkerCrawl, worker_logs
 from scrapy_dist.testing.leases import leased_count
 from scrapy_dist.testing.queues import push_raw, queued_count, queued_entries
+from scrapy_dist.testing.workers import run_cli
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -73,23 +74,6 @@ Path(os.environ["HOSTILE_MARKER"]).write_text("imported")
 class Evil(Request):
     pass
 """
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m scrapy_dist ARGS`` in ``cwd``, as a user would."""
-    hidden = ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
-    env = {k: v for k, v in os.environ.items() if k not in hidden}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy_dist", *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 class UserSpider(RedisSpider):
@@ -222,7 +206,7 @@ def test_push_rejects_bad_lines_and_pushes_the_valid_ones(
     ]
     seeds = tmp_path / "seeds.txt"
     seeds.write_bytes(b"\n".join(lines) + b"\n")
-    done = _cli(
+    done = run_cli(
         "push",
         "pages",
         "--file",

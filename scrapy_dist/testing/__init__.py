@@ -6,7 +6,8 @@
   with replicas) and a Sentinel set (master, replica, Sentinels), with failover helpers.
 - :class:`TestSite` and :func:`links`: a fast local website with a known link graph
   that counts how often each page is fetched.
-- :func:`start_workers` and friends: ``scrapy crawl`` worker processes.
+- :func:`start_workers` and friends: ``scrapy crawl`` worker processes; :func:`run_cli`
+  runs ``python -m scrapy_dist`` as an operator does.
 - :class:`HeldRequests`: scrapy_dist's scheduler driven by hand, the test standing in
   for the engine (what it holds is what the scheduler sees in flight).
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         Worker,
         alive,
         final_stats,
+        run_cli,
         start_workers,
         stop_workers,
         wait_ready,
@@ -55,6 +57,7 @@ __all__ = [
     "find_redis_server",
     "free_port",
     "links",
+    "run_cli",
     "server_kind",
     "start_workers",
     "stop_workers",
@@ -77,6 +80,7 @@ _MODULES = {
     "Worker": "workers",
     "alive": "workers",
     "final_stats": "workers",
+    "run_cli": "workers",
     "start_workers": "workers",
     "stop_workers": "workers",
     "wait_ready": "workers",

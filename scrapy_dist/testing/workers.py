@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
+    from subprocess import CompletedProcess
 
 __all__ = [
     "Worker",
     "alive",
     "final_stats",
+    "run_cli",
     "start_workers",
     "stop_workers",
     "wait_ready",
@@ -130,6 +132,22 @@ def _environment(extra: Mapping[str, str] | None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(path)
     env.update(extra or {})
     return env
+
+
+def run_cli(*args: str, cwd: str | os.PathLike[str], timeout: float = 120) -> CompletedProcess[str]:
+    """Run ``python -m scrapy_dist ARGS`` in ``cwd`` as an operator does, in a worker's
+    environment (no ``SCRAPY_SETTINGS_MODULE``, this copy of scrapy_dist first on
+    ``PYTHONPATH``), stdin empty (not a terminal); its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy_dist", *args],
+        cwd=cwd,
+        env=_environment(None),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def start_workers(
