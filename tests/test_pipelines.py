@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
 import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -17,6 +21,7 @@ from scrapy.utils.serialize import ScrapyJSONEncoder
 from scrapy.utils.test import get_crawler
 from twisted.internet.defer import Deferred
 
+import scrapy_dist
 from scrapy_dist.cli import main
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.pipelines import ItemWriter, RedisPipeline
@@ -25,6 +30,7 @@ from scrapy_dist.testing.crawl import WorkerCrawl
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
+from scrapy_dist.testing.workers import run_cli
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -163,6 +169,55 @@ def test_export_copies_and_moves_items_exactly_once(
     left = [json.loads(raw)["n"] for raw in client.lrange(key, 0, -1)]
     assert exported + left == list(range(len(exported) + len(left)))
     assert len(exported) >= 2500
+
+
+@pytest.mark.e2e
+def test_export_never_moves_items_where_they_could_be_lost(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """``export --delete -o - | head -2`` removed 1,000 items from Redis for 2 that anyone
+    read, and exited 0 (the pipe took the chunk, could not be synced, and the reader
+    stopped). A plain ``export`` over the file an earlier ``--delete`` filled truncated
+    it: the only copy of those items. Both are refused now, as an operator runs them."""
+    key = f"{name}:items"
+    client.rpush(key, *[json.dumps({"n": i}) for i in range(2500)])
+    url = ["--redis-url", redis_url]
+
+    piped = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m scrapy_dist export {name} -o - --delete "
+        f"{' '.join(url)} | head -2",
+        shell=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(scrapy_dist.__file__).parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "--delete writes to a regular file only, not stdout" in piped.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused = run_cli("export", name, "-o", str(fifo), "--delete", *url, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert f"--delete writes to a regular file only, not {fifo}" in refused.stderr
+    assert client.llen(key) == 2500
+
+    moved = tmp_path / "moved.jl"
+    done = run_cli("export", name, "-o", str(moved), "--delete", *url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert client.llen(key) == 0
+    client.rpush(key, json.dumps({"n": 2500}))
+    again = run_cli("export", name, "-o", str(moved), *url, cwd=tmp_path)
+    assert again.returncode == 2
+    assert f"{moved} exists and is not empty: pass --append" in again.stderr
+    assert len(moved.read_text().splitlines()) == 2500
+
+    added = run_cli("export", name, "-o", str(moved), "--append", *url, cwd=tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert [json.loads(line)["n"] for line in moved.read_text().splitlines()] == list(range(2501))
+    replaced = run_cli("export", name, "-o", str(moved), "--overwrite", *url, cwd=tmp_path)
+    assert replaced.returncode == 0, replaced.stderr
+    assert moved.read_text().splitlines() == [json.dumps({"n": 2500})]
 
 
 # -- Redis refusing writes: kept, retried, said once, counted, never dropped -------

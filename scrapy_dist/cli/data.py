@@ -140,10 +140,18 @@ def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
     key = layout.items
     check_key(client, key, "list", "items")
     to_stdout = args.output == "-"
-    if args.delete and not to_stdout and not args.append and _non_empty(args.output):
+    if args.delete and (to_stdout or not _regular_or_absent(args.output)):
+        target = "stdout" if to_stdout else args.output
         raise CommandError(
-            f"{args.output} exists: pass --append, or choose another file (with --delete, "
-            "overwriting it would lose the items an earlier export removed from Redis)"
+            f"--delete writes to a regular file only, not {target}: "
+            "a pipe or a device cannot be synced to disk, so items removed from Redis after "
+            "a write to it would be lost if its reader stopped (export to a file, then read it)"
+        )
+    if not to_stdout and not (args.append or args.overwrite) and _non_empty(args.output):
+        raise CommandError(
+            f"{args.output} exists and is not empty: pass --append to add to it, or "
+            "--overwrite to replace it (it may hold the only copy of items an earlier "
+            "'export --delete' removed from Redis)"
         )
     total = int(client.llen(key))
     with contextlib.ExitStack() as stack:
@@ -161,10 +169,16 @@ def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _non_empty(path: str) -> bool:
+    """Whether ``path`` is a regular file with something in it."""
     try:
-        return os.path.getsize(path) > 0
+        return os.path.isfile(path) and os.path.getsize(path) > 0
     except OSError:
         return False
+
+
+def _regular_or_absent(path: str) -> bool:
+    """Whether ``path`` is a regular file, or nothing yet (it will be one)."""
+    return os.path.isfile(path) or not os.path.exists(path)
 
 
 def _export_copy(client: redis.Redis, key: str, total: int, stream: IO[bytes]) -> int:
@@ -223,12 +237,15 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="write the items list as JSON lines",
         description="Write the items stored by RedisPipeline, oldest first, one per line. "
-        "With --delete, each chunk is removed from Redis once it is written and synced.",
+        "With --delete (to a regular file only), each chunk is removed from Redis once it "
+        "is written and synced. A non-empty FILE needs --append or --overwrite.",
     )
     export.add_argument("spider", metavar="SPIDER")
     export.add_argument(
         "-o", "--output", metavar="FILE", required=True, help="file to write ('-': stdout)"
     )
     export.add_argument("--delete", action="store_true", help="remove exported items")
-    export.add_argument("--append", action="store_true", help="append to FILE")
+    written = export.add_mutually_exclusive_group()
+    written.add_argument("--append", action="store_true", help="append to FILE")
+    written.add_argument("--overwrite", action="store_true", help="replace a non-empty FILE")
     export.set_defaults(func=cmd_export)
