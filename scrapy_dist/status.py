@@ -227,14 +227,15 @@ class CrawlStatus:
 
         Workers mark a crawl finished: one with ``CLOSE_WHEN_CRAWL_DONE`` once it has been
         empty for ``CRAWL_DONE_GRACE`` seconds, any worker when it closes and finds it
-        empty. Until then (workers without ``CLOSE_WHEN_CRAWL_DONE`` waiting for more
-        seeds, for as long as they run) the crawl is ``"idle"``: more seeds may come."""
+        empty; a worker that leases work again removes the mark. Until then, and while a
+        worker is alive after it (one without ``CLOSE_WHEN_CRAWL_DONE`` waiting for more
+        seeds, for as long as it runs), the crawl is ``"idle"``: more seeds may come."""
         if not self.exists:
             return "absent"
         if self.seeds + self.queued + self.leased > 0:
             return "busy"
         if self.progress.get("finished_at"):
-            return "finished"
+            return "idle" if self.live_workers() else "finished"
         p = self.progress
         if p.get("done", 0) + p.get("dead", 0) - p.get("run_base", 0) <= 0:
             return "waiting"

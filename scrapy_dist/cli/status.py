@@ -101,6 +101,12 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     lines = [f"crawl {status.crawl}  at {status.redis}  [{status.state}]"]
     if not status.exists:
         lines.append("  (no key of this crawl exists)")
+    elif status.state == "idle" and status.progress.get("finished_at"):
+        lines.append(
+            f"  (empty, marked finished {when(status.progress.get('finished_at'))}, but "
+            f"{len(status.live_workers())} live worker(s) may take more seeds: finished "
+            "once they leave)"
+        )
     elif status.state == "idle":
         lines.append(
             "  (empty, not marked finished: a worker with CLOSE_WHEN_CRAWL_DONE marks it "

@@ -11,7 +11,8 @@
 -- KEYS[6] = seeds key
 -- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time;
 --           one written by hand is set aside and restarted, lua/_sequence.lua)
--- KEYS[8] = crawl stats hash (counters: dead)
+-- KEYS[8] = crawl progress hash (counters: dead; idle_since and finished_at are removed
+--            when the call leases something: the crawl is busy again)
 --            (a counter that is not an integer is restarted, and a key of another type
 --            set aside when the call counts, lua/_leases.lua add_counts)
 -- KEYS[9] = crawl epoch (string, see lua/_fence.lua)
@@ -360,6 +361,10 @@ if #ids > 0 then
 end
 if #ids > 0 then
   redis.call("ZADD", holders, now + duration, worker)
+  -- work taken: the crawl is busy again, so a completion mark (a worker that closed on
+  -- an empty crawl while another, without CLOSE_WHEN_CRAWL_DONE, waits for seeds) and
+  -- the idle clock no longer hold (a progress key of another type has neither)
+  redis.pcall("HDEL", stats, "idle_since", "finished_at")
 end
 -- a counter written by hand is restarted, not a failure after the pops (add_counts)
 add_counts(stats, dead, {"dead", buried}, worker)
