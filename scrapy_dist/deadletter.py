@@ -169,6 +169,10 @@ class NoSuchRecord(LookupError):
     """An index past the end of the dead-letter list."""
 
 
+class ListContended(RuntimeError):
+    """The dead-letter list changed under every attempt to requeue from it."""
+
+
 @dataclass
 class _Plan:
     """What to do with the records read in one transaction."""
@@ -186,6 +190,12 @@ class _Plan:
 
 #: Records read per transaction by :meth:`Requeuer.all`.
 REQUEUE_CHUNK = 1_000
+#: Attempts at one record, or at the records :meth:`Requeuer.indexes` names, whose list
+#: changed meanwhile (a worker appended a record, an operator requeued) before giving up
+#: with :class:`ListContended`; a larger batch of :meth:`Requeuer.all` is halved after
+#: :data:`BATCH_ATTEMPTS`.
+CONTENDED_ATTEMPTS = 50
+BATCH_ATTEMPTS = 3
 
 
 class Requeuer:
@@ -267,10 +277,14 @@ class Requeuer:
         else:
             plan.skipped.append((index, f"unknown record kind {kind!r}"))
 
-    def _run(self, read: Callable[[Any], _Plan]) -> _Plan:
-        """Read and plan under ``WATCH``, then push and remove in one ``MULTI``."""
+    def _run(self, read: Callable[[Any], _Plan], attempts: int = CONTENDED_ATTEMPTS) -> _Plan:
+        """Read and plan under ``WATCH``, then push and remove in one ``MULTI``.
+
+        Raises:
+            redis.WatchError: the list changed meanwhile in each of ``attempts`` tries.
+        """
         with self.client.pipeline(transaction=True) as pipe:
-            while True:
+            for attempt in range(1, attempts + 1):
                 try:
                     pipe.watch(self.key)  # type: ignore[no-untyped-call]
                     plan = read(pipe)
@@ -285,6 +299,8 @@ class Requeuer:
                         pipe.lrem(self.key, 0, self.tombstone)
                     replies = pipe.execute(raise_on_error=False)
                 except redis.WatchError:
+                    if attempt == attempts:
+                        raise
                     continue
                 break
         failed: list[bytes] = []
@@ -331,7 +347,18 @@ class Requeuer:
                 self._plan(plan, index, index, pipe.lindex(self.key, index))
             return plan
 
-        self._run(read)
+        try:
+            self._run(read)
+        except redis.WatchError:
+            raise self._contended(len(wanted)) from None
+
+    def _contended(self, records: int) -> ListContended:
+        return ListContended(
+            f"{self.key} changed under each of {CONTENDED_ATTEMPTS} attempts to requeue "
+            f"{records} record(s) from it: workers are adding dead letters faster than they "
+            "can be read, or another requeue or purge is running. Pause the crawl "
+            "('scrapy-dist pause') and run it again"
+        )
 
     def _read_chunk(self, pipe: Any, examined: int, start: int, count: int) -> _Plan:
         raws = pipe.lrange(self.key, start, start + count - 1)
@@ -341,14 +368,32 @@ class Requeuer:
         return plan
 
     def all(self) -> None:
-        """Requeue every record present now (records added meanwhile are left)."""
+        """Requeue every record present now (records added meanwhile are left).
+
+        A batch whose list changed while it was read and planned (workers appending
+        dead letters) is retried, then halved, down to one record, so a crawl that
+        keeps failing pages does not keep the requeue from getting anywhere.
+
+        Raises:
+            ListContended: even one record could not be moved in
+                :data:`CONTENDED_ATTEMPTS` attempts (what was moved before stays moved).
+        """
         total = int(self.client.llen(self.key))
         examined = position = 0
+        batch = REQUEUE_CHUNK
         while examined < total:
-            count = min(REQUEUE_CHUNK, total - examined)
-            plan = self._run(
-                partial(self._read_chunk, examined=examined, start=position, count=count)
-            )
+            count = min(batch, total - examined)
+            try:
+                plan = self._run(
+                    partial(self._read_chunk, examined=examined, start=position, count=count),
+                    CONTENDED_ATTEMPTS if count == 1 else BATCH_ATTEMPTS,
+                )
+            except redis.WatchError:
+                if count == 1:
+                    raise self._contended(1) from None
+                batch = max(1, count // 2)
+                continue
+            batch = min(REQUEUE_CHUNK, batch * 2)
             if not plan.read:
                 break
             examined += plan.read

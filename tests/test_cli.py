@@ -12,11 +12,13 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+import redis
 from scrapy import Request
 from scrapy.settings import Settings
 
@@ -32,13 +34,17 @@ from scrapy_dist.testing.leases import holdings
 from scrapy_dist.testing.queues import queued_count, queued_entries
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.site import TestSite, links
+from scrapy_dist.testing.workers import (
+    run_cli,
+    start_workers,
+    stop_workers,
+    wait_ready,
+    wait_workers,
+)
 from scrapy_dist.testing.workers import run_cli as cli
-from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-    import redis
 
     from scrapy_dist.testing.workers import Worker
 
@@ -672,6 +678,50 @@ def test_dead_list_requeue_and_purge(
     assert not client.exists(keys.dead)
 
 
+@pytest.mark.e2e
+def test_dead_requeue_all_gets_through_while_workers_keep_adding_dead_letters(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """`dead requeue --all` watched the whole list while it planned a batch of 1,000
+    records: with workers appending ~100 dead letters a second, every batch was
+    invalidated, and it spun at full CPU for ever without requeuing one."""
+    keys = RedisKeys.build(name)
+
+    def record(i: int) -> str:
+        data = request_payload(f"https://a.example/{i}", 0)
+        return json.dumps({"kind": "request", "reason": "boom", "data": data, "time": 1.0})
+
+    client.rpush(keys.dead, *[record(i) for i in range(3000)])
+    stop = threading.Event()
+    appended = [0]
+
+    def worker_failing_pages() -> None:
+        pusher = redis.Redis.from_url(redis_url)
+        while not stop.is_set():
+            pusher.rpush(keys.dead, record(100_000 + appended[0]))
+            appended[0] += 1
+            time.sleep(0.004)
+        pusher.close()
+
+    thread = threading.Thread(target=worker_failing_pages)
+    thread.start()
+    try:
+        done = run_cli(
+            "dead", "requeue", name, "--all", "--redis-url", redis_url, cwd=tmp_path, timeout=120
+        )
+    finally:
+        stop.set()
+        thread.join()
+    assert done.returncode == 0, done.stderr
+    assert appended[0] > 50  # the list did change under it
+    # every record present when it started (the 3,000, and those added while the
+    # command started up) is requeued once; those added meanwhile are left
+    requeued = int(done.stdout.split("requeued ", 1)[1].split(" ", 1)[0])
+    assert requeued >= 3000, done.stdout
+    assert queued_count(client, keys.requests) == requeued
+    assert requeued + client.llen(keys.dead) == 3000 + appended[0]
+
+
 # -- a running crawl --------------------------------------------------------------------
 
 #: Settings of the crawl below: fast heartbeats, one delivery per request (so the poison
@@ -723,6 +773,78 @@ def job_keys(client: redis.Redis, name: str) -> Iterator[RedisKeys]:
     yield RedisKeys.build("pages", job=name)
     for key in client.scan_iter(match=f"pages:{name}:*"):
         client.delete(key)
+
+
+@pytest.mark.e2e
+def test_status_is_not_finished_while_a_worker_waits_nor_after_it_took_more_seeds(
+    redis_url: str, client: redis.Redis, name: str, job_keys: RedisKeys, tmp_path: Path
+) -> None:
+    """Two workers without CLOSE_WHEN_CRAWL_DONE crawl a site; one is stopped and, on
+    its way out, marks the empty crawl finished. `status` said "finished" while the
+    other still waited for seeds, and again once it had crawled the seeds pushed next,
+    with the first completion time: a script waiting for "finished" fired early."""
+    settings = {
+        "REDIS_URL": redis_url,
+        "SCHEDULER_JOB_ID": name,
+        **CRAWL_SETTINGS,
+        "CLOSE_WHEN_CRAWL_DONE": False,
+    }
+    workers: list[Worker] = []
+
+    def status() -> dict[str, Any]:
+        done = cli(
+            "status", "pages", "--job", name, "--json", "--redis-url", redis_url, cwd=PROJECT
+        )
+        assert done.returncode == 0, done.stderr
+        return cast("dict[str, Any]", json.loads(done.stdout))
+
+    def push(url: str) -> None:
+        pushed = cli("push", "pages", url, "--job", name, "--redis-url", redis_url, cwd=PROJECT)
+        assert pushed.returncode == 0, pushed.stderr
+
+    def until(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, (what, [w.log_tail(15) for w in workers])
+            time.sleep(0.1)
+
+    with TestSite(30) as first, TestSite(5) as later:
+        try:
+            workers += start_workers(
+                2, project_dir=PROJECT, spider="pages", log_dir=tmp_path, settings=settings,
+                stats_setting=None,
+            )  # fmt: skip
+            wait_ready(workers, 60, marker="joined crawl")
+            push(first.page_url(0))
+            until(lambda: len(first.hits()) == 30 and status()["state"] == "idle", "first run")
+
+            os.kill(workers[0].pid, signal.SIGINT)
+            assert wait_workers(workers[:1], 30) == [0]
+            after_one = status()
+            assert after_one["progress"]["finished_at"], after_one  # marked on its way out
+            assert after_one["state"] == "idle", after_one  # the other still waits
+            shown = cli(
+                "status", "pages", "--job", name, "--redis-url", redis_url, cwd=PROJECT
+            ).stdout
+            assert "1 live worker(s) may take more seeds" in shown, shown
+
+            pushed_at = float(client.time()[0])
+            push(later.page_url(0))
+            until(lambda: len(later.hits()) == 5, "the seeds pushed later")
+            until(lambda: status()["leased"] == 0, "their settlements")
+            after_more = status()
+            assert after_more["state"] == "idle", after_more
+            assert not after_more["progress"].get("finished_at"), after_more
+
+            os.kill(workers[1].pid, signal.SIGINT)
+            assert wait_workers(workers[1:], 30) == [0]
+            final = status()
+            assert final["state"] == "finished", final
+            assert float(final["progress"]["finished_at"]) >= pushed_at, final
+        finally:
+            stop_workers(workers)
+    assert first.hits() == dict.fromkeys(first.hits(), 1)
+    assert later.hits() == dict.fromkeys(later.hits(), 1)
 
 
 @pytest.mark.e2e

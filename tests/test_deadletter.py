@@ -133,3 +133,39 @@ def test_text_with_lone_surrogates_is_stored_readably(client: redis.Redis) -> No
     assert record["kind"] == "seed"
     assert record["reason"] == reason
     assert deadletter.data_of(record) == b"https://a.example/\xff"
+
+
+def test_a_requeue_whose_list_changes_under_every_attempt_stops_with_a_clear_error(
+    client: redis.Redis, name: str
+) -> None:
+    """A dead-letter list that changes while each batch is planned (here: at every
+    record, as no real crawl does) is retried, its batch halved down to one record,
+    then given up with a message that says what to do, instead of spinning for ever."""
+    from scrapy_dist.queue import FifoQueue
+    from scrapy_dist.seeds import SeedQueue
+
+    dead = f"{name}:dead"
+    client.rpush(dead, *[python_record(client, "request", REQUEST, REASON) for _ in range(3)])
+    plans = []
+
+    def appending_meanwhile(data: bytes) -> float:
+        plans.append(data)
+        client.rpush(dead, b"appended by a worker")
+        return 0.0
+
+    requeuer = deadletter.Requeuer(
+        client,
+        dead,
+        queue=FifoQueue(client, f"{name}:requests", f"{name}:seq"),
+        seeds=SeedQueue(client, f"{name}:start_urls", "list"),
+        check_seed=lambda data: None,
+        check_request=appending_meanwhile,
+    )
+    with pytest.raises(deadletter.ListContended, match="Pause the crawl"):
+        requeuer.all()
+    # the batch of 3 tried 3 times, then batches of 1, 50 times
+    batches = deadletter.BATCH_ATTEMPTS * 3 + deadletter.CONTENDED_ATTEMPTS
+    assert len(plans) == batches
+    assert requeuer.requests == 0
+    assert client.llen(dead) == 3 + batches
+    assert not client.exists(f"{name}:requests")

@@ -231,6 +231,13 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
                 requeuer.indexes(args.index)
         except deadletter.NoSuchRecord as e:
             raise CommandError(str(e)) from None
+        except deadletter.ListContended as e:
+            # (batches moved before it stay moved: say how many)
+            err(
+                f"requeued {requests + requeuer.requests} request(s) and "
+                f"{seeds + requeuer.seeds_done} seed(s) before stopping"
+            )
+            raise CommandError(str(e), EXIT_FAILED) from None
         shard_left = int(node.llen(keys.dead))
         for index, reason in requeuer.skipped:
             err(f"{keys.dead} #{index}: not requeued: {reason}")
