@@ -178,7 +178,10 @@ class Enqueuer:
             logger.error(
                 "Unable to serialize request: %(request)s - reason: %(reason)s - it is "
                 "recorded in %(dead)s and will not be crawled (no more unserializable "
-                "requests will be logged; see the stat 'scheduler/unserializable')",
+                "requests will be logged; see the stat 'scheduler/unserializable'). "
+                "Requests are JSON: put plain values in meta and cb_kwargs (dict(item), "
+                "not an Item), or opt in to pickle with SCHEDULER_SERIALIZER = "
+                "'scrapy_dist.picklecompat' on a Redis nobody else can write to",
                 {"request": request, "reason": error, "dead": self.dead.key},
                 extra={"spider": self.spider},
             )

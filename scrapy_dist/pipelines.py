@@ -457,6 +457,8 @@ class RedisPipeline:
         #: ``process_item`` calls waiting for room in the writer's buffer.
         self._waiting: list[Deferred[Any]] = []
         self._closed = False
+        #: The crawler (set by :meth:`from_crawler`; ``None`` when built by hand).
+        self.crawler: Crawler | None = None
         writer.on_room = self._room
         if not callable(getattr(type(self), "serialize", None)):  # not overridden
             self.serialize = serialize
@@ -479,6 +481,13 @@ class RedisPipeline:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
+        """The pipeline of the crawl's items list and client. A subclass that overrides
+        :meth:`from_settings` (scrapy-redis's ``from_crawler`` calls it) is built by its
+        override instead, as in scrapy-redis."""
+        if cls.from_settings.__func__ is not RedisPipeline.from_settings.__func__:  # type: ignore[attr-defined]
+            pipeline = cls.from_settings(crawler.settings)
+            pipeline.crawler = crawler
+            return pipeline
         parts = assemble(crawler)
         items = parts.config.items
         serialize = items.serializer or _json_serializer()
@@ -495,12 +504,25 @@ class RedisPipeline:
         )
         pipeline = cls(writer, cast("Callable[[Any], str | bytes]", serialize))
         pipeline.close_timeout = items.close_timeout
+        pipeline.crawler = crawler
         return pipeline
 
     @property
     def key(self) -> str:
         """The items list."""
         return self.writer.key
+
+    @property
+    def server(self) -> redis.Redis:
+        """The items' Redis client (scrapy-redis's attribute)."""
+        return self.writer.client
+
+    def _spider(self, spider: Spider | None) -> Spider | None:
+        """``spider``, or the crawler's: Scrapy >= 2.19 calls ``process_item(item)``
+        without it, and an ``item_key(item, spider)`` override reads ``spider.name``."""
+        if spider is not None or self.crawler is None:
+            return spider
+        return cast("Spider | None", getattr(self.crawler, "spider", None))
 
     def open_spider(self, spider: Spider | None = None) -> None:
         """Check the items key and start the sending thread.
@@ -545,7 +567,9 @@ class RedisPipeline:
             self._close()
 
     def process_item(self, item: Any, spider: Spider | None = None) -> Any:
-        """Serialize ``item`` and buffer it for the list :meth:`item_key` names.
+        """Serialize ``item`` and buffer it for the list :meth:`item_key` names; a
+        subclass that defines scrapy-redis's ``_process_item(item, spider)`` gets that
+        called on a thread instead, as in scrapy-redis.
 
         Returns:
             ``item`` at once; or, when ``REDIS_ITEMS_BUFFER_MAX`` items are unsent
@@ -553,8 +577,16 @@ class RedisPipeline:
             once the buffer has room: Scrapy waits for it, so the crawl slows down
             instead of the buffer growing without bound.
         """
+        own = getattr(self, "_process_item", None)
+        if own is not None:
+            # scrapy-redis's storage hook, defined by a subclass: run on a thread, as
+            # scrapy-redis does (its writes, through self.server, are its own; the
+            # buffered writer is not used)
+            from twisted.internet import threads
+
+            return _for_scrapy(threads.deferToThread(own, item, self._spider(spider)))
         data = self._serialize(item)
-        key = self.item_key(item, spider)
+        key = self.item_key(item, self._spider(spider))
         full = self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)
         if not full:
             return item

@@ -253,6 +253,12 @@ class RedisSpiderMixin(Spider):
             for request in self.start_requests():
                 yield request
             return
+        if self._own_next_requests():
+            own = list(self.next_requests() or ())
+            self._record_seeds([r for r in own if r.dont_filter])
+            for request in own:
+                yield request
+            return
         requests, settled = self.take_seeds()
         for request in requests:
             yield request
@@ -382,17 +388,46 @@ class RedisSpiderMixin(Spider):
         return DEAD_NOW + record.decode("utf-8")
 
     def schedule_next_requests(self) -> int:
-        """Take one batch of seeds and hand their requests to the engine.
+        """Take one batch of seeds and hand their requests to the engine; a spider that
+        overrides :meth:`next_requests` (scrapy-redis's hook, e.g. to read its own
+        Redis structure) gets what that returns instead, as in scrapy-redis.
 
         Returns:
             The number of requests scheduled; 0 if there were no seeds or Redis is
             unreachable (the caller polls again later).
         """
+        if self._own_next_requests():
+            own = list(self.next_requests() or ())
+            self._record_seeds([r for r in own if r.dont_filter])  # as take_seeds() does
+            for request in own:
+                self.crawler.engine.crawl(request)
+            return len(own)
         requests, settled = self.take_seeds()
         for request in requests:
             self.crawler.engine.crawl(request)
         self.frontier.settle(settled)
         return len(requests)
+
+    def _own_next_requests(self) -> bool:
+        """Whether the spider overrides :meth:`next_requests` (then start-up, room for
+        seeds and idleness call it, as scrapy-redis does)."""
+        return type(self).next_requests is not RedisSpiderMixin.next_requests
+
+    def count_size(self, key: str) -> int:
+        """The number of seeds in ``key`` in the seed mode (``LLEN``, ``SCARD`` or
+        ``ZCARD``), scrapy-redis's helper for ``spider_idle`` and ``next_requests``
+        overrides."""
+        return len(SeedQueue(self.server, key, self.seeds.kind))
+
+    def fetch_data(self, name: str, batch_size: int | None = None) -> list[bytes]:
+        """Pop up to ``batch_size`` (default ``redis_batch_size``) raw seeds from ``name``
+        in the seed mode, scrapy-redis's helper for ``next_requests`` overrides.
+
+        Popped, not leased: a seed taken this way is lost if the worker dies before its
+        request is enqueued. scrapy_dist's own path (:meth:`take_seeds`) leases them.
+        """
+        count = self.redis_batch_size if batch_size is None else batch_size
+        return SeedQueue(self.server, name, self.seeds.kind).pop(int(count or 1))
 
     # -- signals --------------------------------------------------------------------
 

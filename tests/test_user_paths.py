@@ -247,6 +247,111 @@ def test_a_redis_spider_with_its_own_start_requests_crawls_them_and_its_seeds(
     assert client.llen(f"{name}:start_urls") == 0
 
 
+#: scrapy-redis's hooks as its users override them: next_requests() reading the
+#: project's own Redis structure, spider_idle() looking at the seeds with count_size().
+OWN_NEXT_REQUESTS_SPIDER = """
+from scrapy_dist.spiders import RedisSpider
+
+
+class JobsSpider(RedisSpider):
+    name = "{name}"
+
+    def next_requests(self):
+        jobs = self.name + ":jobs"
+        for field, url in self.server.hgetall(jobs).items():
+            if self.server.hdel(jobs, field):
+                yield self.make_request_from_data(url)
+
+    def spider_idle(self):
+        self.logger.info("idle with %d seed(s) waiting", self.count_size(self.redis_key))
+        super().spider_idle()
+
+    def parse(self, response):
+        yield {{"url": response.url}}
+        yield from response.follow_all(css="a", callback=self.parse)
+"""
+
+
+def test_a_spider_with_its_own_next_requests_and_spider_idle_crawls_what_they_give(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """A spider that overrides next_requests() to read its own hash crawled nothing (the
+    override was never called: both workers finished at once), and one whose
+    spider_idle() called scrapy-redis's count_size() failed on every idle signal."""
+    spider = project / "books" / "spiders" / "books.py"
+    spider.write_text(OWN_NEXT_REQUESTS_SPIDER.format(name=name))
+    client.hset(f"{name}:jobs", mapping={"home": site.page_url(0)})
+    both = run(workers, project, name)
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    hits = site.hits()
+    assert set(hits) == site.expected_paths(), logs(workers)
+    assert set(hits.values()) == {1}, hits
+    assert not client.exists(f"{name}:jobs")
+    text = "".join(log_text(w) for w in both)
+    assert "idle with 0 seed(s) waiting" in text, logs(workers)
+    assert "Error caught on signal handler" not in text, logs(workers)
+
+
+#: scrapy-redis's pipeline hooks, as its users override them: item_key(), its
+#: storage step _process_item(), and from_settings() (which its from_crawler calls).
+ITEM_KEY_PIPELINE = """
+import json
+
+from scrapy_dist.pipelines import RedisPipeline
+
+
+class ByParityPipeline(RedisPipeline):
+    def item_key(self, item, spider):
+        page = int(item["url"].rsplit("/", 1)[1])
+        return "%s:items:%s" % (spider.name, "even" if page % 2 == 0 else "odd")
+
+
+class ByUrlPipeline(RedisPipeline):
+    def _process_item(self, item, spider):
+        self.server.hset(spider.name + ":byurl", item["url"], json.dumps(dict(item)))
+        return item
+
+
+class AllItemsPipeline(RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        from scrapy_dist.connection import from_settings
+
+        return cls(from_settings(settings), key=settings["ALL_ITEMS_KEY"])
+"""
+
+
+def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """Scrapy 2.19 calls ``process_item(item)`` without the spider: an ``item_key(item,
+    spider)`` override then got ``None``, failed on ``spider.name`` for every item, and
+    no item was stored. ``_process_item`` and ``from_settings`` overrides were ignored
+    without a word: the items went to ``<spider>:items``."""
+    (project / "books" / "pipelines.py").write_text(ITEM_KEY_PIPELINE)
+    pipelines = json.dumps(
+        {
+            "books.pipelines.ByParityPipeline": 300,
+            "books.pipelines.ByUrlPipeline": 310,
+            "books.pipelines.AllItemsPipeline": 320,
+        }
+    )
+    settings = {"ITEM_PIPELINES": pipelines, "ALL_ITEMS_KEY": f"{name}:all"}
+    both = run(workers, project, name, settings=settings)
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    stored = {
+        parity: [json.loads(raw)["url"] for raw in client.lrange(f"{name}:items:{parity}", 0, -1)]
+        for parity in ("even", "odd")
+    }
+    assert len(stored["even"]) + len(stored["odd"]) == PAGES, logs(workers)
+    assert all(int(url.rsplit("/", 1)[1]) % 2 == 0 for url in stored["even"])
+    assert all(int(url.rsplit("/", 1)[1]) % 2 == 1 for url in stored["odd"])
+    assert "Error processing" not in "".join(log_text(w) for w in both)
+    assert client.hlen(f"{name}:byurl") == PAGES  # the _process_item override stored them
+    assert client.llen(f"{name}:all") == PAGES  # the from_settings override's key
+
+
 def test_a_batch_size_redis_cannot_take_is_one_error_naming_the_argument(
     project: Path, name: str, workers: list[Worker]
 ) -> None:
