@@ -11,6 +11,7 @@ import json
 import logging
 import textwrap
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 import fakeredis
@@ -327,6 +328,35 @@ def test_cli_pause_resume_drain(  # noqa: PLR0917
     assert code == 0
     assert "draining -> running" in out
     assert client.hget(f"{name}:control", "state") == b"running"
+
+
+def test_cli_refuses_the_stamp_of_now_while_the_spider_runs_under_an_older_one(
+    redis_url: str, client: redis.Redis, name: str, project: Path
+) -> None:
+    """With SCHEDULER_JOB_TIMESTAMP the crawl's name is the stamp of the moment the
+    command runs. Once the stamp rolled over since the workers started, `drain --wait`
+    drained the new stamp's crawl (no keys, no workers: "every worker exited", exit 0)
+    while the workers ran on, and left a drain for the next crawl of that stamp."""
+    older = f"pages:{name}"  # the running crawl, named by an older stamp (any job)
+    client.rpush(f"{older}:dead", "{}")
+    seconds, _ = client.time()
+    now = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y%m%d%H%M%S")
+    stamp = ["-s", "SCHEDULER_JOB_TIMESTAMP=%Y%m%d%H%M%S"]
+    try:
+        done = cli(project, redis_url, "drain", "pages", *stamp, "--wait", "--timeout", "1")
+        assert done.returncode == 1, done.stderr
+        assert "SCHEDULER_JOB_TIMESTAMP names it from the clock now" in done.stderr
+        assert older in done.stderr
+        assert "pass --job with the one to steer (nothing was changed)" in done.stderr
+        written = [k.decode() for k in client.scan_iter(match="pages:*:control")]
+        stamped = [k for k in written if k.split(":")[1].isdigit()]
+        assert not [k for k in stamped if k.split(":")[1] >= now], written
+
+        chosen = cli(project, redis_url, "drain", "pages", "--job", name)
+        assert chosen.returncode == 0, chosen.stderr
+        assert client.hget(f"{older}:control", "state") == b"draining"
+    finally:
+        client.delete(f"{older}:dead", f"{older}:control")
 
 
 def test_cli_wait_times_out_while_a_live_worker_holds_leases(  # noqa: PLR0917

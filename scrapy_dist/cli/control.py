@@ -40,6 +40,10 @@ from scrapy_dist.exceptions import ConfigurationError
 if TYPE_CHECKING:
     import argparse
 
+    import redis
+
+    from scrapy_dist.settings import Config
+
 #: Command -> the state it sets.
 COMMANDS = {"pause": PAUSED, "resume": RUNNING, "drain": DRAINING}
 
@@ -50,6 +54,7 @@ def cmd_control(ctx: Context, args: argparse.Namespace) -> int:
     layout, config, _ = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)
     if not crawl_exists(client, layout):
+        _refuse_a_stamp_of_now(client, layout.keys.crawl, args.spider, config)
         # pausing a crawl before its workers start is fine: say so, and go on
         report_absent(client, layout, config)
     control = CrawlControl(client, layout.keys, worker_timeout=config.workers.worker_timeout)
@@ -88,6 +93,30 @@ def cmd_control(ctx: Context, args: argparse.Namespace) -> int:
     if args.json:
         out(json.dumps(result))
     return status
+
+
+def _refuse_a_stamp_of_now(client: redis.Redis, crawl: str, spider: str, config: Config) -> None:
+    """Refuse to steer crawl ``crawl``, which has no keys, when its name is the
+    ``SCHEDULER_JOB_TIMESTAMP`` stamp of this moment and the spider has crawls in Redis:
+    the stamp rolled over since the workers took theirs, so the command would miss their
+    crawl and leave a state for the next one to find (a drain just after midnight with a
+    daily stamp drains tomorrow's crawl).
+
+    Raises:
+        CommandError: exit code 1, naming the spider's crawls (pass ``--job``).
+    """
+    from scrapy_dist.cli._crawls import find_crawls
+
+    if not config.keys.job_timestamp:
+        return
+    crawls = [c for c in find_crawls(client, config) if c.partition(":")[0] == spider]
+    if crawls:
+        raise CommandError(
+            f"crawl {crawl!r} has no keys: SCHEDULER_JOB_TIMESTAMP names it from the clock "
+            f"now, and the crawls of {spider!r} in Redis are {', '.join(crawls)}; pass "
+            "--job with the one to steer (nothing was changed)",
+            EXIT_FAILED,
+        )
 
 
 def _seconds(text: str) -> float:
