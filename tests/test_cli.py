@@ -435,6 +435,32 @@ def test_reset_of_a_job_keeps_a_literal_redis_key_that_every_job_reads(
     assert "kept" not in plain.stderr
 
 
+def test_one_crawl_written_by_hand_does_not_hide_the_others(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    """`status` (no spider) and `jobs` read every crawl in Redis; one whose queue key an
+    operator overwrote with a string made both exit 2 ("Redis answered: WRONGTYPE"),
+    showing no crawl at all."""
+    sound, broken = RedisKeys.build(f"{name}a"), RedisKeys.build(f"{name}b")
+    client.rpush(sound.dead, "{}")
+    client.rpush(broken.dead, "{}")
+    client.set(broken.requests, "junk")
+    code, out, err = run("status", "--redis-url", redis_url)
+    assert code == 0, err
+    assert f"crawl {name}a  " in out
+    assert f"crawl {name}b  [error]\n  Redis answered: WRONGTYPE" in out
+    code, out, err = run("status", "--json", "--redis-url", redis_url)
+    assert code == 0, err
+    crawls = {c["crawl"]: c for c in json.loads(out)["crawls"]}
+    assert crawls[f"{name}a"]["dead"]["records"] == 1
+    assert crawls[f"{name}b"]["error"].startswith("Redis answered: WRONGTYPE")
+    code, out, err = run("jobs", "--json", "--redis-url", redis_url)
+    assert code == 0, err
+    rows = {row["crawl"]: row for row in json.loads(out)}
+    assert rows[f"{name}a"]["dead"] == 1
+    assert rows[f"{name}b"]["error"].startswith("Redis answered: WRONGTYPE")
+
+
 def test_reset_refuses_live_workers_and_needs_confirmation(
     run: Any, redis_url: str, client: redis.Redis, name: str
 ) -> None:

@@ -31,8 +31,13 @@ from scrapy_dist.settings import CLUSTER
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
 
+    from scrapy_dist.settings import Config
     from scrapy_dist.status import CrawlStatus
+
+    #: A crawl's status, or ``(crawl, why it cannot be read)``.
+    Shown = CrawlStatus | tuple[str, str]
 
 
 def _ago(seconds: float) -> str:
@@ -196,7 +201,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     """Show one crawl's state, or every crawl's. A crawl with no keys is shown as
     ``absent`` (a state, so the exit status is 0) and reported on stderr with the
     crawls that exist."""
-    from scrapy_dist.status import CrawlLayout, json_default, read_status
+    from scrapy_dist.status import json_default, read_status
 
     absent = False
     if args.spider is not None:
@@ -204,7 +209,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         client = ctx.crawl_client(config, layout)
         _warn_untagged_seeds(ctx.client(config), layout.seeds)
 
-        def read() -> list[CrawlStatus]:
+        def read() -> list[Shown]:
             nonlocal absent
             status = read_status(client, layout, config)
             if not status.exists and not absent:
@@ -215,26 +220,23 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         config, _ = ctx.config()
         client = ctx.client(config)
 
-        def read() -> list[CrawlStatus]:
-            layouts = [
-                CrawlLayout.for_crawl(config, crawl) for crawl in find_crawls(client, config)
-            ]
+        def read() -> list[Shown]:
             return [
-                read_status(crawl_client(client, layout.keys), layout, config) for layout in layouts
+                _status_or_error(client, crawl, config) for crawl in find_crawls(client, config)
             ]
 
     tty = sys.stdout.isatty()
     while True:
-        statuses = read()
+        statuses: Sequence[Shown] = read()
         if args.json:
             payload: Any = (
-                statuses[0].as_dict()
+                _as_dict(statuses[0])
                 if args.spider is not None
-                else {"crawls": [s.as_dict() for s in statuses]}
+                else {"crawls": [_as_dict(s) for s in statuses]}
             )
             out(json.dumps(payload, default=json_default))
         else:
-            text = "\n\n".join(render_status(s, all_stats=args.stats) for s in statuses)
+            text = "\n\n".join(_render(s, all_stats=args.stats) for s in statuses)
             if not statuses:
                 text = "no crawl found in Redis"
             if args.watch and tty:
@@ -252,25 +254,48 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
             return EXIT_OK
 
 
-def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
-    """List the crawls in Redis (``SCAN``) with their main counts."""
+def _status_or_error(
+    client: redis.Redis, crawl: str, config: Config, *, dupefilter: bool = True
+) -> Shown:
+    """Crawl ``crawl``'s status, or ``(crawl, why it cannot be read)``: one crawl whose
+    keys were written by hand, or whose spider's own settings differ (a seeds set where
+    the project's settings expect a list), must not hide every other crawl."""
     from scrapy_dist.status import CrawlLayout, read_status
 
+    try:
+        layout = CrawlLayout.for_crawl(config, crawl)
+        return read_status(crawl_client(client, layout.keys), layout, config, dupefilter=dupefilter)
+    except ConfigurationError as e:
+        return crawl, str(e)
+    except redis.exceptions.NoPermissionError:
+        return crawl, "no permission to read this crawl's keys (Redis ACL of this user)"
+    except redis.exceptions.ResponseError as e:
+        return crawl, f"Redis answered: {e}"
+
+
+def _as_dict(status: Shown) -> dict[str, Any]:
+    if isinstance(status, tuple):
+        return {"crawl": status[0], "error": status[1]}
+    return status.as_dict()
+
+
+def _render(status: Shown, *, all_stats: bool) -> str:
+    if isinstance(status, tuple):
+        return f"crawl {status[0]}  [error]\n  {status[1]}"
+    return render_status(status, all_stats=all_stats)
+
+
+def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
+    """List the crawls in Redis (``SCAN``) with their main counts."""
     config, _ = ctx.config()
     client = ctx.client(config)
     rows = []
     for crawl in find_crawls(client, config):
         spider, _, job = crawl.partition(":")
         row: dict[str, Any] = {"crawl": crawl, "spider": spider, "job": job or None}
-        try:
-            layout = CrawlLayout.for_crawl(config, crawl)
-            status = read_status(
-                crawl_client(client, layout.keys), layout, config, dupefilter=False
-            )
-        except ConfigurationError as e:
-            row["error"] = str(e)
-        except redis.exceptions.NoPermissionError:
-            row["error"] = "no permission to read this crawl's keys (Redis ACL of this user)"
+        status = _status_or_error(client, crawl, config, dupefilter=False)
+        if isinstance(status, tuple):
+            row["error"] = status[1]
         else:
             row.update(
                 state=status.state,
