@@ -39,19 +39,21 @@ import logging
 import math
 from dataclasses import FrozenInstanceError, dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from scrapy.settings import BaseSettings
 from scrapy.utils.misc import load_object
 
 from scrapy_dist import default_settings
 from scrapy_dist.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,18 @@ def with_defaults(settings: BaseSettings) -> BaseSettings:
     resolved.frozen = False  # a copy of a frozen crawler's settings starts frozen
     resolved.setmodule(default_settings, "default")
     return resolved
+
+
+def load_setting(setting: str, path: str) -> Any:
+    """The object at import path ``path``, named by ``setting``.
+
+    Raises:
+        ConfigurationError: nothing can be imported there; the message names the setting.
+    """
+    try:
+        return load_object(path)
+    except (ImportError, NameError, ValueError, AttributeError) as e:
+        raise ConfigurationError(f"{setting} = {path!r} cannot be imported: {e}") from None
 
 
 def settings_final(crawler: Crawler) -> bool:
@@ -377,7 +391,7 @@ def _topology_config(
     params = {**DEFAULT_PARAMS, **user_params}
     redis_cls = params.pop("redis_cls", None)
     if isinstance(redis_cls, str):
-        redis_cls = load_object(redis_cls)
+        redis_cls = load_setting("REDIS_PARAMS['redis_cls']", redis_cls)
     service = ""
     ssl = False
     if url:
@@ -547,7 +561,7 @@ def _single_config(settings: BaseSettings) -> ConnectionConfig:
         )
     redis_cls = params.pop("redis_cls", None)
     if isinstance(redis_cls, str):
-        redis_cls = load_object(redis_cls)
+        redis_cls = load_setting("REDIS_PARAMS['redis_cls']", redis_cls)
     return ConnectionConfig(url, params, redis_cls)
 
 
@@ -616,7 +630,9 @@ class QueueConfig:
 
 def _queue(s: BaseSettings) -> QueueConfig:
     path = s["SCHEDULER_QUEUE_CLASS"]
-    return QueueConfig(path, load_object(path) if isinstance(path, str) else path)
+    return QueueConfig(
+        path, load_setting("SCHEDULER_QUEUE_CLASS", path) if isinstance(path, str) else path
+    )
 
 
 @dataclass(frozen=True)
@@ -1213,7 +1229,7 @@ def check_items(maxlen: int, batch_size: int, flush_interval: float) -> None:
 
 def _items(s: BaseSettings) -> ItemsConfig:
     path = s.get("REDIS_ITEMS_SERIALIZER")
-    serializer = load_object(path) if path else None
+    serializer = load_setting("REDIS_ITEMS_SERIALIZER", path) if path else None
     if serializer is not None and not callable(serializer):
         raise ConfigurationError(f"REDIS_ITEMS_SERIALIZER {path!r} is not a function")
     maxlen = s.getint("REDIS_ITEMS_MAXLEN")
@@ -1318,6 +1334,44 @@ def _metrics(s: BaseSettings) -> MetricsConfig:
 # -- the config -------------------------------------------------------------------------
 
 
+class _CheckedSettings(BaseSettings):
+    """Settings whose typed getters raise :class:`ConfigurationError` naming the setting
+    and its value (Scrapy's raise a bare ``ValueError``: ``-s
+    SCHEDULER_WORKER_TIMEOUT=abc`` ended a worker or a command with a traceback that
+    named no setting)."""
+
+    def _typed(self, kind: str, name: Any, read: Callable[[], _T]) -> _T:
+        try:
+            return read()
+        except (ValueError, TypeError) as e:
+            raise ConfigurationError(f"{name} = {self.get(name)!r} is not {kind} ({e})") from None
+
+    def getbool(self, name: Any, default: bool = False) -> bool:
+        return self._typed(
+            "a boolean", name, lambda: super(_CheckedSettings, self).getbool(name, default)
+        )
+
+    def getint(self, name: Any, default: int = 0) -> int:
+        return self._typed(
+            "an integer", name, lambda: super(_CheckedSettings, self).getint(name, default)
+        )
+
+    def getfloat(self, name: Any, default: float = 0.0) -> float:
+        return self._typed(
+            "a number", name, lambda: super(_CheckedSettings, self).getfloat(name, default)
+        )
+
+    def getlist(self, name: Any, default: Any = None) -> list[Any]:
+        return self._typed(
+            "a list", name, lambda: super(_CheckedSettings, self).getlist(name, default)
+        )
+
+    def getdict(self, name: Any, default: Any = None) -> dict[Any, Any]:
+        return self._typed(
+            "a dict", name, lambda: super(_CheckedSettings, self).getdict(name, default)
+        )
+
+
 class Config:
     """scrapy_dist's settings of one crawler (or one CLI run), frozen.
 
@@ -1331,7 +1385,8 @@ class Config:
     _settings: BaseSettings
 
     def __init__(self, settings: BaseSettings) -> None:
-        resolved = with_defaults(settings)
+        resolved = _CheckedSettings()
+        resolved.update(with_defaults(settings))  # (each setting keeps its priority)
         resolved.freeze()
         object.__setattr__(self, "_settings", resolved)
 

@@ -12,6 +12,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -459,6 +461,38 @@ def test_one_crawl_written_by_hand_does_not_hide_the_others(
     rows = {row["crawl"]: row for row in json.loads(out)}
     assert rows[f"{name}a"]["dead"] == 1
     assert rows[f"{name}b"]["error"].startswith("Redis answered: WRONGTYPE")
+
+
+@pytest.mark.e2e
+def test_an_interrupted_push_says_how_far_it_got(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """Ctrl-C during a long push printed a blank line: the batches sent before stayed
+    pushed, but the operator could not tell which lines to push again."""
+    env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
+    push = subprocess.Popen(
+        [sys.executable, "-m", "scrapy_dist", "push", name, "--redis-url", redis_url, "-q"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert push.stdin is not None
+    push.stdin.write(b"".join(b"https://a.example/%d\n" % i for i in range(25_000)))
+    push.stdin.flush()  # and left open: the command waits for more lines
+    deadline = time.monotonic() + 60
+    while client.llen(f"{name}:start_urls") < 20_000:
+        assert time.monotonic() < deadline, push.stderr
+        time.sleep(0.05)
+    push.send_signal(signal.SIGINT)
+    _, stderr = push.communicate(timeout=30)
+    assert push.returncode == 130
+    assert (
+        f"interrupted: 20000 seed(s) pushed to '{name}:start_urls', the valid ones of the "
+        "first 20000 line(s); to resume, push from line 20001 on"
+    ) in stderr.decode()
+    assert client.llen(f"{name}:start_urls") == 20_000
 
 
 def test_reset_refuses_live_workers_and_needs_confirmation(

@@ -365,7 +365,16 @@ def test_a_batch_size_redis_cannot_take_is_one_error_naming_the_argument(
     assert "Traceback" not in text
 
 
-@pytest.mark.parametrize("problem", ["unreachable", "unreachable, all in Redis", "wrong key type"])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "unreachable",
+        "unreachable, all in Redis",
+        "wrong key type",
+        "a typo in a number",
+        "a queue class that does not exist",
+    ],
+)
 def test_a_start_up_failure_is_one_error_line_and_exit_1(
     project: Path, name: str, client: redis.Redis, workers: list[Worker], problem: str
 ) -> None:
@@ -378,6 +387,10 @@ def test_a_start_up_failure_is_one_error_line_and_exit_1(
         settings["SCHEDULER_JOB_TIMESTAMP"] = "%Y%m%d"
     elif problem == "wrong key type":
         client.sadd(f"{name}:start_urls", "https://example.com/")
+    elif problem == "a typo in a number":  # was a ValueError traceback naming no setting
+        settings["SCHEDULER_WORKER_TIMEOUT"] = "3o"
+    elif problem == "a queue class that does not exist":
+        settings["SCHEDULER_QUEUE_CLASS"] = "scrapy_dist.queue.PriorityQueu"
     [worker] = run(workers, project, name, count=1, settings=settings)
     assert wait_workers([worker], RUN_TIMEOUT) == [1], logs(workers)
     text = log_text(worker) + worker.output_file.read_text(errors="replace")
@@ -388,6 +401,10 @@ def test_a_start_up_failure_is_one_error_line_and_exit_1(
     if problem.startswith("unreachable"):
         assert "REDIS_URL" in errors[0]
         assert "redis://:***@127.0.0.1:1/0" in errors[0]
+    elif problem == "a typo in a number":
+        assert "SCHEDULER_WORKER_TIMEOUT = '3o' is not a number" in errors[0]
+    elif problem == "a queue class that does not exist":
+        assert "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.PriorityQueu' cannot be" in errors[0]
     else:
         assert "REDIS_START_URLS_AS_SET" in errors[0]
         assert client.scard(f"{name}:start_urls") == 1  # left alone

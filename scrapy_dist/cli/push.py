@@ -166,11 +166,15 @@ class SeedPusher:
         self.spidercls = spidercls
         self.score = score
         self._batch: list[bytes] = []
+        #: Lines given to :meth:`add`, and how many of the first are dealt with (pushed,
+        #: or blank or invalid) as of the last :meth:`flush`.
+        self.lines = self.through = 0
 
     def add(self, label: str, raw: bytes) -> None:
         """Validate one line; batch it if valid, count (and keep the reason) if not."""
         from scrapy_dist.seeds import check_callbacks, parse_seed
 
+        self.lines += 1
         data = raw.strip()
         if not data:
             self.report.blank += 1
@@ -204,6 +208,7 @@ class SeedPusher:
             added = len(batch) if self.seeds.kind == "list" else sum(int(n) for n in replies)
             self.report.new += added
         self.report.pushed += len(batch)
+        self.through = self.lines
 
 
 def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
@@ -236,12 +241,22 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
     if sys.stderr.isatty() and not args.quiet and (size is None or size >= PROGRESS_BYTES):
         bar = ProgressBar(sys.stderr, size)
     lines = done = 0
-    for label, raw, done in _input_lines(args):
-        lines += 1
-        pusher.add(label, raw)
-        if bar is not None:
-            bar.update(lines, done)
-    pusher.flush()
+    try:
+        for label, raw, done in _input_lines(args):
+            lines += 1
+            pusher.add(label, raw)
+            if bar is not None:
+                bar.update(lines, done)
+        pusher.flush()
+    except KeyboardInterrupt:
+        # the batches sent before stay pushed: say how far it got, so a re-run can
+        # skip them instead of pushing them twice
+        err(
+            f"\ninterrupted: {report.pushed} seed(s) pushed to {report.key!r}, the valid ones "
+            f"of the first {pusher.through} line(s); to resume, push from line "
+            f"{pusher.through + 1} on (a batch being sent when interrupted may have arrived)"
+        )
+        raise
     if bar is not None:
         bar.finish(lines, done)
     _print_push(report, args)
