@@ -328,6 +328,19 @@ def json_default(value: object) -> object:
     return str(value)
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite (a stat a spider set to ``nan`` or
+    ``inf``) as its text, ``"nan"``, ``"inf"`` or ``"-inf"``: JSON has no such numbers,
+    and ``json.dumps`` would write ``NaN``, which strict readers refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

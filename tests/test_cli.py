@@ -495,6 +495,76 @@ def test_an_interrupted_push_says_how_far_it_got(
     assert client.llen(f"{name}:start_urls") == 20_000
 
 
+def test_status_json_is_json_with_a_stat_that_is_not_a_number(
+    run: Any, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    """A stat written as nan or inf (a spider's float stat, or by hand) was printed as
+    NaN / Infinity, which strict JSON readers refuse."""
+    keys = RedisKeys.build(name)
+    client.rpush(keys.dead, "{}")
+    client.hset(keys.stats, mapping={"x": "nan", "y": "inf"})
+    code, out, err = run("status", name, "--json", "--redis-url", redis_url)
+    assert code == 0, err
+    stats = json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))["stats"]
+    assert (stats["x"], stats["y"]) == ("nan", "inf")
+
+
+@pytest.mark.e2e
+def test_ctrl_c_ends_status_watch_with_0_whenever_it_lands(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """Ctrl-C landing while `status --watch` read Redis (not while it slept) exited 130;
+    docs/cli.md says --watch ends with 0."""
+    client.rpush(RedisKeys.build(name).dead, "{}")
+    command = [sys.executable, "-m", "scrapy_dist", "status", name, "--watch"]
+    command += ["--interval", "0.001", "--redis-url", redis_url]
+    for _ in range(4):
+        watch = subprocess.Popen(
+            command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        time.sleep(1.5)
+        watch.send_signal(signal.SIGINT)
+        _, stderr = watch.communicate(timeout=30)
+        assert watch.returncode == 0, stderr
+
+
+@pytest.mark.e2e
+def test_reset_looks_for_live_workers_again_once_answered(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """`reset` checked for live workers before asking, not after: a worker that started
+    while the question was open had its crawl deleted under it, exit status 0."""
+    import pty
+
+    keys = RedisKeys.build(name)
+    client.rpush(keys.dead, "{}")
+    parent, child = pty.openpty()
+    reset = subprocess.Popen(
+        [sys.executable, "-m", "scrapy_dist", "reset", name, "--redis-url", redis_url],
+        cwd=tmp_path,
+        stdin=child,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    os.close(child)
+    try:
+        assert reset.stderr is not None
+        asked = b""
+        deadline = time.monotonic() + 30
+        while b"[y/N]" not in asked:
+            assert time.monotonic() < deadline, asked
+            asked += os.read(reset.stderr.fileno(), 4096)
+        seconds, _ = client.time()
+        client.hset(keys.workers, "host:1:abc", seconds)  # a worker started meanwhile
+        os.write(parent, b"y\n")
+        _, stderr = reset.communicate(timeout=30)
+    finally:
+        os.close(parent)
+    assert reset.returncode == 1, stderr
+    assert b"1 live worker(s) (host:1:abc)" in stderr
+    assert client.exists(keys.dead)
+
+
 def test_reset_refuses_live_workers_and_needs_confirmation(
     run: Any, redis_url: str, client: redis.Redis, name: str
 ) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_workers
+from scrapy_dist.testing import TestSite, run_cli, start_workers, stop_workers, wait_workers
 from scrapy_dist.testing.leases import leased_count
 
 if TYPE_CHECKING:
@@ -350,6 +350,44 @@ def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
     assert "Error processing" not in "".join(log_text(w) for w in both)
     assert client.hlen(f"{name}:byurl") == PAGES  # the _process_item override stored them
     assert client.llen(f"{name}:all") == PAGES  # the from_settings override's key
+
+
+#: A spider whose seeds are in its own format: page numbers, not URLs.
+OWN_FORMAT_SPIDER = """
+import scrapy
+
+from scrapy_dist.spiders import RedisSpider
+
+
+class PagesByNumber(RedisSpider):
+    name = "{name}"
+
+    def make_request_from_data(self, data):
+        return scrapy.Request("{base}/page/%d" % int(data), dont_filter=True)
+
+    def parse(self, response):
+        yield {{"url": response.url}}
+"""
+
+
+def test_push_gives_a_spider_with_its_own_seed_format_its_lines_as_given(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """`scrapy-dist push pages 5 6 7` for a spider whose make_request_from_data reads
+    page numbers refused every line ("URL '5' must start with http://") and pushed
+    nothing; the spider's own method is what validates them."""
+    spider = project / "books" / "spiders" / "books.py"
+    base = site.page_url(0).rsplit("/page/", 1)[0]
+    spider.write_text(OWN_FORMAT_SPIDER.format(name=name, base=base))
+    pushed = run_cli("push", name, "5", "6", "seven", cwd=project)
+    assert pushed.returncode == 0, pushed.stderr
+    assert "reads its seeds with its own make_request_from_data" in pushed.stderr
+    assert client.lrange(f"{name}:start_urls", 0, -1) == [b"5", b"6", b"seven"]
+    both = run(workers, project, name)
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    assert site.hits() == {"/page/5": 1, "/page/6": 1}
+    [record] = [json.loads(r) for r in client.lrange(f"{name}:dead", 0, -1)]
+    assert record["data"] == "seven"
 
 
 def test_a_batch_size_redis_cannot_take_is_one_error_naming_the_argument(

@@ -61,13 +61,8 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
         else:
             report_absent(client, layout, config)
         return EXIT_FAILED
-    live = _live_workers(client, layout)
-    if live and not args.force:
-        raise CommandError(
-            f"crawl {crawl!r} has {len(live)} live worker(s) ({', '.join(live[:3])}): stop "
-            "them first, or pass --force to delete their crawl under them",
-            EXIT_FAILED,
-        )
+    if not args.force:
+        _refuse_live_workers(client, layout, crawl)
     err(f"crawl {crawl!r} at {describe(client)}: {len(present)} key(s)")
     for key in present[:30]:
         err(f"  {key}")
@@ -78,6 +73,9 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
     if not confirm(f"Delete these {len(present)} key(s)?", args.yes):
         err("nothing deleted")
         return EXIT_FAILED
+    if not args.yes and not args.force:
+        # a worker may have started while the question was open
+        _refuse_live_workers(client, layout, crawl)
     deleted = 0
     for node, keys in groups:
         for start in range(0, len(keys), READ_CHUNK):
@@ -123,6 +121,17 @@ def _shards_present(
         backend_keys = backend_from_config(config.dupefilter, node, keys).keys()
         found.append((node, scan_owned(node, shard, backend_keys)))
     return found
+
+
+def _refuse_live_workers(client: redis.Redis, layout: CrawlLayout, crawl: str) -> None:
+    """Raise :class:`CommandError` (exit 1) if the crawl has live workers."""
+    live = _live_workers(client, layout)
+    if live:
+        raise CommandError(
+            f"crawl {crawl!r} has {len(live)} live worker(s) ({', '.join(live[:3])}): stop "
+            "them first, or pass --force to delete their crawl under them",
+            EXIT_FAILED,
+        )
 
 
 def _live_workers(client: redis.Redis, layout: CrawlLayout) -> list[str]:

@@ -164,6 +164,9 @@ class SeedPusher:
         self.encoding = encoding
         self.extra_as_formdata = extra_as_formdata
         self.spidercls = spidercls
+        #: The spider reads its seeds with its own ``make_request_from_data``: lines
+        #: are pushed as given (only blank ones skipped), that method validates them.
+        self.own_format = _own_seed_format(spidercls)
         self.score = score
         self._batch: list[bytes] = []
         #: Lines given to :meth:`add`, and how many of the first are dealt with (pushed,
@@ -178,6 +181,11 @@ class SeedPusher:
         data = raw.strip()
         if not data:
             self.report.blank += 1
+            return
+        if self.own_format:
+            self._batch.append(data)
+            if len(self._batch) >= PUSH_CHUNK * PUSH_PIPELINE:
+                self.flush()
             return
         try:
             seed = parse_seed(
@@ -219,6 +227,11 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
 
     layout, config, spidercls = ctx.layout(args.spider, connect=not args.dry_run)
     _warn_not_redis_spider(spidercls, layout.seeds)
+    if _own_seed_format(spidercls):
+        err(
+            f"note: {args.spider!r} reads its seeds with its own make_request_from_data: lines "
+            "are pushed as given, and a seed it refuses goes to the dead-letter list"
+        )
     seeds = None
     if not args.dry_run:
         client = ctx.crawl_client(config, layout)
@@ -261,6 +274,18 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
         bar.finish(lines, done)
     _print_push(report, args)
     return EXIT_FAILED if report.invalid else EXIT_OK
+
+
+def _own_seed_format(spidercls: type[Spider] | None) -> bool:
+    """Whether the spider overrides ``make_request_from_data`` (its seeds are then in
+    its own format: page numbers, ids...)."""
+    from scrapy_dist.spiders import RedisSpiderMixin
+
+    return (
+        spidercls is not None
+        and issubclass(spidercls, RedisSpiderMixin)
+        and spidercls.make_request_from_data is not RedisSpiderMixin.make_request_from_data
+    )
 
 
 def _warn_not_redis_spider(spidercls: type[Spider] | None, key: str) -> None:
@@ -316,7 +341,8 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Push seeds (plain URLs or JSON objects, one per line) to the crawl's "
         "seeds key, in input order and in the crawl's seed mode (list, set or zset). "
         "Lines are validated as the spider validates them; invalid lines are reported "
-        "with their line numbers and not pushed (exit code 1).",
+        "with their line numbers and not pushed (exit code 1). A spider with its own "
+        "make_request_from_data gets its lines as given.",
     )
     push.add_argument("spider", metavar="SPIDER")
     push.add_argument("urls", metavar="URL", nargs="*", help="seeds given as arguments")

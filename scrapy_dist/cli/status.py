@@ -31,7 +31,7 @@ from scrapy_dist.settings import CLUSTER
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from scrapy_dist.settings import Config
     from scrapy_dist.status import CrawlStatus
@@ -201,7 +201,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     """Show one crawl's state, or every crawl's. A crawl with no keys is shown as
     ``absent`` (a state, so the exit status is 0) and reported on stderr with the
     crawls that exist."""
-    from scrapy_dist.status import json_default, read_status
+    from scrapy_dist.status import read_status
 
     absent = False
     if args.spider is not None:
@@ -225,6 +225,18 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
                 _status_or_error(client, crawl, config) for crawl in find_crawls(client, config)
             ]
 
+    try:
+        return _show(args, read)
+    except KeyboardInterrupt:
+        if args.watch:  # how --watch ends, whether it was reading or sleeping
+            return EXIT_OK
+        raise
+
+
+def _show(args: argparse.Namespace, read: Callable[[], list[Shown]]) -> int:
+    """Print the statuses ``read`` gives, once, or every ``--interval`` with ``--watch``."""
+    from scrapy_dist.status import json_default, json_safe
+
     tty = sys.stdout.isatty()
     while True:
         statuses: Sequence[Shown] = read()
@@ -234,7 +246,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
                 if args.spider is not None
                 else {"crawls": [_as_dict(s) for s in statuses]}
             )
-            out(json.dumps(payload, default=json_default))
+            out(json.dumps(json_safe(payload), default=json_default, allow_nan=False))
         else:
             text = "\n\n".join(_render(s, all_stats=args.stats) for s in statuses)
             if not statuses:
@@ -248,10 +260,7 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if not args.watch:
             return EXIT_OK
-        try:
-            time.sleep(args.interval)
-        except KeyboardInterrupt:  # how --watch ends
-            return EXIT_OK
+        time.sleep(args.interval)
 
 
 def _status_or_error(
