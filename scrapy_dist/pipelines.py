@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
+    from scrapy_dist.keys import RedisKeys
+
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
@@ -484,11 +486,9 @@ class RedisPipeline:
         """The pipeline of the crawl's items list and client. A subclass that overrides
         :meth:`from_settings` (scrapy-redis's ``from_crawler`` calls it) is built by its
         override instead, as in scrapy-redis."""
-        if cls.from_settings.__func__ is not RedisPipeline.from_settings.__func__:  # type: ignore[attr-defined]
-            pipeline = cls.from_settings(crawler.settings)
-            pipeline.crawler = crawler
-            return pipeline
         parts = assemble(crawler)
+        if cls.from_settings.__func__ is not RedisPipeline.from_settings.__func__:  # type: ignore[attr-defined]
+            return cls._from_own_settings(crawler, parts.keys)
         items = parts.config.items
         serialize = items.serializer or _json_serializer()
         writer = ItemWriter(
@@ -504,6 +504,29 @@ class RedisPipeline:
         )
         pipeline = cls(writer, cast("Callable[[Any], str | bytes]", serialize))
         pipeline.close_timeout = items.close_timeout
+        pipeline.crawler = crawler
+        return pipeline
+
+    @classmethod
+    def _from_own_settings(cls, crawler: Crawler, keys: RedisKeys) -> Self:
+        """The pipeline a subclass's ``from_settings`` builds, with the crawl's job in a
+        key template it kept (``%(spider)s:items`` is ``<spider>:<job>:items`` under a
+        job, as :meth:`from_crawler`'s), and the crawler's stats.
+
+        Raises:
+            ConfigurationError: the override returned something else than a pipeline.
+        """
+        pipeline = cls.from_settings(crawler.settings)
+        if not isinstance(pipeline, RedisPipeline):
+            raise ConfigurationError(
+                f"{cls.__module__}.{cls.__qualname__}.from_settings returned {pipeline!r}, "
+                "not a pipeline"
+            )
+        writer = pipeline.writer
+        if "%(" in writer.key:
+            writer.key = keys.custom(writer.key, "REDIS_ITEMS_KEY")
+        if writer.stats is None:
+            writer.stats = crawler.stats
         pipeline.crawler = crawler
         return pipeline
 
@@ -767,6 +790,7 @@ class RedisStreamPipeline(RedisPipeline):
             writer, cast("Callable[[Any], str | bytes]", items.serializer or _json_serializer())
         )
         pipeline.close_timeout = items.close_timeout
+        pipeline.crawler = crawler
         return pipeline
 
     @property

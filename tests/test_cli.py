@@ -429,6 +429,17 @@ def test_reset_of_a_job_keeps_a_literal_redis_key_that_every_job_reads(
     assert everything.stdout.strip() == f"deleted 1 key(s) of crawl '{name}:j1'"
     assert not client.exists(seeds)
 
+    # a job whose name starts the key's last part does not own it either (job "start":
+    # crawl "<spider>:start" is a prefix of "<spider>:start_urls")
+    client.rpush(seeds, "http://example.com/c")
+    client.rpush(RedisKeys.build(name, job="start").dead, "{}")
+    prefix = cli("reset", name, "--job", "start", "--yes", cwd=project)
+    assert prefix.returncode == 0, prefix.stderr
+    assert prefix.stdout.strip() == f"deleted 1 key(s) of crawl '{name}:start'"
+    assert f"  {seeds}\n" in prefix.stderr
+    assert client.exists(seeds)
+    client.delete(seeds)
+
     # the crawl without a job owns the key its name is in, as before
     client.rpush(seeds, "http://example.com/b")
     plain = cli("reset", name, "--yes", cwd=project)

@@ -1865,3 +1865,25 @@ def test_a_worker_leaves_past_a_heartbeat_that_is_not_a_number(
     call = crawl.scripts.leave(workers=crawl.keys.workers, worker="w1", timeout=60)
     assert call.run() == 0
     assert client.exists(crawl.keys.workers) == 0
+
+
+def test_a_reserve_that_leases_work_takes_the_completion_mark_and_its_expiry_away(
+    client: redis.Redis, name: str
+) -> None:
+    """A crawl marked finished (its progress hash given the post-completion expiry of
+    SCHEDULER_PERSIST = False) that a worker leases work from again is busy: the mark,
+    the idle clock and the expiry go, or a second run longer than the expiry lost its
+    counters partway through. A reserve that leases nothing leaves them."""
+    crawl = Crawl(client, name)
+    progress = crawl.keys.progress
+    client.hset(progress, mapping={"done": 5, "idle_since": 1.0, "finished_at": 2.0})
+    client.expire(progress, 3600)
+    assert crawl.reserve("w1", 5) == []
+    assert client.hget(progress, "finished_at") == b"2.0"
+    assert client.ttl(progress) > 0
+
+    crawl.enqueue(2)
+    assert len(crawl.reserve("w1", 5)) == 2
+    assert client.hmget(progress, ["idle_since", "finished_at"]) == [None, None]
+    assert client.ttl(progress) == -1
+    assert client.hget(progress, "done") == b"5"

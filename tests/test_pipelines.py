@@ -471,3 +471,15 @@ def test_a_forced_shutdown_during_an_outage_keeps_the_buffered_items(
             )
         finally:
             crawl.close()
+
+
+def test_a_from_settings_override_that_returns_no_pipeline_is_a_configuration_error(
+    make_crawler: Callable[..., Any],
+) -> None:
+    class Broken(RedisPipeline):
+        @classmethod
+        def from_settings(cls, settings: Any) -> Any:
+            return None
+
+    with pytest.raises(ConfigurationError, match=r"Broken\.from_settings returned None"):
+        Broken.from_crawler(make_crawler())

@@ -297,7 +297,7 @@ def test_a_spider_with_its_own_next_requests_and_spider_idle_crawls_what_they_gi
 ITEM_KEY_PIPELINE = """
 import json
 
-from scrapy_dist.pipelines import RedisPipeline
+from scrapy_dist.pipelines import RedisPipeline, RedisStreamPipeline
 
 
 class ByParityPipeline(RedisPipeline):
@@ -318,6 +318,19 @@ class AllItemsPipeline(RedisPipeline):
         from scrapy_dist.connection import from_settings
 
         return cls(from_settings(settings), key=settings["ALL_ITEMS_KEY"])
+
+
+class TaggedPipeline(RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        pipeline = super().from_settings(settings)
+        pipeline.tag = "custom"
+        return pipeline
+
+
+class StreamPerSpider(RedisStreamPipeline):
+    def item_key(self, item, spider):
+        return "%s:mystream" % spider.name
 """
 
 
@@ -334,11 +347,18 @@ def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
             "books.pipelines.ByParityPipeline": 300,
             "books.pipelines.ByUrlPipeline": 310,
             "books.pipelines.AllItemsPipeline": 320,
+            "books.pipelines.TaggedPipeline": 330,
+            "books.pipelines.StreamPerSpider": 340,
         }
     )
-    settings = {"ITEM_PIPELINES": pipelines, "ALL_ITEMS_KEY": f"{name}:all"}
+    settings = {
+        "ITEM_PIPELINES": pipelines,
+        "ALL_ITEMS_KEY": f"{name}:all",
+        "SCHEDULER_JOB_ID": "j1",
+        "REDIS_ITEMS_STREAM_MAXLEN": 1000,
+    }
     both = run(workers, project, name, settings=settings)
-    client.lpush(f"{name}:start_urls", site.page_url(0))
+    client.lpush(f"{name}:j1:start_urls", site.page_url(0))
     assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
     stored = {
         parity: [json.loads(raw)["url"] for raw in client.lrange(f"{name}:items:{parity}", 0, -1)]
@@ -350,6 +370,11 @@ def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
     assert "Error processing" not in "".join(log_text(w) for w in both)
     assert client.hlen(f"{name}:byurl") == PAGES  # the _process_item override stored them
     assert client.llen(f"{name}:all") == PAGES  # the from_settings override's key
+    # a from_settings override that keeps the template gets the job's list, as the
+    # plain pipeline does (it went to <spider>:items, which no job command sees)
+    assert client.llen(f"{name}:j1:items") == PAGES
+    assert not client.exists(f"{name}:items")
+    assert client.xlen(f"{name}:mystream") == PAGES  # a stream pipeline's item_key too
 
 
 #: A spider whose seeds are in its own format: page numbers, not URLs.

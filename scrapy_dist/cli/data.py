@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -85,12 +86,15 @@ def cmd_reset(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def shared_keys(crawl: str, keys: list[str]) -> list[str]:
-    """The keys among ``keys`` whose name does not contain crawl ``crawl``'s name (hash
-    tag aside): named by a literal template (``redis_key = "books:start_urls"``, a
+    """The keys among ``keys`` that do not name crawl ``crawl`` (hash tag aside): its
+    name followed by the end, ``:``, ``#`` (a shard) or ``}`` (a hash tag). They come
+    from a literal template (``redis_key = "books:start_urls"``, a
     ``SCHEDULER_DUPEFILTER_KEY`` without ``%(spider)s``), so every job of the spider, and
-    the crawl without a job, uses the same key. ``reset --job`` keeps them."""
+    the crawl without a job, uses the same key. ``reset --job`` keeps them. (Crawl
+    ``books:start``, a job named ``start``, does not name ``books:start_urls``.)"""
     plain = crawl[1:-1] if crawl.startswith("{") and crawl.endswith("}") else crawl
-    return [key for key in keys if plain not in key]
+    named = re.compile(re.escape(plain) + r"(?=$|[:#}])")
+    return [key for key in keys if not named.search(key)]
 
 
 def _report_kept(crawl: str, kept: list[str]) -> None:

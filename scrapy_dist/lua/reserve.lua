@@ -363,8 +363,12 @@ if #ids > 0 then
   redis.call("ZADD", holders, now + duration, worker)
   -- work taken: the crawl is busy again, so a completion mark (a worker that closed on
   -- an empty crawl while another, without CLOSE_WHEN_CRAWL_DONE, waits for seeds) and
-  -- the idle clock no longer hold (a progress key of another type has neither)
-  redis.pcall("HDEL", stats, "idle_since", "finished_at")
+  -- the idle clock no longer hold, nor the expiry a completion gave the hash (a
+  -- progress key of another type has none of them)
+  local cleared = redis.pcall("HDEL", stats, "idle_since", "finished_at")
+  if type(cleared) == "number" and cleared > 0 then
+    redis.call("PERSIST", stats)
+  end
 end
 -- a counter written by hand is restarted, not a failure after the pops (add_counts)
 add_counts(stats, dead, {"dead", buried}, worker)
