@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 import scrapy.utils.defer
-from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist import default_settings
@@ -472,14 +471,23 @@ class RedisPipeline:
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
         """scrapy-redis's factory: a new client, ``REDIS_ITEMS_KEY`` (a template filled
-        in by :meth:`item_key`) and ``REDIS_ITEMS_SERIALIZER``."""
+        in by :meth:`item_key`), ``REDIS_ITEMS_SERIALIZER`` and the other ``REDIS_ITEMS_*``
+        settings (maximum length, batches, buffer, rejected file, close timeout)."""
         config = Config.from_settings(settings)
-        path = config.settings.get("REDIS_ITEMS_SERIALIZER")
-        return cls(
+        items = config.items
+        writer = ItemWriter(
             get_redis_from_settings(config.settings),
-            key=config.keys.items,
-            serialize_func=load_object(path) if path else None,
+            config.keys.items,
+            maxlen=items.maxlen,
+            batch_size=items.batch_size,
+            flush_interval=items.flush_interval,
+            buffer_max=items.buffer_max,
+            wrongtype_timeout=items.wrongtype_timeout,
+            rejected_file=items.rejected_file,
         )
+        pipeline = cls(writer, cast("Callable[[Any], str | bytes]", items.serializer))
+        pipeline.close_timeout = items.close_timeout
+        return pipeline
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -600,14 +608,14 @@ class RedisPipeline:
             once the buffer has room: Scrapy waits for it, so the crawl slows down
             instead of the buffer growing without bound.
         """
-        own = getattr(self, "_process_item", None)
-        if own is not None:
-            # scrapy-redis's storage hook, defined by a subclass: run on a thread, as
+        if type(self)._process_item is not RedisPipeline._process_item:
+            # scrapy-redis's storage hook, overridden by a subclass: run on a thread, as
             # scrapy-redis does (its writes, through self.server, are its own; the
             # buffered writer is not used)
             from twisted.internet import threads
 
-            return _for_scrapy(threads.deferToThread(own, item, self._spider(spider)))
+            call = threads.deferToThread(self._process_item, item, self._spider(spider))
+            return _for_scrapy(call)
         data = self._serialize(item)
         key = self.item_key(item, self._spider(spider))
         full = self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)
@@ -637,6 +645,15 @@ class RedisPipeline:
         waiting, self._waiting = self._waiting, []
         for waiter in waiting:
             waiter.callback(None)
+
+    def _process_item(self, item: Any, spider: Spider | None) -> Any:
+        """scrapy-redis's storage step: append ``item`` to the list :meth:`item_key`
+        names, now, with one ``RPUSH`` (on the thread a subclass's override runs on).
+        Only an override that calls ``super()._process_item()`` reaches it; the
+        pipeline's own path buffers items and appends them in batches."""
+        data = self._serialize(item)
+        self.server.rpush(self.item_key(item, spider), data)
+        return item
 
     def _serialize(self, item: Any) -> str | bytes:
         """``item`` as text or bytes (override this, or ``serialize``, to change it)."""

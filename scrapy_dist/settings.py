@@ -100,8 +100,10 @@ def load_setting(setting: str, path: str) -> Any:
     """
     try:
         return load_object(path)
-    except (ImportError, NameError, ValueError, AttributeError) as e:
-        raise ConfigurationError(f"{setting} = {path!r} cannot be imported: {e}") from None
+    except Exception as e:  # (also an error raised by the module while it is imported)
+        raise ConfigurationError(
+            f"{setting} = {path!r} cannot be imported: {type(e).__name__}: {e}"
+        ) from None
 
 
 def settings_final(crawler: Crawler) -> bool:
@@ -1343,7 +1345,7 @@ class _CheckedSettings(BaseSettings):
     def _typed(self, kind: str, name: Any, read: Callable[[], _T]) -> _T:
         try:
             return read()
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OverflowError) as e:
             raise ConfigurationError(f"{name} = {self.get(name)!r} is not {kind} ({e})") from None
 
     def getbool(self, name: Any, default: bool = False) -> bool:

@@ -483,3 +483,23 @@ def test_a_from_settings_override_that_returns_no_pipeline_is_a_configuration_er
 
     with pytest.raises(ConfigurationError, match=r"Broken\.from_settings returned None"):
         Broken.from_crawler(make_crawler())
+
+
+def test_from_settings_builds_the_writer_the_items_settings_ask_for(redis_url: str) -> None:
+    """scrapy-redis's factory gave the pipeline a writer with every default: a subclass
+    built by it ignored REDIS_ITEMS_MAXLEN and the batch, buffer and close settings."""
+    from scrapy.settings import Settings
+
+    settings = Settings(
+        {
+            "REDIS_URL": redis_url,
+            "REDIS_ITEMS_MAXLEN": 50,
+            "REDIS_ITEMS_BATCH_SIZE": 7,
+            "REDIS_ITEMS_BUFFER_MAX": 900,
+            "REDIS_ITEMS_CLOSE_TIMEOUT": 3,
+        }
+    )
+    pipeline = RedisPipeline.from_settings(settings)
+    writer = pipeline.writer
+    assert (writer.maxlen, writer.batch_size, writer.buffer_max) == (50, 7, 900)
+    assert pipeline.close_timeout == 3

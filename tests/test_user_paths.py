@@ -328,6 +328,15 @@ class TaggedPipeline(RedisPipeline):
         return pipeline
 
 
+class DecoratingPipeline(RedisPipeline):
+    def item_key(self, item, spider):
+        return "%s:tagged" % spider.name
+
+    def _process_item(self, item, spider):
+        item = dict(item, tag="decorated")
+        return super()._process_item(item, spider)
+
+
 class StreamPerSpider(RedisStreamPipeline):
     def item_key(self, item, spider):
         return "%s:mystream" % spider.name
@@ -349,6 +358,7 @@ def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
             "books.pipelines.AllItemsPipeline": 320,
             "books.pipelines.TaggedPipeline": 330,
             "books.pipelines.StreamPerSpider": 340,
+            "books.pipelines.DecoratingPipeline": 350,
         }
     )
     settings = {
@@ -375,6 +385,10 @@ def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
     assert client.llen(f"{name}:j1:items") == PAGES
     assert not client.exists(f"{name}:items")
     assert client.xlen(f"{name}:mystream") == PAGES  # a stream pipeline's item_key too
+    # an override that decorates the item and hands it to scrapy-redis's own step
+    tagged = [json.loads(raw) for raw in client.lrange(f"{name}:tagged", 0, -1)]
+    assert len(tagged) == PAGES
+    assert {item["tag"] for item in tagged} == {"decorated"}
 
 
 #: A spider whose seeds are in its own format: page numbers, not URLs.
@@ -399,14 +413,19 @@ def test_push_gives_a_spider_with_its_own_seed_format_its_lines_as_given(
     project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
 ) -> None:
     """`scrapy-dist push pages 5 6 7` for a spider whose make_request_from_data reads
-    page numbers refused every line ("URL '5' must start with http://") and pushed
-    nothing; the spider's own method is what validates them."""
+    page numbers refused every line ("URL '5' must start with http://"), with no way to
+    push them; `--raw` pushes them as given (the spider's own method validates them),
+    and the refusal says so."""
     spider = project / "books" / "spiders" / "books.py"
     base = site.page_url(0).rsplit("/page/", 1)[0]
     spider.write_text(OWN_FORMAT_SPIDER.format(name=name, base=base))
-    pushed = run_cli("push", name, "5", "6", "seven", cwd=project)
+    refused = run_cli("push", name, "5", "6", "seven", cwd=project)
+    assert refused.returncode == 1  # validated as scrapy_dist's format by default
+    assert "reads seeds with its own make_request_from_data: if its" in refused.stderr
+    assert "--raw pushes the lines as given" in refused.stderr
+    assert not client.exists(f"{name}:start_urls")
+    pushed = run_cli("push", name, "5", "6", "seven", "--raw", cwd=project)
     assert pushed.returncode == 0, pushed.stderr
-    assert "reads its seeds with its own make_request_from_data" in pushed.stderr
     assert client.lrange(f"{name}:start_urls", 0, -1) == [b"5", b"6", b"seven"]
     both = run(workers, project, name)
     assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)

@@ -157,6 +157,7 @@ class SeedPusher:
         score: float,
         extra_as_formdata: bool = True,
         allowed_meta: Sequence[str] = (),
+        raw: bool = False,
     ) -> None:
         self.seeds = seeds
         self.allowed_meta = frozenset(allowed_meta)
@@ -164,9 +165,9 @@ class SeedPusher:
         self.encoding = encoding
         self.extra_as_formdata = extra_as_formdata
         self.spidercls = spidercls
-        #: The spider reads its seeds with its own ``make_request_from_data``: lines
-        #: are pushed as given (only blank ones skipped), that method validates them.
-        self.own_format = _own_seed_format(spidercls)
+        #: ``--raw``: lines are pushed as given (only blank ones skipped), for a spider
+        #: whose own ``make_request_from_data`` reads another format and validates it.
+        self.raw = raw
         self.score = score
         self._batch: list[bytes] = []
         #: Lines given to :meth:`add`, and how many of the first are dealt with (pushed,
@@ -182,7 +183,7 @@ class SeedPusher:
         if not data:
             self.report.blank += 1
             return
-        if self.own_format:
+        if self.raw:
             self._batch.append(data)
             if len(self._batch) >= PUSH_CHUNK * PUSH_PIPELINE:
                 self.flush()
@@ -227,11 +228,7 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
 
     layout, config, spidercls = ctx.layout(args.spider, connect=not args.dry_run)
     _warn_not_redis_spider(spidercls, layout.seeds)
-    if _own_seed_format(spidercls):
-        err(
-            f"note: {args.spider!r} reads its seeds with its own make_request_from_data: lines "
-            "are pushed as given, and a seed it refuses goes to the dead-letter list"
-        )
+
     seeds = None
     if not args.dry_run:
         client = ctx.crawl_client(config, layout)
@@ -248,6 +245,7 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
         score=args.score,
         extra_as_formdata=config.seeds.extra_formdata,
         allowed_meta=sorted(config.seeds.allowed_meta),
+        raw=args.raw,
     )
     size = _input_size(args)
     bar = None
@@ -273,6 +271,12 @@ def cmd_push(ctx: Context, args: argparse.Namespace) -> int:
     if bar is not None:
         bar.finish(lines, done)
     _print_push(report, args)
+    if report.invalid and _own_seed_format(spidercls):
+        err(
+            f"note: {args.spider!r} reads seeds with its own make_request_from_data: if its "
+            "seeds are in another format, --raw pushes the lines as given (a seed it then "
+            "refuses goes to the dead-letter list)"
+        )
     return EXIT_FAILED if report.invalid else EXIT_OK
 
 
@@ -323,6 +327,8 @@ def _print_push(report: PushReport, args: argparse.Namespace) -> None:
         )
         return
     verb = "valid (dry run, nothing pushed)" if args.dry_run else "pushed"
+    if args.raw:
+        verb = "would push as given (dry run, --raw: not validated)" if args.dry_run else "pushed"
     text = f"{verb} {report.pushed} seed(s) to {report.key!r} ({report.kind})"
     if report.kind != "list" and not args.dry_run:
         text += f", {report.new} new"
@@ -341,8 +347,8 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Push seeds (plain URLs or JSON objects, one per line) to the crawl's "
         "seeds key, in input order and in the crawl's seed mode (list, set or zset). "
         "Lines are validated as the spider validates them; invalid lines are reported "
-        "with their line numbers and not pushed (exit code 1). A spider with its own "
-        "make_request_from_data gets its lines as given.",
+        "with their line numbers and not pushed (exit code 1). --raw pushes them as given "
+        "(a spider whose own make_request_from_data reads another format).",
     )
     push.add_argument("spider", metavar="SPIDER")
     push.add_argument("urls", metavar="URL", nargs="*", help="seeds given as arguments")
@@ -356,6 +362,12 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         help="score of the seeds in zset mode (the highest is read first)",
     )
     push.add_argument("--dry-run", action="store_true", help="validate only, push nothing")
+    push.add_argument(
+        "--raw",
+        action="store_true",
+        help="push lines as given, unvalidated (a spider whose own make_request_from_data "
+        "reads another format)",
+    )
     push.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     push.add_argument("--json", action="store_true", help="print the summary as JSON")
     push.set_defaults(func=cmd_push)
