@@ -7,6 +7,7 @@ errors) run ``python -m scrapy_dist`` in a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -474,6 +475,19 @@ def test_one_crawl_written_by_hand_does_not_hide_the_others(
     assert rows[f"{name}b"]["error"].startswith("Redis answered: WRONGTYPE")
 
 
+@contextlib.contextmanager
+def _interruptible_children() -> Iterator[None]:
+    """Start child processes that SIGINT interrupts. A job a shell starts in the
+    background (CI runs its legs so) inherits SIGINT ignored, Python leaves it ignored,
+    and so would its children; with a Python handler here, ``exec`` gives them SIGINT's
+    default action, which Python turns into KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.e2e
 def test_an_interrupted_push_says_how_far_it_got(
     redis_url: str, client: redis.Redis, name: str, tmp_path: Path
@@ -481,14 +495,15 @@ def test_an_interrupted_push_says_how_far_it_got(
     """Ctrl-C during a long push printed a blank line: the batches sent before stayed
     pushed, but the operator could not tell which lines to push again."""
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
-    push = subprocess.Popen(
-        [sys.executable, "-m", "scrapy_dist", "push", name, "--redis-url", redis_url, "-q"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    with _interruptible_children():
+        push = subprocess.Popen(
+            [sys.executable, "-m", "scrapy_dist", "push", name, "--redis-url", redis_url, "-q"],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
     assert push.stdin is not None
     push.stdin.write(b"".join(b"https://a.example/%d\n" % i for i in range(25_000)))
     push.stdin.flush()  # and left open: the command waits for more lines
@@ -530,9 +545,10 @@ def test_ctrl_c_ends_status_watch_with_0_whenever_it_lands(
     command = [sys.executable, "-m", "scrapy_dist", "status", name, "--watch"]
     command += ["--interval", "0.001", "--redis-url", redis_url]
     for _ in range(4):
-        watch = subprocess.Popen(
-            command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        with _interruptible_children():
+            watch = subprocess.Popen(
+                command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
         time.sleep(1.5)
         watch.send_signal(signal.SIGINT)
         _, stderr = watch.communicate(timeout=30)
