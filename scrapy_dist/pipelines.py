@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.settings import ItemsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -474,20 +475,9 @@ class RedisPipeline:
         in by :meth:`item_key`), ``REDIS_ITEMS_SERIALIZER`` and the other ``REDIS_ITEMS_*``
         settings (maximum length, batches, buffer, rejected file, close timeout)."""
         config = Config.from_settings(settings)
-        items = config.items
-        writer = ItemWriter(
-            get_redis_from_settings(config.settings),
-            config.keys.items,
-            maxlen=items.maxlen,
-            batch_size=items.batch_size,
-            flush_interval=items.flush_interval,
-            buffer_max=items.buffer_max,
-            wrongtype_timeout=items.wrongtype_timeout,
-            rejected_file=items.rejected_file,
+        return cls._writing_to(
+            get_redis_from_settings(config.settings), config.keys.items, config.items
         )
-        pipeline = cls(writer, cast("Callable[[Any], str | bytes]", items.serializer))
-        pipeline.close_timeout = items.close_timeout
-        return pipeline
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -497,22 +487,35 @@ class RedisPipeline:
         parts = assemble(crawler)
         if cls.from_settings.__func__ is not RedisPipeline.from_settings.__func__:  # type: ignore[attr-defined]
             return cls._from_own_settings(crawler, parts.keys)
-        items = parts.config.items
-        serialize = items.serializer or _json_serializer()
+        key = parts.keys.custom(parts.config.keys.items, "REDIS_ITEMS_KEY")
+        pipeline = cls._writing_to(parts.client, key, parts.config.items, crawler.stats)
+        pipeline.crawler = crawler
+        return pipeline
+
+    @classmethod
+    def _writing_to(
+        cls,
+        client: redis.Redis,
+        key: str,
+        items: ItemsConfig,
+        stats: StatsCollector | None = None,
+    ) -> Self:
+        """A pipeline appending to list ``key`` (a template :meth:`item_key` fills, or a
+        key) with the ``REDIS_ITEMS_*`` settings ``items``."""
         writer = ItemWriter(
-            parts.client,
-            parts.keys.custom(parts.config.keys.items, "REDIS_ITEMS_KEY"),
+            client,
+            key,
             maxlen=items.maxlen,
             batch_size=items.batch_size,
             flush_interval=items.flush_interval,
             buffer_max=items.buffer_max,
             wrongtype_timeout=items.wrongtype_timeout,
             rejected_file=items.rejected_file,
-            stats=crawler.stats,
+            stats=stats,
         )
+        serialize = items.serializer or _json_serializer()
         pipeline = cls(writer, cast("Callable[[Any], str | bytes]", serialize))
         pipeline.close_timeout = items.close_timeout
-        pipeline.crawler = crawler
         return pipeline
 
     @classmethod

@@ -254,9 +254,7 @@ class RedisSpiderMixin(Spider):
                 yield request
             return
         if self._own_next_requests():
-            own = list(self.next_requests() or ())
-            self._record_seeds([r for r in own if r.dont_filter])
-            for request in own:
+            for request in self._from_own_next_requests():
                 yield request
             return
         requests, settled = self.take_seeds()
@@ -397,8 +395,7 @@ class RedisSpiderMixin(Spider):
             unreachable (the caller polls again later).
         """
         if self._own_next_requests():
-            own = list(self.next_requests() or ())
-            self._record_seeds([r for r in own if r.dont_filter])  # as take_seeds() does
+            own = self._from_own_next_requests()
             for request in own:
                 self.crawler.engine.crawl(request)
             return len(own)
@@ -412,6 +409,13 @@ class RedisSpiderMixin(Spider):
         """Whether the spider overrides :meth:`next_requests` (then start-up, room for
         seeds and idleness call it, as scrapy-redis does)."""
         return type(self).next_requests is not RedisSpiderMixin.next_requests
+
+    def _from_own_next_requests(self) -> list[Request]:
+        """What the spider's own :meth:`next_requests` gives, with the fingerprints of
+        its ``dont_filter`` requests recorded, as :meth:`take_seeds` does for seeds."""
+        own = list(self.next_requests() or ())
+        self._record_seeds([r for r in own if r.dont_filter])
+        return own
 
     def count_size(self, key: str) -> int:
         """The number of seeds in ``key`` in the seed mode (``LLEN``, ``SCARD`` or
