@@ -151,6 +151,10 @@ HOLDERS_SUFFIX = ":holders"
 LEVELS_SUFFIX = ":levels"
 #: Infix of a priority queue's level lists: ``<queue>:level:<name>``.
 LEVEL_INFIX = ":level:"
+#: Suffix of a name no key ever has, read by scripts to learn whether the crawl's hash
+#: slot is being moved to another cluster node (``slot_moving`` in ``lua/_fence.lua``):
+#: ``<key>:slot-probe`` for one of the script's keys, so in the same slot.
+SLOT_PROBE_SUFFIX = ":slot-probe"
 #: How a level's name is written from its score (C's and Lua's ``%.17g``: exact for
 #: every integer priority; ``-0`` is written ``0``).
 LEVEL_FORMAT = "%.17g"

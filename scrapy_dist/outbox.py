@@ -64,6 +64,14 @@ REFUSALS = frozenset(
     }
 )
 
+#: redis-py's classes for refusals of a cluster in transition, by code (a subclass
+#: first: MASTERDOWN's class is CLUSTERDOWN's).
+_CLUSTER_REFUSALS = (
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+)
+
 #: An enqueue to send: ``(payload, score, fingerprint)``.
 Item = tuple[bytes, float, bytes]
 
@@ -74,6 +82,11 @@ def refusal(error: BaseException) -> str | None:
         return "READONLY"
     if isinstance(error, redis.exceptions.BusyLoadingError):
         return "LOADING"
+    # a cluster connection's parser turns these codes into classes and strips the code
+    # from the message ("Multiple keys request during rehashing of slot")
+    for cls, code in _CLUSTER_REFUSALS:
+        if isinstance(error, cls):
+            return code
     if type(error).__name__ == "OutOfMemoryError":  # redis-py >= 5.0.1
         return "OOM"
     if isinstance(error, redis.exceptions.ResponseError):
@@ -85,6 +98,11 @@ def refusal(error: BaseException) -> str | None:
             return code
         if "used memory > 'maxmemory'" in message:
             return "OOM"
+        # a command of a script on a key not served here: the crawl's slot is being moved
+        # to another cluster node (scripts that reach keys by computed names check first,
+        # lua/_fence.lua slot_moving; this is for any that does not)
+        if "attempted to access a non local key" in message:
+            return "TRYAGAIN"
     return None
 
 

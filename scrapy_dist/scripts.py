@@ -32,6 +32,7 @@ from scrapy_dist.keys import (
     LEVEL_INFIX,
     LEVELS_MARKER,
     LEVELS_SUFFIX,
+    SLOT_PROBE_SUFFIX,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ LUA_CONSTANTS: dict[str, int | str] = {
     "LEVEL_INFIX": LEVEL_INFIX,
     "LEVEL_FORMAT": LEVEL_FORMAT,
     "HOLDERS_SUFFIX": HOLDERS_SUFFIX,
+    "SLOT_PROBE_SUFFIX": SLOT_PROBE_SUFFIX,
 }
 
 #: A script argument.

@@ -31,7 +31,7 @@ from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.topology import make_project, run_crawl, stats
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from scrapy_dist.testing import ClusterServers
@@ -299,6 +299,62 @@ def test_a_crawl_survives_kill_9_of_its_master(
     assert "is served by" in logs  # the workers turned to the promoted replica
     # the children of every acknowledged page were confirmed on the replica (WAIT)
     assert not result.missing, result.figures()
+
+
+def _computed_first(key: bytes) -> bool:
+    """Sort key: the keys scripts reach by a name they compute (a priority queue's
+    levels and their index, workers' holdings) before those the scripts declare."""
+    return not (b":level" in key or b":holders:" in key)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.parametrize("order", [None, _computed_first], ids=["server-order", "computed-first"])
+def test_a_crawl_survives_a_reshard_of_its_slot(
+    clean: ClusterServers,
+    site: TestSite,
+    project: Path,
+    tmp_path: Path,
+    order: Callable[[bytes], bool] | None,
+) -> None:
+    """The crawl's slot moved to another master mid-crawl, one key at a time (as
+    ``redis-cli --cluster reshard`` does), so the workers meet it half moved: ``ASK``,
+    ``TRYAGAIN``, and keys a script reaches by a computed name that are already on the
+    target."""
+    site.delay = 0.02
+    moves: list[int] = []
+
+    def reshard() -> None:
+        slot = slot_of(SEEDS)
+        source = clean.master_for(SEEDS)
+        target = next(node for node in clean.masters() if node.port != source.port)
+        moves.append(clean.migrate_slot(slot, target, pause=0.2, order=order))
+
+    seed = seeder(clean)
+
+    def seeds(url: str) -> None:
+        seed("not a url")  # dead-lettered at once: the dead-letter list is there to write to
+        seed(url)
+
+    try:
+        result = run_crawl(project, site, tmp_path, seeds, during=reshard, during_after=PAGES // 4)
+    finally:
+        site.delay = 0.0
+    print("RESHARD:", moves, result.figures())
+    assert moves, "the reshard did not run"
+    assert moves[0] > 3, moves  # the crawl's keys moved, one at a time
+    assert result.statuses == [0, 0], result.figures()
+    assert not result.missing, result.figures()
+    # TRYAGAIN was read as a permanent refusal: the flush's requests were dead-lettered
+    # (and its acknowledgements dropped, so pages were fetched again)
+    with clean.client() as client:
+        dead = client.lrange(f"{TAG}:dead", 0, -1)
+    assert len(dead) == 1, dead[:3]
+    assert b"not a url" in dead[0]
+    assert result.duplicates == 0, result.figures()
+    logs = "".join(w.log_file.read_text() for w in result.workers)
+    assert "is served by" in logs  # the workers turned to the slot's new master
+    assert "rejected" not in logs
 
 
 # -- the scrapy-dist command on a cluster ---------------------------------------------------

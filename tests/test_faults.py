@@ -155,6 +155,34 @@ def test_a_refusal_inside_a_script_is_read_the_same_on_redis_6_2_and_7(
         assert redis_error_text(error).startswith(code)
 
 
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (
+            redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+            "TRYAGAIN",
+        ),
+        (redis.exceptions.ClusterDownError("The cluster is down"), "CLUSTERDOWN"),
+        (redis.exceptions.MasterDownError("Link with MASTER is down"), "MASTERDOWN"),
+        (
+            redis.exceptions.ResponseError(
+                "Script attempted to access a non local key in a cluster node script: "
+                "7f23a6a235dfd9fce4a968a326ae66220ae8e0ca, on @user_script:29."
+            ),
+            "TRYAGAIN",
+        ),
+    ],
+)
+def test_a_cluster_in_transition_is_a_refusal_to_wait_out(
+    error: redis.exceptions.ResponseError, code: str
+) -> None:
+    """A cluster connection's parser turns TRYAGAIN, CLUSTERDOWN and MASTERDOWN into
+    classes and strips the code from the text: a reshard's TRYAGAIN was read as a
+    permanent refusal and the flush's requests were sent to the dead-letter list
+    (tests/test_cluster.py::test_a_crawl_survives_a_reshard_of_its_slot)."""
+    assert refusal(error) == code
+
+
 def _busy_script(client: redis.Redis) -> Callable[[], object]:
     # another client's script runs too long: every other call gets BUSY
     try:

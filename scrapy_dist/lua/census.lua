@@ -12,7 +12,7 @@
 -- kept in "<field>:wrongtype" (lua/progress.lua lets its shard's base follow); a KEYS[3]
 -- of another type is renamed to "<KEYS[3]>:wrongtype" (named in the server log) and
 -- counting starts again in a fresh hash (lua/_leases.lua read_counts).
--- Returns: {queued, leased, settled (done + dead)}; an error "EPOCH ..." if the shard's
+-- Returns: {queued, leased, settled (done + dead)}; an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the shard's
 --          epoch is not ARGV[2], "WRONGTYPE ..." if the queue cannot be counted
 -- uses: _fence, _leases
 

@@ -18,10 +18,16 @@
 -- ARGV[4+F ..] = one token per fingerprint (backend.token())
 -- Returns: one integer per token: for "add", 1 if it was new (it is now recorded) and
 -- 0 if it was seen, a token repeated in the call being new at most once; for
--- "check", 1 if it is present and 0 if not.
--- uses: _filters
+-- "check", 1 if it is present and 0 if not; an error "TRYAGAIN ..." while the
+-- filter's hash slot is being moved to another cluster node (lua/_fence.lua; nothing
+-- written).
+-- uses: _filters, _fence
 
 local op, filter_kind = ARGV[1], ARGV[2]
+local moving = slot_moving(KEYS[1])
+if moving then
+  return redis.error_reply(moving)
+end
 if op == "prepare" then
   if redis.call("EXISTS", KEYS[2]) == 1 then
     return 0

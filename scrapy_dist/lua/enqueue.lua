@@ -33,7 +33,7 @@
 -- back, or was delivered again to another worker: the worker was paused past its lease)
 -- is refused: neither queued nor its token recorded; the parent's new holder crawls it.
 -- Returns: one integer per request, 1 if queued, 0 if its token was seen, -1 if its
--- parent lease is not the caller's; an error "EPOCH ..." if the crawl's epoch is not
+-- parent lease is not the caller's; an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not
 -- ARGV[#ARGV] (nothing written).
 -- uses: _batch, _filters, _levels, _fence, _sequence
 

@@ -30,10 +30,15 @@
 -- not a number is moved to "finished_at:wrongtype" and, when no other worker is known
 -- alive, counts as a finish long ago (a new run starts).
 -- Returns: {number of other live workers, 1 if the frontier was flushed else 0,
---          1 if a new run started else 0}
--- uses: _registry, _leases
+--          1 if a new run started else 0}; an error "TRYAGAIN ..." while the crawl's
+--          hash slot is being moved to another cluster node (lua/_fence.lua; nothing written)
+-- uses: _registry, _leases, _fence
 
 local workers, progress = KEYS[1], KEYS[2]
+local moving = slot_moving(workers)
+if moving then
+  return redis.error_reply(moving)
+end
 local me, timeout, flush = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1"
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6

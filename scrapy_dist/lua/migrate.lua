@@ -9,10 +9,15 @@
 -- KEYS[1] = request queue
 -- ARGV[1] = COUNT, entries to move in this call
 -- Returns: {entries moved, entries left in the zset}; an error "WRONGTYPE ..." if the
---          key holds neither a zset nor the marker (nothing moved)
--- uses: _levels
+--          key holds neither a zset nor the marker (nothing moved), "TRYAGAIN ..." while
+--          the queue's hash slot is being moved to another cluster node (lua/_fence.lua)
+-- uses: _levels, _fence
 
 local queue, count = KEYS[1], tonumber(ARGV[1])
+local moving = slot_moving(queue)
+if moving then
+  return redis.error_reply(moving)
+end
 local state = marker_state(queue)
 if state == "ok" then
   return {0, 0}

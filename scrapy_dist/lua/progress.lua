@@ -34,7 +34,7 @@
 -- as if it had none.
 -- Returns: {state, queued, seeds, leased, finished_at}; state is "busy", "waiting"
 --          (nothing settled in this run), "idle" (empty, within the grace) or "finished";
---          an error "EPOCH ..." if the crawl's epoch is not ARGV[6] (unless the crawl
+--          an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[6] (unless the crawl
 --          finished and its epoch was deleted with its keys: "finished"); an error
 --          "WRONGTYPE ..." if the queue cannot be counted
 -- uses: _fence, _leases

@@ -23,7 +23,7 @@
 -- ARGV[5..] = the lease ids the worker knows it holds (buffered, in its engine, or
 --             waiting in its outbox to be settled)
 -- Returns: the number of leases handed back (not those dead-lettered); an error
---          "EPOCH ..." if the crawl's epoch is not ARGV[3]
+--          "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[3]
 -- uses: _deadletter, _leases, _fence, _batch
 
 local holding, deliveries, queue, seeds = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

@@ -10,7 +10,7 @@
 -- ARGV[4..] = lease ids
 -- Returns: the ids of the leases this worker no longer holds (expired and taken back,
 --          a lease already reclaimed is not revived; all of them when its holding is
---          not a hash); an error "EPOCH ..." if the crawl's epoch is not ARGV[3]
+--          not a hash); an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[3]
 -- uses: _fence, _batch
 
 local holders, holding, worker = KEYS[1], KEYS[2], ARGV[1]

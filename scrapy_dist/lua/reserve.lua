@@ -31,7 +31,7 @@
 -- ARGV[9] = maximum expired leases to reclaim in this call
 -- ARGV[10] = the crawl epoch this worker joined ("" = unfenced)
 -- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw
--- seed); an error "EPOCH ..." if the crawl's epoch is not ARGV[10]
+-- seed); an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[10]
 --
 -- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its

@@ -22,7 +22,7 @@
 --             dead-letter it now with this JSON record (a seed that can never become a
 --             request), anything else = the failure's reason (the constants are
 --             scrapy_dist/scripts.py's)
--- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." if the
+-- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the
 --          crawl's epoch is not ARGV[5]
 -- uses: _deadletter, _leases, _fence, _batch
 

@@ -359,11 +359,7 @@ class ClusterServers:
 
     def master_for(self, key: str | bytes) -> ClusterNodeServer:
         """The master serving ``key``'s hash slot now."""
-        slot = key_slot(key.encode() if isinstance(key, str) else key)
-        for (first, last), port in self._owners(self._any_running()).items():
-            if first <= slot <= last:
-                return self.node_at(port)
-        raise RuntimeError(f"no master serves slot {slot} now")
+        return self.master_for_slot(key_slot(key.encode() if isinstance(key, str) else key))
 
     def _any_running(self) -> ClusterNodeServer:
         running = self.running()
@@ -464,6 +460,81 @@ class ClusterServers:
         deadline = time.monotonic() + timeout
         self._wait(deadline, f"{replica!r} to become master", lambda: self._is_master(replica))
         self.wait_ok(max(deadline - time.monotonic(), 1.0))
+
+    def migrate_slot(
+        self,
+        slot: int,
+        target: ClusterNodeServer,
+        *,
+        keys_per_step: int = 1,
+        pause: float = 0.0,
+        order: Callable[[bytes], Any] | None = None,
+        timeout: float = 60.0,
+    ) -> int:
+        """Move ``slot`` to the master ``target`` as ``redis-cli --cluster reshard`` does:
+        ``SETSLOT IMPORTING``/``MIGRATING``, ``MIGRATE`` of its keys ``keys_per_step`` at a
+        time (``pause`` seconds between steps, so clients meet the slot half moved), then
+        ``SETSLOT NODE`` on every master. A key ``MIGRATE`` finds on both sides (written on
+        the source after its first move) is an error, as in ``redis-cli`` without
+        ``--cluster-replace``: nothing is overwritten. ``order`` (a sort key of key names)
+        moves the keys the slot holds when the move starts in that order, so a test can
+        move the ones a client reaches by computed name first; the rest in the server's
+        order.
+
+        Returns:
+            The number of keys moved.
+
+        Raises:
+            RuntimeError: The slot is ``target``'s already, or the move did not end within
+                ``timeout`` (the slot is left migrating, for the test to report).
+        """
+        source = self.master_for_slot(slot)
+        if source.port == target.port:
+            raise RuntimeError(f"slot {slot} is served by {target!r} already")
+        deadline = time.monotonic() + timeout
+        moved = 0
+        with source.client() as src, target.client() as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+            planned: list[bytes] = []
+            if order is not None:
+                held = src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+                planned = sorted(
+                    src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, max(held, 1)), key=order
+                )
+            while True:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"slot {slot} still migrating after {timeout}s")
+                keys = [key for key in planned[:keys_per_step] if src.exists(key)]
+                del planned[:keys_per_step]
+                if not keys and not planned:
+                    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, keys_per_step)
+                    if not keys:
+                        break
+                if not keys:
+                    continue
+                src.execute_command("MIGRATE", _HOST, target.port, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+                if pause:
+                    time.sleep(pause)
+            for node in self.masters():
+                with node.client() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+        self._wait(deadline, f"slot {slot} on {target!r}", lambda: self._serves(target, slot))
+        return moved
+
+    def master_for_slot(self, slot: int) -> ClusterNodeServer:
+        """The master serving hash slot ``slot`` now."""
+        for (first, last), port in self._owners(self._any_running()).items():
+            if first <= slot <= last:
+                return self.node_at(port)
+        raise RuntimeError(f"no master serves slot {slot} now")
+
+    def _serves(self, node: ClusterNodeServer, slot: int) -> bool:
+        try:
+            return self.healthy() and self.master_for_slot(slot).port == node.port
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False
 
     def _is_master(self, node: ClusterNodeServer) -> bool:
         try:
