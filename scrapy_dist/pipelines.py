@@ -128,8 +128,7 @@ class ItemWriter:
         self.flush_interval = flush_interval
         self.buffer_max = max(1, buffer_max)
         self.wrongtype_timeout = wrongtype_timeout
-        #: Where items refused for good are kept.
-        self.rejected_file = rejected_path(rejected_file, key)
+        self._rejected_template = rejected_file
         self.stats = stats
         #: Called from the sending thread when a full buffer has room again.
         self.on_room: Callable[[], None] | None = None
@@ -152,6 +151,13 @@ class ItemWriter:
         self._closing = False
         self._give_up_at = float("inf")
         self._thread: threading.Thread | None = None
+
+    @property
+    def rejected_file(self) -> Path:
+        """Where items refused for good are kept: the ``rejected_file`` template filled
+        with the writer's :attr:`key` as it is now (a key template filled in after the
+        writer was built names the file too)."""
+        return rejected_path(self._rejected_template, self.key)
 
     def start(self) -> None:
         """Start the sending thread."""

@@ -503,3 +503,21 @@ def test_from_settings_builds_the_writer_the_items_settings_ask_for(redis_url: s
     writer = pipeline.writer
     assert (writer.maxlen, writer.batch_size, writer.buffer_max) == (50, 7, 900)
     assert pipeline.close_timeout == 3
+
+
+class KeepsTemplate(RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings: Any) -> Any:
+        return super().from_settings(settings)
+
+
+def test_the_rejected_file_follows_the_job_key_a_from_settings_override_gets(
+    make_crawler: Callable[..., Any], name: str, tmp_path: Path
+) -> None:
+    """The writer named its rejected file when built, after the key's template
+    (``_(spider)s_items``); the template got the job only afterwards."""
+    template = str(tmp_path / "%(key)s.rejected.jl")
+    crawler = make_crawler({"SCHEDULER_JOB_ID": "j1", "REDIS_ITEMS_REJECTED_FILE": template})
+    p = KeepsTemplate.from_crawler(crawler)
+    assert p.key == f"{name}:j1:items"
+    assert p.writer.rejected_file == tmp_path / f"{name}_j1_items.rejected.jl"

@@ -391,6 +391,57 @@ def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
     assert {item["tag"] for item in tagged} == {"decorated"}
 
 
+#: A pipeline built by its own factory whose items Redis refuses for good (its list
+#: holds a string): they are kept in the rejected file of the pipeline's list.
+REFUSED_PIPELINES = {
+    "from_settings": """
+from scrapy_dist.pipelines import RedisPipeline
+
+
+class BlockedPipeline(RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        return super().from_settings(settings)
+
+    def item_key(self, item, spider):
+        return spider.name + ":blocked"
+""",
+}
+
+
+@pytest.mark.parametrize("factory", sorted(REFUSED_PIPELINES))
+def test_a_pipeline_built_by_its_own_factory_keeps_refused_items_under_its_jobs_list(
+    project: Path,
+    name: str,
+    client: redis.Redis,
+    site: TestSite,
+    workers: list[Worker],
+    *,
+    tmp_path: Path,
+    factory: str,
+) -> None:
+    """The rejected file of a pipeline built by a from_settings override was named
+    after the key's template (``_(spider)s_items.rejected.jl``), not the job's list."""
+    (project / "books" / "pipelines.py").write_text(REFUSED_PIPELINES[factory])
+    kept = tmp_path / "rejected"
+    settings = {
+        "ITEM_PIPELINES": json.dumps({"books.pipelines.BlockedPipeline": 300}),
+        "SCHEDULER_JOB_ID": "j1",
+        "SCHEDULER_WRONGTYPE_TIMEOUT": 0,
+        "REDIS_ITEMS_REJECTED_FILE": str(kept / "%(key)s.rejected.jl"),
+    }
+    client.set(f"{name}:blocked", "not a list")
+    both = run(workers, project, name, settings=settings)
+    client.lpush(f"{name}:j1:start_urls", site.page_url(0))
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    files = sorted(p.name for p in kept.iterdir())
+    assert files == [f"{name}_j1_items.rejected.jl"], files
+    lines = (kept / files[0]).read_bytes().splitlines()
+    assert sorted(json.loads(line)["url"] for line in lines) == sorted(
+        site.page_url(i) for i in range(PAGES)
+    )
+
+
 #: A spider whose seeds are in its own format: page numbers, not URLs.
 OWN_FORMAT_SPIDER = """
 import scrapy
