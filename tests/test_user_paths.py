@@ -406,6 +406,18 @@ class BlockedPipeline(RedisPipeline):
     def item_key(self, item, spider):
         return spider.name + ":blocked"
 """,
+    "from_crawler": """
+from scrapy_dist.pipelines import RedisPipeline
+
+
+class BlockedPipeline(RedisPipeline):
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls.from_settings(crawler.settings)
+
+    def item_key(self, item, spider):
+        return spider.name + ":blocked"
+""",
 }
 
 
