@@ -842,57 +842,51 @@ class RedisStreamPipeline(RedisPipeline):
     refusals, the rejected file and closing are :class:`RedisPipeline`'s. With
     ``REDIS_ITEMS_STREAM_MAXLEN`` the stream is capped near that many entries (``XADD
     MAXLEN ~``: the oldest go, read or not); without, it grows until trimmed (a warning
-    says so when the spider opens).
+    says so when the spider opens). A subclass's ``from_settings`` or ``from_crawler``
+    builds it as :class:`RedisPipeline`'s do.
     """
 
     def _writer_for(self, client: redis.Redis, key: str | None) -> ItemWriter:
         return StreamWriter(client, key or str(default_settings.REDIS_ITEMS_STREAM_KEY))
 
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> Self:
-        """A new client and ``REDIS_ITEMS_STREAM_KEY`` (a template filled in by
-        :meth:`item_key`)."""
-        config = Config.from_settings(settings)
-        items = config.items
-        writer = StreamWriter(
-            get_redis_from_settings(config.settings),
-            items.stream_key,
-            stream_maxlen=items.stream_maxlen,
-        )
-        return cls(
-            writer, cast("Callable[[Any], str | bytes]", items.serializer or _json_serializer())
-        )
+    _KEY_SETTING = "REDIS_ITEMS_STREAM_KEY"
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        parts = assemble(crawler)
-        items = parts.config.items
-        stream = parts.keys.custom(items.stream_key, "REDIS_ITEMS_STREAM_KEY")
+    def _key_template(cls, config: Config) -> str:
+        """The template of the items stream (``REDIS_ITEMS_STREAM_KEY``)."""
+        return config.items.stream_key
+
+    @classmethod
+    def _check_slot(cls, parts: Parts, key: str) -> None:
         if isinstance(parts.topology_client, ClusterClient):
             # the crawl's client is pinned to its slot: a stream elsewhere would only
             # ever get MOVED (an endless outage), so refuse it now, naming it
-            crawl_slot(parts.keys, (stream, stream_dead_key(stream)))
-        writer = StreamWriter(
-            parts.client,
-            stream,
-            fields={
-                "spider": str(getattr(crawler.spidercls, "name", "") or ""),
-                "worker": f"{socket.gethostname()}:{os.getpid()}",
-            },
+            crawl_slot(parts.keys, (key, stream_dead_key(key)))
+
+    @classmethod
+    def _writer(
+        cls, client: redis.Redis, key: str, items: ItemsConfig, stats: StatsCollector | None
+    ) -> ItemWriter:
+        return StreamWriter(
+            client,
+            key,
             stream_maxlen=items.stream_maxlen,
             batch_size=items.batch_size,
             flush_interval=items.flush_interval,
             buffer_max=items.buffer_max,
             wrongtype_timeout=items.wrongtype_timeout,
             rejected_file=items.rejected_file,
-            stats=crawler.stats,
+            stats=stats,
         )
-        pipeline = cls(
-            writer, cast("Callable[[Any], str | bytes]", items.serializer or _json_serializer())
-        )
-        pipeline.close_timeout = items.close_timeout
-        pipeline.crawler = crawler
-        return pipeline
+
+    def _bind(self, crawler: Crawler) -> None:
+        """As :meth:`RedisPipeline._bind`; entries also get the ``spider`` and ``worker``
+        fields (unless the writer has its own)."""
+        super()._bind(crawler)
+        if isinstance(self.writer, StreamWriter):
+            fields = self.writer.fields
+            fields.setdefault("spider", str(getattr(crawler.spidercls, "name", "") or ""))
+            fields.setdefault("worker", f"{socket.gethostname()}:{os.getpid()}")
 
     def open_spider(self, spider: Spider | None = None) -> None:
         """Check the stream key, warn if the stream is uncapped, start sending.
