@@ -24,12 +24,15 @@ stored twice, never lost while the worker lives.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import re
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -56,12 +59,13 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
-    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.assembly import Parts
     from scrapy_dist.settings import ItemsConfig
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound="Callable[..., Any]")
 #: Scrapy awaits what pipeline methods return (and deprecates Deferreds).
 _AWAITS_COROUTINES = hasattr(scrapy.utils.defer, "ensure_awaitable")
 
@@ -128,8 +132,7 @@ class ItemWriter:
         self.flush_interval = flush_interval
         self.buffer_max = max(1, buffer_max)
         self.wrongtype_timeout = wrongtype_timeout
-        #: Where items refused for good are kept.
-        self.rejected_file = rejected_path(rejected_file, key)
+        self._rejected_template = rejected_file
         self.stats = stats
         #: Called from the sending thread when a full buffer has room again.
         self.on_room: Callable[[], None] | None = None
@@ -152,6 +155,13 @@ class ItemWriter:
         self._closing = False
         self._give_up_at = float("inf")
         self._thread: threading.Thread | None = None
+
+    @property
+    def rejected_file(self) -> Path:
+        """Where items refused for good are kept: the ``rejected_file`` template filled
+        with the writer's :attr:`key` as it is now (a key template filled in after the
+        writer was built names the file too)."""
+        return rejected_path(self._rejected_template, self.key)
 
     def start(self) -> None:
         """Start the sending thread."""
@@ -427,6 +437,30 @@ def _for_scrapy(waiter: Deferred[_T]) -> Awaitable[_T]:
     return wait()
 
 
+#: ``from_crawler`` functions that bind the pipeline they return to the crawler.
+_BINDING: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
+
+def _binds(factory: _F) -> _F:
+    """Mark ``factory`` (a ``from_crawler`` function) as binding what it returns."""
+    _BINDING.add(factory)
+    return factory
+
+
+def _binding(factory: _F) -> _F:
+    """``factory`` (a subclass's own ``from_crawler`` function), binding the pipeline it
+    returns to the crawler (:meth:`RedisPipeline._bind`)."""
+
+    @functools.wraps(factory)
+    def from_crawler(cls: type[RedisPipeline], crawler: Crawler) -> Any:
+        pipeline = factory(cls, crawler)
+        if isinstance(pipeline, RedisPipeline):
+            pipeline._bind(crawler)
+        return pipeline
+
+    return _binds(cast("_F", from_crawler))
+
+
 def _json_serializer() -> Callable[[Any], str]:
     return ScrapyJSONEncoder(ensure_ascii=False).encode
 
@@ -465,31 +499,69 @@ class RedisPipeline:
         if not callable(getattr(type(self), "serialize", None)):  # not overridden
             self.serialize = serialize
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``from_crawler`` (scrapy-redis's users write one that calls
+        :meth:`from_settings`, which knows no crawler) is wrapped so that the pipeline
+        it returns is bound to the crawler (:meth:`_bind`), as :meth:`from_crawler`'s
+        is. A ``from_crawler`` that is not a classmethod is left as it is."""
+        super().__init_subclass__(**kwargs)
+        factory = inspect.getattr_static(cls, "from_crawler", None)
+        if isinstance(factory, classmethod) and factory.__func__ not in _BINDING:
+            cls.from_crawler = classmethod(_binding(factory.__func__))  # type: ignore[method-assign, assignment]
+
     def _writer_for(self, client: redis.Redis, key: str | None) -> ItemWriter:
         """The writer of a pipeline given a client rather than a writer."""
         return ItemWriter(client, key or str(default_settings.REDIS_ITEMS_KEY))
 
+    #: The setting of the key template (named in errors about it).
+    _KEY_SETTING = "REDIS_ITEMS_KEY"
+
+    @classmethod
+    def _key_template(cls, config: Config) -> str:
+        """The template of the pipeline's key (``REDIS_ITEMS_KEY``)."""
+        return config.keys.items
+
+    @classmethod
+    def _check_slot(cls, parts: Parts, key: str) -> None:
+        """Raise :class:`ConfigurationError` if ``key`` cannot be written with the
+        crawl's client (the items list is checked with the crawl's keys)."""
+
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
-        """scrapy-redis's factory: a new client, ``REDIS_ITEMS_KEY`` (a template filled
-        in by :meth:`item_key`), ``REDIS_ITEMS_SERIALIZER`` and the other ``REDIS_ITEMS_*``
-        settings (maximum length, batches, buffer, rejected file, close timeout)."""
+        """scrapy-redis's factory: a new client, the key template (``REDIS_ITEMS_KEY``,
+        or ``REDIS_ITEMS_STREAM_KEY`` for :class:`RedisStreamPipeline`; filled in by
+        :meth:`item_key`, or with the crawl's job once the pipeline is bound to a
+        crawler), ``REDIS_ITEMS_SERIALIZER`` and the other ``REDIS_ITEMS_*`` settings
+        (maximum length, batches, buffer, rejected file, close timeout)."""
         config = Config.from_settings(settings)
         return cls._writing_to(
-            get_redis_from_settings(config.settings), config.keys.items, config.items
+            get_redis_from_settings(config.settings), cls._key_template(config), config.items
         )
 
     @classmethod
+    @_binds
     def from_crawler(cls, crawler: Crawler) -> Self:
-        """The pipeline of the crawl's items list and client. A subclass that overrides
-        :meth:`from_settings` (scrapy-redis's ``from_crawler`` calls it) is built by its
-        override instead, as in scrapy-redis."""
-        parts = assemble(crawler)
-        if cls.from_settings.__func__ is not RedisPipeline.from_settings.__func__:  # type: ignore[attr-defined]
-            return cls._from_own_settings(crawler, parts.keys)
-        key = parts.keys.custom(parts.config.keys.items, "REDIS_ITEMS_KEY")
-        pipeline = cls._writing_to(parts.client, key, parts.config.items, crawler.stats)
-        pipeline.crawler = crawler
+        """The pipeline of the crawl's items key and client, bound to the crawler
+        (:meth:`_bind`). A subclass that overrides :meth:`from_settings` (scrapy-redis's
+        ``from_crawler`` calls it) is built by its override instead, as in scrapy-redis,
+        and then bound.
+
+        Raises:
+            ConfigurationError: the override returned something else than a pipeline.
+        """
+        if cls.from_settings.__func__ is RedisPipeline.from_settings.__func__:  # type: ignore[attr-defined]
+            parts = assemble(crawler)
+            key = parts.keys.custom(cls._key_template(parts.config), cls._KEY_SETTING)
+            cls._check_slot(parts, key)
+            pipeline = cls._writing_to(parts.client, key, parts.config.items, crawler.stats)
+        else:
+            pipeline = cls.from_settings(crawler.settings)
+            if not isinstance(pipeline, RedisPipeline):
+                raise ConfigurationError(
+                    f"{cls.__module__}.{cls.__qualname__}.from_settings returned "
+                    f"{pipeline!r}, not a pipeline"
+                )
+        pipeline._bind(crawler)
         return pipeline
 
     @classmethod
@@ -500,9 +572,21 @@ class RedisPipeline:
         items: ItemsConfig,
         stats: StatsCollector | None = None,
     ) -> Self:
-        """A pipeline appending to list ``key`` (a template :meth:`item_key` fills, or a
-        key) with the ``REDIS_ITEMS_*`` settings ``items``."""
-        writer = ItemWriter(
+        """A pipeline writing to ``key`` (a template :meth:`item_key` fills, or a key)
+        with the ``REDIS_ITEMS_*`` settings ``items``."""
+        serialize = items.serializer or _json_serializer()
+        pipeline = cls(
+            cls._writer(client, key, items, stats), cast("Callable[[Any], str | bytes]", serialize)
+        )
+        pipeline.close_timeout = items.close_timeout
+        return pipeline
+
+    @classmethod
+    def _writer(
+        cls, client: redis.Redis, key: str, items: ItemsConfig, stats: StatsCollector | None
+    ) -> ItemWriter:
+        """The writer of :meth:`_writing_to`."""
+        return ItemWriter(
             client,
             key,
             maxlen=items.maxlen,
@@ -513,38 +597,35 @@ class RedisPipeline:
             rejected_file=items.rejected_file,
             stats=stats,
         )
-        serialize = items.serializer or _json_serializer()
-        pipeline = cls(writer, cast("Callable[[Any], str | bytes]", serialize))
-        pipeline.close_timeout = items.close_timeout
-        return pipeline
 
-    @classmethod
-    def _from_own_settings(cls, crawler: Crawler, keys: RedisKeys) -> Self:
-        """The pipeline a subclass's ``from_settings`` builds, with the crawl's job in a
-        key template it kept (``%(spider)s:items`` is ``<spider>:<job>:items`` under a
-        job, as :meth:`from_crawler`'s), and the crawler's stats.
+    def _bind(self, crawler: Crawler) -> None:
+        """Make the pipeline the crawl's, however it was built: a key template it kept
+        gets the crawl's name (``%(spider)s:items`` is ``<spider>:<job>:items`` under a
+        job, as :meth:`from_crawler`'s; the rejected file follows), the writer gets the
+        crawler's stats if it has none, and :attr:`crawler` is set (Scrapy >= 2.19 passes
+        no spider to ``process_item``: :meth:`item_key` gets the crawler's). Binding
+        again changes nothing.
 
         Raises:
-            ConfigurationError: the override returned something else than a pipeline.
+            ConfigurationError: the key template has an unknown placeholder.
         """
-        pipeline = cls.from_settings(crawler.settings)
-        if not isinstance(pipeline, RedisPipeline):
-            raise ConfigurationError(
-                f"{cls.__module__}.{cls.__qualname__}.from_settings returned {pipeline!r}, "
-                "not a pipeline"
-            )
-        writer = pipeline.writer
+        writer = self.writer
         if "%(" in writer.key:
-            writer.key = keys.custom(writer.key, "REDIS_ITEMS_KEY")
+            writer.key = assemble(crawler).keys.custom(writer.key, self._KEY_SETTING)
         if writer.stats is None:
             writer.stats = crawler.stats
-        pipeline.crawler = crawler
-        return pipeline
+        self.crawler = crawler
 
     @property
     def key(self) -> str:
-        """The items list."""
+        """The items list (the stream's, for :class:`RedisStreamPipeline`); settable,
+        as scrapy-redis's attribute is: a template set in a subclass's factory or
+        ``__init__`` gets the crawl's name when the pipeline is bound to its crawler."""
         return self.writer.key
+
+    @key.setter
+    def key(self, key: str) -> None:
+        self.writer.key = key
 
     @property
     def server(self) -> redis.Redis:
@@ -761,62 +842,51 @@ class RedisStreamPipeline(RedisPipeline):
     refusals, the rejected file and closing are :class:`RedisPipeline`'s. With
     ``REDIS_ITEMS_STREAM_MAXLEN`` the stream is capped near that many entries (``XADD
     MAXLEN ~``: the oldest go, read or not); without, it grows until trimmed (a warning
-    says so when the spider opens).
+    says so when the spider opens). A subclass's ``from_settings`` or ``from_crawler``
+    builds it as :class:`RedisPipeline`'s do.
     """
 
     def _writer_for(self, client: redis.Redis, key: str | None) -> ItemWriter:
         return StreamWriter(client, key or str(default_settings.REDIS_ITEMS_STREAM_KEY))
 
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> Self:
-        """A new client and ``REDIS_ITEMS_STREAM_KEY`` (a template filled in by
-        :meth:`item_key`)."""
-        config = Config.from_settings(settings)
-        items = config.items
-        writer = StreamWriter(
-            get_redis_from_settings(config.settings),
-            items.stream_key,
-            stream_maxlen=items.stream_maxlen,
-        )
-        return cls(
-            writer, cast("Callable[[Any], str | bytes]", items.serializer or _json_serializer())
-        )
+    _KEY_SETTING = "REDIS_ITEMS_STREAM_KEY"
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        parts = assemble(crawler)
-        items = parts.config.items
-        stream = parts.keys.custom(items.stream_key, "REDIS_ITEMS_STREAM_KEY")
+    def _key_template(cls, config: Config) -> str:
+        """The template of the items stream (``REDIS_ITEMS_STREAM_KEY``)."""
+        return config.items.stream_key
+
+    @classmethod
+    def _check_slot(cls, parts: Parts, key: str) -> None:
         if isinstance(parts.topology_client, ClusterClient):
             # the crawl's client is pinned to its slot: a stream elsewhere would only
             # ever get MOVED (an endless outage), so refuse it now, naming it
-            crawl_slot(parts.keys, (stream, stream_dead_key(stream)))
-        writer = StreamWriter(
-            parts.client,
-            stream,
-            fields={
-                "spider": str(getattr(crawler.spidercls, "name", "") or ""),
-                "worker": f"{socket.gethostname()}:{os.getpid()}",
-            },
+            crawl_slot(parts.keys, (key, stream_dead_key(key)))
+
+    @classmethod
+    def _writer(
+        cls, client: redis.Redis, key: str, items: ItemsConfig, stats: StatsCollector | None
+    ) -> ItemWriter:
+        return StreamWriter(
+            client,
+            key,
             stream_maxlen=items.stream_maxlen,
             batch_size=items.batch_size,
             flush_interval=items.flush_interval,
             buffer_max=items.buffer_max,
             wrongtype_timeout=items.wrongtype_timeout,
             rejected_file=items.rejected_file,
-            stats=crawler.stats,
+            stats=stats,
         )
-        pipeline = cls(
-            writer, cast("Callable[[Any], str | bytes]", items.serializer or _json_serializer())
-        )
-        pipeline.close_timeout = items.close_timeout
-        pipeline.crawler = crawler
-        return pipeline
 
-    @property
-    def key(self) -> str:
-        """The items stream."""
-        return self.writer.key
+    def _bind(self, crawler: Crawler) -> None:
+        """As :meth:`RedisPipeline._bind`; entries also get the ``spider`` and ``worker``
+        fields (unless the writer has its own)."""
+        super()._bind(crawler)
+        if isinstance(self.writer, StreamWriter):
+            fields = self.writer.fields
+            fields.setdefault("spider", str(getattr(crawler.spidercls, "name", "") or ""))
+            fields.setdefault("worker", f"{socket.gethostname()}:{os.getpid()}")
 
     def open_spider(self, spider: Spider | None = None) -> None:
         """Check the stream key, warn if the stream is uncapped, start sending.

@@ -503,3 +503,122 @@ def test_from_settings_builds_the_writer_the_items_settings_ask_for(redis_url: s
     writer = pipeline.writer
     assert (writer.maxlen, writer.batch_size, writer.buffer_max) == (50, 7, 900)
     assert pipeline.close_timeout == 3
+
+
+class OwnFromCrawler(RedisPipeline):
+    """scrapy-redis's own ``from_crawler``, as its users copy it to add to it."""
+
+    counted: object = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        pipeline = cls.from_settings(crawler.settings)
+        pipeline.counted = crawler.stats
+        return pipeline
+
+
+class FactoryMixin:
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        return cast("Any", cls).from_settings(crawler.settings)
+
+
+class MixedIn(FactoryMixin, RedisPipeline):
+    """A ``from_crawler`` inherited from a mixin that is no pipeline."""
+
+
+class OnTopOfOwn(OwnFromCrawler):
+    """A ``from_crawler`` calling a parent's own one."""
+
+    extra = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        pipeline = super().from_crawler(crawler)
+        pipeline.extra = True
+        return pipeline
+
+
+@pytest.mark.parametrize("cls", [OwnFromCrawler, MixedIn, OnTopOfOwn])
+def test_a_pipeline_from_a_subclass_own_from_crawler_writes_to_the_jobs_list(
+    make_crawler: Callable[..., Any], client: redis.Redis, name: str, cls: type[RedisPipeline]
+) -> None:
+    """A from_crawler that calls from_settings gave a pipeline that knew no crawler: on
+    Scrapy 2.19 (no spider passed) its items went to a literal ``%(spider)s:items``, on
+    2.13 to ``<spider>:items``, not the job's list; its writer had no stats."""
+    crawler: Crawler = make_crawler({"SCHEDULER_JOB_ID": "j1", "REDIS_ITEMS_FLUSH_INTERVAL": 0.05})
+    p = cls.from_crawler(crawler)
+    assert p.crawler is crawler
+    assert p.key == f"{name}:j1:items"
+    assert p.writer.stats is crawler.stats
+    assert p.writer.rejected_file.name == f"{name}_j1_items.{os.getpid()}.rejected.jl"
+    p.open_spider()
+    p.process_item({"n": 1})  # Scrapy >= 2.19: no spider
+    p.process_item({"n": 2}, crawler.spider)  # Scrapy 2.13
+    p.close_spider()
+    assert [json.loads(raw)["n"] for raw in client.lrange(f"{name}:j1:items", 0, -1)] == [1, 2]
+    assert not client.exists("%(spider)s:items", f"{name}:items")
+
+
+def test_a_subclass_from_crawler_returning_no_pipeline_is_left_to_scrapy(
+    make_crawler: Callable[..., Any],
+) -> None:
+    class Elsewhere(RedisPipeline):
+        @classmethod
+        def from_crawler(cls, crawler: Crawler) -> Any:
+            return None
+
+    assert Elsewhere.from_crawler(make_crawler()) is None  # build_from_crawler refuses it
+
+
+class KeepsTemplate(RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings: Any) -> Any:
+        return super().from_settings(settings)
+
+
+def test_the_rejected_file_follows_the_job_key_a_from_settings_override_gets(
+    make_crawler: Callable[..., Any], name: str, tmp_path: Path
+) -> None:
+    """The writer named its rejected file when built, after the key's template
+    (``_(spider)s_items``); the template got the job only afterwards."""
+    template = str(tmp_path / "%(key)s.rejected.jl")
+    crawler = make_crawler({"SCHEDULER_JOB_ID": "j1", "REDIS_ITEMS_REJECTED_FILE": template})
+    p = KeepsTemplate.from_crawler(crawler)
+    assert p.key == f"{name}:j1:items"
+    assert p.writer.rejected_file == tmp_path / f"{name}_j1_items.rejected.jl"
+
+
+def test_binding_a_pipeline_built_by_hand_leaves_its_own_key_and_stats(
+    make_crawler: Callable[..., Any], redis_url: str
+) -> None:
+    import redis as redis_py
+
+    crawler = make_crawler({"SCHEDULER_JOB_ID": "j1"})
+    stats = get_crawler().stats
+    writer = ItemWriter(redis_py.Redis.from_url(redis_url), "books:all", stats=stats)
+    p = RedisPipeline(writer)
+    p._bind(crawler)
+    p._bind(crawler)  # again: nothing changes
+    assert (p.key, p.writer.stats, p.crawler) == ("books:all", stats, crawler)
+    bad = RedisPipeline(ItemWriter(writer.client, "%(nope)s:items"))
+    with pytest.raises(ConfigurationError, match="REDIS_ITEMS_KEY '%\\(nope\\)s:items'"):
+        bad._bind(crawler)
+
+
+class SetsItsKey(RedisPipeline):
+    """scrapy-redis's ``key`` is an attribute its users set."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        pipeline = cls.from_settings(crawler.settings)
+        pipeline.key = "%(spider)s:custom"
+        return pipeline
+
+
+def test_a_key_a_subclass_sets_in_its_factory_gets_the_jobs_name(
+    make_crawler: Callable[..., Any], name: str
+) -> None:
+    """Setting ``key``, as scrapy-redis users do, raised AttributeError."""
+    p = SetsItsKey.from_crawler(make_crawler({"SCHEDULER_JOB_ID": "j1"}))
+    assert p.key == p.writer.key == f"{name}:j1:custom"

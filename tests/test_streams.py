@@ -523,6 +523,81 @@ def test_the_list_pipeline_stays_the_list_pipeline(
     assert p.key.endswith(":items")
 
 
+class TaggedStream(RedisStreamPipeline):
+    """A ``from_settings`` override keeping the stream's template."""
+
+    tagged = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Any:
+        pipeline = super().from_settings(settings)
+        pipeline.tagged = True
+        return pipeline
+
+
+class NamedStream(RedisStreamPipeline):
+    """A ``from_settings`` override naming its own stream, scrapy-redis's way."""
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Any:
+        return cls(redis.Redis.from_url(settings["REDIS_URL"]), key=settings["OWN_STREAM"])
+
+
+class OwnFactoryStream(RedisStreamPipeline):
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        return cls.from_settings(crawler.settings)
+
+
+@pytest.mark.redis_server
+def test_a_stream_pipeline_from_settings_override_builds_it(
+    make_crawler: Callable[..., Crawler], client: redis.Redis, name: str
+) -> None:
+    """A RedisStreamPipeline subclass's from_settings override was never called (its
+    from_crawler built the plain pipeline), and the stream pipeline's own from_settings
+    ignored the batch, buffer, rejected-file and close settings."""
+    settings = {
+        "SCHEDULER_JOB_ID": "j1",
+        "REDIS_ITEMS_BATCH_SIZE": 7,
+        "REDIS_ITEMS_BUFFER_MAX": 900,
+        "REDIS_ITEMS_CLOSE_TIMEOUT": 3,
+        "REDIS_ITEMS_STREAM_MAXLEN": 500,
+        "OWN_STREAM": f"{name}:own",
+    }
+    crawler = make_crawler(settings)
+    tagged = TaggedStream.from_crawler(crawler)
+    assert tagged.tagged
+    assert tagged.key == f"{name}:j1:items:stream"
+    writer = tagged.writer
+    assert isinstance(writer, StreamWriter)
+    assert (writer.batch_size, writer.buffer_max, writer.stream_maxlen) == (7, 900, 500)
+    assert (tagged.close_timeout, writer.stats, tagged.crawler) == (3, crawler.stats, crawler)
+    named = NamedStream.from_crawler(crawler)
+    assert named.key == f"{name}:own"
+    for p in (tagged, named, OwnFactoryStream.from_crawler(crawler)):
+        p.open_spider()
+        p.process_item({"n": 1})  # Scrapy >= 2.19: no spider
+        p.close_spider()
+    for stream, count in ((f"{name}:j1:items:stream", 2), (f"{name}:own", 1)):
+        entries = list(read_range(client, stream))
+        assert len(entries) == count
+        assert {fields["spider"] for _, fields in entries} == {name}
+        assert all(fields["worker"].endswith(f":{os.getpid()}") for _, fields in entries)
+    assert not client.exists("%(spider)s:items:stream", f"{name}:items:stream")
+
+
+def test_a_bad_stream_template_kept_by_an_override_names_its_setting(
+    make_crawler: Callable[..., Crawler],
+) -> None:
+    class BadTemplate(RedisStreamPipeline):
+        @classmethod
+        def from_settings(cls, settings: Any) -> Any:
+            return cls(redis.Redis(), key="%(nope)s:stream")
+
+    with pytest.raises(ConfigurationError, match="REDIS_ITEMS_STREAM_KEY"):
+        BadTemplate.from_crawler(make_crawler())
+
+
 # -- CLI, status, metrics ------------------------------------------------------------
 
 

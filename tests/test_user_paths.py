@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -389,6 +389,139 @@ def test_the_pipeline_hooks_scrapy_redis_users_override_are_called(
     tagged = [json.loads(raw) for raw in client.lrange(f"{name}:tagged", 0, -1)]
     assert len(tagged) == PAGES
     assert {item["tag"] for item in tagged} == {"decorated"}
+
+
+#: Pipelines built by their own factories, as scrapy-redis users write them: a
+#: from_crawler that calls from_settings (scrapy-redis's own, copied to add to it), and
+#: from_settings overrides of the stream pipeline (one keeping the stream's template,
+#: one naming its own stream).
+OWN_FACTORY_PIPELINES = """
+import json
+
+from scrapy_dist.connection import from_settings
+from scrapy_dist.pipelines import RedisPipeline, RedisStreamPipeline
+
+
+class CountingPipeline(RedisPipeline):
+    @classmethod
+    def from_crawler(cls, crawler):
+        pipeline = cls.from_settings(crawler.settings)
+        pipeline.stats = crawler.stats
+        return pipeline
+
+
+class UpperStreamPipeline(RedisStreamPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        pipeline = super().from_settings(settings)
+        pipeline.serialize = lambda item: json.dumps({"URL": item["url"].upper()})
+        return pipeline
+
+
+class OwnStreamPipeline(RedisStreamPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        return cls(from_settings(settings), key=settings["OWN_STREAM_KEY"])
+"""
+
+
+def test_pipelines_built_by_their_own_factories_store_in_the_jobs_keys(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """A from_crawler calling from_settings stored every item in a literal
+    ``%(spider)s:items`` list on Scrapy 2.19 (and in ``<spider>:items``, not the job's
+    list, on 2.13); a RedisStreamPipeline's from_settings override was never called."""
+    (project / "books" / "pipelines.py").write_text(OWN_FACTORY_PIPELINES)
+    pipelines = {
+        "books.pipelines.CountingPipeline": 300,
+        "books.pipelines.UpperStreamPipeline": 310,
+        "books.pipelines.OwnStreamPipeline": 320,
+    }
+    settings = {
+        "ITEM_PIPELINES": json.dumps(pipelines),
+        "SCHEDULER_JOB_ID": "j1",
+        "OWN_STREAM_KEY": f"{name}:own-stream",
+        "REDIS_ITEMS_STREAM_MAXLEN": 1000,
+    }
+    both = run(workers, project, name, settings=settings)
+    client.lpush(f"{name}:j1:start_urls", site.page_url(0))
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    assert "Error processing" not in "".join(log_text(w) for w in both)
+    urls = sorted(json.loads(raw)["url"] for raw in client.lrange(f"{name}:j1:items", 0, -1))
+    assert urls == sorted(site.page_url(i) for i in range(PAGES)), client.keys("*items*")
+    assert not client.exists("%(spider)s:items", f"{name}:items")
+    entries = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]", client.xrange(f"{name}:j1:items:stream")
+    )
+    assert sorted(json.loads(fields[b"item"])["URL"] for _, fields in entries) == [
+        url.upper() for url in urls
+    ]
+    assert {fields[b"spider"] for _, fields in entries} == {name.encode()}
+    assert client.xlen(f"{name}:own-stream") == PAGES
+    assert not client.exists(f"{name}:items:stream", "%(spider)s:items:stream")
+
+
+#: A pipeline built by its own factory whose items Redis refuses for good (its list
+#: holds a string): they are kept in the rejected file of the pipeline's list.
+REFUSED_PIPELINES = {
+    "from_settings": """
+from scrapy_dist.pipelines import RedisPipeline
+
+
+class BlockedPipeline(RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        return super().from_settings(settings)
+
+    def item_key(self, item, spider):
+        return spider.name + ":blocked"
+""",
+    "from_crawler": """
+from scrapy_dist.pipelines import RedisPipeline
+
+
+class BlockedPipeline(RedisPipeline):
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls.from_settings(crawler.settings)
+
+    def item_key(self, item, spider):
+        return spider.name + ":blocked"
+""",
+}
+
+
+@pytest.mark.parametrize("factory", sorted(REFUSED_PIPELINES))
+def test_a_pipeline_built_by_its_own_factory_keeps_refused_items_under_its_jobs_list(
+    project: Path,
+    name: str,
+    client: redis.Redis,
+    site: TestSite,
+    workers: list[Worker],
+    *,
+    tmp_path: Path,
+    factory: str,
+) -> None:
+    """The rejected file of a pipeline built by a from_settings override was named
+    after the key's template (``_(spider)s_items.rejected.jl``), not the job's list."""
+    (project / "books" / "pipelines.py").write_text(REFUSED_PIPELINES[factory])
+    kept = tmp_path / "rejected"
+    settings = {
+        "ITEM_PIPELINES": json.dumps({"books.pipelines.BlockedPipeline": 300}),
+        "SCHEDULER_JOB_ID": "j1",
+        "SCHEDULER_WRONGTYPE_TIMEOUT": 0,
+        "REDIS_ITEMS_REJECTED_FILE": str(kept / "%(key)s.rejected.jl"),
+    }
+    client.set(f"{name}:blocked", "not a list")
+    both = run(workers, project, name, settings=settings)
+    client.lpush(f"{name}:j1:start_urls", site.page_url(0))
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    files = sorted(p.name for p in kept.iterdir())
+    assert files == [f"{name}_j1_items.rejected.jl"], files
+    lines = (kept / files[0]).read_bytes().splitlines()
+    assert sorted(json.loads(line)["url"] for line in lines) == sorted(
+        site.page_url(i) for i in range(PAGES)
+    )
 
 
 #: A spider whose seeds are in its own format: page numbers, not URLs.
