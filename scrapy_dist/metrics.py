@@ -25,6 +25,7 @@ seconds. See ``docs/deployment.md``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import socket
@@ -301,7 +302,8 @@ class MetricsServer(ThreadingHTTPServer):
         render: the metrics text now (:meth:`CrawlMetrics.render`).
 
     Raises:
-        OSError: the address cannot be bound (a port already taken, say).
+        OSError: the address cannot be bound (a port already taken, say), or is no
+            address at all (a port out of range, a host name with a NUL): ``EINVAL``.
     """
 
     daemon_threads = True
@@ -310,7 +312,10 @@ class MetricsServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.render = render
         self._thread: threading.Thread | None = None
-        super().__init__((host, port), _MetricsHandler)
+        try:
+            super().__init__((host, port), _MetricsHandler)
+        except (OverflowError, TypeError, ValueError) as e:  # what socket.bind refuses
+            raise OSError(errno.EINVAL, f"not an address to listen on ({e})") from e
 
     @property
     def port(self) -> int:

@@ -1145,3 +1145,25 @@ def test_status_dead_requeue_and_export_on_a_running_crawl(  # noqa: PLR0917
         assert len(exported) == len(set(exported))
     finally:
         stop_workers(workers, timeout=5)
+
+
+# -- errors an operator meets: one line, the cause named ---------------------------------
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str], code: int) -> str:
+    """The one ``scrapy-dist: error:`` line of a command that failed with ``code``."""
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert "Exception ignored" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "65536"])
+def test_metrics_on_a_port_out_of_range_is_a_usage_error(
+    redis_url: str, name: str, tmp_path: Path, port: str
+) -> None:
+    """`metrics --port 99999` ended in an OverflowError traceback (exit 1)."""
+    done = cli("metrics", name, "--port", port, "--redis-url", redis_url, cwd=tmp_path)
+    assert "argument --port" in _one_error_line(done, 2)

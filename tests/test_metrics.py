@@ -15,7 +15,7 @@ import pytest
 
 from scrapy_dist.cli import main
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.metrics import gauges, prometheus_text
+from scrapy_dist.metrics import MetricsServer, gauges, prometheus_text
 from scrapy_dist.stats import SharedStats
 from scrapy_dist.testing.redis_server import free_port
 from scrapy_dist.testing.workers import start_workers, stop_workers
@@ -37,6 +37,17 @@ def parse(text: str) -> dict[str, float]:
             assert match, line
             values[match[1]] = float(match[2])
     return values
+
+
+@pytest.mark.parametrize(
+    ("host", "port"), [("127.0.0.1", 65536), ("127.0.0.1", -1), ("bad\x00host", 0)]
+)
+def test_an_address_that_is_none_is_refused_as_oserror(host: str, port: int) -> None:
+    """A port out of range raised OverflowError, a host with a NUL TypeError: neither the
+    CLI nor the extension (which logs an OSError and goes on without metrics) expected
+    them, so both ended in a traceback."""
+    with pytest.raises(OSError, match="not an address to listen on"):
+        MetricsServer(host, port, str)
 
 
 def test_exposition_format() -> None:

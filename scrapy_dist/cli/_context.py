@@ -301,6 +301,17 @@ def when(timestamp: float | None) -> str:
         return str(timestamp)
 
 
+def tcp_port(text: str) -> int:
+    """An ``argparse`` type: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0 to 65535, not {value}")
+    return value
+
+
 def positive(text: str) -> float:
     """An ``argparse`` type: a number above 0."""
     try:

@@ -14,6 +14,7 @@ from scrapy_dist.cli._context import (
     err,
     positive,
     report_absent,
+    tcp_port,
 )
 
 if TYPE_CHECKING:
@@ -66,7 +67,9 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     metrics.add_argument("spider", metavar="SPIDER")
     metrics.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
-    metrics.add_argument("--port", type=int, default=9410, help="TCP port (default 9410)")
+    metrics.add_argument(
+        "--port", type=tcp_port, default=9410, help="TCP port (default 9410; 0: any free one)"
+    )
     metrics.add_argument(
         "--interval",
         type=positive,
