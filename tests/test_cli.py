@@ -1167,3 +1167,107 @@ def test_metrics_on_a_port_out_of_range_is_a_usage_error(
     """`metrics --port 99999` ended in an OverflowError traceback (exit 1)."""
     done = cli("metrics", name, "--port", port, "--redis-url", redis_url, cwd=tmp_path)
     assert "argument --port" in _one_error_line(done, 2)
+
+
+def _items(client: redis.Redis, keys: RedisKeys, count: int) -> list[bytes]:
+    items = [json.dumps({"n": n, "pad": "x" * 60}).encode() for n in range(count)]
+    client.rpush(keys.items, *items)
+    return items
+
+
+def test_export_to_a_full_device_says_so_and_keeps_the_items(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """`export -o /dev/full` ended in an OSError traceback (exit 1)."""
+    keys = RedisKeys.build(name)
+    items = _items(client, keys, 10)
+    done = cli("export", name, "-o", "/dev/full", "--redis-url", redis_url, cwd=tmp_path)
+    line = _one_error_line(done, 1)
+    assert "writing /dev/full failed after 0 item(s) (No space left on device)" in line
+    assert f"nothing was removed from '{keys.items}'" in line
+    assert client.lrange(keys.items, 0, -1) == items
+
+
+def _export_limited(*args: str, cwd: Path, file_size: int) -> subprocess.CompletedProcess[str]:
+    """``scrapy-dist ARGS`` in a process that may write files of ``file_size`` bytes at
+    most (``RLIMIT_FSIZE``: a write beyond fails with ``EFBIG``, as on a full disk)."""
+    import resource
+
+    import scrapy_dist
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+    env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
+    package = str(Path(scrapy_dist.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy_dist", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=limit,
+    )
+
+
+def test_export_delete_that_fails_mid_way_loses_nothing(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """A write that fails part-way through `export --delete` (the disk full) gave an
+    OSError traceback; only the items written whole (and synced) may leave Redis, the
+    file must hold exactly them, and exporting again with --append finishes the job."""
+    keys = RedisKeys.build(name)
+    items = _items(client, keys, 2500)  # 3 chunks of at most 1,000
+    out_file = tmp_path / "items.jl"
+    args = ("export", name, "-o", str(out_file), "--delete", "--redis-url", redis_url)
+    limit = sum(len(i) + 1 for i in items[:1000]) + 5000  # the second chunk fails part-way
+    done = _export_limited(*args, cwd=tmp_path, file_size=limit)
+    line = _one_error_line(done, 1)
+    assert f"writing {out_file} failed after 1000 item(s) (File too large)" in line
+    assert f"the 1000 written were removed from '{keys.items}', the other 1500" in line
+    assert "partial line" not in line
+    assert out_file.read_bytes() == b"".join(i + b"\n" for i in items[:1000])
+    assert client.lrange(keys.items, 0, -1) == items[1000:]
+
+    again = cli(*args, "--append", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert out_file.read_bytes() == b"".join(i + b"\n" for i in items)
+    assert not client.exists(keys.items)
+
+
+def test_export_to_a_closed_pipe_says_so(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """`export -o -` whose reader went away exited 0 as if every item was written."""
+    keys = RedisKeys.build(name)
+    items = _items(client, keys, 3000)
+    command = [sys.executable, "-m", "scrapy_dist", "export", name, "-o", "-"]
+    env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        done = subprocess.run(
+            [*command, "--redis-url", redis_url],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Exception ignored" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "writing stdout failed after 0 item(s) (Broken pipe)" in lines[0]
+    assert f"nothing was removed from '{keys.items}'" in lines[0]
+    assert client.lrange(keys.items, 0, -1) == items

@@ -4,8 +4,10 @@ items out."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import stat
 import sys
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -167,18 +169,102 @@ def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
             "'export --delete' removed from Redis)"
         )
     total = int(client.llen(key))
-    with contextlib.ExitStack() as stack:
+    target = "stdout" if to_stdout else args.output
+    written = _Written(own_file=not to_stdout)
+    try:
+        with contextlib.ExitStack() as stack:
+            if to_stdout:
+                stream: IO[bytes] = sys.stdout.buffer
+            else:
+                try:
+                    # unbuffered: what write() returned is in the file, nothing waits
+                    stream = stack.enter_context(
+                        open(args.output, "ab" if args.append else "wb", buffering=0)
+                    )
+                except OSError as e:
+                    raise CommandError(f"cannot write {args.output}: {e.strerror}") from e
+            move = _export_delete if args.delete else _export_copy
+            move(client, key, total, stream, written)
+    except OSError as e:
         if to_stdout:
-            stream: IO[bytes] = sys.stdout.buffer
-        else:
-            try:
-                stream = stack.enter_context(open(args.output, "ab" if args.append else "wb"))
-            except OSError as e:
-                raise CommandError(f"cannot write {args.output}: {e.strerror}") from e
-        exported = (_export_delete if args.delete else _export_copy)(client, key, total, stream)
+            _drop_stdout()
+        message = _write_failed(e, target, key, total, written, delete=args.delete)
+        raise CommandError(message, EXIT_FAILED) from e
     verb = "moved" if args.delete else "copied"
-    err(f"{verb} {exported} item(s) from {key!r} to {'stdout' if to_stdout else args.output}")
+    err(f"{verb} {written.items} item(s) from {key!r} to {target}")
     return EXIT_OK
+
+
+class _Written:
+    """How far an export got: items written whole, and whether a failed write may have
+    left a partial line at the end of the output (one that could not be cut off)."""
+
+    def __init__(self, *, own_file: bool) -> None:
+        self.items = 0
+        self.partial = False
+        #: Whether the output is a file this command opened (not stdout).
+        self.own_file = own_file
+
+
+def _write_failed(
+    error: OSError, target: str, key: str, total: int, written: _Written, *, delete: bool
+) -> str:
+    """The one line that says where an export stopped and where the items are."""
+    why = error.strerror or str(error)
+    if delete:
+        where = (
+            f"the {written.items} written were removed from {key!r}, the other "
+            f"{total - written.items} are still there (export them again with --append)"
+        )
+    else:
+        where = f"nothing was removed from {key!r}"
+    tail = f"; {target} may end with a partial line" if written.partial else ""
+    return f"writing {target} failed after {written.items} item(s) ({why}): {where}{tail}"
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a stdout that
+    failed (a closed pipe, a full disk) does not print a second error."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _write_lines(stream: IO[bytes], lines: list[bytes], written: _Written, *, sync: bool) -> None:
+    """Write ``lines`` (each with a newline) whole, and ``fsync`` them with ``sync``; or
+    raise :class:`OSError` having cut off again what the failed write or sync left of
+    them in a regular file this command opened (so it ends with whole lines only).
+    Written to stdout, a pipe or a device, they cannot be cut off:
+    :attr:`_Written.partial` then says a line may be cut short."""
+    data = memoryview(b"".join(raw + b"\n" for raw in lines))
+    info = os.fstat(stream.fileno())
+    own = written.own_file and stat.S_ISREG(info.st_mode)
+    start = info.st_size
+    try:
+        while data:
+            count = stream.write(data)
+            data = data[count if count is not None else 0 :]
+        stream.flush()
+        if sync:
+            _sync(stream)
+    except OSError:
+        try:
+            if not own:
+                raise
+            os.ftruncate(stream.fileno(), start)
+        except OSError:  # (a terminal or a device: no line to speak of)
+            written.partial = not stat.S_ISCHR(info.st_mode)
+        raise
+
+
+def _sync(stream: IO[bytes]) -> None:
+    """``fsync`` the file; a file system that cannot sync (``EINVAL``, ``ENOTSUP``) is
+    taken as it is, any other failure (``EIO``, ``ENOSPC``) raises :class:`OSError`."""
+    try:
+        os.fsync(stream.fileno())
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
 
 
 def _non_empty(path: str) -> bool:
@@ -194,31 +280,44 @@ def _regular_or_absent(path: str) -> bool:
     return os.path.isfile(path) or not os.path.exists(path)
 
 
-def _export_copy(client: redis.Redis, key: str, total: int, stream: IO[bytes]) -> int:
-    exported = 0
+def _export_copy(
+    client: redis.Redis, key: str, total: int, stream: IO[bytes], written: _Written
+) -> None:
+    """Write the first ``total`` items, :data:`READ_CHUNK` per write.
+
+    Raises:
+        OSError: a write failed (:attr:`_Written.items` were written whole).
+    """
+    chunk: list[bytes] = []
     for _, raw in iter_list(client, key, total):
-        stream.write(raw + b"\n")
-        exported += 1
-    stream.flush()
-    return exported
+        chunk.append(raw)
+        if len(chunk) == READ_CHUNK:
+            _write_lines(stream, chunk, written, sync=False)
+            written.items += len(chunk)
+            chunk = []
+    if chunk:
+        _write_lines(stream, chunk, written, sync=False)
+        written.items += len(chunk)
 
 
-def _export_delete(client: redis.Redis, key: str, total: int, stream: IO[bytes]) -> int:
+def _export_delete(
+    client: redis.Redis, key: str, total: int, stream: IO[bytes], written: _Written
+) -> None:
     """Write the first ``total`` items, removing each chunk from Redis only once it is
-    on disk: a crash can repeat a chunk in the file, never lose one."""
-    exported = 0
-    while exported < total:
-        count = min(READ_CHUNK, total - exported)
+    written whole and synced to disk: a crash can repeat a chunk in the file, never lose
+    one; a failed write leaves its chunk in Redis (and cuts it off the file again).
+
+    Raises:
+        OSError: a write or the sync failed (:attr:`_Written.items` were moved).
+    """
+    while written.items < total:
+        count = min(READ_CHUNK, total - written.items)
         chunk = cast("list[bytes]", client.lrange(key, 0, count - 1))
         if not chunk:
             break
-        stream.write(b"".join(raw + b"\n" for raw in chunk))
-        stream.flush()
-        with contextlib.suppress(OSError, ValueError):
-            os.fsync(stream.fileno())
+        _write_lines(stream, chunk, written, sync=True)
         client.ltrim(key, len(chunk), -1)
-        exported += len(chunk)
-    return exported
+        written.items += len(chunk)
 
 
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
