@@ -33,10 +33,12 @@ and checks every setting (about seventy), section by section.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import logging
 import math
+import os
 from dataclasses import FrozenInstanceError, dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -389,6 +391,9 @@ def _topology_config(
 ) -> ConnectionConfig:
     """The Cluster or Sentinel part of :func:`connection_config`."""
     user_params = settings.getdict("REDIS_PARAMS")
+    check_params(user_params, "REDIS_PARAMS")
+    check_params(cluster_params, "REDIS_CLUSTER_PARAMS")
+    check_params(sentinel_params, "REDIS_SENTINEL_PARAMS")
     _check_no_address(settings, user_params, named, url)
     params = {**DEFAULT_PARAMS, **user_params}
     redis_cls = params.pop("redis_cls", None)
@@ -408,7 +413,7 @@ def _topology_config(
     if not nodes:
         raise ConfigurationError(f"{named[0] if named else 'REDIS_URL'} names no node")
     if settings.get("REDIS_DB") is not None:
-        params["db"] = int(settings.get("REDIS_DB"))
+        params["db"] = _setting_value(settings, "REDIS_DB", _db_problem)
     sentinel_kwargs: dict[str, Any] = {}
     if topology == CLUSTER:
         _cluster_part(params, redis_cls, sentinel_params)
@@ -510,10 +515,164 @@ def _sentinel_part(
     return service, sentinel_kwargs
 
 
+def _whole(value: Any) -> int | None:
+    """``value`` as the whole number redis-py's ``int(value)`` makes of it, or ``None``
+    if it is none (a bool, a fraction, text that is no number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, (int, str, bytes)):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _port_problem(value: Any) -> str | None:
+    port = _whole(value)
+    return None if port is not None and 0 < port < 65536 else "is not a TCP port (1 to 65535)"
+
+
+def _db_problem(value: Any) -> str | None:
+    if value is None:
+        return None
+    db = _whole(value)
+    return None if db is not None and db >= 0 else "is not a database number (0 or more)"
+
+
+def _seconds_problem(value: Any) -> str | None:
+    if value is None or (isinstance(value, (int, float)) and 0 <= value < math.inf):
+        return None
+    return "is not a number of seconds (0 or more, or None)"
+
+
+def _interval_problem(value: Any) -> str | None:
+    if value is None or (isinstance(value, (int, float)) and math.isfinite(value)):
+        return None
+    return "is not a number of seconds (or None)"
+
+
+def _max_connections_problem(value: Any) -> str | None:
+    if value is None or (isinstance(value, int) and value >= 0):
+        return None
+    return "is not a number of connections (0 or more, or None)"
+
+
+def _protocol_problem(value: Any) -> str | None:
+    return None if value is None or _whole(value) in (2, 3) else "is not a RESP version (2 or 3)"
+
+
+def _read_size_problem(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return None
+    return "is not a number of bytes (1 or more)"
+
+
+def _host_problem(value: Any) -> str | None:
+    return None if value is None or isinstance(value, str) else "is not a host name (a string)"
+
+
+def _path_problem(value: Any) -> str | None:
+    if value is None or isinstance(value, (str, bytes, os.PathLike)):
+        return None
+    return "is not a path (a string)"
+
+
+def _mapping_problem(value: Any) -> str | None:
+    return None if value is None or isinstance(value, dict) else "is not a dict (or None)"
+
+
+def _errors_problem(value: Any) -> str | None:
+    if isinstance(value, (list, tuple, set, frozenset)) and all(
+        isinstance(e, type) and issubclass(e, BaseException) for e in value
+    ):
+        return None
+    return None if value is None else "is not a list of exception classes (or None)"
+
+
+def _retry_problem(value: Any) -> str | None:
+    if value is None or hasattr(value, "call_with_retry"):
+        return None
+    return "is not a redis.retry.Retry (or None)"
+
+
+def _error_handler_problem(value: Any) -> str | None:
+    try:
+        codecs.lookup_error(value)
+    except (LookupError, TypeError):
+        return "is not a codec error handler ('strict', 'replace'...)"
+    return None
+
+
+def _client_name_problem(value: Any) -> str | None:
+    if isinstance(value, str) and any(not "!" <= c <= "~" for c in value):
+        return "contains a space or a character Redis refuses in a client name"
+    return None
+
+
+#: The client arguments whose values redis-py (or the server, at connect) refuses when
+#: of the wrong kind, each with a check that says why (``None``: accepted). Keys not
+#: named here are given to redis-py unchecked, as scrapy-redis did.
+_PARAM_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "port": _port_problem,
+    "db": _db_problem,
+    "socket_timeout": _seconds_problem,
+    "socket_connect_timeout": _seconds_problem,
+    "health_check_interval": _interval_problem,
+    "max_connections": _max_connections_problem,
+    "protocol": _protocol_problem,
+    "socket_read_size": _read_size_problem,
+    "host": _host_problem,
+    "unix_socket_path": _path_problem,
+    "socket_keepalive_options": _mapping_problem,
+    "retry_on_error": _errors_problem,
+    "retry": _retry_problem,
+    "encoding_errors": _error_handler_problem,
+    "client_name": _client_name_problem,
+}
+
+
+def check_params(params: Mapping[str, Any], setting: str) -> None:
+    """Check the values of client arguments redis-py would refuse only when it connects
+    (a ``socket_timeout`` of ``"abc"``, a port that is no number), so that they are
+    reported at once, naming the setting and the key. Values redis-py converts itself
+    (a port ``"6379"``) pass, and so do keys it is not known to check.
+
+    Raises:
+        ConfigurationError: a value redis-py would refuse.
+    """
+    for key, value in params.items():
+        check = _PARAM_CHECKS.get(key)
+        problem = check(value) if check is not None else None
+        if problem:
+            raise ConfigurationError(f"{setting}[{key!r}] = {value!r} {problem}")
+    if isinstance(params.get("sentinel_kwargs"), dict):  # the Sentinels' connections
+        check_params(params["sentinel_kwargs"], f"{setting}['sentinel_kwargs']")
+
+
+def _setting_value(
+    settings: BaseSettings, setting: str, problem: Callable[[Any], str | None]
+) -> int:
+    """``REDIS_PORT`` or ``REDIS_DB``, a whole number.
+
+    Raises:
+        ConfigurationError: it is none, or out of range.
+    """
+    value = settings.get(setting)
+    number = _whole(value)
+    why = problem(value) if number is not None else "is not a whole number"
+    if why or number is None:
+        raise ConfigurationError(f"{setting} = {value!r} {why}")
+    return number
+
+
 def _single_config(settings: BaseSettings) -> ConnectionConfig:
     """The single-server part of :func:`connection_config`."""
     params = dict(DEFAULT_PARAMS)
     user_params = settings.getdict("REDIS_PARAMS")
+    check_params(user_params, "REDIS_PARAMS")
     params.update(user_params)
     url = settings.get("REDIS_URL") or None
     params_url = params.pop("url", None)
@@ -556,7 +715,12 @@ def _single_config(settings: BaseSettings) -> ConnectionConfig:
                 f"REDIS_{name.upper()}={value!r} contradicts REDIS_PARAMS[{name!r}]="
                 f"{user_params[name]!r}"
             )
-        params[name] = int(value) if name in ("port", "db") else value
+        if name == "port":
+            params[name] = _setting_value(settings, "REDIS_PORT", _port_problem)
+        elif name == "db":
+            params[name] = _setting_value(settings, "REDIS_DB", _db_problem)
+        else:
+            params[name] = value
     if params.get("decode_responses"):
         raise ConfigurationError(
             "REDIS_PARAMS['decode_responses'] must be false: scrapy_dist stores raw bytes"

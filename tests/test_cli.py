@@ -1271,3 +1271,69 @@ def test_export_to_a_closed_pipe_says_so(
     assert "writing stdout failed after 0 item(s) (Broken pipe)" in lines[0]
     assert f"nothing was removed from '{keys.items}'" in lines[0]
     assert client.lrange(keys.items, 0, -1) == items
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ('REDIS_PARAMS={"socket_timeout": "abc"}', "REDIS_PARAMS['socket_timeout'] = 'abc'"),
+        ('REDIS_PARAMS={"socket_connect_timeout": "5"}', "REDIS_PARAMS['socket_connect_timeout']"),
+        ('REDIS_PARAMS={"health_check_interval": "30"}', "REDIS_PARAMS['health_check_interval']"),
+        ('REDIS_PARAMS={"client_name": "my crawler"}', "REDIS_PARAMS['client_name']"),
+        (
+            'REDIS_PARAMS={"socket_keepalive_options": 5}',
+            "REDIS_PARAMS['socket_keepalive_options']",
+        ),
+        ('REDIS_PARAMS={"retry_on_error": 5}', "REDIS_PARAMS['retry_on_error']"),
+        ('REDIS_PARAMS={"encoding_errors": "loose"}', "REDIS_PARAMS['encoding_errors']"),
+        ('REDIS_PARAMS={"db": "first"}', "REDIS_PARAMS['db'] = 'first'"),
+    ],
+)
+def test_a_redis_params_value_redis_py_refuses_is_named(
+    redis_url: str, name: str, tmp_path: Path, setting: str, named: str
+) -> None:
+    """Values redis-py takes but fails on when it connects gave a TypeError traceback."""
+    done = cli("status", name, "--redis-url", redis_url, "-s", setting, cwd=tmp_path)
+    assert named in _one_error_line(done, 2)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (['REDIS_PARAMS={"host": "127.0.0.1", "port": "x"}'], "REDIS_PARAMS['port'] = 'x'"),
+        (["REDIS_HOST=127.0.0.1", "REDIS_PORT=abc"], "REDIS_PORT = 'abc'"),
+        (["REDIS_HOST=127.0.0.1", "REDIS_PORT=70000"], "REDIS_PORT = '70000' is not a TCP port"),
+        (["REDIS_DB=first"], "REDIS_DB = 'first'"),
+    ],
+)
+def test_a_port_or_database_that_is_no_number_is_named(
+    name: str, tmp_path: Path, settings: list[str], named: str
+) -> None:
+    """A port or database that is no number gave a ValueError traceback."""
+    options = [arg for setting in settings for arg in ("-s", setting)]
+    done = cli("status", name, *options, cwd=tmp_path)
+    assert named in _one_error_line(done, 2)
+
+
+def test_redis_params_values_users_pass_keep_working(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """What redis-py converts itself (a port or database as text), None, an empty list of
+    errors, and keys scrapy_dist does not know, as scrapy-redis passed them."""
+    port = str(client.connection_pool.connection_kwargs["port"])
+    params: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "db": "0",
+        "socket_timeout": None,
+        "socket_connect_timeout": 2.5,
+        "health_check_interval": 0,
+        "retry_on_error": [],
+        "client_name": "crawler-1",
+        "socket_keepalive": True,
+        "encoding": "utf-8",
+    }
+    client.rpush(RedisKeys.build(name).dead, "{}")
+    done = cli("status", name, "-s", f"REDIS_PARAMS={json.dumps(params)}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"crawl {name}  at redis://127.0.0.1:{port}/0" in done.stdout

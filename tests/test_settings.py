@@ -4,6 +4,7 @@ checked in scrapy_dist.settings with the messages users see."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -286,3 +287,96 @@ def test_seed_batch_size() -> None:
     with pytest.raises(ConfigurationError) as info:
         check_seed_batch_size(0)
     assert str(info.value) == "REDIS_START_URLS_BATCH_SIZE must be at least 1"
+
+
+#: REDIS_PARAMS values redis-py takes, then fails on when it connects (a TypeError, a
+#: ValueError, a refusal by the server), and the start of the message naming each.
+REFUSED_PARAMS: list[tuple[dict[str, Any], str]] = [
+    ({"socket_timeout": "abc"}, "REDIS_PARAMS['socket_timeout'] = 'abc' is not a number"),
+    ({"socket_timeout": -1}, "REDIS_PARAMS['socket_timeout'] = -1 is not a number"),
+    ({"socket_connect_timeout": "5"}, "REDIS_PARAMS['socket_connect_timeout'] = '5'"),
+    ({"socket_connect_timeout": float("nan")}, "REDIS_PARAMS['socket_connect_timeout']"),
+    ({"health_check_interval": "30"}, "REDIS_PARAMS['health_check_interval'] = '30'"),
+    ({"port": "abc"}, "REDIS_PARAMS['port'] = 'abc' is not a TCP port"),
+    ({"port": None}, "REDIS_PARAMS['port'] = None is not a TCP port"),
+    ({"port": 99999}, "REDIS_PARAMS['port'] = 99999 is not a TCP port"),
+    ({"port": True}, "REDIS_PARAMS['port'] = True is not a TCP port"),
+    ({"db": "abc"}, "REDIS_PARAMS['db'] = 'abc' is not a database number"),
+    ({"db": 1.5}, "REDIS_PARAMS['db'] = 1.5 is not a database number"),
+    ({"db": -1}, "REDIS_PARAMS['db'] = -1 is not a database number"),
+    ({"max_connections": "10"}, "REDIS_PARAMS['max_connections'] = '10'"),
+    ({"protocol": 4}, "REDIS_PARAMS['protocol'] = 4 is not a RESP version"),
+    ({"host": 5}, "REDIS_PARAMS['host'] = 5 is not a host name"),
+    ({"unix_socket_path": 5}, "REDIS_PARAMS['unix_socket_path'] = 5 is not a path"),
+    ({"socket_keepalive_options": "x"}, "REDIS_PARAMS['socket_keepalive_options'] = 'x'"),
+    ({"retry_on_error": 5}, "REDIS_PARAMS['retry_on_error'] = 5"),
+    ({"retry_on_error": [5]}, "REDIS_PARAMS['retry_on_error'] = [5]"),
+    ({"retry": 5}, "REDIS_PARAMS['retry'] = 5 is not a redis.retry.Retry"),
+    ({"encoding_errors": "loose"}, "REDIS_PARAMS['encoding_errors'] = 'loose'"),
+    ({"client_name": "my crawler"}, "REDIS_PARAMS['client_name'] = 'my crawler' contains"),
+]
+
+
+@pytest.mark.parametrize(("params", "message"), REFUSED_PARAMS)
+def test_redis_params_values_redis_py_refuses(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        config(REDIS_PARAMS=params).connection  # noqa: B018
+    assert str(info.value).startswith(message)
+    sentinels = {"REDIS_SENTINELS": "127.0.0.1", "REDIS_SENTINEL_PARAMS": {"service_name": "m"}}
+    if "port" not in params:  # (a port next to Sentinels is refused for that)
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            config(REDIS_PARAMS=params, **sentinels).connection  # noqa: B018
+
+
+def test_redis_params_values_redis_py_takes_pass() -> None:
+    """Values redis-py converts itself, None where it takes None, and keys scrapy_dist
+    does not know (given to a custom redis_cls, as scrapy-redis did) are left alone."""
+    import redis
+
+    params: dict[str, Any] = {
+        "port": "6380",
+        "db": "2",
+        "socket_timeout": None,
+        "socket_connect_timeout": 1.5,
+        "health_check_interval": 0,
+        "max_connections": None,
+        "protocol": "3",
+        "retry_on_error": [redis.ConnectionError],
+        "retry": None,
+        "encoding_errors": "replace",
+        "client_name": "crawler-1",
+        "socket_keepalive_options": {},
+        "my_own_option": ["kept", 1],
+    }
+    assert config(REDIS_PARAMS=params).connection.params["my_own_option"] == ["kept", 1]
+
+
+def test_sentinel_and_cluster_params_are_checked_too() -> None:
+    sentinels = {"REDIS_SENTINELS": "127.0.0.1"}
+    cases = [
+        (
+            {**sentinels, "REDIS_SENTINEL_PARAMS": {"service_name": "m", "socket_timeout": "x"}},
+            "REDIS_SENTINEL_PARAMS['socket_timeout'] = 'x'",
+        ),
+        (
+            {
+                **sentinels,
+                "REDIS_SENTINEL_PARAMS": {
+                    "service_name": "m",
+                    "sentinel_kwargs": {"socket_timeout": "x"},
+                },
+            },
+            "REDIS_SENTINEL_PARAMS['sentinel_kwargs']['socket_timeout'] = 'x'",
+        ),
+        (
+            {
+                "REDIS_STARTUP_NODES": "127.0.0.1:7000",
+                "REDIS_CLUSTER_PARAMS": {"socket_timeout": "x"},
+            },
+            "REDIS_CLUSTER_PARAMS['socket_timeout'] = 'x'",
+        ),
+    ]
+    for values, message in cases:
+        c = config(**values)
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            c.connection  # noqa: B018

@@ -72,3 +72,15 @@ def test_misconfiguration(project: Project) -> None:
     )
     (run,) = project.crawl(1, ready=False)
     one_clear_error(run, project, "SCHEDULER_LEASE_TIMEOUT")
+
+
+def test_a_redis_params_value_redis_py_refuses(project: Project) -> None:
+    """``REDIS_PARAMS = {"socket_timeout": "abc"}`` failed at the first connect with a
+    TypeError traceback that named neither the setting nor the key."""
+    project.add_settings(
+        SETTINGS + f'REDIS_URL = "{project.redis_url}"\n'
+        'REDIS_PARAMS = {"socket_timeout": "abc"}\n'
+    )
+    (run,) = project.crawl(1, ready=False)
+    one_clear_error(run, project, "REDIS_PARAMS['socket_timeout'] = 'abc'")
+
