@@ -237,9 +237,9 @@ def check(client: redis.Redis) -> None:
     client points at; behind Sentinel: ask a Sentinel for the master, then ping it).
 
     Raises:
-        RedisUnavailable: the server cannot be reached or refused the connection; the
-            message names the server (password masked), the cause and the settings
-            to change.
+        RedisUnavailable: the server cannot be reached or refused the connection (the
+            credentials, the database number); the message names the server (password
+            masked), the cause and the settings to change.
     """
     settings = _settings_named(client)
     try:
@@ -251,11 +251,30 @@ def check(client: redis.Redis) -> None:
             f"Redis at {describe(client)} refused the credentials ({e}): check the user "
             f"name and password in {settings}"
         ) from e
-    except (redis.RedisError, RedisClusterException) as e:
+    except redis.ResponseError as e:
+        if "DB index" not in str(e):  # (the SELECT of the connection's set-up)
+            raise _unreachable(client, e, settings) from e
+        db = client.connection_pool.connection_kwargs.get("db", 0)
         raise RedisUnavailable(
-            f"cannot reach Redis at {describe(client)} ({e}): check {settings} and that "
-            "the servers are running"
+            f"Redis at {describe(client)} refused database {db} ({e}): the server has "
+            "fewer databases (its 'databases' setting); check the database number in "
+            f"{_db_settings_named(client)}"
         ) from e
+    except (redis.RedisError, RedisClusterException) as e:
+        raise _unreachable(client, e, settings) from e
+
+
+def _unreachable(client: Any, error: Exception, settings: str) -> RedisUnavailable:
+    return RedisUnavailable(
+        f"cannot reach Redis at {describe(client)} ({error}): check {settings} and that "
+        "the servers are running"
+    )
+
+
+def _db_settings_named(client: Any) -> str:
+    if topology(client) == SENTINEL:
+        return "REDIS_URL (redis+sentinel://.../<master name>/<db>), REDIS_DB or REDIS_PARAMS['db']"
+    return "REDIS_URL (redis://host:port/<db>), REDIS_DB or REDIS_PARAMS['db']"
 
 
 def _settings_named(client: Any) -> str:

@@ -1337,3 +1337,15 @@ def test_redis_params_values_users_pass_keep_working(
     done = cli("status", name, "-s", f"REDIS_PARAMS={json.dumps(params)}", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"crawl {name}  at redis://127.0.0.1:{port}/0" in done.stdout
+
+
+def test_a_database_the_server_does_not_have_is_named(
+    redis_url: str, name: str, tmp_path: Path
+) -> None:
+    """`REDIS_URL = redis://host:port/99` on a server of 16 databases said "cannot reach
+    Redis", sending the operator after a server that was running."""
+    url = redis_url.rpartition("/")[0] + "/99"
+    done = cli("status", name, "--redis-url", url, cwd=tmp_path)
+    line = _one_error_line(done, 1)
+    assert f"Redis at {url} refused database 99 (DB index is out of range)" in line
+    assert "cannot reach" not in line

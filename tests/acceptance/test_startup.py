@@ -84,3 +84,12 @@ def test_a_redis_params_value_redis_py_refuses(project: Project) -> None:
     (run,) = project.crawl(1, ready=False)
     one_clear_error(run, project, "REDIS_PARAMS['socket_timeout'] = 'abc'")
 
+
+def test_a_database_the_server_does_not_have(project: Project) -> None:
+    """A ``REDIS_URL`` database beyond the server's 16 was reported as "cannot reach
+    Redis", though the server was running."""
+    url = project.redis_url.rpartition("/")[0] + "/99"
+    project.add_settings(SETTINGS + f'REDIS_URL = "{url}"\n')
+    (run,) = project.crawl(1, ready=False)
+    line = one_clear_error(run, project, "refused database 99", "REDIS_URL")
+    assert "cannot reach" not in line
