@@ -1349,3 +1349,47 @@ def test_a_database_the_server_does_not_have_is_named(
     line = _one_error_line(done, 1)
     assert f"Redis at {url} refused database 99 (DB index is out of range)" in line
     assert "cannot reach" not in line
+
+
+@pytest.mark.e2e
+def test_status_watch_shows_a_key_that_turned_unreadable_and_goes_on(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """`status SPIDER --watch` ended (exit 2) when a key of the crawl was overwritten with
+    another type mid-watch; it shows the error and goes on, as `status` shows such a
+    crawl among the others."""
+    keys = RedisKeys.build(name)
+    client.rpush(keys.dead, "{}")
+    command = [sys.executable, "-m", "scrapy_dist", "status", name, "--watch"]
+    command += ["--interval", "0.2", "--redis-url", redis_url]
+    env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
+    with _interruptible_children():
+        watch = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+    assert watch.stdout is not None
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(watch.stdout or ()), daemon=True)
+    reader.start()
+
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 30
+        while not any(text in line for line in list(seen)):
+            assert watch.poll() is None, f"--watch ended ({watch.returncode}): {seen[-5:]}"
+            assert time.monotonic() < deadline, f"no {text!r} in {seen[-5:]}"
+            time.sleep(0.05)
+
+    try:
+        wait_for("dead               1")
+        client.delete(keys.dead)
+        client.set(keys.dead, "junk")
+        wait_for(f"crawl {name}  [error]")
+        wait_for(f"Redis key '{keys.dead}' (dead letters) holds a string")
+        client.delete(keys.dead)
+        client.rpush(keys.dead, "{}", "{}")
+        wait_for("dead               2")
+    finally:
+        watch.send_signal(signal.SIGINT)
+        _, stderr = watch.communicate(timeout=30)
+    assert watch.returncode == 0, stderr

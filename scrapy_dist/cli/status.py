@@ -211,7 +211,13 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
 
         def read() -> list[Shown]:
             nonlocal absent
-            status = read_status(client, layout, config)
+            if args.watch:  # a key turned unreadable mid-watch is shown, not the end
+                shown = _or_error(layout.keys.crawl, lambda: read_status(client, layout, config))
+                if isinstance(shown, tuple):
+                    return [shown]
+                status = shown
+            else:
+                status = read_status(client, layout, config)
             if not status.exists and not absent:
                 report_absent(client, layout, config)
             absent = not status.exists
@@ -271,9 +277,18 @@ def _status_or_error(
     the project's settings expect a list), must not hide every other crawl."""
     from scrapy_dist.status import CrawlLayout, read_status
 
-    try:
+    def read() -> CrawlStatus:
         layout = CrawlLayout.for_crawl(config, crawl)
         return read_status(crawl_client(client, layout.keys), layout, config, dupefilter=dupefilter)
+
+    return _or_error(crawl, read)
+
+
+def _or_error(crawl: str, read: Callable[[], CrawlStatus]) -> Shown:
+    """``read()``, or ``(crawl, why it cannot be read)`` if a key of the crawl holds
+    another type or cannot be read (the settings' wrong type, ``WRONGTYPE``, an ACL)."""
+    try:
+        return read()
     except ConfigurationError as e:
         return crawl, str(e)
     except redis.exceptions.NoPermissionError:
