@@ -1393,3 +1393,33 @@ def test_status_watch_shows_a_key_that_turned_unreadable_and_goes_on(
         watch.send_signal(signal.SIGINT)
         _, stderr = watch.communicate(timeout=30)
     assert watch.returncode == 0, stderr
+
+
+def test_reset_deletes_the_crawls_holdings_not_the_keys_of_a_job_named_holders(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """`reset SPIDER` took the keys of job `holders` (crawl `<spider>:holders`, queue
+    `<spider>:holders:requests`) for workers' holdings (`<spider>:holders:<worker>`)
+    and deleted them."""
+    plain = RedisKeys.build(name)
+    job = fill_crawl(client, RedisKeys.build(name, job="holders"))
+    mine = [plain.requests, plain.dead, plain.holders]
+    client.rpush(plain.requests, "x")
+    client.rpush(plain.dead, "{}")
+    client.zadd(plain.holders, {"host:1:aaaaaa": 1})
+    mine += [plain.holding("host:1:aaaaaa"), plain.holding("host:2:bbbbbb")]
+    client.hset(plain.holding("host:1:aaaaaa"), "1", "x")
+    client.hset(plain.holding("host:2:bbbbbb"), "2", "x")  # its zset entry gone
+    mine.append(plain.holding("host:3:cccccc") + ":wrongtype")
+    client.set(plain.holding("host:3:cccccc") + ":wrongtype", "x")
+
+    done = cli("reset", name, "--yes", "--redis-url", redis_url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"deleted {len(mine)} key(s) of crawl '{name}'"
+    remaining = {k.decode() for k in client.scan_iter(match=f"{name}*")}
+    assert remaining == set(job)
+
+    done = cli("reset", name, "--job", "holders", "--yes", "--redis-url", redis_url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"deleted {len(job)} key(s) of crawl '{name}:holders'"
+    assert not list(client.scan_iter(match=f"{name}*"))

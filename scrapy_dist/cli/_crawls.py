@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 
 from scrapy_dist.connection import primaries
 from scrapy_dist.keys import (
+    HOLDERS_SUFFIX,
     SET_ASIDE_SUFFIX,
     RedisKeys,
+    has_hash_tag,
     hash_tag_on,
     is_shard_crawl,
     level_key,
@@ -127,8 +129,55 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
             present.append(key)
     # every worker's holding: <crawl>:holders:<worker> (scrapy_dist.keys.RedisKeys.holding)
     glob = _glob_escape(layout.keys.holding("")) + "*"
-    for raw in client.scan_iter(match=glob, count=1000):
-        key = _text(raw)
-        if key not in present:
-            present.append(key)
+    holdings = [_text(raw) for raw in client.scan_iter(match=glob, count=1000)]
+    own = _own_holdings(client, layout, backend_keys, holdings)
+    present += [key for key in own if key not in present]
     return present
+
+
+def _own_holdings(
+    client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[str], found: list[str]
+) -> list[str]:
+    """The keys among ``found`` (``<crawl>:holders:*``) that are the crawl's holdings,
+    not keys of the job named ``holders`` (crawl ``<crawl>:holders``, whose queue is
+    ``<crawl>:holders:requests``): those of a worker the holders zset names, and of the
+    others those the job's own layout does not name."""
+    prefix = layout.keys.holding("")
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zrange(layout.keys.holders, 0, -1)
+        (named,) = pipe.execute(raise_on_error=False)
+    workers = {_text(w) for w in named} if isinstance(named, list) else set()
+    unnamed = [k for k in found if k[len(prefix) :].partition(SET_ASIDE_SUFFIX)[0] not in workers]
+    if not unnamed or has_hash_tag(layout.keys.crawl):  # (a job's crawl has its own tag)
+        return found
+    job = _job_layout(layout, HOLDERS_SUFFIX[1:])
+    renamed = [_renamed(key, layout.keys.crawl, job.keys.crawl) for key in backend_keys]
+    job_keys = set(scan_owned(client, job, renamed))
+    return [key for key in found if key not in job_keys]
+
+
+def _renamed(key: str, crawl: str, other: str) -> str:
+    """``key`` of crawl ``crawl`` as crawl ``other`` names it: the crawl name that starts
+    it replaced (a literal key, which does not start with it, stays)."""
+    return other + key[len(crawl) :] if key.startswith(crawl) else key
+
+
+def _job_layout(layout: CrawlLayout, job: str) -> CrawlLayout:
+    """The layout of crawl ``<crawl>:<job>``, made from this crawl's: the keys that
+    start with the crawl name, as their templates do, start with the job's crawl name."""
+    from dataclasses import replace
+
+    crawl, keys = layout.keys.crawl, layout.keys
+    other = f"{crawl}:{job}"
+    return replace(
+        layout,
+        keys=RedisKeys(
+            crawl=other,
+            requests=_renamed(keys.requests, crawl, other),
+            dupefilter=_renamed(keys.dupefilter, crawl, other),
+            start_urls=_renamed(keys.start_urls, crawl, other),
+        ),
+        seeds=_renamed(layout.seeds, crawl, other),
+        items=_renamed(layout.items, crawl, other),
+        items_stream=_renamed(layout.items_stream, crawl, other) if layout.items_stream else "",
+    )
