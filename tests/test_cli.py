@@ -1423,3 +1423,33 @@ def test_reset_deletes_the_crawls_holdings_not_the_keys_of_a_job_named_holders(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"deleted {len(job)} key(s) of crawl '{name}:holders'"
     assert not list(client.scan_iter(match=f"{name}*"))
+
+
+def test_jobs_lists_the_jobs_sharing_a_literal_redis_key_not_a_crawl_of_its_name(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """With `redis_key = "<spider>:start_urls"` read by every job, `jobs` listed a crawl
+    `<spider>` (no job) holding the jobs' seeds, and each job with 0 seeds."""
+    project = _project_with_literal_redis_key(tmp_path, name, redis_url)
+    pushed = cli("push", name, "--job", "j1", "http://a.example/", "http://b.example/", cwd=project)
+    assert pushed.returncode == 0, pushed.stderr
+    client.rpush(RedisKeys.build(name, job="j1").dead, "{}")
+    client.hset(RedisKeys.build(name, job="j2").progress, "done", 3)
+
+    listed = cli("jobs", "--json", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["crawl"]: row for row in json.loads(listed.stdout) if row["spider"] == name}
+    assert set(rows) == {f"{name}:j1", f"{name}:j2"}
+    assert {row["seeds"] for row in rows.values()} == {2}
+    shown = cli("status", "--json", cwd=project)
+    assert shown.returncode == 0, shown.stderr
+    crawls = {c["crawl"]: c for c in json.loads(shown.stdout)["crawls"]}
+    assert {c for c in crawls if c.partition(":")[0] == name} == set(rows)
+    assert crawls[f"{name}:j1"]["seeds"]["key"] == f"{name}:start_urls"
+
+    # without a job in Redis, the crawl without one reads the key: it is listed
+    client.delete(RedisKeys.build(name, job="j1").dead, RedisKeys.build(name, job="j2").progress)
+    listed = cli("jobs", "--json", cwd=project)
+    rows = {row["crawl"]: row for row in json.loads(listed.stdout) if row["spider"] == name}
+    assert set(rows) == {name}
+    assert rows[name]["seeds"] == 2

@@ -112,6 +112,35 @@ class Context:
             )
         return config, spidercls
 
+    def redis_keys(self) -> dict[str, str]:
+        """The ``redis_key`` of each spider of the project that has one (the first, for a
+        list of keys): the seeds key template of its crawls. Empty outside a project, or
+        if the project's spiders cannot be loaded (said on stderr)."""
+        from scrapy.utils.misc import load_object
+
+        settings = self.raw_settings()
+        if not self.project:
+            return {}
+        try:
+            loader = load_object(settings["SPIDER_LOADER_CLASS"]).from_settings(
+                settings.frozencopy()
+            )
+            spiders = {name: loader.load(name) for name in loader.list()}
+        except Exception as e:  # (a spider module that fails to import: its own error)
+            err(
+                "scrapy-dist: warning: cannot load the project's spiders "
+                f"({type(e).__name__}: {e}), so their redis_key is not known"
+            )
+            return {}
+        found = {}
+        for name, spidercls in spiders.items():
+            template = getattr(spidercls, "redis_key", None)
+            if isinstance(template, (list, tuple)):
+                template = template[0] if template else None
+            if template and isinstance(template, str):
+                found[name] = template
+        return found
+
     def layout(
         self, spider: str, *, connect: bool = True
     ) -> tuple[CrawlLayout, Config, type[Spider] | None]:

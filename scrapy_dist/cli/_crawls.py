@@ -18,7 +18,7 @@ from scrapy_dist.keys import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     import redis
 
@@ -65,15 +65,30 @@ def crawl_patterns(config: Config) -> list[tuple[str, str]]:
     return patterns
 
 
-def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[str]:
+def find_crawls(
+    client: redis.Redis,
+    config: Config,
+    count: int = 1000,
+    *,
+    redis_keys: Mapping[str, str] | None = None,
+) -> list[str]:
     """The crawls present in Redis, found with ``SCAN`` (never ``KEYS``), sorted.
 
     A crawl is any name ``<crawl>`` for which one of the keys named by
     :func:`crawl_patterns` exists; a job's crawl is ``<spider>:<job>``. Under Redis
     Cluster every primary is scanned, and names are given without their hash tag
     (``books`` for ``{books}:requests``).
+
+    ``redis_keys`` (spider -> its ``redis_key``) names the spiders' seeds keys: a literal
+    one (``"books:start_urls"``, read by every job of the spider) reveals no crawl of its
+    own name (``books`` for ``books:start_urls``) unless that is the spider's, and the
+    spider has no job in Redis.
     """
+    literal = {
+        template: spider for spider, template in (redis_keys or {}).items() if "%(" not in template
+    }
     found: set[str] = set()
+    seeds_only: dict[str, str] = {}  # crawl -> spider, found by its literal seeds key only
     nodes = primaries(client)  # under Redis Cluster, SCAN every primary
     for prefix, suffix in crawl_patterns(config):
         pattern = f"{_glob_escape(prefix)}*{_glob_escape(suffix)}"
@@ -82,8 +97,16 @@ def find_crawls(client: redis.Redis, config: Config, count: int = 1000) -> list[
             key = _text(raw)
             crawl = key[len(prefix) : len(key) - len(suffix)]
             # (a sharded crawl's other shards are its own, not crawls)
-            if crawl and key.startswith(prefix) and key.endswith(suffix):
-                found.update([crawl] if not is_shard_crawl(crawl) else [])
+            if not crawl or not key.startswith(prefix) or not key.endswith(suffix):
+                continue
+            if key in literal:
+                seeds_only[crawl] = literal[key]
+            elif not is_shard_crawl(crawl):
+                found.add(crawl)
+    jobs = {crawl.partition(":")[0] for crawl in found if ":" in crawl}
+    found.update(
+        crawl for crawl, spider in seeds_only.items() if crawl == spider and spider not in jobs
+    )
     return sorted(found)
 
 

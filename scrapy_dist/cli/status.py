@@ -31,7 +31,7 @@ from scrapy_dist.settings import CLUSTER
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from scrapy_dist.settings import Config
     from scrapy_dist.status import CrawlStatus
@@ -225,10 +225,12 @@ def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     else:
         config, _ = ctx.config()
         client = ctx.client(config)
+        redis_keys = ctx.redis_keys()
 
         def read() -> list[Shown]:
             return [
-                _status_or_error(client, crawl, config) for crawl in find_crawls(client, config)
+                _status_or_error(client, crawl, config, redis_keys=redis_keys)
+                for crawl in find_crawls(client, config, redis_keys=redis_keys)
             ]
 
     try:
@@ -270,15 +272,27 @@ def _show(args: argparse.Namespace, read: Callable[[], list[Shown]]) -> int:
 
 
 def _status_or_error(
-    client: redis.Redis, crawl: str, config: Config, *, dupefilter: bool = True
+    client: redis.Redis,
+    crawl: str,
+    config: Config,
+    *,
+    dupefilter: bool = True,
+    redis_keys: Mapping[str, str] | None = None,
 ) -> Shown:
     """Crawl ``crawl``'s status, or ``(crawl, why it cannot be read)``: one crawl whose
     keys were written by hand, or whose spider's own settings differ (a seeds set where
-    the project's settings expect a list), must not hide every other crawl."""
+    the project's settings expect a list), must not hide every other crawl. Its seeds
+    key is its spider's ``redis_key`` (``redis_keys``: spider -> template) if it has one."""
+    from dataclasses import replace
+
     from scrapy_dist.status import CrawlLayout, read_status
 
     def read() -> CrawlStatus:
         layout = CrawlLayout.for_crawl(config, crawl)
+        template = (redis_keys or {}).get(crawl.partition(":")[0])
+        if template:
+            keys = replace(layout.keys, start_urls=layout.keys.start_urls_key(template))
+            layout = replace(layout, keys=keys, seeds=keys.start_urls)
         return read_status(crawl_client(client, layout.keys), layout, config, dupefilter=dupefilter)
 
     return _or_error(crawl, read)
@@ -313,11 +327,12 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
     """List the crawls in Redis (``SCAN``) with their main counts."""
     config, _ = ctx.config()
     client = ctx.client(config)
+    redis_keys = ctx.redis_keys()
     rows = []
-    for crawl in find_crawls(client, config):
+    for crawl in find_crawls(client, config, redis_keys=redis_keys):
         spider, _, job = crawl.partition(":")
         row: dict[str, Any] = {"crawl": crawl, "spider": spider, "job": job or None}
-        status = _status_or_error(client, crawl, config, dupefilter=False)
+        status = _status_or_error(client, crawl, config, dupefilter=False, redis_keys=redis_keys)
         if isinstance(status, tuple):
             row["error"] = status[1]
         else:
