@@ -24,8 +24,10 @@ Exit codes: 0 success; 1 the command ran but did not do everything it was asked
 (invalid seed lines, dead records that cannot be requeued, a reset refused because
 workers are alive or not confirmed, a reset or purge refused without ``--yes`` when
 stdin is not a terminal, ``dead``, ``reset`` or ``export`` pointed at a crawl that has
-no keys) or Redis is unreachable; 2 usage or configuration errors (bad arguments,
-unknown spider, a key of the wrong type); 130 interrupted. A crawl with no keys is
+no keys, an ``export`` whose output could not be written whole) or Redis is unreachable
+(or refused the database number); 2 usage or configuration errors (bad arguments,
+unknown spider, a setting redis-py would refuse, a key of the wrong type); 130
+interrupted. A crawl with no keys is
 always reported on stderr, with the crawls that exist; ``status`` and ``metrics`` show
 it (state ``absent``) and exit 0, and ``push`` starts it.
 """
@@ -108,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics, pause, resume, drain, items; 'scrapy-dist COMMAND --help' describes "
         "each. Exit codes: 0 ok; "
         "1 partly done, refused (also a destructive command without --yes when stdin is "
-        "not a terminal), dead/reset/export of a crawl with no keys, or Redis "
-        "unreachable; 2 usage or "
+        "not a terminal), dead/reset/export of a crawl with no keys, an export that could "
+        "not write its output, or Redis unreachable; 2 usage or "
         "configuration error; "
         "130 interrupted.",
     )
