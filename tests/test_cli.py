@@ -544,12 +544,16 @@ def test_ctrl_c_ends_status_watch_with_0_whenever_it_lands(
     client.rpush(RedisKeys.build(name).dead, "{}")
     command = [sys.executable, "-m", "scrapy_dist", "status", name, "--watch"]
     command += ["--interval", "0.001", "--redis-url", redis_url]
-    for _ in range(4):
+    for pause in (0.0, 0.05, 0.2, 0.5):
         with _interruptible_children():
             watch = subprocess.Popen(
-                command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
-        time.sleep(1.5)
+        assert watch.stdout is not None
+        # once the watch runs (its first report is out: a loaded machine may take seconds
+        # to import), not while Python is still starting
+        assert watch.stdout.readline(), watch.communicate(timeout=30)[1]
+        time.sleep(pause)
         watch.send_signal(signal.SIGINT)
         _, stderr = watch.communicate(timeout=30)
         assert watch.returncode == 0, stderr
