@@ -170,7 +170,7 @@ class Crawl:
         return [v.decode() if isinstance(v, bytes) else v for v in call.run()]
 
     def census(self) -> list[int]:
-        """``lua/census.lua``'s figures of this crawl: queued, leased, settled."""
+        """``lua/census.lua``'s figures of this crawl: queued, leased, done, dead, retried."""
         k = self.keys
         call = self.scripts.census(
             queue=self.queue,
@@ -1332,7 +1332,7 @@ def test_a_shard_counter_that_is_not_a_number_is_counted_as_0(
     _settle_all(crawl, 2)
     client.hset(crawl.keys.progress, "dead", b"1.5x")
     k = crawl.keys
-    assert crawl.census() == [0, 0, 2]
+    assert crawl.census() == [0, 0, 2, 0, 0]
     assert client.hget(k.progress, "dead:wrongtype") == b"1.5x"
 
 
@@ -1612,7 +1612,7 @@ def test_a_shard_progress_key_of_another_type_is_counted_as_0(
 ) -> None:
     _settle_all(crawl, 2)
     _break_progress(crawl)
-    assert crawl.census() == [0, 0, 0]
+    assert crawl.census() == [0, 0, 0, 0, 0]
     _progress_set_aside(crawl)
 
 
