@@ -75,6 +75,7 @@ __all__ = [
     "VANISHED",
     "Frontier",
     "Lease",
+    "OtherShards",
     "Progress",
     "Read",
     "fenced",
@@ -130,6 +131,18 @@ class Progress(NamedTuple):
     queued: int
     seeds: int
     leased: int
+
+
+class OtherShards(NamedTuple):
+    """What shards ``1..N-1`` of a sharded crawl hold and counted, together
+    (``lua/census.lua``), for shard 0's ``lua/progress.lua``."""
+
+    #: Entries queued or leased.
+    busy: int
+    #: Their counters: settled (``done`` + ``dead``), and ``retried``.
+    done: int
+    dead: int
+    retried: int
 
 
 #: The counters of the progress hash, whole numbers as the scripts write them
@@ -538,11 +551,11 @@ class Frontier:
         (``backend``, the crawl's; a sharded crawl has one per shard)."""
         return [(backend, list(requests))] if requests else []
 
-    def delete_keys(self) -> None:
+    def delete_keys(self, *also: str) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
         shard's in a sharded crawl, a priority queue's levels and every worker's
-        holding with it (in one transaction with the holders zset, so a holding
-        granted meanwhile goes too)."""
+        holding with it, and the keys ``also`` (in one transaction with the holders
+        zset, so a holding granted meanwhile goes too)."""
         self.queue.clear()
         holders = self.keys.holders
         with self.client.pipeline() as pipe:
@@ -557,7 +570,8 @@ class Frontier:
                 except redis.ResponseError:  # not a zset (written by hand): no holders
                     workers = []
                 pipe.multi()
-                pipe.unlink(*self.clear_keys, *(holders.encode() + b":" + w for w in workers))
+                holdings = (holders.encode() + b":" + w for w in workers)
+                pipe.unlink(*self.clear_keys, *also, *holdings)
                 try:
                     pipe.execute()
                 except redis.WatchError:
@@ -989,11 +1003,12 @@ class Frontier:
         grace: float,
         clear: bool,
         keep_for: float = 86400,
-        others: tuple[int, int] | None = None,
+        others: OtherShards | None = None,
     ) -> Progress | None:
         """Where the crawl as a whole stands; marks it finished after ``grace`` seconds of
         emptiness and then, with ``clear``, deletes the frontier (exactly once).
-        ``others`` (a sharded crawl): what the other shards hold and have settled.
+        ``others`` (a sharded crawl): what the other shards hold and have counted (with
+        ``clear``, their counters join this shard's when it finishes).
 
         Returns:
             The progress, or ``None`` if Redis is unreachable.

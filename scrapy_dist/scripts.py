@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.commands.core import Script
 
+    from scrapy_dist.frontier import OtherShards
+
 # -- constants shared with the Lua side -------------------------------------------------
 
 #: Length of the zero-padded decimal id that starts every queue entry
@@ -384,15 +386,17 @@ class Scripts:
         clear: bool,
         keep_for: int,
         epoch: str,
-        others: tuple[int, int] | None = None,
+        others: OtherShards | None = None,
     ) -> ScriptCall:
         """``lua/progress.lua``: where the crawl stands; mark it finished after
         ``grace`` seconds of emptiness, then (``clear``) delete ``clear_keys``.
-        ``previous``: the previous version's leases zset (counted as leased)."""
+        ``previous``: the previous version's leases zset (counted as leased);
+        ``others``: what a sharded crawl's other shards hold and counted."""
         keys = [queue, seeds, holders, progress, epoch_key, previous, *clear_keys]
         args: list[Arg] = [queue_kind, seeds_kind, grace, int(clear), keep_for, epoch]
-        if others is not None:  # a sharded crawl: what the other shards hold and settled
-            args += [others[0], others[1]]
+        if others is not None:
+            args += [others.busy, others.done + others.dead, others.done, others.dead]
+            args.append(others.retried)
         return self._call("progress", keys, args)
 
     def census(
@@ -406,7 +410,7 @@ class Scripts:
         queue_kind: str,
         epoch: str,
     ) -> ScriptCall:
-        """``lua/census.lua``: ``(queued, leased, settled)`` of one shard, fenced
+        """``lua/census.lua``: ``(queued, leased, done, dead, retried)`` of one shard, fenced
         (``previous``: the previous version's leases zset, counted as leased)."""
         keys = [queue, holders, progress, epoch_key, previous]
         return self._call("census", keys, [queue_kind, epoch])

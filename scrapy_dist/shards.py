@@ -30,7 +30,6 @@ spreads over N masters.
 from __future__ import annotations
 
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import mmh3
@@ -39,7 +38,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.connection import ClusterClient, crawl_client
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier import Frontier, Progress, recorded_shards, shared_filter
+from scrapy_dist.frontier import Frontier, OtherShards, Progress, recorded_shards, shared_filter
 from scrapy_dist.keys import crawl_slot, shard_keys
 from scrapy_dist.queue import unleased_queue
 
@@ -132,6 +131,12 @@ class Shard(Frontier):
 
     def check_shards(self, count: int = 1) -> None:
         """Shard 0 keeps the crawl's shard count."""
+
+    def delete_all(self) -> bool:
+        """Delete this shard's keys, its progress hash with them (when a crawl that
+        does not persist finishes; its counters are in shard 0's); returns ``True``."""
+        self.delete_keys(self.keys.progress)
+        return True
 
     def taken_over(self, refused: dict[str, int]) -> set[str]:
         running = super().taken_over(refused)
@@ -270,8 +275,8 @@ class ShardedFrontier(Frontier):
                 self._filters[shard.index] = shard.unopened.open()
         return epoch
 
-    def delete_keys(self) -> None:
-        super().delete_keys()
+    def delete_keys(self, *also: str) -> None:
+        super().delete_keys(*also)
         for shard in self.others:
             shard.delete_keys()
 
@@ -444,10 +449,10 @@ class ShardedFrontier(Frontier):
 
     # -- reads ----------------------------------------------------------------------
 
-    def census(self) -> tuple[int, int] | None:
-        """``(queued + leased, settled)`` over shards ``1..N-1`` (one call each), or
+    def census(self) -> OtherShards | None:
+        """What shards ``1..N-1`` hold and counted, together (one call each), or
         ``None`` if one cannot be read (unreachable, refusing, or its crawl gone)."""
-        busy = settled = 0
+        busy = done = dead = retried = 0
         for shard in self.others:
             call = shard._scripts.census(
                 queue=shard.queue.key,
@@ -461,10 +466,10 @@ class ShardedFrontier(Frontier):
             reply = shard.call(call.run)
             if reply is None:
                 return None
-            queued, leased, done = (int(x) for x in reply)
+            queued, leased, shard_done, shard_dead, shard_retried = (int(x) for x in reply)
             busy += queued + leased
-            settled += done
-        return busy, settled
+            done, dead, retried = done + shard_done, dead + shard_dead, retried + shard_retried
+        return OtherShards(busy, done, dead, retried)
 
     def progress(
         self,
@@ -472,11 +477,15 @@ class ShardedFrontier(Frontier):
         grace: float,
         clear: bool,
         keep_for: float = 86400,
-        others: tuple[int, int] | None = None,
+        others: OtherShards | None = None,
     ) -> Progress | None:
         """Where the crawl stands across every shard (see :meth:`Frontier.progress`):
-        ``None`` if a shard cannot be read; a finished crawl that does not persist
-        deletes every shard's keys."""
+        ``None`` if a shard cannot be read. A finished crawl that does not persist
+        deletes every shard's keys, their progress hashes too: their counters were
+        added to shard 0's when it was marked finished (``lua/progress.lua``), so what
+        is left is shard 0's record of the whole crawl, read alone by ``status`` once
+        ``<crawl>:shards`` is gone, and never a count a later run would take for its
+        own."""
         if self.lost is not None:
             return None
         counted = self.census()
@@ -484,11 +493,23 @@ class ShardedFrontier(Frontier):
             return None
         progress = super().progress(grace=grace, clear=clear, keep_for=keep_for, others=counted)
         if progress is not None and progress.state == "finished" and clear:
-            for shard in self.others:  # its counters go with shard 0's (others_base)
-                shard.call(shard.delete_keys)
-                if keep_for > 0:
-                    shard.call(partial(shard.client.expire, shard.keys.progress, int(keep_for)))
+            deleted = [shard.call(shard.delete_all) for shard in self.others]  # each tried
+            if all(deleted):
+                self.call(self._others_deleted)
         return progress
+
+    def _others_deleted(self) -> None:
+        """The other shards' progress hashes are gone, their counters in shard 0's
+        (``lua/progress.lua``): they count from 0 again (``others_base``), in shard 0's
+        progress hash if it still exists (it may have expired: none is created)."""
+        key = self.keys.progress
+
+        def forget(pipe: redis.client.Pipeline) -> None:
+            if pipe.type(key) in (b"hash", "hash"):
+                pipe.multi()
+                pipe.hset(key, "others_base", 0)
+
+        self.client.transaction(forget, key)
 
     def totals(self) -> dict[str, int]:
         totals = super().totals()
@@ -520,9 +541,13 @@ def shard_client(client: redis.Redis, keys: RedisKeys) -> redis.Redis:
 
 
 def other_shards(
-    client: redis.Redis, keys: RedisKeys, config: KeysConfig
+    client: redis.Redis, keys: RedisKeys, config: KeysConfig, configured: int = 1
 ) -> list[tuple[redis.Redis, RedisKeys]]:
     """Shards ``1..N-1`` of a crawl (none for a one-shard crawl), each with a client for
-    its keys, N read from the crawl's ``<crawl>:shards`` (one round trip)."""
-    every = shard_keys(keys, config, shard_count(client, keys))
+    its keys, N read from the crawl's ``<crawl>:shards`` (one round trip), or when it
+    records none, ``configured`` (the reader's ``SCHEDULER_SHARDS``): a crawl that does
+    not persist deletes that record when it finishes, and its other shards may still
+    hold dead letters (and keys set aside) for the command line to show and reset."""
+    count = shard_count(client, keys)
+    every = shard_keys(keys, config, configured if count == 1 else count)
     return [(shard_client(client, k), k) for k in every[1:]]

@@ -652,7 +652,9 @@ def shard_figures(
     from scrapy_dist.shards import other_shards
 
     figures = []
-    for index, (shard, keys) in enumerate(other_shards(client, layout.keys, config.keys), 1):
+    for index, (shard, keys) in enumerate(
+        other_shards(client, layout.keys, config.keys, config.frontier.shards), 1
+    ):
         with shard.pipeline(transaction=False) as pipe:
             _queued_command(pipe, shard, keys.requests, layout.queue_kind)
             _leased_command(pipe, shard, keys)

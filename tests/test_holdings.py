@@ -170,7 +170,7 @@ class Crawl:
         return [v.decode() if isinstance(v, bytes) else v for v in call.run()]
 
     def census(self) -> list[int]:
-        """``lua/census.lua``'s figures of this crawl: queued, leased, settled."""
+        """``lua/census.lua``'s figures of this crawl: queued, leased, done, dead, retried."""
         k = self.keys
         call = self.scripts.census(
             queue=self.queue,
@@ -1332,7 +1332,7 @@ def test_a_shard_counter_that_is_not_a_number_is_counted_as_0(
     _settle_all(crawl, 2)
     client.hset(crawl.keys.progress, "dead", b"1.5x")
     k = crawl.keys
-    assert crawl.census() == [0, 0, 2]
+    assert crawl.census() == [0, 0, 2, 0, 0]
     assert client.hget(k.progress, "dead:wrongtype") == b"1.5x"
 
 
@@ -1612,7 +1612,7 @@ def test_a_shard_progress_key_of_another_type_is_counted_as_0(
 ) -> None:
     _settle_all(crawl, 2)
     _break_progress(crawl)
-    assert crawl.census() == [0, 0, 0]
+    assert crawl.census() == [0, 0, 0, 0, 0]
     _progress_set_aside(crawl)
 
 
@@ -1844,13 +1844,35 @@ def test_a_progress_key_of_another_type_does_not_fail_a_join_after_its_flush(
     crawl: Crawl, client: redis.Redis
 ) -> None:
     """join.lua read the progress hash after the flush: WRONGTYPE, the frontier deleted
-    and the worker not registered. It is set aside before anything is written; the
-    fresh hash counts the run as having settled one, as the scripts that count do."""
+    and the worker not registered. It is set aside before anything is written; with no
+    other worker alive its worker starts a new run (see the test below)."""
     crawl.enqueue(1)
     _break_progress(crawl)
-    assert _join(crawl) == [0, 1, 0]
-    _progress_set_aside(crawl)
+    assert _join(crawl) == [0, 1, 1]
+    assert client.type(crawl.keys.progress + ":wrongtype") == b"string"
     assert client.hkeys(crawl.keys.workers) == [b"w9"]
+    assert crawl.progress(grace=0)[0] == "waiting"
+
+
+def test_a_worker_alone_past_a_progress_key_of_another_type_starts_a_new_run(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A crawl that had finished, its progress hash then written by hand as a string
+    (its completion mark gone with it): the fresh hash counted the next run as having
+    settled one (run_base -1), so that run, empty until its seeds came, was marked
+    finished within its grace and its workers closed, having crawled nothing. A worker
+    alone starts a new run (nothing settled in it); with another worker alive the run
+    goes on, counted as having settled one, as the scripts that count set it aside."""
+    _settle_all(crawl, 2)
+    assert crawl.progress(grace=0)[0] == "finished"
+    _break_progress(crawl)
+    assert _join(crawl, flush=False) == [0, 0, 1]
+    assert client.hget(crawl.keys.progress, "run_base") == b"0"
+    assert crawl.progress(grace=0)[0] == "waiting"
+    assert client.get(crawl.keys.progress + ":wrongtype") == b"junk"
+    _break_progress(crawl, "list")  # again, with w9 alive
+    assert _join(crawl, "w1", flush=False) == [1, 0, 0]
+    _progress_set_aside(crawl, ":wrongtype:2")
     assert crawl.progress(grace=0)[0] == "finished"
 
 

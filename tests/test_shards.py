@@ -12,7 +12,7 @@ import json
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import redis
@@ -25,7 +25,7 @@ from scrapy_dist.keys import RedisKeys, shard_crawl, shard_keys, slot_of
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import KeysConfig
 from scrapy_dist.shards import ShardedFrontier, host_of, join_id, shard_of, split_id
-from scrapy_dist.testing import TestSite
+from scrapy_dist.testing import TestSite, run_cli, start_workers, stop_workers, wait_workers
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import leased_count
 from scrapy_dist.testing.queues import queued_count
@@ -85,9 +85,68 @@ def test_two_workers_with_three_shards_on_one_server_crawl_every_page_once(
     left = [k.decode() for k in client.scan_iter(match=f"{crawl}*")]
     frontier = (":requests", ":epoch", ":holders")
     assert not [k for k in left if k.endswith(frontier) or ":holders:" in k], left
-    done = [int(client.hget(f"{shard_crawl(crawl, i, 3)}:progress", "done") or 0) for i in range(3)]
-    assert all(n > PAGES // 6 for n in done), done  # each shard crawled its hosts' pages
-    assert sum(done) == PAGES + 1, done  # and the seed
+    # what is left is the crawl's own progress record, which counts every shard's
+    # pages: the other shards' progress hashes went with their keys
+    assert left == [f"{crawl}:progress"], left
+    assert int(client.hget(f"{crawl}:progress", "done") or 0) == PAGES + 1  # and the seed
+    client.close()
+
+
+@pytest.mark.redis_server
+@pytest.mark.e2e
+def test_a_finished_sharded_crawl_reads_whole_resets_whole_and_runs_again_from_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Two workers, three shards, PERSIST off. <crawl>:shards went with the frontier,
+    so status read shard 0's counters alone (a third of the pages), reset left
+    <crawl>#shard1:progress and #shard2's, and the next run's workers, started before
+    its seed, took those old counts for their own: the crawl was marked finished within
+    the grace and they closed, having crawled nothing."""
+    project = make_project(tmp_path / "p", f"REDIS_URL = {redis_url!r}\nSCHEDULER_SHARDS = 3")
+    job = uuid.uuid4().hex[:8]
+    crawl, cli = f"pages:{job}", ["-s", f"SCHEDULER_JOB_ID={job}"]
+    client = redis.Redis.from_url(redis_url)
+
+    def status() -> dict[str, Any]:
+        done = run_cli("status", "pages", "--json", *cli, cwd=project)
+        assert done.returncode == 0, done.stderr
+        return cast("dict[str, Any]", json.loads(done.stdout))
+
+    with TestSite(60) as small:
+        small.hosts = HOSTS
+        seed = small.page_url(0)
+
+        def push(url: str) -> None:
+            client.lpush(f"{crawl}:start_urls", url)
+
+        result = run_crawl(project, small, tmp_path, push, settings={"SCHEDULER_JOB_ID": job})
+        assert result.statuses == [0, 0], result.figures()
+        assert not result.missing, result.figures()
+        first = status()
+        assert (first["state"], first["progress"]["done"]) == ("finished", 61), first
+        reset = run_cli("reset", "pages", "--yes", *cli, cwd=project)
+        assert reset.returncode == 0, reset.stderr
+        assert [k for k in client.scan_iter(match=f"{crawl}*")] == []
+
+        (tmp_path / "second").mkdir()
+        second = start_workers(
+            2, project_dir=project, spider="pages", log_dir=tmp_path / "second",
+            settings={"SCHEDULER_JOB_ID": job, "MAX_IDLE_TIME_BEFORE_CLOSE": 0},
+            stats_setting=None,
+        )  # fmt: skip
+        try:
+            time.sleep(7)  # CRAWL_DONE_GRACE = 2: they closed as finished within 4 s
+            assert [w.returncode for w in second] == [None, None]
+            assert status()["state"] == "waiting"
+            small.reset_hits()
+            push(seed)
+            assert wait_workers(second, 90) == [0, 0]
+        finally:
+            stop_workers(second)
+        assert set(small.hits().values()) == {1}
+        assert len(small.hits()) == 60
+        again = status()
+        assert (again["state"], again["progress"]["done"]) == ("finished", 61), again
     client.close()
 
 
@@ -448,6 +507,103 @@ def test_the_command_line_sees_and_resets_every_shard(  # noqa: PLR0917
     for part in f.shards:
         assert client.exists(part.keys.requests, part.keys.epoch, part.keys.dead) == 0
     assert client.exists(aside) == 0
+
+
+@pytest.mark.redis_server
+def test_a_finished_crawl_that_does_not_persist_leaves_one_record_the_cli_reads_whole(  # noqa: PLR0917
+    sharded: Callable[..., Worker],
+    client: redis.Redis,
+    redis_url: str,
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Its other shards' progress hashes outlived <crawl>:shards (kept for a day): read
+    by no command, left by reset, counted by the next run as its own. Their counters now
+    join shard 0's when the crawl is marked finished and go with their keys; a shard's
+    dead letters, which stay, are found through the operator's SCHEDULER_SHARDS."""
+    from scrapy_dist.cli import main
+
+    w = sharded()
+    f = w.frontier
+    assert isinstance(f, ShardedFrontier)
+    for shard in range(3):
+        w.scheduler.enqueue_request(Request(_url(shard, "a")))
+    for _ in range(3):
+        taken = w.take()
+        assert taken is not None
+        w.finish(taken)
+    client.hincrby(f.others[0].keys.progress, "retried", 2)  # as settle.lua counts them
+    client.hincrby(f.others[1].keys.progress, "dead", 1)
+    client.rpush(f.others[1].keys.dead, b'{"kind": "request", "reason": "boom", "url": "u"}')
+    client.hset(f.keys.progress, "retried", b"junk")  # written by hand: read as 0
+    progress = f.progress(grace=0, clear=True)
+    assert progress is not None
+    assert progress.state == "finished"
+    assert client.exists(f.keys.shards) == 0
+    assert client.exists(*(s.keys.progress for s in f.others)) == 0
+    record = client.hgetall(f.keys.progress)
+    assert (record[b"done"], record[b"dead"], record[b"retried"]) == (b"3", b"1", b"2")
+    assert record[b"others_base"] == b"0"  # the other shards count from 0 again
+    assert record[b"retried:wrongtype"] == b"junk"
+    assert f.totals() == {"done": 3, "retried": 2, "dead": 1}
+    w.close()
+    client.delete(f.keys.workers)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    common = ["-s", f"REDIS_URL={redis_url}", "-s", "SCHEDULER_SHARDS=3"]
+    assert main(["status", name, "--json", *common]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["state"] == "finished"
+    assert status["progress"] | {"idle_since": 0, "finished_at": 0} == {
+        "done": 3, "retried": 2, "dead": 1, "idle_since": 0, "finished_at": 0,
+    }  # fmt: skip
+    assert status["dead"]["records"] == 1
+    assert main(["reset", name, "--yes", *common]) == 0
+    capsys.readouterr()
+    assert [k for k in client.scan_iter(match=f"{name}*")] == []
+
+
+@pytest.mark.redis_server
+def test_a_shard_whose_keys_outlive_its_finished_crawl_is_not_counted_by_the_next_run(
+    sharded: Callable[..., Worker], client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finishing worker could not delete shard 2's keys (its Redis away, or the
+    worker killed between the calls): its counters, already in shard 0's, stay there
+    too. The next run, started before its seeds, never takes them for its own (it
+    would be marked finished at once, having crawled nothing); shard 1's went."""
+    w = sharded()
+    f = w.frontier
+    assert isinstance(f, ShardedFrontier)
+    for shard in range(3):
+        w.scheduler.enqueue_request(Request(_url(shard, "a")))
+    for _ in range(3):
+        taken = w.take()
+        assert taken is not None
+        w.finish(taken)
+
+    def away(*_: object) -> None:
+        raise redis.ConnectionError("shard 2's master is away")
+
+    monkeypatch.setattr(f.others[1], "delete_keys", away)
+    progress = f.progress(grace=0, clear=True)
+    assert progress is not None
+    assert progress.state == "finished"
+    assert client.exists(f.others[0].keys.progress) == 0
+    assert client.hget(f.others[1].keys.progress, "done") == b"1"  # left behind
+    assert client.hget(f.keys.progress, "done") == b"3"
+    monkeypatch.undo()
+    w.close()
+    client.delete(f.keys.workers)
+
+    time.sleep(0.01)  # the next run's worker starts after the crawl finished
+    nxt = sharded().frontier
+    for _ in range(2):
+        progress = nxt.progress(grace=0, clear=True)
+        assert progress is not None
+        assert progress.state == "waiting"
 
 
 def test_every_key_of_a_list_form_redis_key_gets_the_crawl_tag() -> None:

@@ -159,6 +159,31 @@ def test_a_second_run_of_a_finished_persisted_crawl_waits_for_its_seeds(
     assert int(client.hget(f"{name}:progress", "done") or 0) > PAGES
 
 
+def test_a_run_after_the_progress_key_was_overwritten_by_hand_waits_for_its_seeds(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """A finished crawl whose progress hash the operator then overwrote (SET): the next
+    run's first worker set the key aside and counted the run as having settled one, so
+    its workers, started before the seeds, closed as finished within the grace, having
+    crawled nothing. Now status reads it as waiting, the run waits for its seeds."""
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    assert wait_workers(run(workers, project, name), RUN_TIMEOUT) == [0, 0], logs(workers)
+    assert client.hexists(f"{name}:progress", "finished_at")
+    client.set(f"{name}:progress", "oops")  # a hand-written SET on the wrong key
+    status = run_cli("status", name, "--json", cwd=project)
+    assert json.loads(status.stdout)["state"] == "waiting", status.stderr
+
+    second = run(workers, project, name)
+    time.sleep(6)  # CRAWL_DONE_GRACE = 1: they closed as finished within 3 s
+    assert [w.returncode for w in second] == [None, None], logs(second)
+    status = run_cli("status", name, "--json", cwd=project)
+    assert json.loads(status.stdout)["state"] == "waiting", status.stdout
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    assert wait_workers(second, RUN_TIMEOUT) == [0, 0], logs(second)
+    assert set(site.hits().values()) == {2}  # every page again (PERSIST off)
+    assert client.get(f"{name}:progress:wrongtype") == b"oops"
+
+
 def test_spider_arguments_are_coerced_and_name_the_keys(
     project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
 ) -> None:

@@ -122,7 +122,7 @@ def _shards_present(
     from scrapy_dist.shards import other_shards
 
     found = []
-    for node, keys in other_shards(client, layout.keys, config.keys):
+    for node, keys in other_shards(client, layout.keys, config.keys, config.frontier.shards):
         shard = replace(layout, keys=keys, seeds=keys.start_urls, items=keys.items)
         backend_keys = backend_from_config(config.dupefilter, node, keys).keys()
         found.append((node, scan_owned(node, shard, backend_keys)))

@@ -45,7 +45,10 @@ def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
 
     shown = total = 0
     lists = [(client, layout.keys.dead)]  # a sharded crawl has one per shard
-    lists += [(node, keys.dead) for node, keys in other_shards(client, layout.keys, config.keys)]
+    lists += [
+        (node, keys.dead)
+        for node, keys in other_shards(client, layout.keys, config.keys, config.frontier.shards)
+    ]
     for node, key in lists:
         check_key(node, key, "list", "dead letters")
         count = int(node.llen(key))
@@ -197,7 +200,10 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
-    shards = [(client, layout.keys), *other_shards(client, layout.keys, config.keys)]
+    shards = [
+        (client, layout.keys),
+        *other_shards(client, layout.keys, config.keys, config.frontier.shards),
+    ]
     if args.shard is not None:
         if not 0 <= args.shard < len(shards):
             raise CommandError(f"--shard {args.shard}: the crawl has {len(shards)} shard(s)")
@@ -271,7 +277,10 @@ def cmd_dead_purge(ctx: Context, args: argparse.Namespace) -> int:
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
     lists = [(client, layout.keys.dead)]
-    lists += [(node, keys.dead) for node, keys in other_shards(client, layout.keys, config.keys)]
+    lists += [
+        (node, keys.dead)
+        for node, keys in other_shards(client, layout.keys, config.keys, config.frontier.shards)
+    ]
     counts = []
     for node, key in lists:
         check_key(node, key, "list", "dead letters")

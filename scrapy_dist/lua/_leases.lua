@@ -322,7 +322,10 @@ end
 -- "<stats>:wrongtype"), and start a fresh hash whose run_base is -1: the crawl had
 -- counters, so something was settled, and this run counts as having settled one (an
 -- emptied crawl finishes after its grace, lua/progress.lua, rather than waits for ever).
--- Returns the reason naming it, for a dead-letter record or the server's log.
+-- Its completion mark went with what was written over it: lua/join.lua starts a new
+-- run (run_base 0) when no other worker is alive, so a run not yet begun is never
+-- counted as having settled one. Returns the reason naming it, for a dead-letter record
+-- or the server's log.
 local function set_aside_progress(stats, kind)
   local aside = set_aside(stats)
   redis.call("HSET", stats, "run_base", "-1")

@@ -25,7 +25,11 @@
 -- A KEYS[1] or KEYS[2] of another type (written by hand) is renamed out of the way
 -- before anything is written ("<key>:wrongtype", lua/_registry.lua; named in the
 -- server log), and a fresh one started; who is alive is then unknown, so the frontier
--- is not flushed nor KEYS[3] dropped (unless a new run starts). A counter of KEYS[2]
+-- is not flushed nor KEYS[3] dropped (unless a new run starts). A KEYS[2] set aside
+-- took its completion mark with it: when no other worker is known alive, this worker
+-- starts a new run (run_base 0: nothing settled in it yet, so it waits for its seeds
+-- rather than finishes within the grace); with others alive the run goes on, counted
+-- as having settled one (lua/_leases.lua set_aside_progress). A counter of KEYS[2]
 -- that is not a number reads as 0 (lua/_leases.lua read_counts); a finished_at that is
 -- not a number is moved to "finished_at:wrongtype" and, when no other worker is known
 -- alive, counts as a finish long ago (a new run starts).
@@ -45,8 +49,8 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
 -- both read before anything is written (a flush, a heartbeat pruned)
 local entries, unknown = call_or_set_aside({"HGETALL", workers}, {}, set_aside_registry)
-local finished_at = call_or_set_aside({"HGET", progress, "finished_at"}, false,
-  set_aside_progress)
+local finished_at, progress_aside = call_or_set_aside({"HGET", progress, "finished_at"},
+  false, set_aside_progress)
 -- a completion time written by hand (not a number) is a finish at an unknown time: its
 -- text is kept aside, and with no other worker alive this worker starts the next run
 -- (with others alive, the run goes on and is judged again by lua/progress.lua)
@@ -70,7 +74,7 @@ if flush and others == 0 and not unknown then
 end
 
 local new_run = 0
-if (finished_long_ago and others == 0 and not unknown)
+if ((finished_long_ago or progress_aside) and others == 0 and not unknown)
     or (finished_at and finished_at < now - tonumber(ARGV[4])) then
   -- one HMGET; a counter written by hand reads as 0, reset (lua/_leases.lua read_counts)
   local c = read_counts(progress, {"done", "dead"})

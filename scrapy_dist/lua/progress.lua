@@ -24,6 +24,13 @@
 --           or leased in the other shards, and settlements the other shards counted
 --           so far; the latter is stored as others_base when the crawl finishes, so a
 --           new run counts only its own
+-- ARGV[9], ARGV[10], ARGV[11] (a sharded crawl) = the other shards' done, dead and
+--           retried counters: when the crawl finishes and its frontier is deleted
+--           (ARGV[4] == "1"), they are added to KEYS[4]'s, whose record is then the
+--           whole crawl's, which status and reset find without the other shards: their
+--           progress hashes are deleted with their keys next, and only then is
+--           others_base set to 0 (scrapy_dist/shards.py), so a shard whose keys outlive
+--           the crawl (its worker killed between the two) is never counted twice
 -- A counter or base of KEYS[4] that is not a number (written by hand) reads as 0 and is
 -- reset, its text kept in "<field>:wrongtype"; the run then counts as having settled one
 -- (never finished while anything is queued, seeded or leased, only after GRACE). So does
@@ -120,6 +127,18 @@ finished_at = tostring(now)
 redis.call("HSET", stats, "finished_at", finished_at)
 if ARGV[6] ~= "" then
   redis.call("HSET", stats, "finished_epoch", ARGV[6])
+end
+if ARGV[9] and ARGV[4] == "1" then
+  -- the other shards' counters join this hash (written whole, never HINCRBY: a value
+  -- written by hand that read_counts took, "1e300", is no integer to it)
+  local r = read_counts(stats, {"retried"})
+  local had = {c[1], c[2], r[1]}
+  for k, field in ipairs({"done", "dead", "retried"}) do
+    local n = tonumber(ARGV[8 + k])
+    if n > 0 then
+      redis.call("HSET", stats, field, string.format("%.0f", had[k] + n))
+    end
+  end
 end
 if ARGV[8] then
   redis.call("HSET", stats, "others_base", ARGV[8])
