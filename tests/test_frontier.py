@@ -162,6 +162,47 @@ def test_callback_errors_retry_then_dead_letter_with_the_reason(
     assert w.scheduler.stats.get_value("scheduler/leases/dead") == 1
 
 
+@pytest.mark.parametrize("flush_interval", [0, 5])
+def test_with_callback_errors_dead_a_callback_error_is_dead_lettered_once_after_its_children(
+    worker: Callable[..., Worker], client: redis.Redis, flush_interval: float
+) -> None:
+    from scrapy.http import HtmlResponse
+
+    w = worker({"SCHEDULER_CALLBACK_ERRORS": "dead", "SCHEDULER_FLUSH_INTERVAL": flush_interval})
+    w.scheduler.enqueue_request(Request(URL + "raises"))
+    w.frontier.flush()
+    request = w.take()
+    assert request is not None
+    w.returns(request, Request(URL + "child"))  # yielded before the callback raised
+    try:
+        raise ValueError("parse failed")
+    except ValueError:
+        failure = Failure()
+    assert w.scheduler.spider is not None
+    response = HtmlResponse(request.url, request=request)
+    w.scheduler.record_failure(failure, response, w.scheduler.spider)
+    w.finish(request)
+    w.frontier.flush()  # the child's enqueue, then (confirmed) its parent's settlement
+    w.frontier.flush()
+    [record] = dead_letters(client, w.frontier)
+    assert json.loads(record["data"])["url"] == URL + "raises"
+    assert record["reason"].startswith("ValueError: parse failed (")
+    assert "SCHEDULER_CALLBACK_ERRORS" in record["reason"]
+    assert record["deliveries"] == 1
+    child = w.take()  # the child is queued; the parent never comes back
+    assert child is not None
+    assert child.url == URL + "child"
+    w.finish(child)
+    w.frontier.flush()
+    assert w.take() is None
+    assert leased_count(client, w.frontier.keys.crawl) == 0
+    stats = w.scheduler.stats
+    assert stats.get_value("scheduler/leases/dead") == 1
+    assert stats.get_value("scheduler/leases/retried") is None
+    assert stats.get_value("scheduler/failed_callbacks/dead") == 1
+    assert client.hget(w.frontier.keys.progress, "dead") == b"1"
+
+
 def test_close_hands_back_unstarted_requests_without_counting_a_delivery(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:
