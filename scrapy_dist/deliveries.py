@@ -135,10 +135,12 @@ class Deliveries:
 
     def record_failure(self, request: Request, reason: str) -> None:
         """Remember that ``request``'s callback failed, to settle its lease with ``reason``
-        (cut to :data:`REASON_MAX` characters); a request this worker does not hold is
-        ignored."""
+        (cut to :data:`REASON_MAX` characters, a lone surrogate escaped: Redis takes
+        UTF-8 only, and a settlement it cannot encode would fail every flush); a request
+        this worker does not hold is ignored."""
         if request in self.out:
-            self.failures[request] = reason[:REASON_MAX]
+            reason = reason[:REASON_MAX]
+            self.failures[request] = reason.encode("utf-8", "backslashreplace").decode()
 
     def settle(self) -> None:
         """Settle the leases of the requests the engine is done with."""

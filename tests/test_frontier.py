@@ -203,6 +203,34 @@ def test_with_callback_errors_dead_a_callback_error_is_dead_lettered_once_after_
     assert client.hget(w.frontier.keys.progress, "dead") == b"1"
 
 
+@pytest.mark.parametrize("callback_errors", ["retry", "dead"])
+def test_a_callback_error_whose_message_is_not_utf8_is_settled_with_it_escaped(
+    worker: Callable[..., Worker], client: redis.Redis, callback_errors: str
+) -> None:
+    """redis-py encodes strings as strict UTF-8: a reason with a lone surrogate failed
+    the flush carrying its settlement, and every flush after it (the worker stalled)."""
+    from scrapy.http import HtmlResponse
+
+    w = worker({"SCHEDULER_CALLBACK_ERRORS": callback_errors, "SCHEDULER_MAX_DELIVERIES": 1})
+    w.scheduler.enqueue_request(Request(URL + "raises"))
+    request = w.take()
+    assert request is not None
+    try:
+        raise OSError(b"no such file: caf\xe9".decode("utf-8", "surrogateescape"))
+    except OSError:
+        failure = Failure()
+    assert w.scheduler.spider is not None
+    response = HtmlResponse(request.url, request=request)
+    w.scheduler.record_failure(failure, response, w.scheduler.spider)
+    w.finish(request)
+    w.scheduler.enqueue_request(Request(URL + "next"))  # the flushes go on
+    nxt = w.take()
+    assert nxt is not None
+    assert nxt.url == URL + "next"
+    [record] = dead_letters(client, w.frontier)
+    assert record["reason"].startswith("OSError: no such file: caf\\udce9 (")
+
+
 def test_close_hands_back_unstarted_requests_without_counting_a_delivery(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:

@@ -759,3 +759,39 @@ def test_only_a_callback_that_raises_is_dead_lettered_with_the_setting(
     assert "called back" not in text
     [handled] = [line for line in text.splitlines() if f"handled {closed}: " in line]
     assert handled.endswith("ConnectionRefusedError")  # (DownloadConnection... on 2.19)
+
+
+#: A spider whose page 3 raises an error whose message holds bytes that are not UTF-8
+#: (decoded with ``surrogateescape``, as ``os.fsdecode`` does).
+NOT_UTF8_ERROR_SPIDER = """
+from scrapy_dist.spiders import RedisSpider
+
+
+class BooksSpider(RedisSpider):
+    name = "{name}"
+
+    def parse(self, response):
+        yield {{"url": response.url}}
+        yield from response.follow_all(css="a", callback=self.parse)
+        if response.url.endswith("/page/3"):
+            raise ValueError(b"no such file: caf\\xe9".decode("utf-8", "surrogateescape"))
+"""
+
+
+def test_a_callback_error_whose_message_is_not_utf8_does_not_stall_the_crawl(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """The error's reason went into the settlement as it was: redis-py could not encode
+    it, so every flush of that worker failed from then on (its requests and
+    acknowledgements kept, never sent): the crawl stalled, the workers never finished.
+    The reason is stored with the byte escaped."""
+    spider = project / "books" / "spiders" / "books.py"
+    spider.write_text(NOT_UTF8_ERROR_SPIDER.format(name=name))
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    both = run(workers, project, name, settings={"SCHEDULER_CALLBACK_ERRORS": "dead"})
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    hits = site.hits()
+    assert set(hits) == site.expected_paths()
+    assert set(hits.values()) == {1}, hits
+    [record] = [json.loads(raw) for raw in client.lrange(f"{name}:dead", 0, -1)]
+    assert record["reason"].startswith("ValueError: no such file: caf\\udce9 (")
