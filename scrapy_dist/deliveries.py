@@ -5,7 +5,8 @@ for it, then *out* (in the engine) until it has left the engine: its download, i
 callback or errback, and the processing of everything they returned are complete (the
 engine's requests in progress, :func:`scrapy_dist._engine.in_flight`). Only then is
 its lease *settled*: acknowledged, or, when its callback raised, returned for another
-try with the error as its reason. A worker holds at most ``max_held`` leases
+try with the error as its reason (``SCHEDULER_CALLBACK_ERRORS = "retry"``) or
+dead-lettered at once with it (``"dead"``). A worker holds at most ``max_held`` leases
 (buffered, out, or settled but not yet sent), which bounds what a dead or paused
 worker makes others crawl again.
 
@@ -21,7 +22,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from scrapy_dist.exceptions import SerializationError
-from scrapy_dist.frontier import DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.frontier import DEAD_BECAUSE, DONE, HAND_BACK, Frontier, Lease
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -33,6 +34,12 @@ logger = logging.getLogger(__name__)
 
 #: Longest failure reason kept with a request (dead-letter records stay readable).
 REASON_MAX = 500
+#: ``SCHEDULER_CALLBACK_ERRORS``: a request whose callback raised goes back to the queue.
+RETRY = "retry"
+#: ``SCHEDULER_CALLBACK_ERRORS``: a request whose callback raised is dead-lettered at once.
+DEAD = "dead"
+#: What follows the error in the reason of a request dead-lettered at once.
+DEAD_SUFFIX = " (its callback raised; not retried: SCHEDULER_CALLBACK_ERRORS = 'dead')"
 
 
 class Deliveries:
@@ -51,6 +58,9 @@ class Deliveries:
             under the same epoch brought leases first (the crawl had not finished:
             Redis refuses a reserve of a finished crawl, whose epoch is deleted, and
             a worker holding leases keeps it from finishing).
+        callback_errors: the settlement of a request whose callback raised:
+            :data:`RETRY` (returned for another try, up to ``SCHEDULER_MAX_DELIVERIES``)
+            or :data:`DEAD` (dead-lettered at once, acknowledged).
     """
 
     def __init__(
@@ -62,8 +72,10 @@ class Deliveries:
         prefetch: int,
         max_held: int,
         on_empty: Callable[[], None] = lambda: None,
+        callback_errors: str = RETRY,
     ) -> None:
         self.frontier = frontier
+        self.callback_errors = callback_errors
         self.in_flight = in_flight
         self.stats = stats
         self.prefetch = prefetch
@@ -80,6 +92,8 @@ class Deliveries:
         self.deferred: dict[str, list[tuple[Lease, Request]]] = {}
         #: Requests whose callback raised -> the reason.
         self.failures: dict[Request, str] = {}
+        #: Whether this worker said where requests whose callback raised go (once).
+        self._told_dead = False
         #: When the leases were last renewed (monotonic seconds).
         self.renewed_at = time.monotonic()
         #: Called with each request that left the engine, before its lease is settled
@@ -121,10 +135,12 @@ class Deliveries:
 
     def record_failure(self, request: Request, reason: str) -> None:
         """Remember that ``request``'s callback failed, to settle its lease with ``reason``
-        (cut to :data:`REASON_MAX` characters); a request this worker does not hold is
-        ignored."""
+        (cut to :data:`REASON_MAX` characters, a lone surrogate escaped: Redis takes
+        UTF-8 only, and a settlement it cannot encode would fail every flush); a request
+        this worker does not hold is ignored."""
         if request in self.out:
-            self.failures[request] = reason[:REASON_MAX]
+            reason = reason[:REASON_MAX]
+            self.failures[request] = reason.encode("utf-8", "backslashreplace").decode()
 
     def settle(self) -> None:
         """Settle the leases of the requests the engine is done with."""
@@ -146,14 +162,31 @@ class Deliveries:
                 # (a delivery of it granted since to this worker is its own now)
                 self.buffer.extendleft(reversed(self.deferred.pop(lease_id, [])))
                 continue
-            outcomes.append((lease_id, reason))
             if reason:
                 self.stats.inc_value("scheduler/failed_callbacks")
+                if self.callback_errors == DEAD:
+                    reason = self._dead_now(reason)
+            outcomes.append((lease_id, reason))
         if not self.out and not self.buffer:
             self._emptied = self.frontier.epoch
             if self.frontier.shard_count > 1:  # a reserve vouches for its own shard only
                 self.before_lookup()
         self.frontier.settle(outcomes)
+
+    def _dead_now(self, reason: str) -> str:
+        """The settlement of a request whose callback raised with ``reason``, under
+        ``SCHEDULER_CALLBACK_ERRORS = "dead"``: its entry dead-lettered at once with the
+        reason (the first time, this worker says where it goes)."""
+        if not self._told_dead:
+            self._told_dead = True
+            logger.info(
+                "A request whose callback raised goes to %(dead)s, not back to the queue "
+                "(SCHEDULER_CALLBACK_ERRORS = 'dead'); once the spider is fixed, "
+                "`scrapy-dist dead requeue` puts such requests back",
+                {"dead": self.frontier.keys.dead},
+            )
+        self.stats.inc_value("scheduler/failed_callbacks/dead")
+        return DEAD_BECAUSE + reason + DEAD_SUFFIX
 
     def before_lookup(self) -> None:
         """Call :attr:`on_empty` if this worker held nothing since it last had it called

@@ -43,7 +43,7 @@ from scrapy_dist.epoch import (
 )
 from scrapy_dist.eviction import check_eviction_policy
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.leases import DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
+from scrapy_dist.leases import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
 from scrapy_dist.outbox import UNREACHABLE, Batch, Outbox, refusal
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
 from scrapy_dist.replication import Command, Replication
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from scrapy_dist.settings import Config
 
 __all__ = [
+    "DEAD_BECAUSE",
     "DEAD_NOW",
     "DONE",
     "FINISHED",
@@ -641,7 +642,8 @@ class Frontier:
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
         """Add lease settlements to the outbox: ``(lease id, outcome)`` with outcome
-        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a dead-letter record, or a
+        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a dead-letter record,
+        :data:`DEAD_BECAUSE` + a reason (the held entry dead-lettered with it), or a
         failure reason.
 
         A settlement is sent only once Redis has confirmed the enqueue of every request

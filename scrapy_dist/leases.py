@@ -5,7 +5,8 @@ and gives every lease the worker holds one deadline in ``<crawl>:holders``
 (``lua/reserve.lua``, ``lua/_leases.lua``). The worker renews its leases (``lua/renew.lua``) and
 settles each one when Scrapy is done with it (``lua/settle.lua``): acknowledged
 (:data:`DONE`), returned for another try with the failure's reason, dead-lettered at
-once (:data:`DEAD_NOW`), or handed back untouched at shutdown (:data:`HAND_BACK`).
+once (:data:`DEAD_NOW` with a record, :data:`DEAD_BECAUSE` with a reason), or handed
+back untouched at shutdown (:data:`HAND_BACK`).
 Leases whose worker died expire and return to the queue with their delivery count;
 past ``SCHEDULER_MAX_DELIVERIES`` they go to the dead-letter list. Leases granted by a
 call whose reply was lost are handed back (``lua/release.lua``).
@@ -22,7 +23,15 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.scripts import DEAD_NOW, DONE, ENTRY_ID_LEN, FROM_QUEUE, FROM_SEEDS, HAND_BACK
+from scrapy_dist.scripts import (
+    DEAD_BECAUSE,
+    DEAD_NOW,
+    DONE,
+    ENTRY_ID_LEN,
+    FROM_QUEUE,
+    FROM_SEEDS,
+    HAND_BACK,
+)
 from scrapy_dist.workers import previous_version_running
 
 if TYPE_CHECKING:
@@ -37,6 +46,7 @@ if TYPE_CHECKING:
     from scrapy_dist.seeds import SeedQueue
 
 __all__ = [
+    "DEAD_BECAUSE",
     "DEAD_NOW",
     "DONE",
     "HAND_BACK",

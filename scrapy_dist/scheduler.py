@@ -5,7 +5,8 @@ enqueue are one atomic server-side step (``lua/enqueue.lua``), so a fingerprint 
 recorded for a request that is not queued. Taking a request leases it
 (:mod:`scrapy_dist.frontier`); the lease is settled once the request has left the
 engine (:mod:`scrapy_dist.deliveries`). A request whose callback raised is returned for
-another try with the error as its reason, up to ``SCHEDULER_MAX_DELIVERIES``.
+another try with the error as its reason, up to ``SCHEDULER_MAX_DELIVERIES``, or, with
+``SCHEDULER_CALLBACK_ERRORS = "dead"``, dead-lettered at once with it.
 
 The parts: :class:`~scrapy_dist.deliveries.Deliveries` (the leases this worker holds and
 when each is settled), :class:`~scrapy_dist.heartbeat.Heartbeat` (the timer: flushes,
@@ -104,6 +105,8 @@ class Scheduler(BaseScheduler):
             (:mod:`scrapy_dist.parents`): a callback's requests are then refused by
             Redis once this worker no longer holds its request's lease; ``None``: they
             are fenced by the crawl's epoch only.
+        callback_errors: a request whose callback raised is returned for another try
+            (``"retry"``) or dead-lettered at once (``"dead"``).
 
     Raises:
         ConfigurationError: the options contradict each other
@@ -137,6 +140,7 @@ class Scheduler(BaseScheduler):
         close_when_done: bool = False,
         fault_exit_code: int = 0,
         links: Links | None = None,
+        callback_errors: str = "retry",
     ) -> None:
         check_scheduler(
             prefetch=prefetch,
@@ -145,6 +149,7 @@ class Scheduler(BaseScheduler):
             heartbeat_interval=heartbeat_interval,
             worker_timeout=registry.timeout,
             lease_timeout=frontier.lease_timeout,
+            callback_errors=callback_errors,
         )
         self.frontier, self.queue, self.registry = frontier, frontier.queue, registry
         self.df, self.serializer, self.dead, self.stats = dupefilter, serializer, dead, stats
@@ -164,6 +169,7 @@ class Scheduler(BaseScheduler):
             prefetch=prefetch,
             max_held=max_held if max_held is not None else 3 * prefetch,
             on_empty=self._shared_df.forget_local if self._shared_df else lambda: None,
+            callback_errors=callback_errors,
         )
         # -- crawl control (pause, resume, drain: scrapy_dist.control) --
         self.control = WorkerControl(
@@ -275,6 +281,7 @@ class Scheduler(BaseScheduler):
             fault_exit_code=settings.fault_exit_code,
             max_held=settings.max_held,
             links=links_for(crawler),
+            callback_errors=settings.callback_errors,
         )
         if cls.leased:  # (a scrapy-redis style queue pops in its own order: not gated)
             scheduler.politeness = Politeness.for_crawler(crawler, frontier, scheduler.deliveries)
@@ -688,7 +695,10 @@ class Scheduler(BaseScheduler):
     # -- failures -------------------------------------------------------------------
 
     def record_failure(self, failure: Failure, response: object, spider: Spider) -> None:
-        """``spider_error``: remember why a callback failed, to settle its lease with it."""
+        """``spider_error``: remember why a callback failed (the exception's type and
+        message), to settle its lease with it: returned for another try, or
+        dead-lettered (``SCHEDULER_CALLBACK_ERRORS``). An errback's error (``response``
+        is then a failure) is not recorded: its request is acknowledged."""
         if isinstance(response, Response) and response.request is not None:
             reason = f"{failure.type.__name__ if failure.type else 'Error'}: {failure.value}"
             self.deliveries.record_failure(response.request, reason)

@@ -55,6 +55,9 @@ DONE = ""
 HAND_BACK = "~"
 #: Outcome prefix of a lease: dead-letter it now, with the JSON record that follows.
 DEAD_NOW = "!"
+#: Outcome prefix of a lease: dead-letter its entry now (as held in Redis), with the
+#: reason that follows (a callback that raised, ``SCHEDULER_CALLBACK_ERRORS = "dead"``).
+DEAD_BECAUSE = "#"
 #: Origin of a leased entry: the request queue (its lease id is its entry id).
 FROM_QUEUE = "q"
 #: Origin of a leased entry: the seeds key (its lease id starts with this letter).
@@ -66,6 +69,7 @@ LUA_CONSTANTS: dict[str, int | str] = {
     "DONE": DONE,
     "HAND_BACK": HAND_BACK,
     "DEAD_NOW": DEAD_NOW,
+    "DEAD_BECAUSE": DEAD_BECAUSE,
     "FROM_QUEUE": FROM_QUEUE,
     "FROM_SEEDS": FROM_SEEDS,
     "LEVELS_MARKER": LEVELS_MARKER,
@@ -324,7 +328,8 @@ class Scripts:
         outcomes: Iterable[tuple[str, str]],
     ) -> ScriptCall:
         """``lua/settle.lua``: settle ``(lease id, outcome)`` pairs (outcomes
-        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a record, or a reason)."""
+        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a record,
+        :data:`DEAD_BECAUSE` + a reason, or a reason)."""
         keys = [holding, deliveries, dead, queue, seeds, progress, epoch_key]
         args: list[Arg] = [worker, queue_put_back, seeds_put_back, max_deliveries, epoch]
         for lease_id, outcome in outcomes:

@@ -85,6 +85,10 @@ ON_FULL = ("grow", "refuse")
 #: Values of ``REDIS_EVICTION_POLICY_CHECK``.
 EVICTION_CHECKS = ("refuse", "warn", "off")
 
+#: Values of ``SCHEDULER_CALLBACK_ERRORS``: return the request for another try, or
+#: dead-letter it at once.
+CALLBACK_ERRORS = ("retry", "dead")
+
 
 def with_defaults(settings: BaseSettings) -> BaseSettings:
     """Return a copy of ``settings`` in which every unset scrapy_dist setting has its default."""
@@ -942,6 +946,8 @@ class SchedulerConfig:
         prefetch: requests leased per call (``SCHEDULER_PREFETCH``, or half of
             ``CONCURRENT_REQUESTS``).
         max_held: most requests a worker holds (``CONCURRENT_REQUESTS + 2 * prefetch``).
+        callback_errors: what a request whose callback raised becomes
+            (``SCHEDULER_CALLBACK_ERRORS``, one of :data:`CALLBACK_ERRORS`).
     """
 
     prefetch: int
@@ -953,6 +959,7 @@ class SchedulerConfig:
     start_once: bool
     close_when_done: bool
     fault_exit_code: int
+    callback_errors: str = "retry"
 
 
 def check_scheduler(
@@ -963,6 +970,7 @@ def check_scheduler(
     heartbeat_interval: float,
     lease_timeout: float,
     flush_interval: float,
+    callback_errors: object = "retry",
 ) -> None:
     """Check the scheduler's values (also given to a scheduler built directly).
 
@@ -989,6 +997,11 @@ def check_scheduler(
         )
     if flush_interval < 0:
         raise ConfigurationError(f"SCHEDULER_FLUSH_INTERVAL cannot be negative ({flush_interval})")
+    if not isinstance(callback_errors, str) or callback_errors not in CALLBACK_ERRORS:
+        raise ConfigurationError(
+            "SCHEDULER_CALLBACK_ERRORS must be "
+            f"{' or '.join(map(repr, CALLBACK_ERRORS))}, not {callback_errors!r}"
+        )
 
 
 def _scheduler(
@@ -998,6 +1011,9 @@ def _scheduler(
     prefetch = s.getint("SCHEDULER_PREFETCH") or max(1, concurrency // 2)
     idle_before_close = s.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE")
     flush_interval = s.getfloat("SCHEDULER_FLUSH_INTERVAL")
+    callback_errors = s.get("SCHEDULER_CALLBACK_ERRORS")
+    if isinstance(callback_errors, str):  # (as other choices: "Dead" and " dead" too)
+        callback_errors = callback_errors.strip().lower()
     check_scheduler(
         prefetch=prefetch,
         idle_before_close=idle_before_close,
@@ -1005,6 +1021,7 @@ def _scheduler(
         heartbeat_interval=workers.heartbeat_interval,
         lease_timeout=frontier.lease_timeout,
         flush_interval=flush_interval,
+        callback_errors=callback_errors,
     )
     return SchedulerConfig(
         prefetch=prefetch,
@@ -1016,6 +1033,7 @@ def _scheduler(
         start_once=s.getbool("SCHEDULER_START_ONCE"),
         close_when_done=s.getbool("CLOSE_WHEN_CRAWL_DONE"),
         fault_exit_code=s.getint("SCHEDULER_FAULT_EXIT_CODE"),
+        callback_errors=str(callback_errors),
     )
 
 

@@ -162,6 +162,75 @@ def test_callback_errors_retry_then_dead_letter_with_the_reason(
     assert w.scheduler.stats.get_value("scheduler/leases/dead") == 1
 
 
+@pytest.mark.parametrize("flush_interval", [0, 5])
+def test_with_callback_errors_dead_a_callback_error_is_dead_lettered_once_after_its_children(
+    worker: Callable[..., Worker], client: redis.Redis, flush_interval: float
+) -> None:
+    from scrapy.http import HtmlResponse
+
+    w = worker({"SCHEDULER_CALLBACK_ERRORS": "dead", "SCHEDULER_FLUSH_INTERVAL": flush_interval})
+    w.scheduler.enqueue_request(Request(URL + "raises"))
+    w.frontier.flush()
+    request = w.take()
+    assert request is not None
+    w.returns(request, Request(URL + "child"))  # yielded before the callback raised
+    try:
+        raise ValueError("parse failed")
+    except ValueError:
+        failure = Failure()
+    assert w.scheduler.spider is not None
+    response = HtmlResponse(request.url, request=request)
+    w.scheduler.record_failure(failure, response, w.scheduler.spider)
+    w.finish(request)
+    w.frontier.flush()  # the child's enqueue, then (confirmed) its parent's settlement
+    w.frontier.flush()
+    [record] = dead_letters(client, w.frontier)
+    assert json.loads(record["data"])["url"] == URL + "raises"
+    assert record["reason"].startswith("ValueError: parse failed (")
+    assert "SCHEDULER_CALLBACK_ERRORS" in record["reason"]
+    assert record["deliveries"] == 1
+    child = w.take()  # the child is queued; the parent never comes back
+    assert child is not None
+    assert child.url == URL + "child"
+    w.finish(child)
+    w.frontier.flush()
+    assert w.take() is None
+    assert leased_count(client, w.frontier.keys.crawl) == 0
+    stats = w.scheduler.stats
+    assert stats.get_value("scheduler/leases/dead") == 1
+    assert stats.get_value("scheduler/leases/retried") is None
+    assert stats.get_value("scheduler/failed_callbacks/dead") == 1
+    assert client.hget(w.frontier.keys.progress, "dead") == b"1"
+
+
+@pytest.mark.parametrize("callback_errors", ["retry", "dead"])
+def test_a_callback_error_whose_message_is_not_utf8_is_settled_with_it_escaped(
+    worker: Callable[..., Worker], client: redis.Redis, callback_errors: str
+) -> None:
+    """redis-py encodes strings as strict UTF-8: a reason with a lone surrogate failed
+    the flush carrying its settlement, and every flush after it (the worker stalled)."""
+    from scrapy.http import HtmlResponse
+
+    w = worker({"SCHEDULER_CALLBACK_ERRORS": callback_errors, "SCHEDULER_MAX_DELIVERIES": 1})
+    w.scheduler.enqueue_request(Request(URL + "raises"))
+    request = w.take()
+    assert request is not None
+    try:
+        raise OSError(b"no such file: caf\xe9".decode("utf-8", "surrogateescape"))
+    except OSError:
+        failure = Failure()
+    assert w.scheduler.spider is not None
+    response = HtmlResponse(request.url, request=request)
+    w.scheduler.record_failure(failure, response, w.scheduler.spider)
+    w.finish(request)
+    w.scheduler.enqueue_request(Request(URL + "next"))  # the flushes go on
+    nxt = w.take()
+    assert nxt is not None
+    assert nxt.url == URL + "next"
+    [record] = dead_letters(client, w.frontier)
+    assert record["reason"].startswith("OSError: no such file: caf\\udce9 (")
+
+
 def test_close_hands_back_unstarted_requests_without_counting_a_delivery(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:

@@ -18,7 +18,15 @@ import redis
 
 from scrapy_dist.epoch import stored_number
 from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
-from scrapy_dist.scripts import DEAD_NOW, DONE, FROM_QUEUE, FROM_SEEDS, HAND_BACK, Scripts
+from scrapy_dist.scripts import (
+    DEAD_BECAUSE,
+    DEAD_NOW,
+    DONE,
+    FROM_QUEUE,
+    FROM_SEEDS,
+    HAND_BACK,
+    Scripts,
+)
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_entries
 from scrapy_dist.testing.refusals import OOM_REFUSED
@@ -1143,6 +1151,50 @@ def test_a_settle_with_a_deliveries_key_that_is_not_a_hash_buries_once(
     assert [r["reason"] for r in crawl.dead()].count("bad") == 1
     assert crawl.queued_ids() == [ids[1]]
     _deliveries_set_aside(crawl, records=2)
+
+
+def test_dead_because_buries_the_held_entry_once_with_its_reason_and_count(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """A callback that raised under SCHEDULER_CALLBACK_ERRORS = "dead": its held entry
+    goes to the dead-letter list with the reason and its delivery count (2: its first
+    holder was killed), acknowledged: never back in the queue, its count gone, and a
+    second settlement of it (a repeated flush) finds nothing to settle."""
+    crawl.enqueue(2)
+    crawl.reserve("gone", 2)
+    crawl.expire("gone")
+    ids = _ids(crawl.reserve("w", 2))
+    assert crawl.deliveries() == {i: 2 for i in ids}
+    outcomes = [(ids[0], DEAD_BECAUSE + "ValueError: broken"), (ids[1], DONE)]
+    assert crawl.settle("w", outcomes) == [1, 0, 1, 0, 0]
+    [record] = crawl.dead()
+    assert record["kind"] == "request"
+    assert record["reason"] == "ValueError: broken"
+    assert record["data"] == "payload 0"  # the payload, without the entry id
+    assert record["deliveries"] == 2
+    assert record["worker"] == "w"
+    assert crawl.queued_ids() == []
+    assert crawl.held("w") == set()
+    assert crawl.deliveries() == {}
+    assert crawl.settle("w", outcomes) == [0, 0, 0, 0, 2]
+    assert len(crawl.dead()) == 1
+    assert client.hget(crawl.keys.progress, "dead") == b"1"
+
+
+def test_dead_because_into_a_dead_key_of_another_type_sets_it_aside(
+    crawl: Crawl, client: redis.Redis
+) -> None:
+    """The dead-letter key written by hand as a string: the record goes into a fresh
+    list after one naming the key set aside, the lease settled, nothing lost."""
+    crawl.enqueue(1)
+    [lease_id] = _ids(crawl.reserve("w", 1))
+    client.set(crawl.keys.dead, b"oops")
+    assert crawl.settle("w", [(lease_id, DEAD_BECAUSE + "KeyError: 'x'")]) == [0, 0, 2, 0, 0]
+    aside, record = crawl.dead()
+    assert crawl.keys.dead + ":wrongtype" in aside["reason"]
+    assert record["reason"] == "KeyError: 'x'"
+    assert client.get(crawl.keys.dead + ":wrongtype") == b"oops"
+    assert crawl.held("w") == set()
 
 
 @pytest.mark.parametrize("score", [b" 5", b"5 ", b"1e999", b"-1e999", b"1e-400"])

@@ -145,6 +145,37 @@ def test_poison_page_ends_in_dead_letters(crawl: Crawl) -> None:
     assert len(missing) < 5, missing
 
 
+def test_with_callback_errors_dead_a_killed_workers_requests_still_come_back(
+    crawl: Crawl,
+) -> None:
+    """``SCHEDULER_CALLBACK_ERRORS = "dead"`` dead-letters the page whose callback
+    raised, fetched once (the setting did not exist: it was fetched 3 times), and only
+    it: the requests a worker killed with -9 held come back when their leases expire
+    and are crawled, as with "retry" (``SCHEDULER_MAX_DELIVERIES = 1``, the workaround
+    before, dead-lettered them)."""
+    options = {"SCHEDULER_CALLBACK_ERRORS": "dead"}
+    crawl.start(2, spider_args={"fail_on": "/page/7"}, **options)
+    crawl.seed()
+    crawl.hit_when(100)
+    victim = crawl.workers[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.process.wait()
+    held = crawl.held_by(victim)
+    assert held > 0  # mid-crawl: its leases are what must come back
+    crawl.start(1, spider_args={"fail_on": "/page/7"}, **options)
+    assert crawl.wait() == [-signal.SIGKILL, 0, 0], crawl.logs()
+    hits = crawl.site.hits()
+    assert hits["/page/7"] == 1
+    [record] = [json.loads(d) for d in crawl.client.lrange("pages:dead", 0, -1)]
+    assert json.loads(record["data"])["url"].endswith("/page/7")
+    assert record["reason"].startswith("ValueError: poison page /page/7")
+    assert record["deliveries"] == 1
+    missing = crawl.site.expected_paths() - set(hits)
+    assert len(missing) < 5, missing  # only what is reachable through page 7 alone
+    assert leases.leased_count(crawl.client, "pages") == 0
+    assert duplicates(hits) <= held, (duplicates(hits), held)
+
+
 def test_one_worker_stops_early_the_other_finishes(
     crawl: Crawl, monkeypatch: pytest.MonkeyPatch
 ) -> None:

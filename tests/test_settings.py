@@ -182,6 +182,16 @@ ERRORS: list[tuple[dict[str, Any], str, str]] = [
         "SCHEDULER_PREFETCH must be at least 1, not -1",
     ),
     (
+        {"SCHEDULER_CALLBACK_ERRORS": "dead-letter"},
+        "scheduler",
+        "SCHEDULER_CALLBACK_ERRORS must be 'retry' or 'dead', not 'dead-letter'",
+    ),
+    (
+        {"SCHEDULER_CALLBACK_ERRORS": True},
+        "scheduler",
+        "SCHEDULER_CALLBACK_ERRORS must be 'retry' or 'dead', not True",
+    ),
+    (
         {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},
         "scheduler",
         "SCHEDULER_IDLE_BEFORE_CLOSE cannot be negative (-1.0)",
@@ -280,6 +290,15 @@ def test_every_error_message(values: dict[str, Any], section: str, message: str)
     assert str(info.value) == message
     with pytest.raises(ConfigurationError):  # and validate() finds it
         config(**values).validate()
+
+
+@pytest.mark.parametrize(
+    ("value", "read"), [(None, "retry"), ("retry", "retry"), ("dead", "dead"), (" Dead ", "dead")]
+)
+def test_callback_errors(value: str | None, read: str) -> None:
+    """``SCHEDULER_CALLBACK_ERRORS``: "retry" unless set, read as other choices are."""
+    values = {} if value is None else {"SCHEDULER_CALLBACK_ERRORS": value}
+    assert config(**values).scheduler.callback_errors == read
 
 
 def test_seed_batch_size() -> None:

@@ -1,5 +1,6 @@
 -- Settle leases this worker holds: acknowledge (done), return for another try after a
--- failure (or dead-letter it past the delivery limit), or hand back untouched.
+-- failure (or dead-letter it past the delivery limit), dead-letter it at once, or hand
+-- back untouched.
 -- Leases no longer held by this worker (expired and reclaimed) are left alone. A
 -- deliveries key that is not a hash (written by hand), or a queue or seeds key of
 -- another type than ARGV[2] or ARGV[3] puts back to, is set aside first, with a
@@ -20,8 +21,10 @@
 -- ARGV[6..] = pairs: lease id, outcome; outcome DONE ("") = done, HAND_BACK ("~") =
 --             hand back (not counted as a delivery), DEAD_NOW .. record ("!<record>") =
 --             dead-letter it now with this JSON record (a seed that can never become a
---             request), anything else = the failure's reason (the constants are
---             scrapy_dist/scripts.py's)
+--             request), DEAD_BECAUSE .. reason ("#<reason>") = dead-letter the held
+--             entry now with this reason, its delivery count kept (a callback that
+--             raised, SCHEDULER_CALLBACK_ERRORS = "dead"), anything else = the
+--             failure's reason (the constants are scrapy_dist/scripts.py's)
 -- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the
 --          crawl's epoch is not ARGV[5]
 -- uses: _deadletter, _leases, _fence, _batch
@@ -95,7 +98,9 @@ local records = batched({"HMGET", holding}, ids)
 -- so is a queue or seeds key of another type than entries go back to, when one may go
 -- back (a failed put-back stopped every settle of this worker)
 for i = 7, #ARGV, 2 do
-  if ARGV[i] ~= DONE and string.sub(ARGV[i], 1, #DEAD_NOW) ~= DEAD_NOW then
+  local outcome = ARGV[i]
+  if outcome ~= DONE and string.sub(outcome, 1, #DEAD_NOW) ~= DEAD_NOW
+      and string.sub(outcome, 1, #DEAD_BECAUSE) ~= DEAD_BECAUSE then
     for _, reason in ipairs(set_aside_destinations(queue, qback, seeds, sback)) do
       bury(dead_json("request", "", reason, clock(), worker, 0))
     end
@@ -125,6 +130,10 @@ for k, id in ipairs(ids) do
     elseif not origin then
       -- a record no reserve wrote (edited by hand): it cannot go back, it is kept aside
       bury(dead_json("request", record, malformed_reason(holding, id), clock(), worker,
+        delivered(deliveries, {id})[1]))
+      cleared[#cleared + 1] = id
+    elseif string.sub(outcome, 1, #DEAD_BECAUSE) == DEAD_BECAUSE then
+      bury(dead_record(origin, entry, string.sub(outcome, #DEAD_BECAUSE + 1), clock(), worker,
         delivered(deliveries, {id})[1]))
       cleared[#cleared + 1] = id
     elseif outcome == HAND_BACK then
