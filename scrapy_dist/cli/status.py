@@ -17,6 +17,7 @@ from scrapy_dist.cli._context import (
     EXIT_OK,
     Context,
     err,
+    in_transition,
     out,
     positive,
     report_absent,
@@ -279,7 +280,7 @@ def _status_or_error(
     except redis.exceptions.NoPermissionError:
         return crawl, "no permission to read this crawl's keys (Redis ACL of this user)"
     except redis.exceptions.ResponseError as e:
-        return crawl, f"Redis answered: {e}"
+        return crawl, in_transition(e) or f"Redis answered: {e}"
 
 
 def _as_dict(status: Shown) -> dict[str, Any]:
