@@ -163,6 +163,11 @@ class ItemWriter:
         writer was built names the file too)."""
         return rejected_path(self._rejected_template, self.key)
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called."""
+        return self._thread is not None
+
     def start(self) -> None:
         """Start the sending thread."""
         self._thread = threading.Thread(
@@ -702,7 +707,8 @@ class RedisPipeline:
     def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         """Serialize ``item`` and buffer it for the list :meth:`item_key` names; a
         subclass that defines scrapy-redis's ``_process_item(item, spider)`` gets that
-        called on a thread instead, as in scrapy-redis.
+        called on a thread instead, as in scrapy-redis. Starts sending if
+        :meth:`open_spider` did not (a subclass's override that does not call it).
 
         Returns:
             ``item`` at once; or, when ``REDIS_ITEMS_BUFFER_MAX`` items are unsent
@@ -718,6 +724,10 @@ class RedisPipeline:
 
             call = threads.deferToThread(self._process_item, item, self._spider(spider))
             return _for_scrapy(call)
+        if not self.writer.started:
+            # an open_spider override that did not call this one (scrapy-redis's
+            # RedisPipeline has none to call): nothing would send the items
+            self._start()
         data = self._serialize(item)
         key = self.item_key(item, self._spider(spider))
         full = self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)

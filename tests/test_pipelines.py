@@ -585,6 +585,45 @@ def test_a_pipeline_from_a_subclass_own_from_crawler_writes_to_the_jobs_list(
     assert not client.exists("%(spider)s:items", f"{name}:items")
 
 
+class OwnOpenSpider(RedisPipeline):
+    """An ``open_spider`` of its own, as scrapy-redis users write it: scrapy-redis's
+    pipeline has none, so it calls no ``super()``."""
+
+    def open_spider(self, spider: Any = None) -> None:
+        self.opened = True
+
+
+def test_items_are_sent_when_an_open_spider_override_does_not_call_ours(
+    make_crawler: Callable[..., Any], client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """Nothing started the writer's thread: from the ``REDIS_ITEMS_BUFFER_MAX``-th item
+    on, Scrapy waited for room that never came (the crawl hung), and at close every
+    item went to the rejected file, "Redis did not accept them", none to Redis."""
+    crawler = make_crawler(
+        {
+            "REDIS_ITEMS_FLUSH_INTERVAL": 0.05,
+            "REDIS_ITEMS_BUFFER_MAX": 5,
+            "REDIS_ITEMS_REJECTED_FILE": str(tmp_path / "%(key)s.jl"),
+        }
+    )
+    p = OwnOpenSpider.from_crawler(crawler)
+    p.open_spider(crawler.spider)
+    stored: list[Any] = []
+    for n in range(8):
+        result = p.process_item({"n": n}, crawler.spider)
+        if isinstance(result, Deferred):
+            result.addCallback(stored.append)
+        else:
+            stored.append(result)
+    deadline = time.monotonic() + 10
+    while len(stored) < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(stored) == 8  # every item handed back to Scrapy
+    p.close_spider(crawler.spider)
+    assert [json.loads(raw)["n"] for raw in client.lrange(f"{name}:items", 0, -1)] == list(range(8))
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_pipeline_takes_a_writer_or_a_server_not_both_nor_none(redis_url: str) -> None:
     import redis as redis_py
 
