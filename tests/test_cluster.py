@@ -523,6 +523,7 @@ def test_cli_mid_reshard_says_the_slot_is_moving_and_changes_nothing(
     with clean.client() as plain:
         plain.rpush(f"{TAG}:items", b'{"url": "https://a.example/1"}')
         plain.rpush(f"{TAG}:dead", b'{"reason": "test", "kind": "request"}')
+        plain.lpush("{pages-neighbour}:start_urls", b"https://b.example/")  # another crawl
     slot = slot_of(SEEDS)
     source = clean.master_for(SEEDS)
     target = next(node for node in clean.masters() if node.port != source.port)
@@ -541,8 +542,12 @@ def test_cli_mid_reshard_says_the_slot_is_moving_and_changes_nothing(
                 assert "being moved to another cluster node" in err or "is migrating" in err
                 assert "retry" in err, (args, err)
                 assert "lost Redis" not in err, (args, err)
-            assert sorted(src.keys("*pages*")) == [f"{TAG}:items".encode(), SEEDS.encode()]
-            assert dst.keys("*pages*") == [f"{TAG}:dead".encode()]
+            # every crawl's status: the one whose slot moves must not hide the others
+            code, out, err = run("--redis-url", url, "status")
+            assert "{pages-neighbour}" in out, (code, out, err)
+            assert "is migrating" in out + err, (code, out, err)
+            assert src.exists(f"{TAG}:items", SEEDS) == 2
+            assert dst.keys(f"{TAG}:dead") == [f"{TAG}:dead".encode()]
         finally:  # end the move as a reshard does
             left = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
             if left:
@@ -553,3 +558,5 @@ def test_cli_mid_reshard_says_the_slot_is_moving_and_changes_nothing(
     code, out, err = run("--redis-url", url, "dead", "list", "pages")
     assert code == 0, err
     assert "1 record" in out
+    with clean.client() as plain:
+        plain.delete("{pages-neighbour}:start_urls")
