@@ -163,6 +163,11 @@ class ItemWriter:
         writer was built names the file too)."""
         return rejected_path(self._rejected_template, self.key)
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called."""
+        return self._thread is not None
+
     def start(self) -> None:
         """Start the sending thread."""
         self._thread = threading.Thread(
@@ -447,15 +452,16 @@ def _binds(factory: _F) -> _F:
     return factory
 
 
-def _binding(factory: _F) -> _F:
-    """``factory`` (a subclass's own ``from_crawler`` function), binding the pipeline it
-    returns to the crawler (:meth:`RedisPipeline._bind`)."""
+def _binding(factory: _F, *, static: bool = False) -> _F:
+    """``factory`` (a subclass's own ``from_crawler`` function: a classmethod's, or a
+    staticmethod's when ``static``), binding the pipeline it returns to the crawler
+    (:meth:`RedisPipeline._bind`)."""
 
     @functools.wraps(factory)
-    def from_crawler(cls: type[RedisPipeline], crawler: Crawler) -> Any:
-        pipeline = factory(cls, crawler)
+    def from_crawler(*args: Any, **kwargs: Any) -> Any:
+        pipeline = factory(*args, **kwargs)
         if isinstance(pipeline, RedisPipeline):
-            pipeline._bind(crawler)
+            pipeline._bind(args[0] if static else args[1])
         return pipeline
 
     return _binds(cast("_F", from_crawler))
@@ -471,16 +477,29 @@ class RedisPipeline:
     Args:
         writer: sends the serialized items.
         serialize: ``item -> str`` (or bytes).
+
+    scrapy-redis's ``RedisPipeline(server, key=..., serialize_func=...)`` works too,
+    ``server`` by position or by name.
+
+    Raises:
+        TypeError: neither a writer nor a server was given, or both.
     """
 
     def __init__(
         self,
-        writer: ItemWriter | redis.Redis,
+        writer: ItemWriter | redis.Redis | None = None,
         serialize: Callable[[Any], str | bytes] | str | None = None,
         serialize_func: Callable[[Any], str | bytes] | None = None,
         *,
         key: str | None = None,
+        server: redis.Redis | None = None,
     ) -> None:
+        if writer is None:
+            writer = server
+        elif server is not None:
+            writer = None  # both: refused below
+        if writer is None:
+            raise TypeError(f"{type(self).__name__}() needs a writer or a server (one of them)")
         if not isinstance(writer, ItemWriter):
             # scrapy-redis's RedisPipeline(server, key=PIPELINE_KEY, serialize_func=...)
             if isinstance(serialize, str):
@@ -503,11 +522,15 @@ class RedisPipeline:
         """A subclass's own ``from_crawler`` (scrapy-redis's users write one that calls
         :meth:`from_settings`, which knows no crawler) is wrapped so that the pipeline
         it returns is bound to the crawler (:meth:`_bind`), as :meth:`from_crawler`'s
-        is. A ``from_crawler`` that is not a classmethod is left as it is."""
+        is; a staticmethod's too (``from_crawler(crawler)``). Any other ``from_crawler``
+        is left as it is."""
         super().__init_subclass__(**kwargs)
         factory = inspect.getattr_static(cls, "from_crawler", None)
         if isinstance(factory, classmethod) and factory.__func__ not in _BINDING:
             cls.from_crawler = classmethod(_binding(factory.__func__))  # type: ignore[method-assign, assignment]
+        elif isinstance(factory, staticmethod) and factory.__func__ not in _BINDING:
+            bound = staticmethod(_binding(factory.__func__, static=True))
+            cls.from_crawler = bound  # type: ignore[method-assign]
 
     def _writer_for(self, client: redis.Redis, key: str | None) -> ItemWriter:
         """The writer of a pipeline given a client rather than a writer."""
@@ -684,7 +707,8 @@ class RedisPipeline:
     def process_item(self, item: Any, spider: Spider | None = None) -> Any:
         """Serialize ``item`` and buffer it for the list :meth:`item_key` names; a
         subclass that defines scrapy-redis's ``_process_item(item, spider)`` gets that
-        called on a thread instead, as in scrapy-redis.
+        called on a thread instead, as in scrapy-redis. Starts sending if
+        :meth:`open_spider` did not (a subclass's override that does not call it).
 
         Returns:
             ``item`` at once; or, when ``REDIS_ITEMS_BUFFER_MAX`` items are unsent
@@ -700,6 +724,10 @@ class RedisPipeline:
 
             call = threads.deferToThread(self._process_item, item, self._spider(spider))
             return _for_scrapy(call)
+        if not self.writer.started:
+            # an open_spider override that did not call this one (scrapy-redis's
+            # RedisPipeline has none to call): nothing would send the items
+            self._start()
         data = self._serialize(item)
         key = self.item_key(item, self._spider(spider))
         full = self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)

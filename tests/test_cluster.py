@@ -507,3 +507,56 @@ def test_a_dead_first_startup_node_is_skipped(redis_cluster: ClusterServers) -> 
     crawl = crawl_client(client, RedisKeys.build("pages", hash_tag=True))
     assert crawl.exists("{pages}:nothing") == 0
     client.close()
+
+
+def test_cli_mid_reshard_says_the_slot_is_moving_and_changes_nothing(
+    clean: ClusterServers, run: Any
+) -> None:
+    """The crawl's slot half moved (its dead-letter list on the new master, its seeds and
+    items not yet): ``dead list``, ``export`` and ``reset`` printed Redis's bare "Multiple
+    keys request during rehashing of slot" (redis-py strips the TRYAGAIN code), or "lost
+    Redis", which do not tell the operator that a reshard is under way and that retrying
+    ends it; nothing is changed."""
+    url = "redis+cluster://" + nodes_setting(clean)
+    code, _, err = run("--redis-url", url, "push", "pages", "https://a.example/1")
+    assert code == 0, err
+    with clean.client() as plain:
+        plain.rpush(f"{TAG}:items", b'{"url": "https://a.example/1"}')
+        plain.rpush(f"{TAG}:dead", b'{"reason": "test", "kind": "request"}')
+        plain.lpush("{pages-neighbour}:start_urls", b"https://b.example/")  # another crawl
+    slot = slot_of(SEEDS)
+    source = clean.master_for(SEEDS)
+    target = next(node for node in clean.masters() if node.port != source.port)
+    with source.client() as src, target.client() as dst:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", f"{TAG}:dead")
+        try:
+            for args in (
+                ["dead", "list", "pages"],
+                ["export", "pages", "-o", "-"],
+                ["reset", "pages", "--yes"],
+            ):
+                code, out, err = run("--redis-url", url, *args)
+                assert code == 1, (args, out, err)
+                assert "being moved to another cluster node" in err or "is migrating" in err
+                assert "retry" in err, (args, err)
+                assert "lost Redis" not in err, (args, err)
+            # every crawl's status: the one whose slot moves must not hide the others
+            code, out, err = run("--redis-url", url, "status")
+            assert "{pages-neighbour}" in out, (code, out, err)
+            assert "is migrating" in out + err, (code, out, err)
+            assert src.exists(f"{TAG}:items", SEEDS) == 2
+            assert dst.keys(f"{TAG}:dead") == [f"{TAG}:dead".encode()]
+        finally:  # end the move as a reshard does
+            left = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            if left:
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *left)
+            for node in clean.masters():
+                with node.client() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+    code, out, err = run("--redis-url", url, "dead", "list", "pages")
+    assert code == 0, err
+    assert "1 record" in out
+    with clean.client() as plain:
+        plain.delete("{pages-neighbour}:start_urls")

@@ -539,13 +539,38 @@ class OnTopOfOwn(OwnFromCrawler):
         return pipeline
 
 
-@pytest.mark.parametrize("cls", [OwnFromCrawler, MixedIn, OnTopOfOwn])
+class CopiedFromSettings(RedisPipeline):
+    """scrapy-redis 0.9's own ``from_settings``, as its users copy it to add to it: the
+    client passed as ``server=``."""
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Any:
+        params: dict[str, Any] = {"server": scrapy_dist.connection.from_settings(settings)}
+        if settings.get("REDIS_ITEMS_KEY"):
+            params["key"] = settings["REDIS_ITEMS_KEY"]
+        return cls(**params)
+
+
+class StaticFromCrawler(RedisPipeline):
+    """A ``from_crawler`` written as a staticmethod, building with scrapy-redis's
+    ``RedisPipeline(server)``."""
+
+    @staticmethod
+    def from_crawler(crawler: Crawler) -> Any:
+        return StaticFromCrawler(scrapy_dist.connection.from_settings(crawler.settings))
+
+
+@pytest.mark.parametrize(
+    "cls", [OwnFromCrawler, MixedIn, OnTopOfOwn, CopiedFromSettings, StaticFromCrawler]
+)
 def test_a_pipeline_from_a_subclass_own_from_crawler_writes_to_the_jobs_list(
     make_crawler: Callable[..., Any], client: redis.Redis, name: str, cls: type[RedisPipeline]
 ) -> None:
     """A from_crawler that calls from_settings gave a pipeline that knew no crawler: on
     Scrapy 2.19 (no spider passed) its items went to a literal ``%(spider)s:items``, on
-    2.13 to ``<spider>:items``, not the job's list; its writer had no stats."""
+    2.13 to ``<spider>:items``, not the job's list; its writer had no stats. A
+    staticmethod ``from_crawler``'s pipeline still did; scrapy-redis's ``from_settings``
+    copied into a subclass (``cls(server=...)``) raised TypeError."""
     crawler: Crawler = make_crawler({"SCHEDULER_JOB_ID": "j1", "REDIS_ITEMS_FLUSH_INTERVAL": 0.05})
     p = cls.from_crawler(crawler)
     assert p.crawler is crawler
@@ -558,6 +583,56 @@ def test_a_pipeline_from_a_subclass_own_from_crawler_writes_to_the_jobs_list(
     p.close_spider()
     assert [json.loads(raw)["n"] for raw in client.lrange(f"{name}:j1:items", 0, -1)] == [1, 2]
     assert not client.exists("%(spider)s:items", f"{name}:items")
+
+
+class OwnOpenSpider(RedisPipeline):
+    """An ``open_spider`` of its own, as scrapy-redis users write it: scrapy-redis's
+    pipeline has none, so it calls no ``super()``."""
+
+    def open_spider(self, spider: Any = None) -> None:
+        self.opened = True
+
+
+def test_items_are_sent_when_an_open_spider_override_does_not_call_ours(
+    make_crawler: Callable[..., Any], client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """Nothing started the writer's thread: from the ``REDIS_ITEMS_BUFFER_MAX``-th item
+    on, Scrapy waited for room that never came (the crawl hung), and at close every
+    item went to the rejected file, "Redis did not accept them", none to Redis."""
+    crawler = make_crawler(
+        {
+            "REDIS_ITEMS_FLUSH_INTERVAL": 0.05,
+            "REDIS_ITEMS_BUFFER_MAX": 5,
+            "REDIS_ITEMS_REJECTED_FILE": str(tmp_path / "%(key)s.jl"),
+        }
+    )
+    p = OwnOpenSpider.from_crawler(crawler)
+    p.open_spider(crawler.spider)
+    stored: list[Any] = []
+    for n in range(8):
+        result = p.process_item({"n": n}, crawler.spider)
+        if isinstance(result, Deferred):
+            result.addCallback(stored.append)
+        else:
+            stored.append(result)
+    deadline = time.monotonic() + 10
+    while len(stored) < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(stored) == 8  # every item handed back to Scrapy
+    p.close_spider(crawler.spider)
+    assert [json.loads(raw)["n"] for raw in client.lrange(f"{name}:items", 0, -1)] == list(range(8))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_pipeline_takes_a_writer_or_a_server_not_both_nor_none(redis_url: str) -> None:
+    import redis as redis_py
+
+    server = redis_py.Redis.from_url(redis_url)
+    assert RedisPipeline(server=server, key="books:all").key == "books:all"
+    with pytest.raises(TypeError, match="a writer or a server"):
+        RedisPipeline()
+    with pytest.raises(TypeError, match="a writer or a server"):
+        RedisPipeline(ItemWriter(server, "a"), server=server)
 
 
 def test_a_subclass_from_crawler_returning_no_pipeline_is_left_to_scrapy(

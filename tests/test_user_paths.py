@@ -486,6 +486,100 @@ def test_pipelines_built_by_their_own_factories_store_in_the_jobs_keys(
     assert not client.exists(f"{name}:items:stream", "%(spider)s:items:stream")
 
 
+#: More pipelines as scrapy-redis users write them: a staticmethod from_crawler;
+#: scrapy-redis 0.9's from_settings copied (the client passed as ``server=``) with
+#: open_spider and close_spider of its own (scrapy-redis's pipeline has none, so they
+#: call no super()); a mixin's from_crawler reaching the pipeline's by super(); a stream
+#: pipeline with its own __init__. Next to Scrapy's FilesPipeline.
+USER_PIPELINES = """
+from scrapy_dist import connection
+from scrapy_dist.pipelines import RedisPipeline, RedisStreamPipeline
+
+
+class StaticPipeline(RedisPipeline):
+    @staticmethod
+    def from_crawler(crawler):
+        return StaticPipeline(connection.from_settings(crawler.settings), "%(spider)s:static")
+
+
+class CopiedPipeline(RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        params = {"server": connection.from_settings(settings), "key": "%(spider)s:copied"}
+        return cls(**params)
+
+    def open_spider(self, spider):
+        self.count = 0
+
+    def process_item(self, item, spider=None):
+        self.count += 1
+        return super().process_item(item, spider)
+
+    def close_spider(self, spider):
+        spider.logger.info("copied pipeline saw %d items", self.count)
+
+
+class Counting:
+    @classmethod
+    def from_crawler(cls, crawler):
+        pipeline = super().from_crawler(crawler)
+        pipeline.counting = True
+        return pipeline
+
+
+class MixedPipeline(Counting, RedisPipeline):
+    @classmethod
+    def from_settings(cls, settings):
+        pipeline = super().from_settings(settings)
+        pipeline.key = "%(spider)s:mixed"
+        return pipeline
+
+
+class OwnInitStream(RedisStreamPipeline):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.extra = True
+"""
+
+
+def test_pipelines_scrapy_redis_users_write_store_every_item_in_the_jobs_keys(
+    project: Path, name: str, client: redis.Redis, site: TestSite, workers: list[Worker]
+) -> None:
+    """scrapy-redis's ``from_settings`` copied into a subclass (``cls(server=...)``)
+    failed every worker at start (TypeError); with it fixed, its ``open_spider`` of its
+    own left the writer unstarted (the crawl hung once the buffer was full), and a
+    staticmethod ``from_crawler``'s items went to a literal ``%(spider)s:static`` on
+    Scrapy 2.19, to ``<spider>:static`` (not the job's) on 2.13."""
+    (project / "books" / "pipelines.py").write_text(USER_PIPELINES)
+    pipelines = {
+        "scrapy.pipelines.files.FilesPipeline": 1,
+        "books.pipelines.StaticPipeline": 300,
+        "books.pipelines.CopiedPipeline": 310,
+        "books.pipelines.MixedPipeline": 320,
+        "books.pipelines.OwnInitStream": 330,
+        "scrapy_dist.pipelines.RedisPipeline": 340,
+    }
+    settings = {
+        "ITEM_PIPELINES": json.dumps(pipelines),
+        "FILES_STORE": str(project / "files"),
+        "SCHEDULER_JOB_ID": "j1",
+        "REDIS_ITEMS_STREAM_MAXLEN": 1000,
+        "REDIS_ITEMS_BUFFER_MAX": 5,  # a full buffer is met
+    }
+    both = run(workers, project, name, settings=settings)
+    client.lpush(f"{name}:j1:start_urls", site.page_url(0))
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    text = "".join(log_text(w) for w in both)
+    assert "Traceback" not in text, logs(workers)
+    expected = sorted(site.page_url(i) for i in range(PAGES))
+    for suffix in ("static", "copied", "mixed", "items"):
+        raw = client.lrange(f"{name}:j1:{suffix}", 0, -1)
+        assert sorted(json.loads(r)["url"] for r in raw) == expected, (suffix, logs(workers))
+    assert client.xlen(f"{name}:j1:items:stream") == PAGES
+    assert not client.keys("%(spider)s*") + client.keys(f"{name}:static")
+    assert "rejected" not in text
+
+
 #: A pipeline built by its own factory whose items Redis refuses for good (its list
 #: holds a string): they are kept in the rejected file of the pipeline's list.
 REFUSED_PIPELINES = {

@@ -52,7 +52,9 @@ from scrapy_dist.cli._context import (
     Context,
     describe,
     err,
+    in_transition,
 )
+from scrapy_dist.connection import SlotMoved
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable, redis_error_text
 
 if TYPE_CHECKING:
@@ -152,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except (redis.ConnectionError, redis.TimeoutError) as e:
         where = describe(ctx.connected) if ctx.connected is not None else "the configured Redis"
-        err(f"scrapy-dist: error: lost Redis at {where}: {e}")
+        # SlotMoved names itself: the crawl's slot moves, Redis is not lost
+        lost = "" if isinstance(e, SlotMoved) else f"lost Redis at {where}: "
+        err(f"scrapy-dist: error: {lost}{e}")
         return EXIT_FAILED
     except ConfigurationError as e:
         err(f"scrapy-dist: error: {e}")
@@ -161,8 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         err(f"scrapy-dist: error: no permission (Redis ACL of this user): {e}")
         return EXIT_FAILED
     except redis.ResponseError as e:
-        code = EXIT_USAGE if redis_error_text(e).startswith("WRONGTYPE") else EXIT_FAILED
-        err(f"scrapy-dist: error: Redis answered: {e}")
+        wrongtype = redis_error_text(e).startswith("WRONGTYPE")
+        code = EXIT_USAGE if wrongtype else EXIT_FAILED
+        # a cluster in transition (TRYAGAIN...) is said as such: retrying ends it
+        err(f"scrapy-dist: error: {in_transition(e) or f'Redis answered: {e}'}")
         return code
     except KeyboardInterrupt:
         err("")

@@ -350,3 +350,22 @@ def positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
+
+
+#: What a refusal of a Redis Cluster in transition means to the operator, by code.
+_IN_TRANSITION = {
+    "TRYAGAIN": "the crawl's hash slot is being moved to another cluster node (a reshard)",
+    "CLUSTERDOWN": "the cluster is down (a master lost, or slots not served)",
+    "MASTERDOWN": "the node lost its master",
+}
+
+
+def in_transition(error: BaseException) -> str | None:
+    """What a Redis Cluster refusal that waiting ends (``TRYAGAIN``, ``CLUSTERDOWN``,
+    ``MASTERDOWN``: redis-py strips the code from the message) means, or None."""
+    from scrapy_dist.outbox import refusal
+
+    code = refusal(error)
+    if code not in _IN_TRANSITION:
+        return None
+    return f"{_IN_TRANSITION[code]} ({code}: {error}): retry when it is over"

@@ -17,6 +17,7 @@ from scrapy_dist.cli._context import (
     EXIT_OK,
     Context,
     err,
+    in_transition,
     out,
     positive,
     report_absent,
@@ -24,7 +25,7 @@ from scrapy_dist.cli._context import (
 )
 from scrapy_dist.cli._crawls import find_crawls
 from scrapy_dist.cli.items import stream_lines
-from scrapy_dist.connection import crawl_client, topology
+from scrapy_dist.connection import SlotMoved, crawl_client, topology
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import key_type
 from scrapy_dist.settings import CLUSTER
@@ -308,7 +309,9 @@ def _or_error(crawl: str, read: Callable[[], CrawlStatus]) -> Shown:
     except redis.exceptions.NoPermissionError:
         return crawl, "no permission to read this crawl's keys (Redis ACL of this user)"
     except redis.exceptions.ResponseError as e:
-        return crawl, f"Redis answered: {e}"
+        return crawl, in_transition(e) or f"Redis answered: {e}"
+    except SlotMoved as e:  # this crawl's slot is being moved: the others can be read
+        return crawl, str(e)
 
 
 def _as_dict(status: Shown) -> dict[str, Any]:
