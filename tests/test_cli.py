@@ -1343,6 +1343,21 @@ def test_redis_params_values_users_pass_keep_working(
     assert f"crawl {name}  at redis://127.0.0.1:{port}/0" in done.stdout
 
 
+@pytest.mark.parametrize(
+    "params",
+    [{"port": None, "password": None}, {"host": "", "port": ""}],
+)
+def test_redis_params_a_redis_url_overrides_are_not_checked(
+    redis_url: str, name: str, tmp_path: Path, params: dict[str, Any]
+) -> None:
+    """`REDIS_PARAMS = {"port": os.getenv("REDIS_PORT")}` next to a REDIS_URL: the port is
+    ignored with a warning, as before REDIS_PARAMS values were checked (it exited 2)."""
+    setting = f"REDIS_PARAMS={json.dumps(params)}"
+    done = cli("status", name, "--redis-url", redis_url, "-s", setting, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "REDIS_PARAMS['port'] (REDIS_URL_PRECEDENCE" in done.stderr
+
+
 def test_a_database_the_server_does_not_have_is_named(
     redis_url: str, name: str, tmp_path: Path
 ) -> None:
