@@ -42,7 +42,7 @@ import os
 from dataclasses import FrozenInstanceError, dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from scrapy.settings import BaseSettings
 from scrapy.utils.misc import load_object
@@ -51,7 +51,7 @@ from scrapy_dist import default_settings
 from scrapy_dist.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Collection, Mapping
 
     from scrapy.crawler import Crawler
 
@@ -638,17 +638,18 @@ _PARAM_CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def check_params(params: Mapping[str, Any], setting: str) -> None:
+def check_params(params: Mapping[str, Any], setting: str, unused: Collection[str] = ()) -> None:
     """Check the values of client arguments redis-py would refuse only when it connects
     (a ``socket_timeout`` of ``"abc"``, a port that is no number), so that they are
     reported at once, naming the setting and the key. Values redis-py converts itself
-    (a port ``"6379"``) pass, and so do keys it is not known to check.
+    (a port ``"6379"``) pass, and so do keys it is not known to check, and the keys in
+    ``unused``: values redis-py never reads (a port next to a URL or a Unix socket).
 
     Raises:
         ConfigurationError: a value redis-py would refuse.
     """
     for key, value in params.items():
-        check = _PARAM_CHECKS.get(key)
+        check = _PARAM_CHECKS.get(key) if key not in unused else None
         problem = check(value) if check is not None else None
         if problem:
             raise ConfigurationError(f"{setting}[{key!r}] = {value!r} {problem}")
@@ -672,11 +673,25 @@ def _setting_value(
     return number
 
 
+def _unused_params(url: str | None, params: Mapping[str, Any]) -> set[str]:
+    """The ``REDIS_PARAMS`` keys redis-py never reads for one server: the host and port
+    next to a URL (ignored with a warning) or a Unix socket, and what the URL sets
+    itself (its query arguments), which wins over ``REDIS_PARAMS``."""
+    if not url:
+        return {"host", "port"} if params.get("unix_socket_path") is not None else set()
+    return {"host", "port", *parse_qs(urlsplit(url).query)}
+
+
+def _socket_path_as_text(params: dict[str, Any]) -> None:
+    """Make a ``unix_socket_path`` given as a path object text, which redis-py needs."""
+    if isinstance(params.get("unix_socket_path"), os.PathLike):
+        params["unix_socket_path"] = os.fspath(params["unix_socket_path"])
+
+
 def _single_config(settings: BaseSettings) -> ConnectionConfig:
     """The single-server part of :func:`connection_config`."""
     params = dict(DEFAULT_PARAMS)
     user_params = settings.getdict("REDIS_PARAMS")
-    check_params(user_params, "REDIS_PARAMS")
     params.update(user_params)
     url = settings.get("REDIS_URL") or None
     params_url = params.pop("url", None)
@@ -685,6 +700,7 @@ def _single_config(settings: BaseSettings) -> ConnectionConfig:
             "REDIS_URL and REDIS_PARAMS['url'] name different servers; set only one"
         )
     url = url or params_url
+    check_params(user_params, "REDIS_PARAMS", _unused_params(url, user_params))
     explicit = {
         name: settings.get(setting)
         for name, setting in (("host", "REDIS_HOST"), ("port", "REDIS_PORT"), ("db", "REDIS_DB"))
@@ -729,6 +745,7 @@ def _single_config(settings: BaseSettings) -> ConnectionConfig:
         raise ConfigurationError(
             "REDIS_PARAMS['decode_responses'] must be false: scrapy_dist stores raw bytes"
         )
+    _socket_path_as_text(params)
     redis_cls = params.pop("redis_cls", None)
     if isinstance(redis_cls, str):
         redis_cls = load_setting("REDIS_PARAMS['redis_cls']", redis_cls)

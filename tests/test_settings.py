@@ -370,6 +370,40 @@ def test_redis_params_values_redis_py_takes_pass() -> None:
     assert config(REDIS_PARAMS=params).connection.params["my_own_option"] == ["kept", 1]
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        # A settings file's `REDIS_PARAMS = {"port": os.getenv("REDIS_PORT")}` next to a
+        # REDIS_URL: the port is ignored (with a warning), whatever it is.
+        {"REDIS_URL": "redis://h:6379/0", "REDIS_PARAMS": {"port": None}},
+        {"REDIS_URL": "redis://h:6379/0", "REDIS_PARAMS": {"host": None, "port": ""}},
+        {"REDIS_URL": "redis://h:6379/0", "REDIS_PARAMS": {"port": 0}},
+        # A Unix socket: redis-py reads no host or port.
+        {"REDIS_PARAMS": {"unix_socket_path": "/run/redis.sock", "port": None}},
+        # The URL's query arguments win over REDIS_PARAMS.
+        {"REDIS_URL": "redis://h:6379/0?socket_timeout=5", "REDIS_PARAMS": {"socket_timeout": "5"}},
+    ],
+)
+def test_redis_params_values_redis_py_never_reads_pass(values: dict[str, Any]) -> None:
+    """Values redis-py ignores worked before REDIS_PARAMS was checked; they still do."""
+    config(**values).connection  # noqa: B018
+
+
+def test_redis_params_unused_values_are_still_checked_where_read() -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("REDIS_PARAMS['port'] = None")):
+        config(REDIS_PARAMS={"port": None}).connection  # noqa: B018
+    with pytest.raises(ConfigurationError, match=re.escape("REDIS_PARAMS['db'] = 'x'")):
+        config(REDIS_URL="unix:///run/redis.sock", REDIS_PARAMS={"db": "x"}).connection  # noqa: B018
+
+
+def test_a_unix_socket_path_object_is_given_to_redis_py_as_text() -> None:
+    """A pathlib.Path passed the check and failed at connect (redis-py takes str)."""
+    from pathlib import Path
+
+    params = config(REDIS_PARAMS={"unix_socket_path": Path("/run/redis.sock")}).connection.params
+    assert params["unix_socket_path"] == "/run/redis.sock"
+
+
 def test_sentinel_and_cluster_params_are_checked_too() -> None:
     sentinels = {"REDIS_SENTINELS": "127.0.0.1"}
     cases = [

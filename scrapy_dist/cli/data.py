@@ -11,6 +11,8 @@ import stat
 import sys
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from redis.exceptions import WatchError
+
 from scrapy_dist.cli._context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -315,9 +317,35 @@ def _export_delete(
         chunk = cast("list[bytes]", client.lrange(key, 0, count - 1))
         if not chunk:
             break
+        start = os.fstat(stream.fileno()).st_size
         _write_lines(stream, chunk, written, sync=True)
-        client.ltrim(key, len(chunk), -1)
+        if not _remove_head(client, key, chunk):
+            os.ftruncate(stream.fileno(), start)
+            raise CommandError(
+                f"another reader (an export --delete?) removed items of {key!r} while this "
+                f"export wrote them: stopped after moving {written.items} item(s); the "
+                "chunk it took is cut off this file again (run one export --delete of a "
+                "key at a time)",
+                EXIT_FAILED,
+            )
         written.items += len(chunk)
+
+
+def _remove_head(client: redis.Redis, key: str, chunk: list[bytes]) -> bool:
+    """Remove ``chunk`` from the head of ``key`` if it is still there, atomically
+    (``WATCH``: items pushed meanwhile are kept); ``False`` if another reader removed it."""
+    with client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)  # type: ignore[no-untyped-call]
+                if pipe.lrange(key, 0, len(chunk) - 1) != chunk:
+                    return False
+                pipe.multi()
+                pipe.ltrim(key, len(chunk), -1)
+                pipe.execute()
+                return True
+            except WatchError:
+                continue
 
 
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
