@@ -645,9 +645,14 @@ def check_params(params: Mapping[str, Any], setting: str, unused: Collection[str
     (a port ``"6379"``) pass, and so do keys it is not known to check, and the keys in
     ``unused``: values redis-py never reads (a port next to a URL or a Unix socket).
 
+    A ``redis_cls`` of the user's own (a class whose ``__init__`` is not redis-py's)
+    gets the values as they are, unchecked: it may read them otherwise.
+
     Raises:
         ConfigurationError: a value redis-py would refuse.
     """
+    if not _redis_py_reads(params.get("redis_cls")):
+        return
     for key, value in params.items():
         check = _PARAM_CHECKS.get(key) if key not in unused else None
         problem = check(value) if check is not None else None
@@ -655,6 +660,21 @@ def check_params(params: Mapping[str, Any], setting: str, unused: Collection[str
             raise ConfigurationError(f"{setting}[{key!r}] = {value!r} {problem}")
     if isinstance(params.get("sentinel_kwargs"), dict):  # the Sentinels' connections
         check_params(params["sentinel_kwargs"], f"{setting}['sentinel_kwargs']")
+
+
+def _redis_py_reads(redis_cls: Any) -> bool:
+    """Whether a client of ``redis_cls`` (``REDIS_PARAMS['redis_cls']``: a class, a
+    dotted path or ``None``) takes its arguments as redis-py's own ``Redis`` or
+    ``RedisCluster`` does (its ``__init__`` is theirs)."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    if redis_cls is None:
+        return True
+    if isinstance(redis_cls, str):
+        redis_cls = load_setting("REDIS_PARAMS['redis_cls']", redis_cls)
+    init = getattr(redis_cls, "__init__", None)
+    return init is redis.Redis.__init__ or init is RedisCluster.__init__
 
 
 def _setting_value(

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+import redis
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
@@ -433,3 +434,31 @@ def test_sentinel_and_cluster_params_are_checked_too() -> None:
         c = config(**values)
         with pytest.raises(ConfigurationError, match=re.escape(message)):
             c.connection  # noqa: B018
+
+
+class OwnClient:
+    """A client class of the user's own, reading its arguments its own way."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+
+class SubclassedClient(redis.Redis):
+    """A subclass of redis-py's client that keeps its ``__init__``."""
+
+
+def test_an_own_redis_cls_gets_redis_params_unchecked_and_redis_py_s_are_checked() -> None:
+    """scrapy-redis's own suite passes ``REDIS_PARAMS`` through to a ``redis_cls`` of its
+    own (sentinel objects as values); the value checks refused them (scripts/compat.py)."""
+    from scrapy_dist.settings import connection_config
+
+    marker = object()
+    own = {"redis_cls": OwnClient, "socket_connect_timeout": marker}
+    assert (
+        connection_config(Settings({"REDIS_PARAMS": own})).params["socket_connect_timeout"]
+        is marker
+    )
+    for cls in (SubclassedClient, f"{__name__}.SubclassedClient", "redis.Redis"):
+        bad = {"redis_cls": cls, "socket_connect_timeout": "abc"}
+        with pytest.raises(ConfigurationError, match="socket_connect_timeout"):
+            connection_config(Settings({"REDIS_PARAMS": bad}))
