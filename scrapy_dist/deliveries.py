@@ -22,7 +22,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from scrapy_dist.exceptions import SerializationError
-from scrapy_dist.frontier import DEAD_BECAUSE, DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.frontier import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: Longest failure reason kept with a request (dead-letter records stay readable).
 REASON_MAX = 500
+#: What a reason must not start with: the marks of the other outcomes of a settlement
+#: (an exception class named ``"!Boom"`` made its request a dead letter without it).
+OUTCOME_MARKS = (DEAD_NOW, DEAD_BECAUSE, HAND_BACK)
 #: ``SCHEDULER_CALLBACK_ERRORS``: a request whose callback raised goes back to the queue.
 RETRY = "retry"
 #: ``SCHEDULER_CALLBACK_ERRORS``: a request whose callback raised is dead-lettered at once.
@@ -136,11 +139,15 @@ class Deliveries:
     def record_failure(self, request: Request, reason: str) -> None:
         """Remember that ``request``'s callback failed, to settle its lease with ``reason``
         (cut to :data:`REASON_MAX` characters, a lone surrogate escaped: Redis takes
-        UTF-8 only, and a settlement it cannot encode would fail every flush); a request
-        this worker does not hold is ignored."""
+        UTF-8 only, and a settlement it cannot encode would fail every flush; one that
+        starts with a mark of another outcome, :data:`OUTCOME_MARKS`, after ``"Error "``,
+        so it is never read as that outcome); a request this worker does not hold is
+        ignored."""
         if request in self.out:
-            reason = reason[:REASON_MAX]
-            self.failures[request] = reason.encode("utf-8", "backslashreplace").decode()
+            reason = reason[:REASON_MAX].encode("utf-8", "backslashreplace").decode()
+            if reason.startswith(OUTCOME_MARKS):
+                reason = "Error " + reason
+            self.failures[request] = reason
 
     def settle(self) -> None:
         """Settle the leases of the requests the engine is done with."""

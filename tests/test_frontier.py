@@ -231,6 +231,40 @@ def test_a_callback_error_whose_message_is_not_utf8_is_settled_with_it_escaped(
     assert record["reason"].startswith("OSError: no such file: caf\\udce9 (")
 
 
+@pytest.mark.parametrize("name", ["!Boom", "#Boom"])
+def test_a_callback_error_named_like_another_outcome_is_retried_then_dead_lettered_whole(
+    worker: Callable[..., Worker], client: redis.Redis, name: str
+) -> None:
+    """An exception class whose name starts with a mark of another settlement outcome
+    (a class made with type()): under the default "retry", "!" made its reason the
+    dead-letter record itself (the request lost, a line that is no JSON in the dead
+    list) and "#" dead-lettered it at once. It is retried, then dead-lettered whole."""
+    from scrapy.http import HtmlResponse
+
+    w = worker()
+    w.scheduler.enqueue_request(Request(URL + "raises"))
+    w.frontier.flush()
+    error: type[Exception] = type(name, (Exception,), {})
+    for attempt in range(2):  # SCHEDULER_MAX_DELIVERIES (the fixture's)
+        request = w.take()
+        assert request is not None, attempt
+        assert request.url == URL + "raises"
+        try:
+            raise error("x")
+        except error:
+            failure = Failure()
+        assert w.scheduler.spider is not None
+        response = HtmlResponse(request.url, request=request)
+        w.scheduler.record_failure(failure, response, w.scheduler.spider)
+        w.finish(request)
+        w.frontier.flush()
+    assert w.take() is None
+    [record] = dead_letters(client, w.frontier)
+    assert json.loads(record["data"])["url"] == URL + "raises"
+    assert record["reason"].startswith(f"Error {name}: x (failed on 2 deliveries")
+    assert w.scheduler.stats.get_value("scheduler/leases/retried") == 1
+
+
 def test_close_hands_back_unstarted_requests_without_counting_a_delivery(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:
