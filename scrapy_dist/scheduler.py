@@ -697,10 +697,15 @@ class Scheduler(BaseScheduler):
     def record_failure(self, failure: Failure, response: object, spider: Spider) -> None:
         """``spider_error``: remember why a callback failed (the exception's type and
         message), to settle its lease with it: returned for another try, or
-        dead-lettered (``SCHEDULER_CALLBACK_ERRORS``). An errback's error (``response``
-        is then a failure) is not recorded: its request is acknowledged."""
+        dead-lettered (``SCHEDULER_CALLBACK_ERRORS``); an exception whose ``str()``
+        raises is recorded with its type only. An errback's error (``response`` is then
+        a failure) is not recorded: its request is acknowledged."""
         if isinstance(response, Response) and response.request is not None:
-            reason = f"{failure.type.__name__ if failure.type else 'Error'}: {failure.value}"
+            try:
+                message = str(failure.value)
+            except Exception:  # its __str__ raised (it acknowledged the request)
+                message = "(its message could not be read: str() of it raised)"
+            reason = f"{failure.type.__name__ if failure.type else 'Error'}: {message}"
             self.deliveries.record_failure(response.request, reason)
 
     def _undecodable(self, lease: Lease, error: SerializationError) -> str:

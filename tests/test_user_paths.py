@@ -1047,3 +1047,51 @@ def test_a_callback_error_whose_message_is_not_utf8_does_not_stall_the_crawl(
     assert set(hits.values()) == {1}, hits
     [record] = [json.loads(raw) for raw in client.lrange(f"{name}:dead", 0, -1)]
     assert record["reason"].startswith("ValueError: no such file: caf\\udce9 (")
+
+
+UNPRINTABLE_ERROR_SPIDER = """
+from scrapy_dist.spiders import RedisSpider
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+class BooksSpider(RedisSpider):
+    name = "{name}"
+
+    def parse(self, response):
+        yield {{"url": response.url}}
+        yield from response.follow_all(css="a", callback=self.parse)
+        if response.url.endswith("/page/3"):
+            raise Unprintable()
+"""
+
+
+@pytest.mark.parametrize("setting", ["dead", "retry"])
+def test_a_callback_error_that_cannot_be_printed_is_still_settled_as_a_failure(  # noqa: PLR0917
+    project: Path,
+    name: str,
+    client: redis.Redis,
+    site: TestSite,
+    workers: list[Worker],
+    setting: str,
+) -> None:
+    """An exception whose __str__ raises: the scheduler's spider_error handler raised
+    building its reason (Scrapy logged it and went on), so the request was acknowledged
+    as done: neither retried nor dead-lettered, whatever SCHEDULER_CALLBACK_ERRORS. It
+    is settled as a failure, with its type as the reason."""
+    spider = project / "books" / "spiders" / "books.py"
+    spider.write_text(UNPRINTABLE_ERROR_SPIDER.format(name=name))
+    client.lpush(f"{name}:start_urls", site.page_url(0))
+    both = run(workers, project, name, settings={"SCHEDULER_CALLBACK_ERRORS": setting})
+    assert wait_workers(both, RUN_TIMEOUT) == [0, 0], logs(workers)
+    tries = 1 if setting == "dead" else 3  # SCHEDULER_MAX_DELIVERIES
+    hits = site.hits()
+    assert set(hits) == site.expected_paths()
+    assert hits["/page/3"] == tries
+    [record] = [json.loads(raw) for raw in client.lrange(f"{name}:dead", 0, -1)]
+    assert json.loads(record["data"])["url"] == site.page_url(3)
+    assert record["reason"].startswith("Unprintable: (its message could not be read"), record
+    assert record["deliveries"] == tries
