@@ -239,9 +239,12 @@ def _write_lines(stream: IO[bytes], lines: list[bytes], written: _Written, *, sy
     Written to stdout, a pipe or a device, they cannot be cut off:
     :attr:`_Written.partial` then says a line may be cut short."""
     data = memoryview(b"".join(raw + b"\n" for raw in lines))
-    info = os.fstat(stream.fileno())
-    own = written.own_file and stat.S_ISREG(info.st_mode)
-    start = info.st_size
+    try:
+        info: os.stat_result | None = os.fstat(stream.fileno())
+    except (OSError, ValueError):  # a stream with no file (a caller's capture of stdout)
+        info = None
+    own = written.own_file and info is not None and stat.S_ISREG(info.st_mode)
+    start = info.st_size if info is not None else 0
     try:
         while data:
             count = stream.write(data)
@@ -255,7 +258,7 @@ def _write_lines(stream: IO[bytes], lines: list[bytes], written: _Written, *, sy
                 raise
             os.ftruncate(stream.fileno(), start)
         except OSError:  # (a terminal or a device: no line to speak of)
-            written.partial = not stat.S_ISCHR(info.st_mode)
+            written.partial = info is None or not stat.S_ISCHR(info.st_mode)
         raise
 
 
