@@ -35,9 +35,6 @@ it (state ``absent``) and exit 0, and ``push`` starts it.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -51,6 +48,7 @@ from scrapy_dist.cli._context import (
     CommandError,
     Context,
     describe,
+    drop_stdout,
     err,
     in_transition,
 )
@@ -174,7 +172,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         err("")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. piped into head
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+        drop_stdout()
         return EXIT_OK

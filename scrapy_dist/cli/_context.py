@@ -4,6 +4,8 @@ invocation (settings, spider, client and crawl layout, resolved as a worker woul
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -196,6 +198,14 @@ class Context:
         """Whether the options name the Redis server (``--redis-url`` or ``-s REDIS_...``)."""
         named = {item.partition("=")[0] for item in self.args.set or ()}
         return bool(self.args.redis_url) or any(name.startswith("REDIS_") for name in named)
+
+
+def drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a stdout that
+    failed (a closed pipe, a full disk) does not print a second error."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def crawl_exists(client: redis.Redis, layout: CrawlLayout) -> bool:

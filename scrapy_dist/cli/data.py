@@ -22,6 +22,7 @@ from scrapy_dist.cli._context import (
     check_key,
     confirm,
     describe,
+    drop_stdout,
     err,
     iter_list,
     out,
@@ -189,7 +190,7 @@ def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
             move(client, key, total, stream, written)
     except OSError as e:
         if to_stdout:
-            _drop_stdout()
+            drop_stdout()
         message = _write_failed(e, target, key, total, written, delete=args.delete)
         raise CommandError(message, EXIT_FAILED) from e
     verb = "moved" if args.delete else "copied"
@@ -222,14 +223,6 @@ def _write_failed(
         where = f"nothing was removed from {key!r}"
     tail = f"; {target} may end with a partial line" if written.partial else ""
     return f"writing {target} failed after {written.items} item(s) ({why}): {where}{tail}"
-
-
-def _drop_stdout() -> None:
-    """Point stdout at /dev/null, so that the interpreter's last flush of a stdout that
-    failed (a closed pipe, a full disk) does not print a second error."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _write_lines(stream: IO[bytes], lines: list[bytes], written: _Written, *, sync: bool) -> None:
