@@ -1,0 +1,248 @@
+"""Instructions the Redis server runs per frontier script call, and per crawled page in a
+steady crawl's mix of calls, counted by valgrind's callgrind (issue 15: Redis CPU per page).
+
+Usage::
+
+    python benchmarks/bench_instructions.py               # ~2 min
+    python benchmarks/bench_instructions.py --calls 200 --out FILE
+    python benchmarks/bench_instructions.py --compare BEFORE.json AFTER.json
+
+Timings on a shared machine move by 10-50 % between runs; an instruction count does not
+(the same binary, inputs and calls give the same count whatever else the machine does).
+So this is the figure to compare two versions of the scripts by. The server runs under
+``valgrind --tool=callgrind`` (slow, so only script calls are measured, not a crawl);
+before each case its counters are zeroed, after it they are dumped, and the count is
+divided by the calls. The idle server's own instructions over the same span (a case of
+no calls, subtracted) are small next to the calls'.
+
+What is counted is user-space work only: the script, the commands it runs, reading the
+request and writing the reply. The kernel's side of each round trip (socket calls,
+``epoll``) is not, and it does not depend on the scripts.
+
+Cases (compact entries of 67-character URLs, a priority queue, the exact set dupefilter):
+``return 1`` and ``PING`` (the floor of a call), ``reserve`` of 1, 5 and 20 leases,
+``settle`` of 1, 5 and 20 leases done, ``enqueue`` of 1 and 20 new links, and **page**: the
+calls of a steady crawl for 10 pages, as ``bench_server.py`` counted them on the
+benchmark site (one worker, the default settings: a reserve of about 10 leases, an
+enqueue of about 12 links each naming its parent lease, 10 of them new, a settle of 10),
+divided by 10.
+
+Needs ``valgrind`` (Debian's package) and a ``redis-server`` (``$REDIS_SERVER``, or the
+one ``make install`` finds). Writes ``benchmarks/results/instructions-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench_lua import CODEC, Frontier, Spiderling, url67
+from scrapy import Request
+
+from scrapy_dist.testing.redis_server import RedisServer, find_redis_server
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import redis
+
+    from scrapy_dist.scripts import ScriptCall
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: Pages of the "page" case: its calls are counted together, then divided by this.
+PAGE_BATCH = 10
+
+
+class Counter:
+    """A redis-server under callgrind, and its instruction count over a span of calls."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        wrapper = directory / "redis-under-callgrind"
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            f'exec valgrind --tool=callgrind -q --callgrind-out-file="{directory}/out.%p" '
+            f'"{find_redis_server()}" "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        self.server = RedisServer(binary=str(wrapper))
+
+    def __enter__(self) -> Counter:
+        self.server.start(timeout=120)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+    def _control(self, option: str) -> None:
+        subprocess.run(
+            ["callgrind_control", option, str(self.server.pid)], check=True, capture_output=True
+        )
+
+    def count(self, run: Callable[[], object]) -> int:
+        """Instructions the server ran while ``run()`` ran."""
+        self._control("--zero")
+        run()
+        before = set(self.directory.glob("out.*"))
+        self._control("--dump")
+        (dump,) = set(self.directory.glob("out.*")) - before
+        match = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.MULTILINE)
+        dump.unlink()
+        if match is None:
+            raise RuntimeError(f"no instruction total in callgrind's dump {dump.name}")
+        return int(match.group(1))
+
+
+def links(frontier: Frontier, first: int, n: int, parents: list[str] | None = None) -> ScriptCall:
+    """An enqueue of the 67-character links ``first`` .. ``first + n - 1``, naming
+    ``parents`` in turn (none: no parent)."""
+    entries = [
+        (
+            hashlib.sha1(url67(i).encode()).digest(),
+            0.0,
+            CODEC.encode(Request(url67(i), callback=Spiderling().parse)),
+        )
+        for i in range(first, first + n)
+    ]
+    return frontier.scripts.enqueue(
+        queue="b:q",
+        seq="b:seq",
+        epoch_key="b:epoch",
+        queue_kind=frontier.queue.kind,
+        filter_kind="set",
+        filter_keys=["b:fp"],
+        filter_args=[0],
+        entries=entries,
+        epoch="E",
+        holding="b:holders:w1" if parents else "",
+        parents=[parents[k % len(parents)] for k in range(n)] if parents else (),
+    )
+
+
+def measure(counter: Counter, client: redis.Redis, calls: int) -> dict[str, float]:
+    """Instructions per call of each case (per page for "page")."""
+    frontier = Frontier(client)
+    for script in frontier.scripts.all():  # loaded before: a load is not a call's cost
+        client.script_load(script.script)
+    trivial = client.script_load("return 1")
+
+    def span(prepare: Callable[[], Any], make: Callable[[Any], Any]) -> float:
+        state = prepare()
+        made = [make(state) for _ in range(calls)]
+        idle = counter.count(lambda: None)
+        spent = counter.count(lambda: [call() for call in made])
+        return (spent - idle) / calls
+
+    def leases(n: int) -> Callable[[], list[str]]:
+        return lambda: frontier.fresh(queued=n * calls + n, leased=n * calls)
+
+    out: dict[str, float] = {}
+    out["ping"] = span(lambda: None, lambda _: client.ping)
+    out["return 1"] = span(lambda: None, lambda _: lambda: client.evalsha(trivial, 0))
+    for n in (1, 5, 20):
+
+        def queued(n: int = n) -> list[str]:
+            return frontier.fresh(queued=n * calls)
+
+        def reserve(_: object, n: int = n) -> Callable[[], Any]:
+            call: ScriptCall = frontier.reserve(n)
+            return call.run
+
+        out[f"reserve {n}"] = span(queued, reserve)
+    for n in (1, 5, 20):
+
+        def settles(ids: list[str], n: int = n) -> Callable[[], Any]:
+            chunk = ids[-n:]
+            del ids[-n:]
+            return frontier.settle(chunk).run
+
+        out[f"settle {n}"] = span(leases(n), settles)
+    for n in (1, 20):
+
+        def enqueue(_: object, n: int = n) -> Callable[[], Any]:
+            frontier.links += n
+            call: ScriptCall = links(frontier, frontier.links - n, n)
+            return call.run
+
+        out[f"enqueue {n}"] = span(frontier.fresh, enqueue)
+    out["page"] = page(counter, frontier, calls)
+    return out
+
+
+def page(counter: Counter, frontier: Frontier, calls: int) -> float:
+    """Instructions per page of a steady crawl's calls, ``calls`` rounds of
+    :data:`PAGE_BATCH` pages each: a reserve of that many leases, an enqueue of 12 links
+    naming them (10 new, 2 the filter has seen), a settle of them, on a queue kept
+    :data:`PAGE_BATCH` * 4 deep. (Only the server's instructions are counted: building
+    the calls in Python between them adds none.)"""
+    frontier.fresh(queued=PAGE_BATCH * 4)
+    first = 10**6
+
+    def rounds() -> None:
+        nonlocal first
+        for _ in range(calls):
+            reply = frontier.reserve(PAGE_BATCH).run()
+            ids = [i.decode() for i in reply[0::3]]
+            links(frontier, first - 2, PAGE_BATCH + 2, ids).run()
+            first += PAGE_BATCH
+            frontier.settle(ids).run()
+
+    links(frontier, first - 2, 2).run()  # the two seen links of the first round
+    idle = counter.count(lambda: None)
+    return (counter.count(rounds) - idle) / (calls * PAGE_BATCH)
+
+
+def compare(before: Path, after: Path) -> None:
+    a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    print(f"instructions per call: {before.name} -> {after.name} (ratio)")
+    for case, old in a["per_call"].items():
+        new = b["per_call"].get(case)
+        if new is not None:
+            print(f"  {case:12} {old:12,.0f} -> {new:12,.0f}  ({new / old:.2f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=100, help="calls per case (100)")
+    parser.add_argument("--out", type=Path, help="JSON file (default: benchmarks/results/)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    args = parser.parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return 0
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    directory = Path(tempfile.mkdtemp(prefix="scrapy-dist-callgrind-"))
+    try:
+        with Counter(directory) as counter:
+            client = counter.server.client(socket_timeout=120)
+            version = str(client.info("server")["redis_version"])
+            per_call = measure(counter, client, args.calls)
+            client.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print(f"Instructions per call (redis-server {version} under callgrind, {args.calls} calls)")
+    for case, n in per_call.items():
+        print(f"  {case:12} {n:12,.0f}")
+    result = {"redis_version": version, "calls": args.calls, "per_call": per_call}
+    out = args.out or RESULTS / f"instructions-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())
