@@ -145,11 +145,10 @@ def test_each_typed_call_passes_the_keys_and_args_its_header_names(name: str) ->
         assert len(call.keys) == keys  # no variable tail: exactly the keys named
 
 
-def test_every_script_sees_the_constants_once_and_each_library_once() -> None:
+def test_every_script_has_the_constants_written_in_and_each_library_once() -> None:
     for name in scripts.NAMES:
         text = source(name)
-        assert text.startswith(scripts.constants())
-        assert text.count("local ENTRY_ID_LEN =") == 1
+        assert not scripts._names_in(text) & set(LUA_CONSTANTS), name  # written as values
         for library in ("_leases", "_fence", "_filters", "_batch"):
             opening = scripts._read(library).splitlines()[0]
             assert text.count(opening) <= 1, (name, library)
@@ -160,3 +159,81 @@ def test_lua_and_python_agree_on_the_constants(client: redis.Redis) -> None:
     lua = scripts.constants() + "\nreturn {" + ", ".join(f"tostring({n})" for n in names) + "}"
     values = [v.decode() for v in client.eval(lua, 0)]
     assert values == [str(LUA_CONSTANTS[n]) for n in names]
+
+
+def test_a_script_keeps_the_library_definitions_it_reaches_and_drops_the_rest() -> None:
+    library = "\n".join(
+        [
+            "-- A library.",
+            "local LIMIT = 3",
+            "local a, b = 1, 2",
+            "-- helper: named in this comment, the string below and a field: not kept for it",
+            "local function helper(x)",
+            "  return x + LIMIT",
+            "end",
+            "local function unused()",
+            '  return "helper" .. t.helper',
+            "end",
+            "-- used by the body",
+            "local function wanted(x)",
+            "  return helper(x) + b",
+            "end",
+        ]
+    )
+    kept = "\n".join(scripts.used_definitions([library], "return wanted(1)"))
+    assert "local LIMIT = 3" in kept
+    assert "local a, b = 1, 2" in kept  # b is read
+    assert "local function helper(x)" in kept
+    assert "local function wanted(x)" in kept
+    assert "-- used by the body" in kept
+    assert "unused" not in kept
+    kept = "\n".join(scripts.used_definitions([library], '-- wanted\nreturn "wanted"'))
+    assert "wanted" not in kept.replace("-- A library.", "")
+
+
+def _definition_names(text: str) -> set[str]:
+    return {
+        name
+        for match in re.finditer(r"^local (?:function (\w+)|([\w, ]+?)\s*(?:=|$))", text, re.M)
+        for name in ([match.group(1)] if match.group(1) else re.findall(r"\w+", match.group(2)))
+    }
+
+
+def test_every_script_defines_each_library_name_its_text_uses() -> None:
+    """Every library definition a script's shaken text names (outside comments and
+    strings) is in that text: none was dropped that the script can reach."""
+    for name in scripts.NAMES:
+        libraries, _ = scripts.parts(name)
+        everything = set().union(*(_definition_names(lib) for lib in libraries))
+        text = source(name)
+        used = scripts._names_in(text) & everything
+        assert used <= _definition_names(text), (name, used - _definition_names(text))
+
+
+@pytest.mark.parametrize(
+    ("first", "n"),
+    [(0, 1), (1, 25), (9, 3), (10, 10), (999, 2), (123456789012345, 17), (2**53 - 31, 31)],
+)
+def test_consecutive_ids_are_written_as_the_entries_start(
+    client: redis.Redis, first: int, n: int
+) -> None:
+    lua = "\n".join(
+        [
+            scripts.constants(),
+            *scripts.used_definitions([scripts._read("_sequence")], "id_texts"),
+            "return id_texts(tonumber(ARGV[1]), tonumber(ARGV[2]))",
+        ]
+    )
+    texts = [t.decode() for t in client.eval(lua, 0, first, n)]
+    assert texts == [f"{i:0{scripts.ENTRY_ID_LEN}d}" for i in range(first, first + n)]
+
+
+def test_constants_are_written_as_values_where_code_names_them() -> None:
+    text = scripts.inline_constants(
+        'x = a..ENTRY_ID_LEN .. t.DONE .. "ENTRY_ID_LEN" -- ENTRY_ID_LEN\n'
+        "if ENTRY_ID_LEN == 2 then y = {ENTRY_ID_LEN = FROM_QUEUE} end t:FROM_QUEUE()"
+    )
+    assert text == (
+        'x = a..16 .. t.DONE .. "ENTRY_ID_LEN" -- ENTRY_ID_LEN\n'
+        'if 16 == 2 then y = {ENTRY_ID_LEN = "q"} end t:FROM_QUEUE()'
+    )
