@@ -199,7 +199,7 @@ end
 local function take_levels(queue, count, on_broken)
   local taken, index = {}, levels_key(queue)
   while #taken < count do
-    local ranked = redis.call("ZRANGE", index, 0, count - #taken - 1, "WITHSCORES")
+    local ranked = redis.call("ZRANGE", index, "0", count - #taken - 1, "WITHSCORES")
     if #ranked == 0 then
       break
     end

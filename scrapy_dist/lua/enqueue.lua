@@ -158,12 +158,10 @@ if #accepted > 0 then
     end
     return false
   end)
-  local id = last - #accepted
+  local id_of = id_texts(last - #accepted + 1, #accepted)
   local push, by_level, order, names = {}, {}, {}, {}
-  for _, i in ipairs(accepted) do
-    id = id + 1
-    local digits = id_text(id)
-    local entry = string.rep("0", ENTRY_ID_LEN - #digits) .. digits .. ARGV[first + 4 * i + 2]
+  for k, i in ipairs(accepted) do
+    local entry = id_of[k] .. ARGV[first + 4 * i + 2]
     if levels then
       local score = ARGV[first + 4 * i + 1]
       local name = names[score]

@@ -70,6 +70,9 @@ end
 
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+-- the same time as a command's argument: a Lua number passed to redis.call is formatted
+-- with snprintf, which costs more than the call's other work on an argument
+local now_arg = t[1] .. "." .. string.rep("0", 6 - #t[2]) .. t[2]
 
 -- every dead-letter record of the call, counted as dead at the end (one HINCRBY); a dead
 -- key of another type is set aside first (push_dead, lua/_leases.lua)
@@ -151,8 +154,8 @@ local function bury_malformed(key, id, record, holder, times)
   bury(dead_json("request", record, malformed_reason(key, id), now, holder, times))
   recount(id, false)
 end
-for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT", 0,
-    reclaim_limit)) do
+for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now_arg, "LIMIT", "0",
+    ARGV[9])) do
   if budget <= 0 then
     break
   end
@@ -190,7 +193,8 @@ for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now, "LIMIT
   end
 end
 if budget > 0 then
-  local expired = redis.call("ZRANGEBYSCORE", previous, "-inf", now, "LIMIT", 0, budget)
+  local expired = redis.call("ZRANGEBYSCORE", previous, "-inf", now_arg, "LIMIT", "0",
+    budget == reclaim_limit and ARGV[9] or budget)
   if #expired > 0 then
     guard_reclaim()
     local records = batched({"HMGET", previous_records}, expired)
@@ -265,9 +269,9 @@ end
 -- by hand, say) cannot be leased: it is dead-lettered whole, alone, its bytes kept
 -- readable (the record format is scrapy_dist/deadletter.py's), and the rest go on.
 if source == FROM_QUEUE then
-  local kept, entry_id = {}, "^" .. string.rep("%d", ENTRY_ID_LEN) .. "$"
+  local kept, entry_id = {}, "^" .. string.rep("%d", ENTRY_ID_LEN)
   for _, pair in ipairs(taken) do
-    if string.match(string.sub(pair[1], 1, ENTRY_ID_LEN), entry_id) then
+    if string.find(pair[1], entry_id) then
       kept[#kept + 1] = pair
     else
       bury(dead_json("request", pair[1],
@@ -344,7 +348,8 @@ if #ids > 0 then
     local entry, score = taken[k][1], taken[k][2]
     -- a count written by hand reads as one delivery, as delivered() reads it (failing
     -- here would lose the entries taken)
-    local times = counts[id] or count_of(before[k] or "0") or 1
+    local prior = before[k]
+    local times = counts[id] or (prior and (count_of(prior) or 1) or 0)
     times = times + 1
     counts[id] = times
     if times > 1 then
