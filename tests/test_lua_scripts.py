@@ -237,3 +237,11 @@ def test_constants_are_written_as_values_where_code_names_them() -> None:
         'x = a..16 .. t.DONE .. "ENTRY_ID_LEN" -- ENTRY_ID_LEN\n'
         'if 16 == 2 then y = {ENTRY_ID_LEN = "q"} end t:FROM_QUEUE()'
     )
+
+
+def test_every_assembled_script_compiles(client: redis.Redis) -> None:
+    """A definition left out, or a constant written in where Lua cannot take a value,
+    is a script Redis refuses to load (or a global it refuses to read, caught by the
+    name test above): every script is loaded here, not only those a test calls."""
+    for script in Scripts(client).all():
+        assert client.script_load(script.script) == script.sha
