@@ -5,6 +5,7 @@ Usage::
 
     python benchmarks/bench_instructions.py               # ~2 min
     python benchmarks/bench_instructions.py --calls 200 --out FILE
+    python benchmarks/bench_instructions.py --ops --functions   # ~4 min
     python benchmarks/bench_instructions.py --compare BEFORE.json AFTER.json
 
 Timings on a shared machine move by 10-50 % between runs; an instruction count does not
@@ -27,6 +28,11 @@ benchmark site (one worker, the default settings: a reserve of about 10 leases, 
 enqueue of about 12 links each naming its parent lease, 10 of them new, a settle of 10),
 divided by 10.
 
+``--ops`` adds what one operation inside a script costs (a statement run 20 times in a
+loop, less the loop): string functions, a table, ``redis.call`` of a few commands, a
+number given to a command. ``--functions`` adds ``EVALSHA`` against ``FCALL`` of
+reserve, settle and enqueue loaded as a Redis function library (``bench_lua.library``).
+
 Needs ``valgrind`` (Debian's package) and a ``redis-server`` (``$REDIS_SERVER``, or the
 one ``make install`` finds). Writes ``benchmarks/results/instructions-<time>.json``.
 """
@@ -46,7 +52,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_lua import CODEC, Frontier, Spiderling, url67
+from bench_lua import CODEC, Frontier, Spiderling, library, url67
 from scrapy import Request
 
 from scrapy_dist.testing.redis_server import RedisServer, find_redis_server
@@ -202,6 +208,98 @@ def page(counter: Counter, frontier: Frontier, calls: int) -> float:
     return (counter.count(rounds) - idle) / (calls * PAGE_BATCH)
 
 
+#: What one operation of a script costs, for ``--ops``: a statement run OPS_REPEAT times
+#: in a loop, with ``e`` a 106-byte entry, ``T`` 20 tokens (10 of them in set ``s``) and
+#: ``ids`` 20 16-digit ids at hand; "loop" is the loop alone, subtracted from the rest.
+OPS: dict[str, str] = {
+    "loop": "",
+    "table {e, '0'}": "local x = {e, '0'}",
+    "string.sub (16 of 106 bytes)": "local x = string.sub(e, 1, 16)",
+    "string.sub (90 of 106 bytes)": "local x = string.sub(e, 17)",
+    "concat of 5 (a record)": "local x = 'q' .. '|' .. '0' .. '|' .. e",
+    "string.find of 16 %d": "local x = string.find(e, P)",
+    "tonumber('12')": "local x = tonumber('12')",
+    "tostring(12345)": "local x = tostring(12345)",
+    "string.format('%.0f', id)": "local x = string.format('%.0f', 1764057600123456)",
+    "call of a Lua function": "local x = f(e)",
+    "redis.call EXISTS": "redis.call('EXISTS', 'nokey')",
+    "redis.call EXISTS, a number": "redis.call('EXISTS', 12.5)",
+    "redis.call TYPE": "redis.call('TYPE', 'nokey')",
+    "redis.call HSET, 1 field": "redis.call('HSET', 'h', ids[i], e)",
+    "redis.call RPUSH, 1 entry": "redis.call('RPUSH', 'l', e)",
+    "SMISMEMBER, per token of 20": "if i == 1 then redis.call('SMISMEMBER', 's', unpack(T)) end",
+    "LPUSH, per entry of 20": "if i == 1 then redis.call('LPUSH', 'l', unpack(E)) end",
+}
+#: Times each statement of :data:`OPS` runs per call.
+OPS_REPEAT = 20
+
+
+def ops(counter: Counter, client: redis.Redis, calls: int) -> dict[str, float]:
+    """Instructions per run of each statement of :data:`OPS` (inside one script call)."""
+    entry = b"0" * 6 + b"1764057600" + b'{"u":"' + url67(1).encode() + b'","c":"parse"}'
+    tokens = [hashlib.sha1(str(i).encode()).digest() for i in range(OPS_REPEAT)]
+    prologue = (
+        "local e, P, T, E, ids = ARGV[1], '^' .. string.rep('%d', 16), {}, {}, {}\n"
+        "local function f(a) return a end\n"
+        f"for i = 1, {OPS_REPEAT} do T[i] = ARGV[i + 1]; E[i] = i .. e;"
+        " ids[i] = string.format('%016d', i) end\n"
+    )
+    per_call: dict[str, float] = {}
+    for name, statement in OPS.items():
+        sha = client.script_load(f"{prologue}for i = 1, {OPS_REPEAT} do {statement} end\nreturn 1")
+        client.flushall()
+        client.sadd("s", *tokens[: OPS_REPEAT // 2])
+        idle = counter.count(lambda: None)
+
+        def run(sha: str = sha) -> None:
+            for _ in range(calls):
+                client.evalsha(sha, 0, entry, *tokens)
+                client.unlink("l", "h")
+
+        # the UNLINKs of the lists and hashes the statements fill are counted too: the
+        # same in every row, so they cancel with the loop's row
+        per_call[name] = (counter.count(run) - idle) / calls
+    loop = per_call.pop("loop")
+    return {name: (n - loop) / OPS_REPEAT for name, n in per_call.items()}
+
+
+def functions(counter: Counter, client: redis.Redis, calls: int) -> dict[str, dict[str, float]]:
+    """Instructions per call of reserve, settle and enqueue (1 and 10 leases or links) run
+    with ``EVALSHA`` and, loaded as a Redis function library (``bench_lua.library``), with
+    ``FCALL``: what a library loaded once would save per call. Needs Redis >= 7."""
+    frontier = Frontier(client)
+    for script in frontier.scripts.all():
+        client.script_load(script.script)
+    for name in ("reserve", "settle", "enqueue"):
+        client.function_load(library(name), replace=True)
+    out: dict[str, dict[str, float]] = {}
+    for n in (1, 10):
+        for name in ("reserve", "settle", "enqueue"):
+            row: dict[str, float] = {}
+            for mode in ("evalsha", "fcall"):
+                if name == "reserve":
+                    frontier.fresh(queued=n * calls + n)
+                    made = [frontier.reserve(n) for _ in range(calls)]
+                elif name == "settle":
+                    ids = frontier.fresh(queued=n * calls + n, leased=n * calls)
+                    made = [frontier.settle(ids[i : i + n]) for i in range(0, n * calls, n)]
+                else:
+                    frontier.fresh()
+                    made = [links(frontier, n * i, n) for i in range(calls)]
+
+                def run(made: list[ScriptCall] = made, mode: str = mode, name: str = name) -> None:
+                    for call in made:
+                        if mode == "evalsha":
+                            call.run()
+                        else:
+                            client.fcall(f"bench_{name}", len(call.keys), *call.keys, *call.args)
+
+                idle = counter.count(lambda: None)
+                row[mode] = (counter.count(run) - idle) / calls
+            out[f"{name} {n}"] = row
+    return out
+
+
 def compare(before: Path, after: Path) -> None:
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
     print(f"instructions per call: {before.name} -> {after.name} (ratio)")
@@ -216,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=100, help="calls per case (100)")
     parser.add_argument("--out", type=Path, help="JSON file (default: benchmarks/results/)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--ops", action="store_true", help="also: what one Lua operation costs")
+    parser.add_argument(
+        "--functions", action="store_true", help="also: EVALSHA against FCALL (Redis >= 7)"
+    )
     args = parser.parse_args(argv)
     if args.compare:
         compare(*args.compare)
@@ -229,13 +331,30 @@ def main(argv: list[str] | None = None) -> int:
             client = counter.server.client(socket_timeout=120)
             version = str(client.info("server")["redis_version"])
             per_call = measure(counter, client, args.calls)
+            result: dict[str, Any] = {
+                "redis_version": version,
+                "calls": args.calls,
+                "per_call": per_call,
+            }
+            if args.ops:
+                result["ops"] = ops(counter, client, args.calls)
+            if args.functions:
+                result["functions"] = functions(counter, client, args.calls)
             client.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print(f"Instructions per call (redis-server {version} under callgrind, {args.calls} calls)")
     for case, n in per_call.items():
         print(f"  {case:12} {n:12,.0f}")
-    result = {"redis_version": version, "calls": args.calls, "per_call": per_call}
+    if "ops" in result:
+        print("Instructions per operation inside a script")
+        for name, n in result["ops"].items():
+            print(f"  {name:30} {n:8,.0f}")
+    if "functions" in result:
+        print("Instructions per call: EVALSHA -> FCALL (ratio)")
+        for case, row in result["functions"].items():
+            e, f = row["evalsha"], row["fcall"]
+            print(f"  {case:12} {e:10,.0f} -> {f:10,.0f}  ({f / e:.2f})")
     out = args.out or RESULTS / f"instructions-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
