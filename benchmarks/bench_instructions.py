@@ -42,18 +42,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_lua import CODEC, Frontier, Spiderling, library, url67
-from scrapy import Request
+from bench_lua import Frontier, library, url67, write_result
 
 from scrapy_dist.testing.redis_server import RedisServer, find_redis_server
 
@@ -64,7 +61,6 @@ if TYPE_CHECKING:
 
     from scrapy_dist.scripts import ScriptCall
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: Pages of the "page" case: its calls are counted together, then divided by this.
 PAGE_BATCH = 10
 
@@ -109,32 +105,6 @@ class Counter:
         return int(match.group(1))
 
 
-def links(frontier: Frontier, first: int, n: int, parents: list[str] | None = None) -> ScriptCall:
-    """An enqueue of the 67-character links ``first`` .. ``first + n - 1``, naming
-    ``parents`` in turn (none: no parent)."""
-    entries = [
-        (
-            hashlib.sha1(url67(i).encode()).digest(),
-            0.0,
-            CODEC.encode(Request(url67(i), callback=Spiderling().parse)),
-        )
-        for i in range(first, first + n)
-    ]
-    return frontier.scripts.enqueue(
-        queue="b:q",
-        seq="b:seq",
-        epoch_key="b:epoch",
-        queue_kind=frontier.queue.kind,
-        filter_kind="set",
-        filter_keys=["b:fp"],
-        filter_args=[0],
-        entries=entries,
-        epoch="E",
-        holding="b:holders:w1" if parents else "",
-        parents=[parents[k % len(parents)] for k in range(n)] if parents else (),
-    )
-
-
 def measure(counter: Counter, client: redis.Redis, calls: int) -> dict[str, float]:
     """Instructions per call of each case (per page for "page")."""
     frontier = Frontier(client)
@@ -177,7 +147,7 @@ def measure(counter: Counter, client: redis.Redis, calls: int) -> dict[str, floa
 
         def enqueue(_: object, n: int = n) -> Callable[[], Any]:
             frontier.links += n
-            call: ScriptCall = links(frontier, frontier.links - n, n)
+            call: ScriptCall = frontier.enqueue_links(frontier.links - n, n)
             return call.run
 
         out[f"enqueue {n}"] = span(frontier.fresh, enqueue)
@@ -199,11 +169,11 @@ def page(counter: Counter, frontier: Frontier, calls: int) -> float:
         for _ in range(calls):
             reply = frontier.reserve(PAGE_BATCH).run()
             ids = [i.decode() for i in reply[0::3]]
-            links(frontier, first - 2, PAGE_BATCH + 2, ids).run()
+            frontier.enqueue_links(first - 2, PAGE_BATCH + 2, ids).run()
             first += PAGE_BATCH
             frontier.settle(ids).run()
 
-    links(frontier, first - 2, 2).run()  # the two seen links of the first round
+    frontier.enqueue_links(first - 2, 2).run()  # the two seen links of the first round
     idle = counter.count(lambda: None)
     return (counter.count(rounds) - idle) / (calls * PAGE_BATCH)
 
@@ -285,7 +255,7 @@ def functions(counter: Counter, client: redis.Redis, calls: int) -> dict[str, di
                     made = [frontier.settle(ids[i : i + n]) for i in range(0, n * calls, n)]
                 else:
                     frontier.fresh()
-                    made = [links(frontier, n * i, n) for i in range(calls)]
+                    made = [frontier.enqueue_links(n * i, n) for i in range(calls)]
 
                 def run(made: list[ScriptCall] = made, mode: str = mode, name: str = name) -> None:
                     for call in made:
@@ -355,13 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         for case, row in result["functions"].items():
             e, f = row["evalsha"], row["fcall"]
             print(f"  {case:12} {e:10,.0f} -> {f:10,.0f}  ({f / e:.2f})")
-    out = args.out or RESULTS / f"instructions-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_result(result, args.out, 'instructions')}")
     return 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     sys.exit(main())

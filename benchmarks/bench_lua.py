@@ -44,7 +44,7 @@ from scrapy_dist.serializers import JsonSerializer, RequestCodec
 from scrapy_dist.testing.redis_server import RedisServer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     import redis
 
@@ -139,14 +139,20 @@ class Frontier:
         )
 
     def enqueue(self) -> ScriptCall:
+        """An enqueue of the next :data:`LINKS` links."""
         first, self.links = self.links, self.links + LINKS
+        return self.enqueue_links(first, LINKS)
+
+    def enqueue_links(self, first: int, n: int, parents: Sequence[str] | None = None) -> ScriptCall:
+        """An enqueue of the 67-character links ``first`` .. ``first + n - 1``, naming
+        ``parents`` in turn (none: no parent)."""
         entries = [
             (
                 hashlib.sha1(url67(i).encode()).digest(),
                 0.0,
                 CODEC.encode(Request(url67(i), callback=Spiderling().parse)),
             )
-            for i in range(first, first + LINKS)
+            for i in range(first, first + n)
         ]
         return self.scripts.enqueue(
             queue="b:q",
@@ -158,6 +164,8 @@ class Frontier:
             filter_args=[0],
             entries=entries,
             epoch="E",
+            holding="b:holders:w1" if parents else "",
+            parents=[parents[k % len(parents)] for k in range(n)] if parents else (),
         )
 
 
@@ -333,11 +341,16 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
     finally:
         server.stop()
-    out = args.out or RESULTS / f"lua-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    print(f"\nwrote {write_result(result, args.out, 'lua')}")
+    return 0
+
+
+def write_result(result: dict[str, Any], out: Path | None, stem: str) -> Path:
+    """Write ``result`` as JSON to ``out``, or ``benchmarks/results/<stem>-<time>.json``."""
+    out = out or RESULTS / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
-    return 0
+    return out
 
 
 if __name__ == "__main__":
