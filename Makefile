@@ -66,9 +66,13 @@ REDIS62_TESTS := tests/test_holdings.py tests/test_lua_batches.py tests/test_lua
 	tests/test_faults.py::test_a_refusing_redis_is_an_outage_not_a_verdict \
 	tests/test_faults.py::test_a_refusal_inside_a_script_is_read_the_same_on_redis_6_2_and_7
 
+#: Parallel processes of the suite on Valkey: in CI it runs after the two main legs, with
+#: only the short Redis 6.2 subset beside it (17 min in one process, CI's longest wait).
+SERVERS_WORKERS ?= 2
+
 ## pytest-servers: the suite on Valkey, and the dupefilter tests with RedisBloom loaded
 pytest-servers: install
-	$(BIN)/pytest -m 'not acceptance' --redis-kind=valkey
+	$(BIN)/pytest -m 'not acceptance' --redis-kind=valkey -n $(SERVERS_WORKERS)
 	$(BIN)/pytest --redis-kind=redisbloom tests/test_dupefilter.py tests/test_filters.py \
 		tests/test_bloom.py tests/test_servers.py
 
