@@ -104,20 +104,30 @@ class Counter:
             raise RuntimeError(f"no instruction total in callgrind's dump {dump.name}")
         return int(match.group(1))
 
+    def per_call(self, run: Callable[[], object], calls: int) -> float:
+        """Instructions per call of ``run()``, which makes ``calls`` calls, less the idle
+        server's over a span of no call."""
+        idle = self.count(lambda: None)
+        return (self.count(run) - idle) / calls
+
+
+def loaded_frontier(client: redis.Redis) -> Frontier:
+    """A :class:`Frontier` whose scripts are loaded already: a load is not a call's cost."""
+    frontier = Frontier(client)
+    for script in frontier.scripts.all():
+        client.script_load(script.script)
+    return frontier
+
 
 def measure(counter: Counter, client: redis.Redis, calls: int) -> dict[str, float]:
     """Instructions per call of each case (per page for "page")."""
-    frontier = Frontier(client)
-    for script in frontier.scripts.all():  # loaded before: a load is not a call's cost
-        client.script_load(script.script)
+    frontier = loaded_frontier(client)
     trivial = client.script_load("return 1")
 
     def span(prepare: Callable[[], Any], make: Callable[[Any], Any]) -> float:
         state = prepare()
         made = [make(state) for _ in range(calls)]
-        idle = counter.count(lambda: None)
-        spent = counter.count(lambda: [call() for call in made])
-        return (spent - idle) / calls
+        return counter.per_call(lambda: [call() for call in made], calls)
 
     def leases(n: int) -> Callable[[], list[str]]:
         return lambda: frontier.fresh(queued=n * calls + n, leased=n * calls)
@@ -174,8 +184,7 @@ def page(counter: Counter, frontier: Frontier, calls: int) -> float:
             frontier.settle(ids).run()
 
     frontier.enqueue_links(first - 2, 2).run()  # the two seen links of the first round
-    idle = counter.count(lambda: None)
-    return (counter.count(rounds) - idle) / (calls * PAGE_BATCH)
+    return counter.per_call(rounds, calls * PAGE_BATCH)
 
 
 #: What one operation of a script costs, for ``--ops``: a statement run OPS_REPEAT times
@@ -219,7 +228,6 @@ def ops(counter: Counter, client: redis.Redis, calls: int) -> dict[str, float]:
         sha = client.script_load(f"{prologue}for i = 1, {OPS_REPEAT} do {statement} end\nreturn 1")
         client.flushall()
         client.sadd("s", *tokens[: OPS_REPEAT // 2])
-        idle = counter.count(lambda: None)
 
         def run(sha: str = sha) -> None:
             for _ in range(calls):
@@ -228,7 +236,7 @@ def ops(counter: Counter, client: redis.Redis, calls: int) -> dict[str, float]:
 
         # the UNLINKs of the lists and hashes the statements fill are counted too: the
         # same in every row, so they cancel with the loop's row
-        per_call[name] = (counter.count(run) - idle) / calls
+        per_call[name] = counter.per_call(run, calls)
     loop = per_call.pop("loop")
     return {name: (n - loop) / OPS_REPEAT for name, n in per_call.items()}
 
@@ -237,9 +245,7 @@ def functions(counter: Counter, client: redis.Redis, calls: int) -> dict[str, di
     """Instructions per call of reserve, settle and enqueue (1 and 10 leases or links) run
     with ``EVALSHA`` and, loaded as a Redis function library (``bench_lua.library``), with
     ``FCALL``: what a library loaded once would save per call. Needs Redis >= 7."""
-    frontier = Frontier(client)
-    for script in frontier.scripts.all():
-        client.script_load(script.script)
+    frontier = loaded_frontier(client)
     for name in ("reserve", "settle", "enqueue"):
         client.function_load(library(name), replace=True)
     out: dict[str, dict[str, float]] = {}
@@ -264,8 +270,7 @@ def functions(counter: Counter, client: redis.Redis, calls: int) -> dict[str, di
                         else:
                             client.fcall(f"bench_{name}", len(call.keys), *call.keys, *call.args)
 
-                idle = counter.count(lambda: None)
-                row[mode] = (counter.count(run) - idle) / calls
+                row[mode] = counter.per_call(run, calls)
             out[f"{name} {n}"] = row
     return out
 

@@ -192,11 +192,7 @@ def test_a_script_keeps_the_library_definitions_it_reaches_and_drops_the_rest() 
 
 
 def _definition_names(text: str) -> set[str]:
-    return {
-        name
-        for match in re.finditer(r"^local (?:function (\w+)|([\w, ]+?)\s*(?:=|$))", text, re.M)
-        for name in ([match.group(1)] if match.group(1) else re.findall(r"\w+", match.group(2)))
-    }
+    return {name for names, _ in scripts._definitions(text) for name in names}
 
 
 def test_every_script_defines_each_library_name_its_text_uses() -> None:
