@@ -216,12 +216,36 @@ def test_consecutive_ids_are_written_as_the_entries_start(
     lua = "\n".join(
         [
             scripts.constants(),
-            *scripts.used_definitions([scripts._read("_sequence")], "id_texts"),
+            *scripts.used_definitions(
+                [scripts._read("_batch"), scripts._read("_sequence")], "id_texts"
+            ),
             "return id_texts(tonumber(ARGV[1]), tonumber(ARGV[2]))",
         ]
     )
     texts = [t.decode() for t in client.eval(lua, 0, first, n)]
     assert texts == [f"{i:0{scripts.ENTRY_ID_LEN}d}" for i in range(first, first + n)]
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 1000, 1001])
+def test_an_array_made_at_its_size_is_as_long_as_what_was_put_in_it(
+    client: redis.Redis, size: int
+) -> None:
+    lua = "\n".join(
+        [
+            *scripts.used_definitions([scripts._read("_batch")], "array_of"),
+            "local lengths, size = {}, tonumber(ARGV[1])",
+            "for filled = 0, math.min(size, 12) do",
+            "  local t = array_of(size)",
+            "  for i = 1, filled do t[i] = i end",
+            "  local n = 0",
+            "  for _ in ipairs(t) do n = n + 1 end",
+            "  lengths[#lengths + 1] = #t .. '/' .. n",
+            "end",
+            "return lengths",
+        ]
+    )
+    lengths = [x.decode() for x in client.eval(lua, 0, size)]
+    assert lengths == [f"{n}/{n}" for n in range(min(size, 12) + 1)]
 
 
 def test_constants_are_written_as_values_where_code_names_them() -> None:

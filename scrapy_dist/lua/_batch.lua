@@ -46,3 +46,18 @@ local function batched(head, args, per)
   end
   return replies
 end
+
+-- An array for `n` values whose slots are allocated at once. A table filled one value at
+-- a time is reallocated at 1, 2, 4, 8... values, each time recounting what it holds:
+-- about four times the cost per value (benchmarks/bench_instructions.py --ops). (Lua 5.1
+-- has no table.new; a constructor of a call's results is sized to them, here `n` nils.)
+-- Fill it from 1 without gaps, and its length (#) is the number of values in it (with a
+-- gap, # may stop at any nil). Past BATCH_ARGS values, an empty table (unpack's stack
+-- limit).
+local NO_VALUES = {}
+local function array_of(n)
+  if n > BATCH_ARGS then
+    return {}
+  end
+  return {unpack(NO_VALUES, 1, n)}
+end

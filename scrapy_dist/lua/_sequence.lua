@@ -5,7 +5,7 @@
 -- queue entries (lua/enqueue.lua) and copies of one seed leased at once
 -- (lua/reserve.lua). An id must be a whole number of at most ENTRY_ID_LEN digits that
 -- a Lua number holds exactly, and greater than every id in use.
--- uses: _levels
+-- uses: _batch, _levels
 
 -- The largest id: 2^53 (Lua numbers are doubles) fits ENTRY_ID_LEN (16) digits.
 local MAX_ID = 9007199254740991
@@ -22,7 +22,7 @@ local DIGITS = {[0] = "0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}
 -- how entries start), in order. Formatting a number is most of the cost of building an
 -- entry: this formats one number per ten ids and appends the last digit.
 local function id_texts(first, n)
-  local texts, k, id = {}, 0, first
+  local texts, k, id = array_of(n), 0, first
   local head_format = "%0" .. (ENTRY_ID_LEN - 1) .. ".0f"
   while k < n do
     local tens = math.floor(id / 10)
