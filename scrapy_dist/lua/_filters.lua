@@ -121,7 +121,7 @@ local function set_filter(state, key)
       filter_expire(state, key)
     end,
     test_many = function(tokens)
-      local new = {}
+      local new = array_of(#tokens)
       for i, member in ipairs(batched({"SMISMEMBER", key}, tokens)) do
         new[i] = member == 0
       end

@@ -77,19 +77,22 @@ local function levels_refusal(queue)
 end
 
 -- Add `entry` to level `name` of a batch for push_levels(): `by_level` maps a level name
--- to {score, entries}, `order` lists the names in the order they first came.
-local function add_to_level(by_level, order, name, entry)
+-- to its entries, `order` lists the names in the order they first came. `size`, if
+-- given, is at most how many entries the batch holds: the first level's array is
+-- allocated for them at once (lua/_batch.lua array_of; a batch most often has one
+-- level).
+local function add_to_level(by_level, order, name, entry, size)
   local level = by_level[name]
   if level == nil then
-    level = {tonumber(name), {}}
+    level = (size and #order == 0) and array_of(size) or {}
     by_level[name] = level
     order[#order + 1] = name
   end
-  level[2][#level[2] + 1] = entry
+  level[#level + 1] = entry
 end
 
 -- Push entries (oldest first) at the tail of their levels: `by_level` maps a level name
--- to {score, entries}; `order` lists the names. One LPUSH per level, one ZADD of the
+-- to its entries; `order` lists the names. One LPUSH per level, one ZADD of the
 -- index. Returns nil, or the refusal (WRONGTYPE ...) when a level holds another type
 -- (checked first when there are several levels, so that nothing is pushed; one level's
 -- own LPUSH fails before anything is pushed).
@@ -104,9 +107,10 @@ local function push_levels(queue, by_level, order)
   end
   local index = {}
   for _, name in ipairs(order) do
-    local level = by_level[name]
-    batched({"LPUSH", level_key(queue, name)}, level[2])
-    index[#index + 1] = level[1]
+    batched({"LPUSH", level_key(queue, name)}, by_level[name])
+    -- the name is the score's text (LEVEL_FORMAT, Redis's own for a score): given as
+    -- the score too, it is not formatted again
+    index[#index + 1] = name
     index[#index + 1] = name
   end
   batched({"ZADD", levels_key(queue)}, index, 2)
@@ -175,7 +179,7 @@ local function push_returned(on_aside)
     batched({"RPUSH", key}, entries)
     local seen = levels_key(queue) .. "\0" .. name
     if not indexed[seen] then
-      redis.call("ZADD", levels_key(queue), tonumber(name), name)
+      redis.call("ZADD", levels_key(queue), name, name) -- (the name is the score's text)
       indexed[seen] = true
     end
   end
@@ -189,35 +193,42 @@ local function unindex_level(queue, name)
 end
 
 -- Take up to `count` entries, highest priority first, first in first out within a
--- level. Returns {{entry, level score}, ...}: the score as the index holds it (always a
--- number, so that a put-back finds its level even when the level was named by hand
--- with something else than a number). A level found empty leaves the index. A
--- level key of another type is handed to on_broken(name, key, kind): it returns true to
--- go on with the next levels (the level then leaves the index; lua/reserve.lua has set
--- it aside), false to stop.
--- Other errors (OOM, READONLY...) fail the call.
-local function take_levels(queue, count, on_broken)
-  local taken, index = {}, levels_key(queue)
-  while #taken < count do
-    local ranked = redis.call("ZRANGE", index, "0", count - #taken - 1, "WITHSCORES")
+-- level. Returns two arrays: the entries, and each one's level score, the score as the
+-- index holds it (always a number, so that a put-back finds its level even when the
+-- level was named by hand with something else than a number). (Two arrays rather than a
+-- pair per entry: a table per entry costs as much as the rest of taking it.) A level
+-- found empty leaves the index. A level key of another type is handed to
+-- on_broken(name, key, kind): it returns true to go on with the next levels (the level
+-- then leaves the index; lua/reserve.lua has set it aside), false to stop.
+-- Other errors (OOM, READONLY...) fail the call. `count_text`, if given, is `count`
+-- as text (ARGV's): a pop that asks for `count` takes it as it is (a number given to a
+-- command is formatted with snprintf, which costs more than the command's own work on
+-- it).
+local function take_levels(queue, count, on_broken, count_text)
+  local entries, scores, index = {}, {}, levels_key(queue)
+  local function arg_of(n)
+    return n == count and count_text or n
+  end
+  while #entries < count do
+    local ranked = redis.call("ZRANGE", index, "0", count - #entries - 1, "WITHSCORES")
     if #ranked == 0 then
       break
     end
     local removed = false
     for i = 1, #ranked, 2 do
       local name, score = ranked[i], ranked[i + 1]
-      local want = count - #taken
+      local want = count - #entries
       if want <= 0 then
         break
       end
       local key = level_key(queue, name)
-      local popped = redis.pcall("RPOP", key, want)
+      local popped = redis.pcall("RPOP", key, arg_of(want))
       if type(popped) == "table" and popped.err then
         if string.sub(popped.err, 1, 9) ~= "WRONGTYPE" then
           redis.call("RPOP", key, want) -- fails the call with Redis's own error
         end
         if not on_broken(name, key, redis.call("TYPE", key)["ok"]) then
-          return taken
+          return entries, scores
         end
         unindex_level(queue, name)
         removed = true
@@ -225,8 +236,16 @@ local function take_levels(queue, count, on_broken)
         unindex_level(queue, name)
         removed = true
       else
-        for _, entry in ipairs(popped) do
-          taken[#taken + 1] = {entry, score}
+        if #entries == 0 then
+          entries, scores = popped, array_of(#popped)
+          for k = 1, #popped do
+            scores[k] = score
+          end
+        else
+          for _, entry in ipairs(popped) do
+            entries[#entries + 1] = entry
+            scores[#scores + 1] = score
+          end
         end
         if #popped < want or redis.call("EXISTS", key) == 0 then
           unindex_level(queue, name)
@@ -238,7 +257,7 @@ local function take_levels(queue, count, on_broken)
       break
     end
   end
-  return taken
+  return entries, scores
 end
 
 -- Move up to `count` entries of a previous version's queue (a zset of "<id><payload>"

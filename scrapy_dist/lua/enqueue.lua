@@ -91,25 +91,25 @@ for k, record in ipairs(batched({"HMGET", holding}, parents)) do
 end
 
 -- Whether each token that will be tested is new: one variadic read for a filter that
--- has test_many (lua/_filters.lua), else test(token) token by token below.
-local fresh
+-- has test_many (lua/_filters.lua), else test(token) token by token below. `answer`
+-- maps a distinct token to its place in `fresh` (one table keyed by token, not one per
+-- question: an insert keyed by a string costs as much as the rest of a token's test).
+local fresh, answer
 if filter ~= nil and filter.test_many then
-  local asked, distinct = {}, {}
+  local distinct = array_of(n)
+  answer = {}
   for i = 0, n - 1 do
     local token, parent = ARGV[first + 4 * i], ARGV[first + 4 * i + 3]
-    if token ~= "" and not asked[token] and (parent == "" or holds[parent]) then
-      asked[token] = true
+    if token ~= "" and not answer[token] and (parent == "" or holds[parent]) then
       distinct[#distinct + 1] = token
+      answer[token] = #distinct
     end
   end
-  fresh = {}
-  for k, new in ipairs(filter.test_many(distinct)) do
-    fresh[distinct[k]] = new
-  end
+  fresh = filter.test_many(distinct)
 end
 
 -- 1. decide (reads only); a token repeated inside the batch is new only once
-local result, accepted, tokens, pending = {}, {}, {}, {}
+local result, accepted, tokens, pending = array_of(n), array_of(n), array_of(n), {}
 for i = 0, n - 1 do
   local token, parent = ARGV[first + 4 * i], ARGV[first + 4 * i + 3]
   local new = true
@@ -117,12 +117,16 @@ for i = 0, n - 1 do
     new = nil
   elseif filter ~= nil and token ~= "" then
     if fresh then
-      new = not pending[token] and fresh[token]
+      local k = answer[token]
+      new = fresh[k]
+      fresh[k] = false -- (its next copies are not new)
     else
       new = not pending[token] and filter.test(token)
+      if new then
+        pending[token] = true
+      end
     end
     if new then
-      pending[token] = true
       tokens[#tokens + 1] = token
     end
   end
@@ -159,7 +163,7 @@ if #accepted > 0 then
     return false
   end)
   local id_of = id_texts(last - #accepted + 1, #accepted)
-  local push, by_level, order, names = {}, {}, {}, {}
+  local push, by_level, order, names = levels and {} or array_of(#accepted), {}, {}, {}
   for k, i in ipairs(accepted) do
     local entry = id_of[k] .. ARGV[first + 4 * i + 2]
     if levels then
@@ -169,7 +173,7 @@ if #accepted > 0 then
         name = level_name(score)
         names[score] = name
       end
-      add_to_level(by_level, order, name, entry)
+      add_to_level(by_level, order, name, entry, #accepted)
     else
       push[#push + 1] = entry
     end

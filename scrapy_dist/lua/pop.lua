@@ -15,15 +15,11 @@ if moving then
   return redis.error_reply(moving)
 end
 local broken
-local taken = take_levels(queue, count, function(name, key, kind)
+local entries = take_levels(queue, count, function(name, key, kind)
   broken = "WRONGTYPE priority level " .. key .. " holds a " .. kind .. ", not a list"
   return false
 end)
-if broken and #taken == 0 then
+if broken and #entries == 0 then
   return redis.error_reply(broken)
-end
-local entries = {}
-for k, pair in ipairs(taken) do
-  entries[k] = pair[1]
 end
 return entries

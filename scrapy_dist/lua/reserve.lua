@@ -24,7 +24,8 @@
 --           first, lua/_levels.lua) | "zpopmin" | "spop" | "zpopmax"
 -- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[4] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
--- ARGV[5] = COUNT, entries to lease (0 = only reclaim)
+-- ARGV[5] = COUNT, entries to lease (0 = only reclaim), a whole number written as Python
+--           writes it: the commands that take COUNT are given its text
 -- ARGV[6] = lease duration in seconds
 -- ARGV[7] = worker id
 -- ARGV[8] = maximum deliveries of one entry
@@ -229,38 +230,41 @@ if #forgotten > 0 and redis.call("EXISTS", deliveries) == 1 then
 end
 push_returned(set_aside_loudly)
 
--- 2. lease new entries
-local taken
+-- 2. lease new entries: `entries`, and `scores`, the score each was taken at ("0" from a
+-- list or a set). A number given to a command is formatted with snprintf, which costs
+-- more than the command's own work on it: COUNT goes as ARGV's text.
+local entries, scores = {}, {}
 if count <= 0 then
-  taken = {}
+  -- only reclaim
 elseif take == "levels" then
   local function set_aside_broken(_, key, kind)
     set_aside_loudly(key, kind, set_aside(key))
     return true
   end
-  taken = take_levels(queue, count, set_aside_broken)
+  entries, scores = take_levels(queue, count, set_aside_broken, ARGV[5])
   -- a previous version's queue still at the key (written after this worker opened and
   -- moved it: a previous version's worker started on the crawl since): move what this
   -- call would take, rather than wait beside it
-  if #taken < count and marker_state(queue) == "zset" then
-    move_previous(queue, count - #taken)
-    for _, pair in ipairs(take_levels(queue, count - #taken, set_aside_broken)) do
-      taken[#taken + 1] = pair
+  if #entries < count and marker_state(queue) == "zset" then
+    move_previous(queue, count - #entries)
+    local more, more_scores = take_levels(queue, count - #entries, set_aside_broken)
+    local n = #entries
+    for k, entry in ipairs(more) do
+      entries[n + k], scores[n + k] = entry, more_scores[k]
     end
   end
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
-    source == FROM_QUEUE and queue or seeds, count)
-  taken = {}
+    source == FROM_QUEUE and queue or seeds, ARGV[5])
   for i = 1, #popped, 2 do
-    taken[#taken + 1] = {popped[i], popped[i + 1]}
+    entries[#entries + 1], scores[#scores + 1] = popped[i], popped[i + 1]
   end
 else
-  local popped = redis.call(string.upper(take), source == FROM_QUEUE and queue or seeds, count)
-  taken = {}
+  local popped = redis.call(string.upper(take), source == FROM_QUEUE and queue or seeds, ARGV[5])
   if popped then
-    for _, entry in ipairs(popped) do
-      taken[#taken + 1] = {entry, "0"}
+    entries = popped
+    for k = 1, #popped do
+      scores[k] = "0"
     end
   end
 end
@@ -268,37 +272,43 @@ end
 -- [input] a queue entry that enqueue.lua did not write (no ENTRY_ID_LEN-digit id: pushed
 -- by hand, say) cannot be leased: it is dead-lettered whole, alone, its bytes kept
 -- readable (the record format is scrapy_dist/deadletter.py's), and the rest go on.
+-- (The digits that start an entry, at least ENTRY_ID_LEN of them: one pattern item,
+-- cheaper than ENTRY_ID_LEN of them.)
 if source == FROM_QUEUE then
-  local kept, entry_id = {}, "^" .. string.rep("%d", ENTRY_ID_LEN)
-  for _, pair in ipairs(taken) do
-    if string.find(pair[1], entry_id) then
-      kept[#kept + 1] = pair
+  local kept, kept_scores, malformed = {}, {}, false
+  for k, entry in ipairs(entries) do
+    local _, digits = string.find(entry, "^%d+")
+    if digits and digits >= ENTRY_ID_LEN then
+      kept[#kept + 1], kept_scores[#kept_scores + 1] = entry, scores[k]
     else
-      bury(dead_json("request", pair[1],
+      malformed = true
+      bury(dead_json("request", entry,
         "malformed queue entry: it does not start with the " .. ENTRY_ID_LEN
         .. "-digit entry id the enqueue script writes (pushed by hand? "
         .. "'scrapy-dist dead requeue' gives it one)",
         now, worker, 0))
     end
   end
-  taken = kept
+  if malformed then
+    entries, scores = kept, kept_scores
+  end
 end
 -- [/input]
 
 -- 3. the leases: ids first, then one variadic command per key (lua/_batch.lua)
-local ids = {}
+local ids = array_of(#entries)
 if source == FROM_QUEUE then
-  for k, pair in ipairs(taken) do
-    ids[k] = string.sub(pair[1], 1, ENTRY_ID_LEN)
+  for k, entry in ipairs(entries) do
+    ids[k] = string.sub(entry, 1, ENTRY_ID_LEN)
   end
-elseif #taken > 0 then
+elseif #entries > 0 then
   -- a seed's id is held by any worker (or by a previous version's lease): one HMGET
   -- per holding, one of the previous leased hash. The seeds are taken already: a key
   -- that is not a hash (written by hand, not set aside yet) holds none, it must not
   -- fail the call
   local held = {}
-  for k, pair in ipairs(taken) do
-    ids[k] = FROM_SEEDS .. string.sub(redis.sha1hex(pair[1]), 1, 15)
+  for k, entry in ipairs(entries) do
+    ids[k] = FROM_SEEDS .. string.sub(redis.sha1hex(entry), 1, 15)
   end
   local function note(key)
     for i = 1, #ids, BATCH_ARGS do
@@ -343,9 +353,10 @@ if #ids > 0 then
   elseif kind ~= "none" then
     bury(dead_json("request", "", set_aside_deliveries(deliveries), now, worker, 0))
   end
-  local counts, times_pairs, record_pairs = {}, {}, {}
+  local counts, times_pairs, record_pairs = {}, {}, array_of(2 * #ids)
+  result = array_of(3 * #ids)
   for k, id in ipairs(ids) do
-    local entry, score = taken[k][1], taken[k][2]
+    local entry = entries[k]
     -- a count written by hand reads as one delivery, as delivered() reads it (failing
     -- here would lose the entries taken)
     local prior = before[k]
@@ -356,10 +367,8 @@ if #ids > 0 then
       times_pairs[#times_pairs + 1] = id
       times_pairs[#times_pairs + 1] = times
     end
-    record_pairs[2 * k - 1], record_pairs[2 * k] = id, holding_record(source, score, entry)
-    result[#result + 1] = id
-    result[#result + 1] = times
-    result[#result + 1] = entry
+    record_pairs[2 * k - 1], record_pairs[2 * k] = id, holding_record(source, scores[k], entry)
+    result[3 * k - 2], result[3 * k - 1], result[3 * k] = id, times, entry
   end
   batched({"HSET", deliveries}, times_pairs, 2)
   batched({"HSET", holding}, record_pairs, 2)
