@@ -6,6 +6,7 @@ Usage::
     python benchmarks/bench_instructions.py               # ~2 min
     python benchmarks/bench_instructions.py --calls 200 --out FILE
     python benchmarks/bench_instructions.py --ops --functions   # ~4 min
+    REDIS_SERVER=<a build with symbols> python benchmarks/bench_instructions.py --profile
     python benchmarks/bench_instructions.py --compare BEFORE.json AFTER.json
 
 Timings on a shared machine move by 10-50 % between runs; an instruction count does not
@@ -32,6 +33,11 @@ divided by 10.
 loop, less the loop): string functions, a table, ``redis.call`` of a few commands, a
 number given to a command. ``--functions`` adds ``EVALSHA`` against ``FCALL`` of
 reserve, settle and enqueue loaded as a Redis function library (``bench_lua.library``).
+
+``--profile`` adds the page case by the server's functions (callgrind_annotate's
+inclusive counts): the Lua code, the commands it calls, Lua's memory, garbage collection
+and table growth, KEYS and ARGV, the replies. It needs a redis-server whose functions
+have names: Debian's is stripped, one built from Redis's sources (``make``) is not.
 
 Needs ``valgrind`` (Debian's package) and a ``redis-server`` (``$REDIS_SERVER``, or the
 one ``make install`` finds). Writes ``benchmarks/results/instructions-<time>.json``.
@@ -91,13 +97,19 @@ class Counter:
             ["callgrind_control", option, str(self.server.pid)], check=True, capture_output=True
         )
 
-    def count(self, run: Callable[[], object]) -> int:
-        """Instructions the server ran while ``run()`` ran."""
+    def dump(self, run: Callable[[], object]) -> Path:
+        """callgrind's dump of what the server ran while ``run()`` ran (the caller
+        deletes it)."""
         self._control("--zero")
         run()
         before = set(self.directory.glob("out.*"))
         self._control("--dump")
         (dump,) = set(self.directory.glob("out.*")) - before
+        return dump
+
+    def count(self, run: Callable[[], object]) -> int:
+        """Instructions the server ran while ``run()`` ran."""
+        dump = self.dump(run)
         match = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.MULTILINE)
         dump.unlink()
         if match is None:
@@ -167,10 +179,16 @@ def measure(counter: Counter, client: redis.Redis, calls: int) -> dict[str, floa
 
 def page(counter: Counter, frontier: Frontier, calls: int) -> float:
     """Instructions per page of a steady crawl's calls, ``calls`` rounds of
-    :data:`PAGE_BATCH` pages each: a reserve of that many leases, an enqueue of 12 links
-    naming them (10 new, 2 the filter has seen), a settle of them, on a queue kept
-    :data:`PAGE_BATCH` * 4 deep. (Only the server's instructions are counted: building
-    the calls in Python between them adds none.)"""
+    :data:`PAGE_BATCH` pages each (:func:`page_rounds`)."""
+    return counter.per_call(page_rounds(frontier, calls), calls * PAGE_BATCH)
+
+
+def page_rounds(frontier: Frontier, calls: int) -> Callable[[], None]:
+    """``calls`` rounds of a steady crawl's calls for :data:`PAGE_BATCH` pages: a reserve
+    of that many leases, an enqueue of 12 links naming them (10 new, 2 the filter has
+    seen), a settle of them, on a queue kept :data:`PAGE_BATCH` * 4 deep. (Only the
+    server's instructions are counted: building the calls in Python between them adds
+    none.)"""
     frontier.fresh(queued=PAGE_BATCH * 4)
     first = 10**6
 
@@ -184,7 +202,69 @@ def page(counter: Counter, frontier: Frontier, calls: int) -> float:
             frontier.settle(ids).run()
 
     frontier.enqueue_links(first - 2, 2).run()  # the two seen links of the first round
-    return counter.per_call(rounds, calls * PAGE_BATCH)
+    return rounds
+
+
+#: ``--profile``: what the page case's instructions are spent under, by the server's
+#: functions (inclusive: a row counts what the functions it names call; rows overlap).
+PROFILE: dict[str, tuple[str, ...]] = {
+    "the scripts' Lua code, all of it (lua_pcall)": ("lua_pcall",),
+    "  redis.call and redis.pcall (luaRedisGenericCommand)": ("luaRedisGenericCommand",),
+    "    the commands themselves (scriptCall)": ("scriptCall",),
+    "    their replies made Lua values (parseReply)": ("parseReply",),
+    "  Lua memory: allocation and freeing (luaM_realloc_)": ("luaM_realloc_",),
+    "  Lua garbage collection (luaC_step)": ("luaC_step",),
+    "  Lua tables: a key added, and the growth it causes (newkey)": ("newkey",),
+    "  Lua strings made and interned (luaS_newlstr)": ("luaS_newlstr",),
+    "  Lua concatenation (luaV_concat)": ("luaV_concat",),
+    "  closures and their upvalues (luaF_newLclosure, luaF_findupval)": (
+        "luaF_newLclosure",
+        "luaF_findupval",
+    ),
+    "KEYS and ARGV made Lua tables (luaCreateArray)": ("luaCreateArray",),
+    "the script's reply made a Redis reply (luaReplyToRedisReply)": ("luaReplyToRedisReply",),
+    "reading requests (processMultibulkBuffer)": ("processMultibulkBuffer",),
+}
+
+#: A line of ``callgrind_annotate --inclusive=yes``: count, share, [file:]function.
+_ANNOTATED = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(?:\S*:)?([\w.]+)(?:'\d+)?\s")
+
+
+def profile(counter: Counter, frontier: Frontier, calls: int) -> dict[str, float]:
+    """Instructions per page of the page case spent under each row of :data:`PROFILE`,
+    and the total ("all"). Needs a redis-server whose functions have names (built from
+    Redis's sources: Debian's is stripped); raises RuntimeError without them."""
+    rounds = page_rounds(frontier, calls)
+    dump = counter.dump(rounds)
+    try:
+        text = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    finally:
+        dump.unlink()
+    by_function: dict[str, int] = {}
+    total = 0
+    for line in text.splitlines():
+        if "PROGRAM TOTALS" in line:
+            total = int(line.split()[0].replace(",", ""))
+        match = _ANNOTATED.match(line)
+        if match:
+            n, name = int(match.group(1).replace(",", "")), match.group(2)
+            by_function[name] = max(n, by_function.get(name, 0))
+    if "lua_pcall" not in by_function or "luaCreateArray" not in by_function:
+        raise RuntimeError(
+            "--profile: this redis-server's functions have no names (a stripped build); "
+            "build one from Redis's sources ('make' keeps the symbols) and point "
+            "REDIS_SERVER at it"
+        )
+    pages = calls * PAGE_BATCH
+    out = {"all": total / pages}
+    for label, names in PROFILE.items():
+        out[label] = sum(by_function.get(name, 0) for name in names) / pages
+    return out
 
 
 #: What one operation of a script costs, for ``--ops``: a statement run OPS_REPEAT times
@@ -197,6 +277,13 @@ OPS: dict[str, str] = {
     "string.sub (90 of 106 bytes)": "local x = string.sub(e, 17)",
     "concat of 5 (a record)": "local x = 'q' .. '|' .. '0' .. '|' .. e",
     "string.find of 16 %d": "local x = string.find(e, P)",
+    "string.find of %d+ (16 digits)": "local _, x = string.find(e, '^%d+')",
+    "array grown by t[#t + 1], per value of 20": (
+        "if i == 1 then local t = {} for j = 1, 20 do t[#t + 1] = j end end"
+    ),
+    "array of 20 made at once, per value": (
+        "if i == 1 then local t = {unpack(E, 1, 20)} for j = 1, 20 do t[j] = j end end"
+    ),
     "tonumber('12')": "local x = tonumber('12')",
     "tostring(12345)": "local x = tostring(12345)",
     "string.format('%.0f', id)": "local x = string.format('%.0f', 1764057600123456)",
@@ -293,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--functions", action="store_true", help="also: EVALSHA against FCALL (Redis >= 7)"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also: the page case by the server's functions (a redis-server with symbols)",
+    )
     args = parser.parse_args(argv)
     if args.compare:
         compare(*args.compare)
@@ -315,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["ops"] = ops(counter, client, args.calls)
             if args.functions:
                 result["functions"] = functions(counter, client, args.calls)
+            if args.profile:
+                result["profile"] = profile(counter, loaded_frontier(client), args.calls)
             client.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -324,12 +418,18 @@ def main(argv: list[str] | None = None) -> int:
     if "ops" in result:
         print("Instructions per operation inside a script")
         for name, n in result["ops"].items():
-            print(f"  {name:30} {n:8,.0f}")
+            print(f"  {name:42} {n:8,.0f}")
     if "functions" in result:
         print("Instructions per call: EVALSHA -> FCALL (ratio)")
         for case, row in result["functions"].items():
             e, f = row["evalsha"], row["fcall"]
             print(f"  {case:12} {e:10,.0f} -> {f:10,.0f}  ({f / e:.2f})")
+    if "profile" in result:
+        rows = result["profile"]
+        print(f"The page case by the server's functions ({rows['all']:,.0f} per page)")
+        for label, n in rows.items():
+            if label != "all":
+                print(f"  {label:68} {n:8,.0f}  {n / rows['all']:4.0%}")
     print(f"wrote {write_result(result, args.out, 'instructions')}")
     return 0
 

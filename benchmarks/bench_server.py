@@ -269,10 +269,14 @@ class ServerCost:
 
 
 def crawl(
-    pages: int, run_timeout: float, encodings: Sequence[str] = tuple(ENCODINGS)
+    pages: int,
+    run_timeout: float,
+    encodings: Sequence[str] = tuple(ENCODINGS),
+    settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One worker crawling ``pages`` pages, per encoding, twice: once for the server's
-    CPU (nothing recorded), once with every command recorded for the split by script."""
+    CPU (nothing recorded), once with every command recorded for the split by script.
+    ``settings`` are the worker's own on top (``--set``)."""
     args = crawl_args(["--pages", str(pages), "--run-timeout", str(run_timeout)])
     bench = Bench(args)
     result: dict[str, Any] = {}
@@ -284,7 +288,7 @@ def crawl(
                 what = "split by script (SLOWLOG)" if slowlog else "CPU"
                 print(f"[crawl] 1 worker, {pages} pages, encoding {label}: {what} ...", flush=True)
                 run = Run("dist", 1, 0.0, pages, args.concurrency)
-                run.settings = {"SCHEDULER_SERIALIZER": serializer}
+                run.settings = {"SCHEDULER_SERIALIZER": serializer, **(settings or {})}
                 bench.crawl(run, probe=ServerCost(slowlog))
                 print(
                     f"    {run.pages_per_s:,.0f} pages/s, {run.distinct} pages, "
@@ -635,6 +639,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(ENCODINGS),
         help="encodings crawled, of 'before' (long form) and 'after' (compact): before,after",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Scrapy setting of the crawls' worker (repeatable): --set SCHEDULER_PREFETCH=16",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--compare",
@@ -647,6 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare:
         compare(*args.compare)
         return 0
+    settings = dict(item.partition("=")[::2] for item in args.set)
+    if any(not name for name in settings):
+        parser.error("--set: NAME=VALUE")
     encodings = [e for e in args.encodings.split(",") if e]
     if not encodings or any(e not in ENCODINGS for e in encodings):
         parser.error(f"--encodings: a comma-separated list of {', '.join(ENCODINGS)}")
@@ -659,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["script_calls"] = script_calls()
         print_calls(result["script_calls"])
         if not args.memory_only:
-            result["crawl"] = crawl(args.pages, args.run_timeout, encodings)
+            result["crawl"] = crawl(args.pages, args.run_timeout, encodings, settings)
             print_crawl(result["crawl"])
     except KeyboardInterrupt:
         print("\ninterrupted: everything started was stopped")
