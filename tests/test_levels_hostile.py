@@ -112,3 +112,20 @@ def test_a_previous_versions_queue_is_not_moved_while_its_workers_run(
         assert len(scheduler.frontier.queue) == 1
     finally:
         scheduler.close("finished")
+
+
+def test_a_count_given_as_a_float_leases_from_every_level_and_loses_nothing(
+    frontier: Frontier, client: redis.Redis
+) -> None:
+    """The reserve gives its pops COUNT as text when it is a whole number's: a COUNT
+    Redis would refuse as text (``5.0``, from a float) is given as a number, as before, so
+    that no pop fails after the levels before it were read (a pop retried after such a
+    refusal took the level's entries and lost them)."""
+    queue = cast("PriorityQueue", frontier.queue)
+    push(queue, b"a1", b"a2", b"a3", priority=3)
+    push(queue, b"b1", b"b2", b"b3", priority=1)
+    leases = frontier.reserve(cast("int", 5.0))
+    assert [lease.data for lease in leases] == [b"a1", b"a2", b"a3", b"b1", b"b2"]
+    assert [entry[16:] for entry in queued_entries(client, queue.key)] == [b"b3"]
+    assert client.llen(frontier.keys.dead) == 0
+    assert client.keys("*wrongtype*") == []

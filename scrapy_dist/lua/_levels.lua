@@ -201,9 +201,9 @@ end
 -- on_broken(name, key, kind): it returns true to go on with the next levels (the level
 -- then leaves the index; lua/reserve.lua has set it aside), false to stop.
 -- Other errors (OOM, READONLY...) fail the call. `count_text`, if given, is `count`
--- as text (ARGV's): a pop that asks for `count` takes it as it is (a number given to a
--- command is formatted with snprintf, which costs more than the command's own work on
--- it).
+-- as Redis reads a count, digits with no sign, point or leading zero (the caller
+-- checks): a pop that asks for `count` takes it as it is (a number given to a command
+-- is formatted with snprintf, which costs more than the command's own work on it).
 local function take_levels(queue, count, on_broken, count_text)
   local entries, scores, index = {}, {}, levels_key(queue)
   local function arg_of(n)
@@ -225,7 +225,9 @@ local function take_levels(queue, count, on_broken, count_text)
       local popped = redis.pcall("RPOP", key, arg_of(want))
       if type(popped) == "table" and popped.err then
         if string.sub(popped.err, 1, 9) ~= "WRONGTYPE" then
-          redis.call("RPOP", key, want) -- fails the call with Redis's own error
+          -- fails the call with Redis's own error (the same arguments: the same refusal,
+          -- nothing popped)
+          redis.call("RPOP", key, arg_of(want))
         end
         if not on_broken(name, key, redis.call("TYPE", key)["ok"]) then
           return entries, scores

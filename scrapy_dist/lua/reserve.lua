@@ -24,8 +24,7 @@
 --           first, lua/_levels.lua) | "zpopmin" | "spop" | "zpopmax"
 -- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[4] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
--- ARGV[5] = COUNT, entries to lease (0 = only reclaim), a whole number written as Python
---           writes it: the commands that take COUNT are given its text
+-- ARGV[5] = COUNT, entries to lease (0 = only reclaim)
 -- ARGV[6] = lease duration in seconds
 -- ARGV[7] = worker id
 -- ARGV[8] = maximum deliveries of one entry
@@ -232,7 +231,10 @@ push_returned(set_aside_loudly)
 
 -- 2. lease new entries: `entries`, and `scores`, the score each was taken at ("0" from a
 -- list or a set). A number given to a command is formatted with snprintf, which costs
--- more than the command's own work on it: COUNT goes as ARGV's text.
+-- more than the command's own work on it: COUNT goes as ARGV's text when Redis reads
+-- that text as COUNT (digits, no sign, point or leading zero; "5.0" from a float is
+-- refused by a pop, and goes as a number).
+local count_arg = string.find(ARGV[5], "^[1-9]%d*$") and ARGV[5] or count
 local entries, scores = {}, {}
 if count <= 0 then
   -- only reclaim
@@ -241,7 +243,7 @@ elseif take == "levels" then
     set_aside_loudly(key, kind, set_aside(key))
     return true
   end
-  entries, scores = take_levels(queue, count, set_aside_broken, ARGV[5])
+  entries, scores = take_levels(queue, count, set_aside_broken, count_arg)
   -- a previous version's queue still at the key (written after this worker opened and
   -- moved it: a previous version's worker started on the crawl since): move what this
   -- call would take, rather than wait beside it
@@ -255,12 +257,12 @@ elseif take == "levels" then
   end
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
-    source == FROM_QUEUE and queue or seeds, ARGV[5])
+    source == FROM_QUEUE and queue or seeds, count_arg)
   for i = 1, #popped, 2 do
     entries[#entries + 1], scores[#scores + 1] = popped[i], popped[i + 1]
   end
 else
-  local popped = redis.call(string.upper(take), source == FROM_QUEUE and queue or seeds, ARGV[5])
+  local popped = redis.call(string.upper(take), source == FROM_QUEUE and queue or seeds, count_arg)
   if popped then
     entries = popped
     for k = 1, #popped do
