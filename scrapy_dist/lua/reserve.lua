@@ -275,23 +275,29 @@ end
 -- by hand, say) cannot be leased: it is dead-lettered whole, alone, its bytes kept
 -- readable (the record format is scrapy_dist/deadletter.py's), and the rest go on.
 -- (The digits that start an entry, at least ENTRY_ID_LEN of them: one pattern item,
--- cheaper than ENTRY_ID_LEN of them.)
+-- cheaper than ENTRY_ID_LEN of them. The entries kept are copied only from the first
+-- malformed one on: most calls have none.)
 if source == FROM_QUEUE then
-  local kept, kept_scores, malformed = {}, {}, false
+  local kept, kept_scores
   for k, entry in ipairs(entries) do
     local _, digits = string.find(entry, "^%d+")
-    if digits and digits >= ENTRY_ID_LEN then
-      kept[#kept + 1], kept_scores[#kept_scores + 1] = entry, scores[k]
-    else
-      malformed = true
+    if not (digits and digits >= ENTRY_ID_LEN) then
+      if not kept then
+        kept, kept_scores = {}, {}
+        for j = 1, k - 1 do
+          kept[j], kept_scores[j] = entries[j], scores[j]
+        end
+      end
       bury(dead_json("request", entry,
         "malformed queue entry: it does not start with the " .. ENTRY_ID_LEN
         .. "-digit entry id the enqueue script writes (pushed by hand? "
         .. "'scrapy-dist dead requeue' gives it one)",
         now, worker, 0))
+    elseif kept then
+      kept[#kept + 1], kept_scores[#kept_scores + 1] = entry, scores[k]
     end
   end
-  if malformed then
+  if kept then
     entries, scores = kept, kept_scores
   end
 end
