@@ -781,15 +781,18 @@ def machine() -> dict[str, Any]:
     }
 
 
+def parse_assignment(text: str) -> tuple[str, str]:
+    """``SETTING=VALUE`` -> the setting's name and value."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"not SETTING=VALUE: {text!r}")
+    return key, value
+
+
 def parse_variant(text: str) -> tuple[str, dict[str, object]]:
     """``NAME:SETTING=VALUE[,SETTING=VALUE...]`` (``--variant``) -> the name and settings."""
     name, _, assignments = text.partition(":")
-    settings: dict[str, object] = {}
-    for assignment in filter(None, assignments.split(",")):
-        key, sep, value = assignment.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"not SETTING=VALUE: {assignment!r}")
-        settings[key] = value
+    settings: dict[str, object] = dict(map(parse_assignment, filter(None, assignments.split(","))))
     if not name:
         raise argparse.ArgumentTypeError(f"a variant needs a name: {text!r}")
     return name, settings

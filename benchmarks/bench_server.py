@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench_crawl import Bench, Run, on_sigterm
+from bench_crawl import Bench, Run, on_sigterm, parse_assignment
 from bench_crawl import parse_args as crawl_args
 from scrapy import Request, Spider
 
@@ -642,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--set",
         action="append",
+        type=parse_assignment,
         default=[],
         metavar="NAME=VALUE",
         help="a Scrapy setting of the crawls' worker (repeatable): --set SCHEDULER_PREFETCH=16",
@@ -658,9 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare:
         compare(*args.compare)
         return 0
-    settings = dict(item.partition("=")[::2] for item in args.set)
-    if any(not name for name in settings):
-        parser.error("--set: NAME=VALUE")
+    settings = dict(args.set)
     encodings = [e for e in args.encodings.split(",") if e]
     if not encodings or any(e not in ENCODINGS for e in encodings):
         parser.error(f"--encodings: a comma-separated list of {', '.join(ENCODINGS)}")
