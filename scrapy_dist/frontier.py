@@ -43,14 +43,24 @@ from scrapy_dist.epoch import (
 )
 from scrapy_dist.eviction import check_eviction_policy
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.leases import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK, Lease, LeaseClient
+from scrapy_dist.leases import (
+    DEAD_BECAUSE,
+    DEAD_NOW,
+    DONE,
+    HAND_BACK,
+    NONE_LEFT,
+    HeldElsewhere,
+    Lease,
+    LeaseClient,
+    held_by_others,
+)
 from scrapy_dist.outbox import UNREACHABLE, Batch, Outbox, refusal
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
 from scrapy_dist.replication import Command, Replication
 from scrapy_dist.scripts import Fence, scripts_for
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.settings import check_frontier
-from scrapy_dist.workers import new_worker_id
+from scrapy_dist.workers import heartbeats, new_worker_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -1039,6 +1049,34 @@ class Frontier:
         if state == b"finished":
             self._finished_seen = True
         return Progress(state.decode(), int(queued), int(seeds), int(leased))
+
+    @property
+    def shards(self) -> list[Frontier]:
+        """The frontiers of the crawl's shards: this one alone (see
+        :class:`~scrapy_dist.shards.ShardedFrontier`)."""
+        return [self]
+
+    def held_elsewhere(self, quiet_for: float | None = None) -> tuple[HeldElsewhere, float] | None:
+        """The leases other workers hold, in every shard; with ``quiet_for``, only those
+        of workers not heard from (no heartbeat in the crawl's registry) for that many
+        seconds: killed, or stalled. A killed worker's return to the queue when their
+        deadline passes and a reserve takes them back.
+
+        Returns:
+            Those leases and the server's time, or ``None`` if Redis is unreachable.
+        """
+
+        def read() -> tuple[HeldElsewhere, float]:
+            now, beats = heartbeats(self.client, self.keys.workers)
+            skip = {self.worker_id}
+            if quiet_for is not None:
+                skip.update(w for w, beat in beats.items() if now - quiet_for <= beat)
+            found = NONE_LEFT
+            for shard in self.shards:
+                found = found.joined(held_by_others(shard.client, shard.keys, skip))
+            return found, now
+
+        return cast("tuple[HeldElsewhere, float] | None", self.call(read))
 
     def totals(self) -> dict[str, int]:
         """The crawl-wide counters (``done``, ``retried``, ``dead``); one written by hand

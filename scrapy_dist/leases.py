@@ -20,7 +20,9 @@ once) and keeps the crawl's epoch that fences them.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+import redis
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.scripts import (
@@ -35,9 +37,8 @@ from scrapy_dist.scripts import (
 from scrapy_dist.workers import previous_version_running
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Collection, Iterable, Sequence
 
-    import redis
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.keys import RedisKeys
@@ -51,8 +52,10 @@ __all__ = [
     "DONE",
     "HAND_BACK",
     "RECLAIM_LIMIT",
+    "HeldElsewhere",
     "Lease",
     "LeaseClient",
+    "held_by_others",
     "refuse_beside_previous",
 ]
 
@@ -98,6 +101,61 @@ def refuse_beside_previous(
             "scrapy_dist granted, and "
             + previous_version_running(running, "it takes their leases back as they expire")
         )
+
+
+class HeldElsewhere(NamedTuple):
+    """Leases other workers hold (:func:`held_by_others`). A killed worker's return to
+    the queue once their deadline passes and a reserve takes them back."""
+
+    #: How many.
+    leases: int
+    #: The workers holding them.
+    workers: tuple[str, ...]
+    #: The last of their deadlines (server time, seconds; 0: none).
+    until: float
+
+    def joined(self, other: HeldElsewhere) -> HeldElsewhere:
+        """These and ``other``'s (another shard's)."""
+        return HeldElsewhere(
+            self.leases + other.leases,
+            tuple(sorted({*self.workers, *other.workers})),
+            max(self.until, other.until),
+        )
+
+
+#: Nothing left behind.
+NONE_LEFT = HeldElsewhere(0, (), 0.0)
+
+
+def held_by_others(client: redis.Redis, keys: RedisKeys, skip: Collection[str]) -> HeldElsewhere:
+    """The leases held in ``keys``'s holdings by workers not in ``skip``. A holders zset
+    or a holding of another type (written by hand) holds none: a reserve sets it aside
+    when it expires. Two round trips."""
+    try:
+        holders = cast(
+            "list[tuple[bytes, float]]", client.zrange(keys.holders, 0, -1, withscores=True)
+        )
+    except redis.ResponseError:
+        return NONE_LEFT
+    others = [(w.decode(), deadline) for w, deadline in holders if w.decode() not in skip]
+    if not others:
+        return NONE_LEFT
+    with client.pipeline(transaction=False) as pipe:
+        for worker, _ in others:
+            pipe.hlen(keys.holding(worker))
+        sizes = pipe.execute(raise_on_error=False)
+    held = [
+        (worker, deadline, size)
+        for (worker, deadline), size in zip(others, sizes, strict=True)
+        if isinstance(size, int) and size > 0
+    ]
+    if not held:
+        return NONE_LEFT
+    return HeldElsewhere(
+        sum(size for _, _, size in held),
+        tuple(sorted(worker for worker, _, _ in held)),
+        max(deadline for _, deadline, _ in held),
+    )
 
 
 class Lease(NamedTuple):

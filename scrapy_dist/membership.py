@@ -71,6 +71,75 @@ def exit_with(status: int) -> None:
     atexit.register(_exit)
 
 
+class CloseWait:
+    """Keeps a worker that would close for idleness open while other workers hold
+    leases (:meth:`Frontier.held_elsewhere`). A killed worker's return to the queue when
+    their deadline passes, and this worker's next reserve takes them: without the wait,
+    the last worker of a crawl could close first, the crawl unfinished and those pages
+    never parsed.
+
+    Args:
+        frontier: the crawl's frontier.
+        heartbeat_interval: this worker's ``SCHEDULER_HEARTBEAT_INTERVAL``, taken as
+            the crawl's.
+        live_too: wait for every other worker's leases, not only those of workers not
+            heard from for two heartbeat intervals. A plain spider, which closes as soon
+            as its queue runs dry, waits for them all: a live worker's pages queue
+            more requests (a second worker started with the first would otherwise
+            close at once, its start request filtered as the first's duplicate). A
+            Redis spider, which waits for seeds and closes after
+            ``MAX_IDLE_TIME_BEFORE_CLOSE`` as scrapy-redis's does, waits only for the
+            workers not heard from: killed, or stalled (one that beats again is not
+            waited for at the next look).
+    """
+
+    def __init__(self, frontier: Frontier, heartbeat_interval: float, *, live_too: bool) -> None:
+        self.frontier = frontier
+        #: Seconds without a heartbeat after which a worker's leases are waited for
+        #: (``None``: every other worker's).
+        self.quiet_for = None if live_too else 2 * heartbeat_interval
+        self._told: tuple[str, ...] | None = None
+
+    def holds(self, spider: Spider | None) -> bool:
+        """Whether the worker stays open: others hold leases, or Redis cannot say
+        (unreachable). Logs which workers it waits for whenever they change, and sets
+        the stat ``scheduler/idle/held_elsewhere`` to the number of their leases."""
+        found = self.frontier.held_elsewhere(self.quiet_for)
+        if found is None:
+            return True
+        held, now = found
+        self.frontier.stats.set_value("scheduler/idle/held_elsewhere", held.leases)
+        if not held.leases:
+            self._told = None
+            return False
+        if held.workers != self._told:
+            self._told = held.workers
+            names = ", ".join(held.workers[:3]) + (", ..." if held.workers[3:] else "")
+            if self.quiet_for is None:
+                logger.info(
+                    "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
+                    "lease(s); their pages may queue more requests, and a killed worker's "
+                    "leases come back when they expire",
+                    {"n": len(held.workers), "names": names, "leases": held.leases},
+                    extra={"spider": spider},
+                )
+            else:
+                logger.info(
+                    "Not closing yet: %(leases)d lease(s) held by %(n)d worker(s) not heard "
+                    "from for %(quiet)gs (%(names)s) return to the queue when they expire, "
+                    "in %(wait).0fs; this worker takes them then",
+                    {
+                        "leases": held.leases,
+                        "n": len(held.workers),
+                        "quiet": self.quiet_for,
+                        "names": names,
+                        "wait": max(0.0, held.until - now),
+                    },
+                    extra={"spider": spider},
+                )
+        return True
+
+
 class Membership:
     """Joins, loses and leaves the crawl for one worker (see the module docstring).
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import redis
 from scrapy import signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import DontCloseSpider
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -40,13 +41,14 @@ from scrapy_dist.enqueuer import Enqueuer
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
 from scrapy_dist.frontier import DEAD_NOW, HAND_BACK, Frontier, Lease
 from scrapy_dist.heartbeat import Heartbeat
-from scrapy_dist.membership import FRONTIER_LOST, Membership, exit_with
+from scrapy_dist.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.settings import check_scheduler
+from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.startup import FailedScheduler, fail_start, raise_if_failed, start_failure
 from scrapy_dist.workers import WorkerRegistry, crawl_started
 
@@ -171,6 +173,9 @@ class Scheduler(BaseScheduler):
             on_empty=self._shared_df.forget_local if self._shared_df else lambda: None,
             callback_errors=callback_errors,
         )
+        #: A plain spider's wait, before it closes, for the leases other workers hold
+        #: (set at open).
+        self._close_wait: CloseWait | None = None
         # -- crawl control (pause, resume, drain: scrapy_dist.control) --
         self.control = WorkerControl(
             ControlWatcher.for_frontier(frontier),
@@ -359,6 +364,11 @@ class Scheduler(BaseScheduler):
                 keys (``REDIS_EVICTION_POLICY_CHECK``) (only without a crawler).
         """
         self.spider = spider
+        if self.leased and not isinstance(spider, RedisSpiderMixin):
+            # (a Redis spider waits itself, for seeds, and before MAX_IDLE_TIME_BEFORE_CLOSE)
+            self._close_wait = CloseWait(
+                self.frontier, self.heartbeat.heartbeat_interval, live_too=True
+            )
         self._codec = RequestCodec(self.serializer, spider, self.policy)
         self._enqueuer = Enqueuer(
             self.frontier,
@@ -420,14 +430,17 @@ class Scheduler(BaseScheduler):
 
     def close_if_failed(self) -> None:
         """``spider_idle``: close a spider whose start failed, with the failure's reason;
-        keep it open while the crawl is paused or draining (:mod:`scrapy_dist.control`).
+        keep it open while the crawl is paused or draining (:mod:`scrapy_dist.control`),
+        and a plain spider while other workers hold leases (:class:`CloseWait`).
 
         Raises:
             CloseSpider: the start failed.
-            DontCloseSpider: the crawl is paused or draining.
+            DontCloseSpider: the crawl is paused or draining, or a plain spider waits.
         """
         raise_if_failed(self.crawler)
         self.control.on_idle()
+        if self._close_wait is not None and self._close_wait.holds(self.spider):
+            raise DontCloseSpider
 
     def flush(self) -> None:
         """Delete the crawl's queue, leases and dupefilter now (scrapy-redis's ``flush``).

@@ -14,8 +14,9 @@ Redis every ``SCHEDULER_IDLE_POLL`` seconds (after five minutes without work, ba
 to ``SCHEDULER_IDLE_POLL_MAX``), so requests queued by other workers, expired leases and
 seeds pushed by a user start within about a second. A worker closes after
 ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness (measured from the last moment it
-had work; ``0`` waits forever), or, with ``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a
-whole is finished.
+had work; ``0`` waits forever), though not while workers that stopped beating hold
+leases (:class:`~scrapy_dist.membership.CloseWait`: it takes them when they
+expire), or, with ``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a whole is finished.
 
 A seed that cannot become a request is logged with the reason, counted
 (``seeds/invalid``) and appended to the crawl's dead-letter list; the rest of its batch
@@ -48,6 +49,7 @@ from scrapy_dist.control import ControlWatcher
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
 from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease, shared_filter
+from scrapy_dist.membership import CloseWait
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.settings import check_seed_batch_size
@@ -223,6 +225,8 @@ class RedisSpiderMixin(Spider):
         self.dead_letters = DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id)
         #: The crawl's control state: no seeds are read while it is paused or draining.
         self._control = ControlWatcher.for_frontier(frontier)
+        #: What a worker about to idle out waits for (workers killed holding leases).
+        self._close_wait = CloseWait(frontier, config.workers.heartbeat_interval, live_too=False)
         self._redis_open = True
         check_seed_batch_size(self.redis_batch_size)
 
@@ -559,6 +563,8 @@ class RedisSpiderMixin(Spider):
             self._idle_since = now
         idle = now - self._idle_since
         if self.max_idle_time and idle >= self.max_idle_time:
+            if self._close_wait.holds(self):
+                raise DontCloseSpider
             logger.info(
                 "Idle for %(idle).1fs with no seeds in %(key)s (MAX_IDLE_TIME_BEFORE_CLOSE="
                 "%(max)s): closing",

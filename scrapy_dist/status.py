@@ -39,9 +39,10 @@ from scrapy_dist.queue import RedisQueue, leasable_queue
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
+from scrapy_dist.workers import beats_of
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     import redis
     from scrapy.crawler import Crawler
@@ -406,19 +407,6 @@ def _leased_command(pipe: Any, client: redis.Redis, keys: RedisKeys) -> None:
     scripts_for(client).leased(holders=keys.holders, previous=keys.leases).run(pipe)
 
 
-def _numbers(raw: Mapping[bytes, bytes]) -> dict[str, float]:
-    """The fields of ``raw`` that hold a finite number (others, written by hand, left out)."""
-    result = {}
-    for name, value in raw.items():
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        if math.isfinite(number):
-            result[_text(name)] = number
-    return result
-
-
 _HINTS = {
     "seeds": {
         "set": "set REDIS_START_URLS_AS_SET = True",
@@ -554,7 +542,7 @@ def read_status(
         dead_key=k.dead,
         dead=int(dead),
         progress=progress,
-        workers=_numbers(workers),
+        workers=beats_of(workers),
         worker_timeout=layout.worker_timeout,
         items_key=layout.items,
         items_stored=int(items),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, cast
 from scrapy_dist.scripts import scripts_for
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     import redis
 
@@ -49,24 +49,35 @@ def new_worker_id() -> str:
 
 def live_workers(client: redis.Redis, key: str, timeout: float) -> list[str]:
     """The workers registered in ``key`` with a heartbeat within ``timeout`` seconds of
-    the server's clock (none if the key is not a hash; a heartbeat that is not a finite
-    number, written by hand, counts as a gone worker's, as in ``lua/join.lua``). One
-    round trip."""
+    the server's clock (:func:`heartbeats`). One round trip."""
+    now, beats = heartbeats(client, key)
+    return sorted(w for w, beat in beats.items() if now - timeout <= beat)
+
+
+def heartbeats(client: redis.Redis, key: str) -> tuple[float, dict[str, float]]:
+    """The server's time and each worker registered in ``key`` with its last heartbeat
+    (none if the key is not a hash; a heartbeat that is not a finite number, written by
+    hand, is left out: a gone worker's, as in ``lua/join.lua``). One round trip."""
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         pipe.hgetall(key)
         (seconds, micros), workers = pipe.execute(raise_on_error=False)
-    if isinstance(workers, Exception):
-        return []
     now = seconds + micros / 1e6
-    return sorted(w.decode() for w, beat in workers.items() if _beat_within(beat, now - timeout))
+    return now, {} if isinstance(workers, Exception) else beats_of(workers)
 
 
-def _beat_within(beat: bytes, since: float) -> bool:
-    try:
-        return since <= float(beat) < math.inf
-    except ValueError:
-        return False
+def beats_of(raw: Mapping[bytes, bytes]) -> dict[str, float]:
+    """A registry hash's workers and their heartbeats, as read (a heartbeat that is not a
+    finite number, written by hand, left out)."""
+    found = {}
+    for worker, beat in raw.items():
+        try:
+            value = float(beat)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            found[worker.decode()] = value
+    return found
 
 
 def previous_version_running(running: list[str], then: str) -> str:

@@ -14,6 +14,7 @@ from twisted.python.failure import Failure
 
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
+from scrapy_dist.membership import CloseWait
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import deadline, holdings, leased_count
@@ -665,3 +666,74 @@ def test_a_worker_closing_after_a_takeover_hands_back_only_what_it_holds(
     assert client.exists(keys.holding(w.frontier.worker_id)) == 0
     assert client.hlen(keys.holding(other.frontier.worker_id)) == 1  # the other worker's
     assert leased_count(client, keys.crawl) == 1
+
+
+def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
+    worker: Callable[..., Worker], client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a worker about to close for idleness waits for (:class:`CloseWait`): a plain
+    spider, every other worker's leases; a Redis spider, those of workers not heard from
+    (killed), until they expire and come back. Never its own, never a holding that is
+    empty."""
+    killed, survivor = worker(), worker()
+    for c in "abc":
+        killed.scheduler.enqueue_request(Request(URL + c))
+    assert killed.take() is not None
+    assert killed.take() is not None
+    assert survivor.take() is not None  # "c": the survivor's own lease is never counted
+    interval = FAST["SCHEDULER_HEARTBEAT_INTERVAL"]
+    plain = survivor.scheduler._close_wait  # the test spider is a plain one
+    assert plain is not None
+    assert plain.quiet_for is None
+    redis_spider = CloseWait(survivor.frontier, interval, live_too=False)
+    assert plain.holds(None)  # the killed worker's two, while it still beats
+    assert not redis_spider.holds(None)
+    assert killed.scheduler._ticker is not None
+    killed.scheduler._ticker.stop()  # killed: no heartbeat, no renewal
+    time.sleep(2 * interval + 0.1)
+    found = survivor.frontier.held_elsewhere(2 * interval)
+    assert found is not None
+    held, now = found
+    assert held.leases == 2
+    assert held.workers == (killed.frontier.worker_id,)
+    assert 0 < held.until - now <= FAST["SCHEDULER_LEASE_TIMEOUT"]
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.membership"):
+        assert redis_spider.holds(None)
+        assert redis_spider.holds(None)
+    told = [r.getMessage() for r in caplog.records if "not heard from" in r.getMessage()]
+    assert len(told) == 1, told  # said once while it stays the same
+    assert "2 lease(s) held by 1 worker(s)" in told[0]
+    time.sleep(FAST["SCHEDULER_LEASE_TIMEOUT"])
+    back = [survivor.take(), survivor.take()]  # the reserve takes them back
+    assert sorted(r.url for r in back if r) == [URL + "a", URL + "b"]
+    assert not redis_spider.holds(None)
+    assert not plain.holds(None)
+
+
+def test_held_elsewhere_skips_what_was_written_by_hand(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    """Keys of another type and heartbeats that are not numbers fail nothing: a holding
+    that is not a hash holds none (a reserve sets it aside when it expires), a holders
+    zset that is not a zset names none, a heartbeat that is not a finite number is a
+    gone worker's."""
+    w = worker()
+    keys = w.frontier.keys
+    client.zadd(keys.holders, {"ghost": time.time() + 60, "nan": time.time() + 60})
+    client.set(keys.holding("ghost"), "not a hash")
+    client.hset(keys.holding("nan"), "0000000000000001", "x")
+    client.hset(keys.workers, mapping={"nan": "nan", "inf": "inf"})
+    found = w.frontier.held_elsewhere(1.0)
+    assert found is not None
+    assert found[0].leases == 1
+    assert found[0].workers == ("nan",)
+    client.delete(keys.holders)
+    client.set(keys.holders, "not a zset")
+    found = w.frontier.held_elsewhere(1.0)
+    assert found is not None
+    assert found[0].leases == 0
+    client.delete(keys.holders, keys.workers)
+    client.set(keys.workers, "not a hash")
+    found = w.frontier.held_elsewhere(1.0)
+    assert found is not None
+    assert found[0].leases == 0

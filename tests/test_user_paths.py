@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from scrapy_dist.testing import TestSite, run_cli, start_workers, stop_workers, wait_workers
-from scrapy_dist.testing.leases import leased_count
+from scrapy_dist.testing.crawl import duplicates
+from scrapy_dist.testing.leases import held_by, leased_count
+from scrapy_dist.testing.queues import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -270,6 +272,79 @@ def test_a_redis_spider_with_its_own_start_requests_crawls_them_and_its_seeds(
     assert hits.pop("/page/0") == 3, logs(workers)
     assert set(hits.values()) == {1}, hits
     assert client.llen(f"{name}:start_urls") == 0
+
+
+#: The two ways a scrapy-redis user's workers close by themselves without
+#: ``CLOSE_WHEN_CRAWL_DONE``: a plain ``scrapy.Spider`` (only ``SCHEDULER`` set) closes when
+#: the queue runs dry, a Redis spider after ``MAX_IDLE_TIME_BEFORE_CLOSE``.
+IDLE_OUT_SPIDERS = {
+    "plain spider": """
+import scrapy
+
+
+class BooksSpider(scrapy.Spider):
+    name = "{name}"
+    start_urls = ["{start}"]
+
+    def parse(self, response):
+        yield {{"url": response.url}}
+        yield from response.follow_all(css="a", callback=self.parse)
+""",
+    "MAX_IDLE_TIME_BEFORE_CLOSE": """
+from scrapy_dist.spiders import RedisSpider
+
+
+class BooksSpider(RedisSpider):
+    name = "{name}"
+    custom_settings = {{"MAX_IDLE_TIME_BEFORE_CLOSE": 1}}
+
+    def parse(self, response):
+        yield {{"url": response.url}}
+        yield from response.follow_all(css="a", callback=self.parse)
+""",
+}
+
+
+@pytest.mark.parametrize("spider_kind", sorted(IDLE_OUT_SPIDERS))
+def test_a_worker_closing_when_idle_first_takes_back_a_killed_workers_leases(
+    project: Path, name: str, client: redis.Redis, workers: list[Worker], *, spider_kind: str
+) -> None:
+    """Two workers; one is killed with -9 mid-crawl. The other, once it has nothing
+    left, used to close (the plain spider at once, the Redis spider after its idle
+    time) while the killed worker's leases were still pending: the crawl ended
+    unfinished, their pages never parsed. It now waits for them to expire, crawls them,
+    and says what it waits for."""
+    settings = {
+        "CLOSE_WHEN_CRAWL_DONE": False,
+        "CONCURRENT_REQUESTS": 4,
+        "SCHEDULER_PREFETCH": 1,
+        "SCHEDULER_LEASE_TIMEOUT": 10,
+        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+        "SCHEDULER_WORKER_TIMEOUT": 2,
+    }
+    with TestSite(300, delay=0.03) as site:
+        spider = IDLE_OUT_SPIDERS[spider_kind].format(name=name, start=site.page_url(0))
+        (project / "books" / "spiders" / "books.py").write_text(spider)
+        victim, survivor = run(workers, project, name, settings=settings)
+        if spider_kind != "plain spider":  # (whose start URL is its own)
+            client.lpush(f"{name}:start_urls", site.page_url(0))
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while sum(site.hits().values()) < 200:  # of 300: what is left takes under 10 s
+            assert time.monotonic() < deadline, logs(workers)
+            time.sleep(0.05)
+        victim.process.kill()
+        victim.process.wait()
+        held = held_by(client, name, victim.pid)
+        assert held > 0, logs(workers)
+        assert wait_workers([survivor], RUN_TIMEOUT) == [0], logs(workers)
+        hits = site.hits()
+    assert set(hits) == site.expected_paths(), logs(workers)
+    # every request settled (parsed: done), none dead, none left leased or queued
+    assert leased_count(client, name) == 0, logs(workers)
+    assert queued_count(client, f"{name}:requests") == 0, logs(workers)
+    assert client.llen(f"{name}:dead") == 0, logs(workers)
+    assert duplicates(hits) <= held, (duplicates(hits), held)
+    assert "Not closing yet" in log_text(survivor), log_text(survivor)[-3000:]
 
 
 #: scrapy-redis's hooks as its users override them: next_requests() reading the
