@@ -48,8 +48,7 @@ from scrapy_dist.leases import (
     DEAD_NOW,
     DONE,
     HAND_BACK,
-    NONE_LEFT,
-    HeldElsewhere,
+    Held,
     Lease,
     LeaseClient,
     held_by_others,
@@ -142,6 +141,18 @@ class Progress(NamedTuple):
     queued: int
     seeds: int
     leased: int
+
+
+class Elsewhere(NamedTuple):
+    """What other workers of the crawl hold, and whether they beat
+    (:meth:`Frontier.held_elsewhere`)."""
+
+    #: Worker id -> the leases it holds (workers holding none left out).
+    held: dict[str, Held]
+    #: Worker id -> its last heartbeat in the crawl's registry (server time, seconds).
+    beats: dict[str, float]
+    #: The server's time when they were read.
+    now: float
 
 
 class OtherShards(NamedTuple):
@@ -1056,27 +1067,29 @@ class Frontier:
         :class:`~scrapy_dist.shards.ShardedFrontier`)."""
         return [self]
 
-    def held_elsewhere(self, quiet_for: float | None = None) -> tuple[HeldElsewhere, float] | None:
-        """The leases other workers hold, in every shard; with ``quiet_for``, only those
-        of workers not heard from (no heartbeat in the crawl's registry) for that many
-        seconds: killed, or stalled. A killed worker's return to the queue when their
-        deadline passes and a reserve takes them back.
+    def held_elsewhere(self) -> Elsewhere | None:
+        """The leases other workers hold, in every shard, and their heartbeats.
 
         Returns:
-            Those leases and the server's time, or ``None`` if Redis is unreachable.
+            What was read, or ``None`` if Redis is unreachable.
         """
 
-        def read() -> tuple[HeldElsewhere, float]:
+        def read() -> Elsewhere:
             now, beats = heartbeats(self.client, self.keys.workers)
-            skip = {self.worker_id}
-            if quiet_for is not None:
-                skip.update(w for w, beat in beats.items() if now - quiet_for <= beat)
-            found = NONE_LEFT
+            held: dict[str, Held] = {}
             for shard in self.shards:
-                found = found.joined(held_by_others(shard.client, shard.keys, skip))
-            return found, now
+                for worker, found in held_by_others(
+                    shard.client, shard.keys, {self.worker_id}
+                ).items():
+                    before = held.get(worker)
+                    held[worker] = (
+                        found
+                        if before is None
+                        else Held(before.leases + found.leases, max(before.until, found.until))
+                    )
+            return Elsewhere(held, beats, now)
 
-        return cast("tuple[HeldElsewhere, float] | None", self.call(read))
+        return cast("Elsewhere | None", self.call(read))
 
     def totals(self) -> dict[str, int]:
         """The crawl-wide counters (``done``, ``retried``, ``dead``); one written by hand

@@ -52,7 +52,7 @@ __all__ = [
     "DONE",
     "HAND_BACK",
     "RECLAIM_LIMIT",
-    "HeldElsewhere",
+    "Held",
     "Lease",
     "LeaseClient",
     "held_by_others",
@@ -103,59 +103,39 @@ def refuse_beside_previous(
         )
 
 
-class HeldElsewhere(NamedTuple):
-    """Leases other workers hold (:func:`held_by_others`). A killed worker's return to
-    the queue once their deadline passes and a reserve takes them back."""
+class Held(NamedTuple):
+    """The leases one worker holds, as another worker sees them (:func:`held_by_others`)."""
 
     #: How many.
     leases: int
-    #: The workers holding them.
-    workers: tuple[str, ...]
-    #: The last of their deadlines (server time, seconds; 0: none).
+    #: Their deadline (server time, seconds): a killed worker's return to the queue
+    #: once it passes and a reserve takes them back.
     until: float
 
-    def joined(self, other: HeldElsewhere) -> HeldElsewhere:
-        """These and ``other``'s (another shard's)."""
-        return HeldElsewhere(
-            self.leases + other.leases,
-            tuple(sorted({*self.workers, *other.workers})),
-            max(self.until, other.until),
-        )
 
-
-#: Nothing left behind.
-NONE_LEFT = HeldElsewhere(0, (), 0.0)
-
-
-def held_by_others(client: redis.Redis, keys: RedisKeys, skip: Collection[str]) -> HeldElsewhere:
-    """The leases held in ``keys``'s holdings by workers not in ``skip``. A holders zset
-    or a holding of another type (written by hand) holds none: a reserve sets it aside
-    when it expires. Two round trips."""
+def held_by_others(client: redis.Redis, keys: RedisKeys, skip: Collection[str]) -> dict[str, Held]:
+    """The leases held in ``keys``'s holdings by workers not in ``skip``, by worker (a
+    worker holding none is left out). A holders zset or a holding of another type
+    (written by hand) holds none: a reserve sets it aside when it expires. Two round
+    trips."""
     try:
         holders = cast(
             "list[tuple[bytes, float]]", client.zrange(keys.holders, 0, -1, withscores=True)
         )
     except redis.ResponseError:
-        return NONE_LEFT
+        return {}
     others = [(w.decode(), deadline) for w, deadline in holders if w.decode() not in skip]
     if not others:
-        return NONE_LEFT
+        return {}
     with client.pipeline(transaction=False) as pipe:
         for worker, _ in others:
             pipe.hlen(keys.holding(worker))
         sizes = pipe.execute(raise_on_error=False)
-    held = [
-        (worker, deadline, size)
+    return {
+        worker: Held(size, deadline)
         for (worker, deadline), size in zip(others, sizes, strict=True)
         if isinstance(size, int) and size > 0
-    ]
-    if not held:
-        return NONE_LEFT
-    return HeldElsewhere(
-        sum(size for _, _, size in held),
-        tuple(sorted(worker for worker, _, _ in held)),
-        max(deadline for _, deadline, _ in held),
-    )
+    }
 
 
 class Lease(NamedTuple):

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from scrapy_dist.deliveries import Deliveries
     from scrapy_dist.dupefilter import RFPDupeFilter
     from scrapy_dist.frontier import Frontier, Progress
+    from scrapy_dist.leases import Held
     from scrapy_dist.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -82,62 +83,110 @@ class CloseWait:
         frontier: the crawl's frontier.
         heartbeat_interval: this worker's ``SCHEDULER_HEARTBEAT_INTERVAL``, taken as
             the crawl's.
-        live_too: wait for every other worker's leases, not only those of workers not
-            heard from for two heartbeat intervals. A plain spider, which closes as soon
-            as its queue runs dry, waits for them all: a live worker's pages queue
+        live_too: wait for every other worker's leases. A plain spider, which closes as
+            soon as its queue runs dry, waits for them all: a live worker's pages queue
             more requests (a second worker started with the first would otherwise
-            close at once, its start request filtered as the first's duplicate). A
-            Redis spider, which waits for seeds and closes after
-            ``MAX_IDLE_TIME_BEFORE_CLOSE`` as scrapy-redis's does, waits only for the
-            workers not heard from: killed, or stalled (one that beats again is not
-            waited for at the next look).
+            close at once, its start request filtered as the first's duplicate).
+            Without it (a Redis spider, which waits for seeds and closes after
+            ``MAX_IDLE_TIME_BEFORE_CLOSE`` as scrapy-redis's does), a holder is waited
+            for until it is heard from: its heartbeat is newer than at this worker's
+            first look (it is alive: not waited for), or it is silent for two
+            heartbeat intervals (killed, or stalled: waited for until its leases are
+            gone). A worker killed just before this one's idle limit is so never taken
+            for a live one.
     """
 
     def __init__(self, frontier: Frontier, heartbeat_interval: float, *, live_too: bool) -> None:
         self.frontier = frontier
-        #: Seconds without a heartbeat after which a worker's leases are waited for
-        #: (``None``: every other worker's).
-        self.quiet_for = None if live_too else 2 * heartbeat_interval
-        self._told: tuple[str, ...] | None = None
+        self.live_too = live_too
+        #: Seconds without a heartbeat after which a holder counts as silent.
+        self.quiet_for = 2 * heartbeat_interval
+        #: Each holder's heartbeat at the first look of this closing attempt.
+        self._first: dict[str, float | None] = {}
+        #: When this worker last looked (server time); a later look past ``quiet_for``
+        #: starts a new attempt.
+        self._looked_at = 0.0
+        self._told: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
     def holds(self, spider: Spider | None) -> bool:
-        """Whether the worker stays open: others hold leases, or Redis cannot say
-        (unreachable). Logs which workers it waits for whenever they change, and sets
-        the stat ``scheduler/idle/held_elsewhere`` to the number of their leases."""
-        found = self.frontier.held_elsewhere(self.quiet_for)
+        """Whether the worker stays open: others hold leases it waits for, or Redis
+        cannot say (unreachable). Logs the silent holders it waits for whenever they
+        change, and sets the stat ``scheduler/idle/held_elsewhere`` to the number of
+        leases it waits for."""
+        found = self.frontier.held_elsewhere()
         if found is None:
             return True
-        held, now = found
-        self.frontier.stats.set_value("scheduler/idle/held_elsewhere", held.leases)
-        if not held.leases:
+        held, beats, now = found
+        if now - self._looked_at > self.quiet_for:
+            self._first = {}
+        self._looked_at = now
+        silent = [w for w in held if w not in beats or now - beats[w] > self.quiet_for]
+        if self.live_too:
+            waited = list(held)
+        else:
+            # a holder heard from is waited for until it beats again
+            first = {w: self._first.get(w, beats.get(w)) for w in held}
+            waited = [w for w in held if w in silent or beats.get(w) == first[w]]
+            self._first = first
+        leases = sum(held[w].leases for w in waited)
+        self.frontier.stats.set_value("scheduler/idle/held_elsewhere", leases)
+        if not waited:
             self._told = None
             return False
-        if held.workers != self._told:
-            self._told = held.workers
-            names = ", ".join(held.workers[:3]) + (", ..." if held.workers[3:] else "")
-            if self.quiet_for is None:
-                logger.info(
-                    "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
-                    "lease(s); their pages may queue more requests, and a killed worker's "
-                    "leases come back when they expire",
-                    {"n": len(held.workers), "names": names, "leases": held.leases},
-                    extra={"spider": spider},
-                )
-            else:
-                logger.info(
-                    "Not closing yet: %(leases)d lease(s) held by %(n)d worker(s) not heard "
-                    "from for %(quiet)gs (%(names)s) return to the queue when they expire, "
-                    "in %(wait).0fs; this worker takes them then",
-                    {
-                        "leases": held.leases,
-                        "n": len(held.workers),
-                        "quiet": self.quiet_for,
-                        "names": names,
-                        "wait": max(0.0, held.until - now),
-                    },
-                    extra={"spider": spider},
-                )
+        self._tell(spider, held, waited, silent, now)
         return True
+
+    def _tell(
+        self,
+        spider: Spider | None,
+        held: dict[str, Held],
+        waited: list[str],
+        silent: list[str],
+        now: float,
+    ) -> None:
+        """Log what the worker waits for, once per change of the workers it waits for
+        and of those of them it has not heard from."""
+        told = (tuple(sorted(waited)), tuple(sorted(silent)))
+        if told == self._told:
+            return
+        self._told = told
+        if self.live_too:
+            logger.info(
+                "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
+                "lease(s); their pages may queue more requests, and a killed worker's "
+                "leases come back when they expire",
+                {
+                    "n": len(waited),
+                    "names": _names(waited),
+                    "leases": sum(held[w].leases for w in waited),
+                },
+                extra={"spider": spider},
+            )
+        elif silent:
+            logger.info(
+                "Not closing yet: %(leases)d lease(s) held by %(n)d worker(s) not heard "
+                "from for %(quiet)gs (%(names)s) return to the queue when they expire, "
+                "in %(wait).0fs; this worker takes them then",
+                {
+                    "leases": sum(held[w].leases for w in silent),
+                    "n": len(silent),
+                    "quiet": self.quiet_for,
+                    "names": _names(silent),
+                    "wait": max(0.0, max(held[w].until for w in silent) - now),
+                },
+                extra={"spider": spider},
+            )
+        else:
+            logger.debug(
+                "Not closing yet: waiting for a heartbeat of %(names)s, which hold leases",
+                {"names": _names(waited)},
+                extra={"spider": spider},
+            )
+
+
+def _names(workers: list[str]) -> str:
+    """Up to three worker ids, for a log line."""
+    return ", ".join(sorted(workers)[:3]) + (", ..." if workers[3:] else "")
 
 
 class Membership:

@@ -672,42 +672,56 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     worker: Callable[..., Worker], client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """What a worker about to close for idleness waits for (:class:`CloseWait`): a plain
-    spider, every other worker's leases; a Redis spider, those of workers not heard from
-    (killed), until they expire and come back. Never its own, never a holding that is
-    empty."""
-    killed, survivor = worker(), worker()
-    for c in "abc":
+    spider, every other worker's leases; a Redis spider, a live holder's until it beats
+    again, a killed one's until they expire and come back. Never its own."""
+    killed, live, survivor = worker(), worker(), worker()
+    for c in "abcd":
         killed.scheduler.enqueue_request(Request(URL + c))
     assert killed.take() is not None
     assert killed.take() is not None
-    assert survivor.take() is not None  # "c": the survivor's own lease is never counted
+    assert live.take() is not None  # "c"
+    assert survivor.take() is not None  # "d": the survivor's own lease is never counted
+    assert killed.scheduler._ticker is not None
+    killed.scheduler._ticker.stop()  # killed: no heartbeat, no renewal
+
+    def beat() -> None:  # what the live worker's timer does (no reactor runs here)
+        live.scheduler.registry.heartbeat()
+        live.scheduler.deliveries.renew()
+
     interval = FAST["SCHEDULER_HEARTBEAT_INTERVAL"]
     plain = survivor.scheduler._close_wait  # the test spider is a plain one
     assert plain is not None
-    assert plain.quiet_for is None
+    assert plain.live_too
     redis_spider = CloseWait(survivor.frontier, interval, live_too=False)
-    assert plain.holds(None)  # the killed worker's two, while it still beats
-    assert not redis_spider.holds(None)
-    assert killed.scheduler._ticker is not None
-    killed.scheduler._ticker.stop()  # killed: no heartbeat, no renewal
-    time.sleep(2 * interval + 0.1)
-    found = survivor.frontier.held_elsewhere(2 * interval)
-    assert found is not None
-    held, now = found
-    assert held.leases == 2
-    assert held.workers == (killed.frontier.worker_id,)
-    assert 0 < held.until - now <= FAST["SCHEDULER_LEASE_TIMEOUT"]
+    assert plain.holds(None)
+    # both heard from: each waited for until it beats again (a worker killed a moment
+    # ago looks the same)
+    assert redis_spider.holds(None)
     with caplog.at_level(logging.INFO, logger="scrapy_dist.membership"):
-        assert redis_spider.holds(None)
-        assert redis_spider.holds(None)
+        for _ in range(3):
+            time.sleep(interval)
+            beat()
+            assert redis_spider.holds(None)  # the killed one never beats again
     told = [r.getMessage() for r in caplog.records if "not heard from" in r.getMessage()]
     assert len(told) == 1, told  # said once while it stays the same
     assert "2 lease(s) held by 1 worker(s)" in told[0]
-    time.sleep(FAST["SCHEDULER_LEASE_TIMEOUT"])
+    assert killed.frontier.worker_id in told[0]
+    found = survivor.frontier.held_elsewhere()
+    assert found is not None
+    held = found.held[killed.frontier.worker_id]
+    assert held.leases == 2
+    assert 0 < held.until - found.now <= FAST["SCHEDULER_LEASE_TIMEOUT"]
+    assert found.held[live.frontier.worker_id].leases == 1
+    time.sleep(FAST["SCHEDULER_LEASE_TIMEOUT"] - 2 * interval)
+    beat()
     back = [survivor.take(), survivor.take()]  # the reserve takes them back
     assert sorted(r.url for r in back if r) == [URL + "a", URL + "b"]
+    # a new closing attempt (the last look was long ago): the live worker is waited for
+    # until it beats again, then no longer; the plain spider waits for its lease
+    assert redis_spider.holds(None)
+    beat()
     assert not redis_spider.holds(None)
-    assert not plain.holds(None)
+    assert plain.holds(None)
 
 
 def test_held_elsewhere_skips_what_was_written_by_hand(
@@ -715,25 +729,28 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
 ) -> None:
     """Keys of another type and heartbeats that are not numbers fail nothing: a holding
     that is not a hash holds none (a reserve sets it aside when it expires), a holders
-    zset that is not a zset names none, a heartbeat that is not a finite number is a
-    gone worker's."""
+    zset that is not a zset names none, a heartbeat that is not a finite number is none
+    (a silent worker's)."""
     w = worker()
     keys = w.frontier.keys
     client.zadd(keys.holders, {"ghost": time.time() + 60, "nan": time.time() + 60})
     client.set(keys.holding("ghost"), "not a hash")
     client.hset(keys.holding("nan"), "0000000000000001", "x")
     client.hset(keys.workers, mapping={"nan": "nan", "inf": "inf"})
-    found = w.frontier.held_elsewhere(1.0)
+    found = w.frontier.held_elsewhere()
     assert found is not None
-    assert found[0].leases == 1
-    assert found[0].workers == ("nan",)
+    assert list(found.held) == ["nan"]
+    assert found.held["nan"].leases == 1
+    assert "nan" not in found.beats
+    assert "inf" not in found.beats
+    assert CloseWait(w.frontier, 0.15, live_too=False).holds(None)  # silent: waited for
     client.delete(keys.holders)
     client.set(keys.holders, "not a zset")
-    found = w.frontier.held_elsewhere(1.0)
+    found = w.frontier.held_elsewhere()
     assert found is not None
-    assert found[0].leases == 0
+    assert found.held == {}
     client.delete(keys.holders, keys.workers)
     client.set(keys.workers, "not a hash")
-    found = w.frontier.held_elsewhere(1.0)
+    found = w.frontier.held_elsewhere()
     assert found is not None
-    assert found[0].leases == 0
+    assert found.beats == {}
