@@ -124,15 +124,17 @@ def held_by_others(client: redis.Redis, keys: RedisKeys, skip: Collection[str]) 
         )
     except redis.ResponseError:
         return {}
-    others = [(w.decode(), deadline) for w, deadline in holders if w.decode() not in skip]
+    # (a member written by hand may not be UTF-8: its holding is named by its bytes)
+    others = [(w, deadline) for w, deadline in holders if w.decode(errors="replace") not in skip]
     if not others:
         return {}
+    prefix = keys.holding("").encode()
     with client.pipeline(transaction=False) as pipe:
         for worker, _ in others:
-            pipe.hlen(keys.holding(worker))
+            pipe.hlen(prefix + worker)
         sizes = pipe.execute(raise_on_error=False)
     return {
-        worker: Held(size, deadline)
+        worker.decode(errors="replace"): Held(size, deadline)
         for (worker, deadline), size in zip(others, sizes, strict=True)
         if isinstance(size, int) and size > 0
     }

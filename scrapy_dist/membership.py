@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 import redis
@@ -96,11 +97,25 @@ class CloseWait:
             for a live one.
     """
 
-    def __init__(self, frontier: Frontier, heartbeat_interval: float, *, live_too: bool) -> None:
+    def __init__(
+        self,
+        frontier: Frontier,
+        heartbeat_interval: float,
+        *,
+        live_too: bool,
+        every: float | None = None,
+    ) -> None:
         self.frontier = frontier
         self.live_too = live_too
         #: Seconds without a heartbeat after which a holder counts as silent.
         self.quiet_for = 2 * heartbeat_interval
+        #: Seconds between two looks in Redis (default: half a heartbeat interval);
+        #: a call in between gives the last answer.
+        self.every = heartbeat_interval / 2 if every is None else every
+        self._last: tuple[float, bool] | None = None
+        #: Silent holders' leases whose deadline is further than this worker's lease
+        #: timeout (written by hand, or another worker's longer timeout) already warned of.
+        self._far: set[str] = set()
         #: Each holder's heartbeat at the first look of this closing attempt.
         self._first: dict[str, float | None] = {}
         #: When this worker last looked (server time); a later look past ``quiet_for``
@@ -112,11 +127,19 @@ class CloseWait:
         """Whether the worker stays open: others hold leases it waits for, or Redis
         cannot say (unreachable). Logs the silent holders it waits for whenever they
         change, and sets the stat ``scheduler/idle/held_elsewhere`` to the number of
-        leases it waits for."""
+        leases it waits for. Looks in Redis at most once per :attr:`every` seconds."""
+        if self._last is not None and time.monotonic() - self._last[0] < self.every:
+            return self._last[1]
+        answer = self._look(spider)
+        self._last = (time.monotonic(), answer)
+        return answer
+
+    def _look(self, spider: Spider | None) -> bool:
         found = self.frontier.held_elsewhere()
         if found is None:
             return True
         held, beats, now = found
+        held = self._without_far(spider, held, beats, now)
         if now - self._looked_at > self.quiet_for:
             self._first = {}
         self._looked_at = now
@@ -135,6 +158,37 @@ class CloseWait:
             return False
         self._tell(spider, held, waited, silent, now)
         return True
+
+    def _without_far(
+        self, spider: Spider | None, held: dict[str, Held], beats: dict[str, float], now: float
+    ) -> dict[str, Held]:
+        """``held`` without silent holders whose deadline is further away than this
+        worker's lease timeout and two heartbeat intervals: no killed worker's lease
+        under this crawl's settings, they would keep the worker open until then (a
+        deadline written by hand, or a worker's own much longer lease timeout). Each is
+        warned of once: its leases stay until that deadline."""
+        limit = now + self.frontier.lease_timeout + self.quiet_for
+        kept = {}
+        for worker, found in held.items():
+            silent = worker not in beats or now - beats[worker] > self.quiet_for
+            if silent and found.until > limit:
+                if worker not in self._far:
+                    self._far.add(worker)
+                    logger.warning(
+                        "Not waiting for %(n)d lease(s) held by %(worker)s, not heard from: "
+                        "their deadline is %(wait).0fs away, further than "
+                        "SCHEDULER_LEASE_TIMEOUT (%(timeout)gs); they stay leased until then",
+                        {
+                            "n": found.leases,
+                            "worker": worker,
+                            "wait": found.until - now,
+                            "timeout": self.frontier.lease_timeout,
+                        },
+                        extra={"spider": spider},
+                    )
+                continue
+            kept[worker] = found
+        return kept
 
     def _tell(
         self,

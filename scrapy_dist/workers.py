@@ -68,7 +68,8 @@ def heartbeats(client: redis.Redis, key: str) -> tuple[float, dict[str, float]]:
 
 def beats_of(raw: Mapping[bytes, bytes]) -> dict[str, float]:
     """A registry hash's workers and their heartbeats, as read (a heartbeat that is not a
-    finite number, written by hand, left out)."""
+    finite number, written by hand, left out; a name that is not UTF-8 read with
+    replacement characters)."""
     found = {}
     for worker, beat in raw.items():
         try:
@@ -76,7 +77,7 @@ def beats_of(raw: Mapping[bytes, bytes]) -> dict[str, float]:
         except ValueError:
             continue
         if math.isfinite(value):
-            found[worker.decode()] = value
+            found[worker.decode(errors="replace")] = value
     return found
 
 

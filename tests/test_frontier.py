@@ -692,7 +692,8 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     plain = survivor.scheduler._close_wait  # the test spider is a plain one
     assert plain is not None
     assert plain.live_too
-    redis_spider = CloseWait(survivor.frontier, interval, live_too=False)
+    plain.every = 0  # (looks in Redis at each call)
+    redis_spider = CloseWait(survivor.frontier, interval, live_too=False, every=0)
     assert plain.holds(None)
     # both heard from: each waited for until it beats again (a worker killed a moment
     # ago looks the same)
@@ -725,15 +726,17 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
 
 
 def test_held_elsewhere_skips_what_was_written_by_hand(
-    worker: Callable[..., Worker], client: redis.Redis
+    worker: Callable[..., Worker], client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Keys of another type and heartbeats that are not numbers fail nothing: a holding
     that is not a hash holds none (a reserve sets it aside when it expires), a holders
     zset that is not a zset names none, a heartbeat that is not a finite number is none
-    (a silent worker's)."""
+    (a silent worker's), a member that is not UTF-8 is read, and a deadline past the
+    lease timeout keeps nobody waiting."""
     w = worker()
     keys = w.frontier.keys
-    client.zadd(keys.holders, {"ghost": time.time() + 60, "nan": time.time() + 60})
+    # (deadlines within the lease timeout: a killed worker's)
+    client.zadd(keys.holders, {"ghost": time.time() + 0.5, "nan": time.time() + 0.5})
     client.set(keys.holding("ghost"), "not a hash")
     client.hset(keys.holding("nan"), "0000000000000001", "x")
     client.hset(keys.workers, mapping={"nan": "nan", "inf": "inf"})
@@ -744,6 +747,25 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     assert "nan" not in found.beats
     assert "inf" not in found.beats
     assert CloseWait(w.frontier, 0.15, live_too=False).holds(None)  # silent: waited for
+    # a member that is not UTF-8 is named by its bytes
+    client.zadd(keys.holders, {b"\xff\xfe": time.time() + 0.5})
+    client.hset(keys.holding("").encode() + b"\xff\xfe", "0000000000000002", "x")
+    found = w.frontier.held_elsewhere()
+    assert found is not None
+    assert found.held["\ufffd\ufffd"].leases == 1
+    # a silent holder's deadline past this worker's lease timeout: not waited for, warned
+    for member in ("nan", b"\xff\xfe"):
+        client.zadd(keys.holders, {member: time.time() + 1e6})
+    far = CloseWait(w.frontier, 0.15, live_too=False, every=60)
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
+        assert not far.holds(None)
+        assert not far.holds(None)
+    warned = [r.getMessage() for r in caplog.records if "further than" in r.getMessage()]
+    assert len(warned) == 2, warned  # once per holder
+    client.zadd(keys.holders, {"nan": time.time() + 0.5})
+    assert not far.holds(None)  # within `every` of the last look: its answer, no look
+    far.every = 0
+    assert far.holds(None)
     client.delete(keys.holders)
     client.set(keys.holders, "not a zset")
     found = w.frontier.held_elsewhere()
