@@ -754,7 +754,7 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     assert found is not None
     assert found.held["\ufffd\ufffd"].leases == 1
     # a silent holder's deadline past this worker's lease timeout: not waited for, warned
-    for member in ("nan", b"\xff\xfe"):
+    for member in (b"nan", b"\xff\xfe"):
         client.zadd(keys.holders, {member: time.time() + 1e6})
     far = CloseWait(w.frontier, 0.15, live_too=False, every=60)
     with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
