@@ -8,6 +8,9 @@
   it holds of it; once the engine has finished what it had started, the worker rejoins
   the crawl if it finished (or exits, with ``CLOSE_WHEN_CRAWL_DONE``), else closes
   the spider with the reason ``frontier_lost``.
+- **Not yet** (a worker about to close for idleness, :class:`CloseWait`): it stays while
+  other workers hold leases that may still bring it work (a killed worker's come back
+  when they expire).
 - **Leave** (at the scheduler's close): settle what the engine finished, hand back
   what it never started, send pending writes, leave the registry; if the crawl as a
   whole is finished and does not persist, delete its shared keys (a worker that merely
