@@ -70,6 +70,7 @@ class Enqueuer:
         spider: Spider,
         start_once: bool,
         parent_of: Callable[[Request], str] = lambda request: "",
+        claimed_elsewhere: Callable[[], None] = lambda: None,
     ) -> None:
         self.frontier = frontier
         self.df = dupefilter
@@ -80,6 +81,9 @@ class Enqueuer:
         self.spider = spider
         self.start_once = start_once
         self.parent_of = parent_of
+        #: Called when another worker of the run claimed a start request of this one
+        #: (it queues it with its next flush).
+        self.claimed_elsewhere = claimed_elsewhere
         self._logunser = True
 
     def enqueue(self, request: Request) -> bool:
@@ -101,8 +105,9 @@ class Enqueuer:
         if dont_filter and shared is not None and self._once_per_crawl(request):
             claimed = self._claim_start(shared, request)
             if not claimed:
-                if claimed is not None:  # another worker of this run queued it
+                if claimed is not None:  # another worker of this run queues it
                     self.df.log(request, self.spider)
+                    self.claimed_elsewhere()
                 return False
         if shared is not None and not dont_filter:
             fingerprint = shared.fingerprint(request)

@@ -153,6 +153,8 @@ class Elsewhere(NamedTuple):
     beats: dict[str, float]
     #: The server's time when they were read.
     now: float
+    #: Requests queued (every shard's; a queue key of another type holds none).
+    queued: int
 
 
 class OtherShards(NamedTuple):
@@ -1068,7 +1070,8 @@ class Frontier:
         return [self]
 
     def held_elsewhere(self) -> Elsewhere | None:
-        """The leases other workers hold, in every shard, and their heartbeats.
+        """The leases other workers hold, in every shard, their heartbeats, and the
+        requests queued.
 
         Returns:
             What was read, or ``None`` if Redis is unreachable.
@@ -1087,7 +1090,11 @@ class Frontier:
                         if before is None
                         else Held(before.leases + found.leases, max(before.until, found.until))
                     )
-            return Elsewhere(held, beats, now)
+            try:
+                queued = len(self.queue)
+            except redis.ResponseError:  # another type (written by hand): a reserve sets it aside
+                queued = 0
+            return Elsewhere(held, beats, now, queued)
 
         return cast("Elsewhere | None", self.call(read))
 

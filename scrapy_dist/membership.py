@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import time
 from typing import TYPE_CHECKING
@@ -76,6 +77,11 @@ def exit_with(status: int) -> None:
     atexit.register(_exit)
 
 
+#: Seconds: a silent holder's deadline further away than this (and than this worker's
+#: lease timeout) was written by hand, and is not waited for.
+FAR_DEADLINE = 86400.0
+
+
 class CloseWait:
     """Keeps a worker that would close for idleness open while other workers hold
     leases (:meth:`Frontier.held_elsewhere`). A killed worker's return to the queue when
@@ -125,12 +131,22 @@ class CloseWait:
         #: starts a new attempt.
         self._looked_at = 0.0
         self._told: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        #: When another worker last claimed a start request of this one (monotonic).
+        self._expected_at = -math.inf
+
+    def expect(self) -> None:
+        """Another worker of the run claimed a start request of this one: it reaches the
+        queue with that worker's next flush, so the queue may look empty until then.
+        :meth:`holds` says so for two heartbeat intervals."""
+        self._expected_at = time.monotonic()
 
     def holds(self, spider: Spider | None) -> bool:
         """Whether the worker stays open: others hold leases it waits for, or Redis
         cannot say (unreachable). Logs the silent holders it waits for whenever they
         change, and sets the stat ``scheduler/idle/held_elsewhere`` to the number of
         leases it waits for. Looks in Redis at most once per :attr:`every` seconds."""
+        if time.monotonic() - self._expected_at < self.quiet_for:
+            return True
         if self._last is not None and time.monotonic() - self._last[0] < self.every:
             return self._last[1]
         answer = self._look(spider)
@@ -141,7 +157,9 @@ class CloseWait:
         found = self.frontier.held_elsewhere()
         if found is None:
             return True
-        held, beats, now = found
+        held, beats, now, queued = found
+        if queued:  # (this worker's next reserve takes some)
+            return True
         held = self._without_far(spider, held, beats, now)
         if now - self._looked_at > self.quiet_for:
             self._first = {}
@@ -165,12 +183,12 @@ class CloseWait:
     def _without_far(
         self, spider: Spider | None, held: dict[str, Held], beats: dict[str, float], now: float
     ) -> dict[str, Held]:
-        """``held`` without silent holders whose deadline is further away than this
-        worker's lease timeout and two heartbeat intervals: no killed worker's lease
-        under this crawl's settings, they would keep the worker open until then (a
-        deadline written by hand, or a worker's own much longer lease timeout). Each is
-        warned of once: its leases stay until that deadline."""
-        limit = now + self.frontier.lease_timeout + self.quiet_for
+        """``held`` without silent holders whose deadline is further away than
+        :data:`FAR_DEADLINE` (or this worker's lease timeout, if longer): no lease a
+        worker grants lasts that long, the deadline was written by hand and would keep
+        the worker open until then. Each is warned of once: its leases stay until that
+        deadline. (A worker with a longer lease timeout than this one's is waited for.)"""
+        limit = now + max(FAR_DEADLINE, self.frontier.lease_timeout) + self.quiet_for
         kept = {}
         for worker, found in held.items():
             silent = worker not in beats or now - beats[worker] > self.quiet_for
@@ -179,14 +197,9 @@ class CloseWait:
                     self._far.add(worker)
                     logger.warning(
                         "Not waiting for %(n)d lease(s) held by %(worker)s, not heard from: "
-                        "their deadline is %(wait).0fs away, further than "
-                        "SCHEDULER_LEASE_TIMEOUT (%(timeout)gs); they stay leased until then",
-                        {
-                            "n": found.leases,
-                            "worker": worker,
-                            "wait": found.until - now,
-                            "timeout": self.frontier.lease_timeout,
-                        },
+                        "their deadline is %(wait).0fs away (written by hand?); they stay "
+                        "leased until then",
+                        {"n": found.leases, "worker": worker, "wait": found.until - now},
                         extra={"spider": spider},
                     )
                 continue
@@ -203,7 +216,8 @@ class CloseWait:
     ) -> None:
         """Log what the worker waits for, once per change of the workers it waits for
         and of those of them it has not heard from."""
-        told = (tuple(sorted(waited)), tuple(sorted(silent)))
+        # (a plain spider's line does not say who is silent: a change of it is not news)
+        told = (tuple(sorted(waited)), () if self.live_too else tuple(sorted(silent)))
         if told == self._told:
             return
         self._told = told

@@ -380,6 +380,7 @@ class Scheduler(BaseScheduler):
             spider=spider,
             start_once=self.start_once,
             parent_of=self._parent_lease,
+            claimed_elsewhere=self._close_wait.expect if self._close_wait else lambda: None,
         )
         if self.crawler is not None and start_failure(self.crawler) is not None:
             self._not_started = FailedScheduler(self.crawler)

@@ -717,6 +717,8 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     beat()
     back = [survivor.take(), survivor.take()]  # the reserve takes them back
     assert sorted(r.url for r in back if r) == [URL + "a", URL + "b"]
+    while survivor.take() is not None:  # its own "d" too (no timer renewed it here)
+        pass
     # a new closing attempt (the last look was long ago): the live worker is waited for
     # until it beats again, then no longer; the plain spider waits for its lease
     assert redis_spider.holds(None)
@@ -760,11 +762,15 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
         assert not far.holds(None)
         assert not far.holds(None)
-    warned = [r.getMessage() for r in caplog.records if "further than" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "written by hand" in r.getMessage()]
     assert len(warned) == 2, warned  # once per holder
     client.zadd(keys.holders, {"nan": time.time() + 0.5})
     assert not far.holds(None)  # within `every` of the last look: its answer, no look
     far.every = 0
+    assert far.holds(None)
+    # a deadline far past this worker's lease timeout, within a day: another worker's
+    # longer timeout, waited for
+    client.zadd(keys.holders, {"nan": time.time() + 3600})
     assert far.holds(None)
     client.delete(keys.holders)
     client.set(keys.holders, "not a zset")
@@ -776,3 +782,26 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     found = w.frontier.held_elsewhere()
     assert found is not None
     assert found.beats == {}
+
+
+def test_a_worker_about_to_close_waits_for_what_is_queued_and_a_start_claimed_elsewhere(
+    worker: Callable[..., Worker],
+) -> None:
+    """A request queued (its next reserve takes it) keeps a worker about to close open;
+    so does, for two heartbeat intervals, a start request another worker claimed: that
+    worker queues it with its next flush, the queue looking empty meanwhile."""
+    w = worker()
+    wait = CloseWait(w.frontier, FAST["SCHEDULER_HEARTBEAT_INTERVAL"], live_too=True, every=0)
+    assert not wait.holds(None)
+    w.scheduler.enqueue_request(Request(URL + "queued"))
+    found = w.frontier.held_elsewhere()
+    assert found is not None
+    assert found.queued == 1
+    assert found.held == {}
+    assert wait.holds(None)
+    assert w.take() is not None
+    assert not wait.holds(None)
+    wait.expect()
+    assert wait.holds(None)
+    time.sleep(2 * FAST["SCHEDULER_HEARTBEAT_INTERVAL"])
+    assert not wait.holds(None)
