@@ -122,8 +122,7 @@ class CloseWait:
         #: a call in between gives the last answer.
         self.every = heartbeat_interval / 2 if every is None else every
         self._last: tuple[float, bool] | None = None
-        #: Silent holders' leases whose deadline is further than this worker's lease
-        #: timeout (written by hand, or another worker's longer timeout) already warned of.
+        #: Silent holders already warned of for a deadline past :data:`FAR_DEADLINE`.
         self._far: set[str] = set()
         #: Each holder's heartbeat at the first look of this closing attempt.
         self._first: dict[str, float | None] = {}
@@ -141,10 +140,12 @@ class CloseWait:
         self._expected_at = time.monotonic()
 
     def holds(self, spider: Spider | None) -> bool:
-        """Whether the worker stays open: others hold leases it waits for, or Redis
-        cannot say (unreachable). Logs the silent holders it waits for whenever they
-        change, and sets the stat ``scheduler/idle/held_elsewhere`` to the number of
-        leases it waits for. Looks in Redis at most once per :attr:`every` seconds."""
+        """Whether the worker stays open: others hold leases it waits for, requests are
+        queued, a start request of this worker was claimed elsewhere lately
+        (:meth:`expect`), or Redis cannot say (unreachable). Logs the holders it waits
+        for whenever they change, and sets the stat ``scheduler/idle/held_elsewhere`` to
+        the number of their leases. Looks in Redis at most once per :attr:`every`
+        seconds."""
         if time.monotonic() - self._expected_at < self.quiet_for:
             return True
         if self._last is not None and time.monotonic() - self._last[0] < self.every:
