@@ -161,6 +161,9 @@ class CloseWait:
         held, beats, now, queued = found
         if queued:  # (this worker's next reserve takes some)
             return True
+        # a heartbeat is stamped with the server's clock: one ahead of it by more than
+        # the silence allowed was written by hand, and is no sign of life
+        beats = {w: beat for w, beat in beats.items() if beat <= now + self.quiet_for}
         held = self._without_far(spider, held, beats, now)
         if now - self._looked_at > self.quiet_for:
             self._first = {}
@@ -198,9 +201,9 @@ class CloseWait:
                     self._far.add(worker)
                     logger.warning(
                         "Not waiting for %(n)d lease(s) held by %(worker)s, not heard from: "
-                        "their deadline is %(wait).0fs away (written by hand?); they stay "
+                        "their deadline is %(wait)s away (written by hand?); they stay "
                         "leased until then",
-                        {"n": found.leases, "worker": worker, "wait": found.until - now},
+                        {"n": found.leases, "worker": worker, "wait": _seconds(found.until - now)},
                         extra={"spider": spider},
                     )
                 continue
@@ -217,20 +220,44 @@ class CloseWait:
     ) -> None:
         """Log what the worker waits for, once per change of the workers it waits for
         and of those of them it has not heard from."""
-        # (a plain spider's line does not say who is silent: a change of it is not news)
-        told = (tuple(sorted(waited)), () if self.live_too else tuple(sorted(silent)))
+        silent = [w for w in silent if w in waited]
+        told = (tuple(sorted(waited)), tuple(sorted(silent)))
         if told == self._told:
             return
         self._told = told
+        expiry = {}
+        if silent:
+            expiry = {
+                "leases": sum(held[w].leases for w in silent),
+                "n": len(silent),
+                "quiet": self.quiet_for,
+                "names": _names(silent),
+                "wait": _seconds(max(0.0, max(held[w].until for w in silent) - now)),
+            }
         if self.live_too:
+            args = {
+                "n": len(waited),
+                "names": _names(waited),
+                "leases": sum(held[w].leases for w in waited),
+            }
+            if not silent:
+                logger.info(
+                    "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
+                    "lease(s); their pages may queue more requests",
+                    args,
+                    extra={"spider": spider},
+                )
+                return
             logger.info(
                 "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
-                "lease(s); their pages may queue more requests, and a killed worker's "
-                "leases come back when they expire",
+                "lease(s); %(silent)d of them not heard from for %(quiet)gs (%(silent_names)s): "
+                "their leases return to the queue when they expire, in %(wait)s",
                 {
-                    "n": len(waited),
-                    "names": _names(waited),
-                    "leases": sum(held[w].leases for w in waited),
+                    **args,
+                    "silent": len(silent),
+                    "silent_names": expiry["names"],
+                    "quiet": self.quiet_for,
+                    "wait": expiry["wait"],
                 },
                 extra={"spider": spider},
             )
@@ -238,14 +265,8 @@ class CloseWait:
             logger.info(
                 "Not closing yet: %(leases)d lease(s) held by %(n)d worker(s) not heard "
                 "from for %(quiet)gs (%(names)s) return to the queue when they expire, "
-                "in %(wait).0fs; this worker takes them then",
-                {
-                    "leases": sum(held[w].leases for w in silent),
-                    "n": len(silent),
-                    "quiet": self.quiet_for,
-                    "names": _names(silent),
-                    "wait": max(0.0, max(held[w].until for w in silent) - now),
-                },
+                "in %(wait)s; this worker takes them then",
+                expiry,
                 extra={"spider": spider},
             )
         else:
@@ -254,6 +275,14 @@ class CloseWait:
                 {"names": _names(waited)},
                 extra={"spider": spider},
             )
+
+
+def _seconds(seconds: float) -> str:
+    """A wait for a log line: whole seconds, or three digits when it is huge (a deadline
+    written by hand)."""
+    if not math.isfinite(seconds):
+        return "for ever"
+    return f"{seconds:.0f}s" if abs(seconds) < 1e7 else f"{seconds:.3g}s"
 
 
 def _names(workers: list[str]) -> str:

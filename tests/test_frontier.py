@@ -707,6 +707,19 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     assert len(told) == 1, told  # said once while it stays the same
     assert "2 lease(s) held by 1 worker(s)" in told[0]
     assert killed.frontier.worker_id in told[0]
+    # a plain spider's line names the silent holder too, and when its leases expire
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.membership"):
+        assert CloseWait(survivor.frontier, interval, live_too=True, every=0).holds(None)
+    told = [r.getMessage() for r in caplog.records if "not heard from" in r.getMessage()]
+    assert len(told) == 1, caplog.text
+    assert (
+        f"2 other worker(s) ({min(killed.frontier.worker_id, live.frontier.worker_id)}" in told[0]
+    )
+    assert (
+        f"1 of them not heard from for {2 * interval:g}s ({killed.frontier.worker_id})" in told[0]
+    )
+    assert "expire, in " in told[0]
     found = survivor.frontier.held_elsewhere()
     assert found is not None
     held = found.held[killed.frontier.worker_id]
@@ -772,6 +785,23 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     # longer timeout, waited for
     client.zadd(keys.holders, {"nan": time.time() + 3600})
     assert far.holds(None)
+    # a heartbeat ahead of the server's clock was written by hand: no sign of life, so
+    # a far deadline is not waited for (it kept a Redis spider open for ever, with
+    # nothing said at INFO), nor an infinite one, and the wait reads as words
+    client.hset(keys.workers, mapping={"nan": time.time() + 1e9})
+    client.zadd(keys.holders, {"nan": float("inf")})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
+        for live_too in (False, True):
+            assert not CloseWait(w.frontier, 0.15, live_too=live_too).holds(None)
+    warned = [r.getMessage() for r in caplog.records if "held by nan" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert all("their deadline is for ever away" in m for m in warned), warned
+    client.zadd(keys.holders, {"nan": time.time() + 1e300})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
+        assert not CloseWait(w.frontier, 0.15, live_too=True).holds(None)
+    assert "their deadline is 1e+300s away" in caplog.text, caplog.text
     client.delete(keys.holders)
     client.set(keys.holders, "not a zset")
     found = w.frontier.held_elsewhere()
