@@ -659,21 +659,40 @@ def test_a_live_workers_broken_holding_does_not_lose_the_seeds_another_takes(
     assert len(crawl.held("a")) == 2
 
 
-def test_a_broken_holders_zset_is_a_clear_refusal_that_loses_nothing(
+def test_a_broken_holders_zset_is_set_aside_and_rebuilt_from_the_holdings(
     crawl: Crawl, client: redis.Redis
 ) -> None:
-    crawl.enqueue(2)
-    client.set(crawl.keys.holders, b"junk")
-    for call in (
-        lambda: crawl.reserve("w", 2),
-        crawl.progress,
-        lambda: leased_count(client, crawl.keys.crawl),
-    ):
-        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-            call()
-    assert len(crawl.queued_ids()) == 2
+    """The holders zset overwritten by hand: every reserve, renewal and count failed on
+    it for good (the crawl stalled, its workers warning four times a second). The next
+    reserve renames it out of the way with a dead-letter record naming it and rebuilds
+    the index from the holdings there (keys set aside left out), each one lease away: a
+    gone worker's leases are reclaimed when that passes, nothing is lost. A renewal
+    meanwhile does not fail on it."""
+    crawl.enqueue(5)
+    gone = _ids(crawl.reserve("gone", 2))
+    live = _ids(crawl.reserve("w*?[x]\\", 1))  # (a worker id with glob characters)
+    client.set(crawl.keys.holding("junk") + ":wrongtype", b"set aside before")
     client.delete(crawl.keys.holders)
-    assert len(crawl.reserve("w", 2)) == 2
+    client.set(crawl.keys.holders, b"junk")
+    assert crawl.renew("w*?[x]\\", live) == []
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        crawl.progress()
+    taken = _ids(crawl.reserve("w", 5, duration=30))
+    assert len(taken) == 2
+    assert client.get(crawl.keys.holders + ":wrongtype") == b"junk"
+    [record] = crawl.dead()
+    assert crawl.keys.holders + ":wrongtype" in record["reason"]
+    assert "rebuilt from the 2 holding(s) found" in record["reason"]
+    deadlines = dict(client.zrange(crawl.keys.holders, 0, -1, withscores=True))
+    assert set(deadlines) == {b"gone", b"w*?[x]\\", b"w"}
+    assert all(time.time() < d < time.time() + 31 for d in deadlines.values()), deadlines
+    assert leased_count(client, crawl.keys.crawl) == 5
+    assert crawl.progress()[0] == "busy"
+    crawl.expire("gone")
+    back = _ids(crawl.reserve("other", 5))
+    assert sorted(back) == sorted(gone)
+    assert crawl.held("w*?[x]\\") == set(live)
+    assert crawl.queued_ids() == []
 
 
 def test_an_expired_holder_whose_holding_was_evicted_is_dropped(
@@ -968,6 +987,15 @@ def test_holdings_are_reclaimed_counted_and_cleared_on_a_cluster(
         crawl.settle("other", [(i, DONE) for i in _ids(leases)])
         assert crawl.progress(clear=True)[0] == "finished"
         assert node.exists(crawl.keys.holders, *map(crawl.keys.holding, ODD_IDS)) == 0
+        # a holders key overwritten by hand is rebuilt from the holdings in the slot
+        crawl.enqueue(len(ODD_IDS), start=100)
+        for odd in ODD_IDS:
+            crawl.reserve(odd, 1)
+        node.delete(crawl.keys.holders)
+        node.set(crawl.keys.holders, b"junk")
+        assert crawl.reserve("other", 1) == []
+        assert leased_count(node, crawl.keys.crawl) == len(ODD_IDS)
+        assert set(node.zrange(crawl.keys.holders, 0, -1)) == {o.encode() for o in ODD_IDS}
     finally:
         for key in node.scan_iter(match=f"*{name}*"):
             node.unlink(key)

@@ -38,6 +38,34 @@ local function set_aside_holding(key)
     .. aside .. " (inspect it, push its requests again if it has any, then delete it)", false
 end
 
+-- A holders key that is not a zset (written by hand) fails every reserve, renewal and
+-- count that reads it, for good: it is renamed out of the way (set_aside) and the index
+-- rebuilt from the holdings that exist ("<holders>:<worker>" hashes, found with one SCAN
+-- walk of the keyspace in this call; keys set aside, "...:wrongtype[:n]", left out), each
+-- worker given `deadline`: a live worker's next renewal sets its own, a gone worker's
+-- leases expire then and are reclaimed. Returns the dead-letter reason naming it.
+local function rebuild_holders(holders, deadline)
+  local kind = redis.call("TYPE", holders)["ok"]
+  local aside = set_aside(holders)
+  local pattern = string.gsub(holders, "[%*%?%[%]\\]", "\\%0") .. ":*"
+  local cursor, found = "0", 0
+  repeat
+    local reply = redis.call("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+    cursor = reply[1]
+    for _, key in ipairs(reply[2]) do
+      if not (string.find(key, ":wrongtype$") or string.find(key, ":wrongtype:%d+$"))
+          and redis.call("TYPE", key)["ok"] == "hash" then
+        redis.call("ZADD", holders, deadline, string.sub(key, #holders + 2))
+        found = found + 1
+      end
+    end
+  until cursor == "0"
+  return "holders " .. holders .. " held a " .. kind .. ", not a zset of the workers "
+    .. "holding leases: renamed to " .. aside .. ", the index rebuilt from the " .. found
+    .. " holding(s) found (their leases expire in one lease unless their worker renews "
+    .. "them; inspect it, then delete it)"
+end
+
 -- A deliveries key that is not a hash (written by hand) cannot count deliveries: it is
 -- renamed out of the way ("<deliveries>:wrongtype", as a holding), before a script
 -- takes anything whose count it would fail to read or write. Returns the dead-letter

@@ -29,7 +29,13 @@ end
 if redis.call("TYPE", holding)["ok"] ~= "hash" then
   return ids
 end
-redis.call("ZADD", holders, deadline, worker)
+-- a holders key of another type (written by hand) is not renewed into: the next
+-- reserve sets it aside and rebuilds it, this worker's deadline one lease away
+-- (lua/_leases.lua rebuild_holders)
+local renewed = redis.pcall("ZADD", holders, deadline, worker)
+if type(renewed) == "table" and string.sub(renewed.err, 1, 9) ~= "WRONGTYPE" then
+  redis.call("ZADD", holders, deadline, worker) -- fails with Redis's own error
+end
 local lost = {}
 for k, record in ipairs(batched({"HMGET", holding}, ids)) do
   if not record then

@@ -44,9 +44,10 @@
 -- that grants nothing does not keep alive). A holding that is not a hash (written by
 -- hand), this worker's or an expired one's, is renamed out of the way
 -- ("<holding>:wrongtype", lua/_leases.lua) with a dead-letter record naming it (counted
--- as dead), before anything is taken; so is a deliveries key that is not a hash, and a
--- queue or seeds key of another type than ARGV[3] or ARGV[4] puts back to
--- ("<key>:wrongtype"). A priority level that holds another type than a list (written by
+-- as dead), before anything is taken; so is a holders key that is not a zset (its index
+-- rebuilt from the holdings found, lua/_leases.lua rebuild_holders), a deliveries key
+-- that is not a hash, and a queue or seeds key of another type than ARGV[3] or ARGV[4]
+-- puts back to ("<key>:wrongtype"). A priority level that holds another type than a list (written by
 -- hand) cannot be read: it is renamed out of the way ("<level>:wrongtype",
 -- lua/_levels.lua) and leaves the queue's index, with a dead-letter record naming it
 -- (counted as dead), and the other levels go on; the same when an entry is put back to
@@ -154,8 +155,18 @@ local function bury_malformed(key, id, record, holder, times)
   bury(dead_json("request", record, malformed_reason(key, id), now, holder, times))
   recount(id, false)
 end
-for _, holder in ipairs(redis.call("ZRANGEBYSCORE", holders, "-inf", now_arg, "LIMIT", "0",
-    ARGV[9])) do
+-- (a holders key of another type, written by hand, is set aside and rebuilt first,
+-- lua/_leases.lua rebuild_holders: every call would fail on it, the crawl stalled)
+local expired_holders = redis.pcall("ZRANGEBYSCORE", holders, "-inf", now_arg, "LIMIT", "0",
+  ARGV[9])
+if expired_holders.err then
+  if string.sub(expired_holders.err, 1, 9) ~= "WRONGTYPE" then
+    redis.call("ZRANGEBYSCORE", holders, "-inf", now_arg) -- fails with Redis's own error
+  end
+  bury(dead_json("request", "", rebuild_holders(holders, now + duration), now, worker, 0))
+  expired_holders = {}
+end
+for _, holder in ipairs(expired_holders) do
   if budget <= 0 then
     break
   end
