@@ -683,7 +683,9 @@ def test_a_broken_holders_zset_is_set_aside_and_rebuilt_from_the_holdings(
     [record] = crawl.dead()
     assert crawl.keys.holders + ":wrongtype" in record["reason"]
     assert "rebuilt from the 2 holding(s) found" in record["reason"]
-    deadlines = dict(client.zrange(crawl.keys.holders, 0, -1, withscores=True))
+    deadlines = dict(
+        cast("list[tuple[bytes, float]]", client.zrange(crawl.keys.holders, 0, -1, withscores=True))
+    )
     assert set(deadlines) == {b"gone", b"w*?[x]\\", b"w"}
     assert all(time.time() < d < time.time() + 31 for d in deadlines.values()), deadlines
     assert leased_count(client, crawl.keys.crawl) == 5
