@@ -64,6 +64,12 @@ FROM_QUEUE = "q"
 #: Origin of a leased entry: the seeds key (its lease id starts with this letter).
 FROM_SEEDS = "s"
 
+#: A Lua pattern that every worker id matches (``<host>:<pid>:<6 hex digits>``,
+#: :func:`scrapy_dist.workers.new_worker_id`): what ``lua/_leases.lua`` takes for a
+#: holding's worker when it rebuilds the holders zset (a key of a job named ``holders``,
+#: ``<crawl>:holders:requests``, is not a holding).
+WORKER_ID_PATTERN = "^[^:]*:%d+:%x%x%x%x%x%x$"
+
 #: The constants every script may name (written as values by :func:`inline_constants`).
 LUA_CONSTANTS: dict[str, int | str] = {
     "ENTRY_ID_LEN": ENTRY_ID_LEN,
@@ -78,6 +84,7 @@ LUA_CONSTANTS: dict[str, int | str] = {
     "LEVEL_INFIX": LEVEL_INFIX,
     "LEVEL_FORMAT": LEVEL_FORMAT,
     "HOLDERS_SUFFIX": HOLDERS_SUFFIX,
+    "WORKER_ID_PATTERN": WORKER_ID_PATTERN,
     "SLOT_PROBE_SUFFIX": SLOT_PROBE_SUFFIX,
 }
 

@@ -665,19 +665,23 @@ def test_a_broken_holders_zset_is_set_aside_and_rebuilt_from_the_holdings(
     """The holders zset overwritten by hand: every reserve, renewal and count failed on
     it for good (the crawl stalled, its workers warning four times a second). The next
     reserve renames it out of the way with a dead-letter record naming it and rebuilds
-    the index from the holdings there (keys set aside left out), each one lease away: a
-    gone worker's leases are reclaimed when that passes, nothing is lost. A renewal
-    meanwhile does not fail on it."""
+    the index from the holdings there, each one lease away (keys set aside, and those of
+    a job named ``holders``, left out): a gone worker's leases are reclaimed when that
+    passes, nothing is lost. A renewal meanwhile does not fail on it."""
+    gone, odd, new = "host:1:aaaaaa", "w*?[x]\\:2:bbbbbb", "host:3:cccccc"
     crawl.enqueue(5)
-    gone = _ids(crawl.reserve("gone", 2))
-    live = _ids(crawl.reserve("w*?[x]\\", 1))  # (a worker id with glob characters)
-    client.set(crawl.keys.holding("junk") + ":wrongtype", b"set aside before")
+    gone_ids = _ids(crawl.reserve(gone, 2))
+    live = _ids(crawl.reserve(odd, 1))  # (glob characters in its host name)
+    client.set(crawl.keys.holding("host:9:eeeeee") + ":wrongtype", b"set aside before")
+    job = RedisKeys.build(crawl.keys.crawl, job="holders")  # a job named "holders"
+    client.hset(job.progress, "done", 1)
+    client.hset(job.holding("host:4:dddddd"), "0000000000000009", "q|0|x")
     client.delete(crawl.keys.holders)
     client.set(crawl.keys.holders, b"junk")
-    assert crawl.renew("w*?[x]\\", live) == []
+    assert crawl.renew(odd, live) == []
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         crawl.progress()
-    taken = _ids(crawl.reserve("w", 5, duration=30))
+    taken = _ids(crawl.reserve(new, 5, duration=30))
     assert len(taken) == 2
     assert client.get(crawl.keys.holders + ":wrongtype") == b"junk"
     [record] = crawl.dead()
@@ -686,15 +690,28 @@ def test_a_broken_holders_zset_is_set_aside_and_rebuilt_from_the_holdings(
     deadlines = dict(
         cast("list[tuple[bytes, float]]", client.zrange(crawl.keys.holders, 0, -1, withscores=True))
     )
-    assert set(deadlines) == {b"gone", b"w*?[x]\\", b"w"}
+    assert set(deadlines) == {gone.encode(), odd.encode(), new.encode()}
     assert all(time.time() < d < time.time() + 31 for d in deadlines.values()), deadlines
     assert leased_count(client, crawl.keys.crawl) == 5
     assert crawl.progress()[0] == "busy"
-    crawl.expire("gone")
-    back = _ids(crawl.reserve("other", 5))
-    assert sorted(back) == sorted(gone)
-    assert crawl.held("w*?[x]\\") == set(live)
+    crawl.expire(gone)
+    back = _ids(crawl.reserve("host:5:ffffff", 5))
+    assert sorted(back) == sorted(gone_ids)
+    assert crawl.held(odd) == set(live)
     assert crawl.queued_ids() == []
+    assert client.hget(job.holding("host:4:dddddd"), "0000000000000009") == b"q|0|x"
+
+
+def test_every_worker_id_is_one_a_holders_rebuild_finds(client: redis.Redis) -> None:
+    """WORKER_ID_PATTERN (what lua/_leases.lua rebuild_holders takes for a worker)
+    matches the ids workers give themselves, and not a job's key names."""
+    from scrapy_dist.scripts import WORKER_ID_PATTERN
+    from scrapy_dist.workers import new_worker_id
+
+    find = "return string.find(ARGV[1], ARGV[2]) and 1 or 0"
+    assert client.eval(find, 0, new_worker_id(), WORKER_ID_PATTERN) == 1
+    for name in ("requests", "progress", "holders:host:1:aaaaaa", "host:1:aaaaaa:wrongtype"):
+        assert client.eval(find, 0, name, WORKER_ID_PATTERN) == 0, name
 
 
 def test_an_expired_holder_whose_holding_was_evicted_is_dropped(
@@ -990,14 +1007,15 @@ def test_holdings_are_reclaimed_counted_and_cleared_on_a_cluster(
         assert crawl.progress(clear=True)[0] == "finished"
         assert node.exists(crawl.keys.holders, *map(crawl.keys.holding, ODD_IDS)) == 0
         # a holders key overwritten by hand is rebuilt from the holdings in the slot
-        crawl.enqueue(len(ODD_IDS), start=100)
-        for odd in ODD_IDS:
-            crawl.reserve(odd, 1)
+        workers = [f"{odd}:1:abcdef" for odd in ODD_IDS if ":" not in odd]
+        crawl.enqueue(len(workers), start=100)
+        for worker in workers:
+            crawl.reserve(worker, 1)
         node.delete(crawl.keys.holders)
         node.set(crawl.keys.holders, b"junk")
         assert crawl.reserve("other", 1) == []
-        assert leased_count(node, crawl.keys.crawl) == len(ODD_IDS)
-        assert set(node.zrange(crawl.keys.holders, 0, -1)) == {o.encode() for o in ODD_IDS}
+        assert leased_count(node, crawl.keys.crawl) == len(workers)
+        assert set(node.zrange(crawl.keys.holders, 0, -1)) == {w.encode() for w in workers}
     finally:
         for key in node.scan_iter(match=f"*{name}*"):
             node.unlink(key)

@@ -40,10 +40,11 @@ end
 
 -- A holders key that is not a zset (written by hand) fails every reserve, renewal and
 -- count that reads it, for good: it is renamed out of the way (set_aside) and the index
--- rebuilt from the holdings that exist ("<holders>:<worker>" hashes, found with one SCAN
--- walk of the keyspace in this call; keys set aside, "...:wrongtype[:n]", left out), each
--- worker given `deadline`: a live worker's next renewal sets its own, a gone worker's
--- leases expire then and are reclaimed. Returns the dead-letter reason naming it.
+-- rebuilt from the holdings that exist ("<holders>:<worker>" hashes whose worker is a
+-- worker id, WORKER_ID_PATTERN: not the keys of a job named "holders" nor keys set
+-- aside; found with one SCAN walk of the keyspace in this call), each worker given
+-- `deadline`: a live worker's next renewal sets its own, a gone worker's leases expire
+-- then and are reclaimed. Returns the dead-letter reason naming it.
 local function rebuild_holders(holders, deadline)
   local kind = redis.call("TYPE", holders)["ok"]
   local aside = set_aside(holders)
@@ -53,9 +54,9 @@ local function rebuild_holders(holders, deadline)
     local reply = redis.call("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
     cursor = reply[1]
     for _, key in ipairs(reply[2]) do
-      if not (string.find(key, ":wrongtype$") or string.find(key, ":wrongtype:%d+$"))
-          and redis.call("TYPE", key)["ok"] == "hash" then
-        redis.call("ZADD", holders, deadline, string.sub(key, #holders + 2))
+      local worker = string.sub(key, #holders + 2)
+      if string.find(worker, WORKER_ID_PATTERN) and redis.call("TYPE", key)["ok"] == "hash" then
+        redis.call("ZADD", holders, deadline, worker)
         found = found + 1
       end
     end
