@@ -201,9 +201,9 @@ class CloseWait:
                     self._far.add(worker)
                     logger.warning(
                         "Not waiting for %(n)d lease(s) held by %(worker)s, not heard from: "
-                        "their deadline is %(wait)s away (written by hand?); they stay "
-                        "leased until then",
-                        {"n": found.leases, "worker": worker, "wait": _seconds(found.until - now)},
+                        "%(expiry)s (a deadline written by hand?); they stay leased until "
+                        "then",
+                        {"n": found.leases, "worker": worker, "expiry": _expiry(found.until - now)},
                         extra={"spider": spider},
                     )
                 continue
@@ -280,9 +280,12 @@ class CloseWait:
 def _seconds(seconds: float) -> str:
     """A wait for a log line: whole seconds, or three digits when it is huge (a deadline
     written by hand)."""
-    if not math.isfinite(seconds):
-        return "for ever"
     return f"{seconds:.0f}s" if abs(seconds) < 1e7 else f"{seconds:.3g}s"
+
+
+def _expiry(seconds: float) -> str:
+    """When leases expire, ``seconds`` from now, for a log line."""
+    return f"they expire in {_seconds(seconds)}" if math.isfinite(seconds) else "they never expire"
 
 
 def _names(workers: list[str]) -> str:

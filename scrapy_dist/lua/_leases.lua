@@ -44,7 +44,8 @@ end
 -- worker id, WORKER_ID_PATTERN: not the keys of a job named "holders" nor keys set
 -- aside; found with one SCAN walk of the keyspace in this call), each worker given
 -- `deadline`: a live worker's next renewal sets its own, a gone worker's leases expire
--- then and are reclaimed. Returns the dead-letter reason naming it.
+-- then and are reclaimed. Returns the dead-letter reason naming it (also in the server's
+-- log).
 local function rebuild_holders(holders, deadline)
   local kind = redis.call("TYPE", holders)["ok"]
   local aside = set_aside(holders)
@@ -61,10 +62,12 @@ local function rebuild_holders(holders, deadline)
       end
     end
   until cursor == "0"
-  return "holders " .. holders .. " held a " .. kind .. ", not a zset of the workers "
-    .. "holding leases: renamed to " .. aside .. ", the index rebuilt from the " .. found
-    .. " holding(s) found (their leases expire in one lease unless their worker renews "
-    .. "them; inspect it, then delete it)"
+  local reason = "holders " .. holders .. " held a " .. kind .. ", not a zset of the "
+    .. "workers holding leases: renamed to " .. aside .. ", the index rebuilt from the "
+    .. found .. " holding(s) found (their leases expire in one lease unless their worker "
+    .. "renews them; inspect it, then delete it)"
+  redis.log(redis.LOG_WARNING, "scrapy_dist: " .. reason)
+  return reason
 end
 
 -- A deliveries key that is not a hash (written by hand) cannot count deliveries: it is
