@@ -24,7 +24,10 @@ same way.
 **Crawl** (``--pages``, default 10,000): one ``scrapy crawl dist`` worker over the
 benchmark site (``bench_crawl.Bench``), once per encoding, with ``SLOWLOG`` recording
 every command (``slowlog-log-slower-than 0``): the time of each ``EVALSHA`` is grouped by
-script; ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) gives the server's whole CPU;
+script; ``INFO cpu`` (``used_cpu_sys + used_cpu_user``) gives the server's whole CPU,
+and the same less what the server uses idle over as long (measured for ``IDLE_SECONDS``
+before the crawl: its timer, which a faster crawl spreads over more pages) its marginal
+CPU per page;
 ``INFO commandstats`` the commands it ran (inside scripts included). Recording every
 command costs the server ~1 µs per top-level command: included in the CPU figures, on
 both sides.
@@ -75,6 +78,8 @@ QUEUES: dict[str, type[RedisQueue]] = {
     "lifo": LifoQueue,
 }
 BATCH = 500
+#: Seconds the server's CPU is measured idle before each crawl, for the marginal figure.
+IDLE_SECONDS = 5.0
 
 
 def url67(i: int) -> str:
@@ -208,8 +213,12 @@ class ServerCost:
     attributed to it.
     """
 
-    def __init__(self, slowlog: bool) -> None:
+    def __init__(self, slowlog: bool, idle_seconds: float = IDLE_SECONDS) -> None:
         self.slowlog = slowlog
+        self.idle_seconds = idle_seconds
+        #: The server's CPU seconds per second while no worker runs (its timer, the
+        #: probe's client), measured by :meth:`before`.
+        self.idle_rate = 0.0
         self.cpu0 = 0.0
         self.started = 0.0
 
@@ -219,6 +228,10 @@ class ServerCost:
         return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
     def before(self, client: redis.Redis) -> None:
+        if self.idle_seconds > 0:
+            cpu0, wall0 = self.cpu(client), time.monotonic()
+            time.sleep(self.idle_seconds)
+            self.idle_rate = (self.cpu(client) - cpu0) / (time.monotonic() - wall0)
         if self.slowlog:
             client.config_set("slowlog-max-len", 5_000_000)
             client.config_set("slowlog-log-slower-than", 0)
@@ -229,7 +242,11 @@ class ServerCost:
     def after(self, client: redis.Redis) -> dict[str, Any]:
         cpu = self.cpu(client) - self.cpu0
         wall = time.monotonic() - self.started
-        result: dict[str, Any] = {"cpu_seconds": cpu, "wall_seconds": wall}
+        result: dict[str, Any] = {
+            "cpu_seconds": cpu,
+            "wall_seconds": wall,
+            "idle_cpu_seconds": self.idle_rate * wall,
+        }
         if not self.slowlog:
             return result
         entries = client.slowlog_get(-1)
@@ -331,6 +348,13 @@ def summarize(plain: Run, logged: Run) -> dict[str, Any]:
         "missing": plain.missing,
         "duplicates": plain.duplicates,
         "cpu_us_per_page": plain.server["cpu_seconds"] * 1e6 / pages,
+        # what the crawl added to an idle server's CPU (its timer runs at any rate): the
+        # cost per page that sets how many pages/s one core serves
+        "cpu_us_per_page_marginal": (
+            plain.server["cpu_seconds"] - plain.server.get("idle_cpu_seconds", 0.0)
+        )
+        * 1e6
+        / pages,
         "cpu_us_per_page_recorded": server["cpu_seconds"] * 1e6 / lpages,
         "command_us_per_page": sum(r["usec"] for r in server["top_level"].values()) / lpages,
         "commands_per_page": plain.commands_per_page,
@@ -535,6 +559,7 @@ def print_crawl(result: dict[str, Any]) -> None:
     print("Per crawled page (one worker, loopback): before -> after (ratio)")
     for key in (
         "cpu_us_per_page",
+        "cpu_us_per_page_marginal",
         "cpu_us_per_page_recorded",
         "command_us_per_page",
         "commands_per_page",
@@ -568,6 +593,7 @@ def print_crawl(result: dict[str, Any]) -> None:
 #: The per-page figures compared between two runs (``--compare``).
 PER_PAGE = (
     "cpu_us_per_page",
+    "cpu_us_per_page_marginal",
     "cpu_us_per_page_recorded",
     "command_us_per_page",
     "commands_per_page",
@@ -595,7 +621,8 @@ def compare(before_path: Path, after_path: Path) -> None:
         print()
         print(f"Per crawled page, encoding {label}: before -> after (ratio)")
         for key in PER_PAGE:
-            line(key, b[key], a[key])
+            if key in b and key in a:  # (a run older than a figure lacks it)
+                line(key, b[key], a[key])
         print(
             f"  pages {b['pages']} -> {a['pages']}, missing {b['missing']} -> "
             f"{a['missing']}, twice {b['duplicates']} -> {a['duplicates']}"
