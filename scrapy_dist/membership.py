@@ -225,54 +225,43 @@ class CloseWait:
         if told == self._told:
             return
         self._told = told
-        expiry = {}
-        if silent:
-            expiry = {
-                "leases": sum(held[w].leases for w in silent),
-                "n": len(silent),
-                "quiet": self.quiet_for,
-                "names": _names(silent),
-                "wait": _seconds(max(0.0, max(held[w].until for w in silent) - now)),
-            }
-        if self.live_too:
-            args = {
-                "n": len(waited),
-                "names": _names(waited),
-                "leases": sum(held[w].leases for w in waited),
-            }
-            if not silent:
-                logger.info(
-                    "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
-                    "lease(s); their pages may queue more requests",
-                    args,
-                    extra={"spider": spider},
-                )
-                return
+        args = {
+            "n": len(waited),
+            "names": _names(waited),
+            "leases": sum(held[w].leases for w in waited),
+            "silent": len(silent),
+            "silent_names": _names(silent),
+            "silent_leases": sum(held[w].leases for w in silent),
+            "quiet": self.quiet_for,
+            "wait": _seconds(max([0.0, *(held[w].until - now for w in silent)])),
+        }
+        if self.live_too and not silent:
+            logger.info(
+                "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
+                "lease(s); their pages may queue more requests",
+                args,
+                extra={"spider": spider},
+            )
+        elif self.live_too:
             logger.info(
                 "Not closing yet: %(n)d other worker(s) (%(names)s) hold %(leases)d "
                 "lease(s); %(silent)d of them not heard from for %(quiet)gs (%(silent_names)s): "
                 "their leases return to the queue when they expire, in %(wait)s",
-                {
-                    **args,
-                    "silent": len(silent),
-                    "silent_names": expiry["names"],
-                    "quiet": self.quiet_for,
-                    "wait": expiry["wait"],
-                },
+                args,
                 extra={"spider": spider},
             )
         elif silent:
             logger.info(
-                "Not closing yet: %(leases)d lease(s) held by %(n)d worker(s) not heard "
-                "from for %(quiet)gs (%(names)s) return to the queue when they expire, "
-                "in %(wait)s; this worker takes them then",
-                expiry,
+                "Not closing yet: %(silent_leases)d lease(s) held by %(silent)d worker(s) not "
+                "heard from for %(quiet)gs (%(silent_names)s) return to the queue when they "
+                "expire, in %(wait)s; this worker takes them then",
+                args,
                 extra={"spider": spider},
             )
         else:
             logger.debug(
                 "Not closing yet: waiting for a heartbeat of %(names)s, which hold leases",
-                {"names": _names(waited)},
+                args,
                 extra={"spider": spider},
             )
 
