@@ -12,7 +12,11 @@ of the crawl: each worker adds a start request's fingerprint to the run's set of
 requests (``<crawl>:starts``, cleared by ``lua/join.lua`` when a run starts or a worker
 joins alone); the one whose add Redis answers "new" queues the request unfiltered (and
 records it in the dupefilter, so links back to it are filtered), the others drop theirs.
-Redis's answer decides, so the order in which the workers joined does not matter.
+Redis's answer decides, so the order in which the workers joined does not matter. The
+n-th start request of one fingerprint claims ``<fingerprint>:<n>``: a spider that starts
+one URL twice crawls it twice, as on Scrapy's scheduler. The claim covers the start
+request itself only: the request queued is marked (``meta[START_CLAIMED]``), and a
+retry, redirect or any copy of it carries the mark and is scheduled as any request.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ if TYPE_CHECKING:
     from scrapy_dist.serializers import RequestCodec
 
 logger = logging.getLogger(__name__)
+
+#: ``meta`` key of a start request this worker claimed for the run
+#: (``SCHEDULER_START_ONCE``): its copies (retries, redirects) are not claimed again.
+START_CLAIMED = "scrapy_dist_start_claimed"
 
 
 class Enqueuer:
@@ -85,6 +93,8 @@ class Enqueuer:
         #: (it queues it with its next flush).
         self.claimed_elsewhere = claimed_elsewhere
         self._logunser = True
+        #: Start requests of each fingerprint this worker claimed or lost so far.
+        self._starts: dict[bytes, int] = {}
 
     def enqueue(self, request: Request) -> bool:
         """Send ``request`` unless it is a known duplicate (see the module docstring).
@@ -154,6 +164,7 @@ class Enqueuer:
         return (
             self.start_once
             and bool(request.meta.get("is_start_request"))
+            and START_CLAIMED not in request.meta
             and not isinstance(self.spider, RedisSpiderMixin)
         )
 
@@ -173,9 +184,16 @@ class Enqueuer:
         if self.frontier.call(lambda: backend.add(fingerprint)) is None:
             return None
         shared.remember(fingerprint)
+        nth = self._starts.get(fingerprint, 0) + 1
+        claim = fingerprint if nth == 1 else fingerprint + b":%d" % nth
         key, client = self.frontier.keys.starts, self.frontier.client
-        added = self.frontier.call(lambda: client.sadd(key, fingerprint))
-        return None if added is None else bool(added)
+        added = self.frontier.call(lambda: client.sadd(key, claim))
+        if added is None:
+            return None
+        self._starts[fingerprint] = nth
+        if added:
+            request.meta[START_CLAIMED] = True
+        return bool(added)
 
     def unserializable(self, request: Request, error: SerializationError) -> None:
         """Log (once), count and dead-letter a request that cannot be serialized."""

@@ -54,7 +54,8 @@ key                        type         holds
                                         finished, was flushed or evicted has none)
 ``<crawl>:starts``         set          fingerprints of the start requests of a plain
                                         spider queued in this run of the crawl (the
-                                        first worker to add one crawls it)
+                                        first worker to add one crawls it; the n-th
+                                        of one fingerprint is ``<fp>:<n>``)
 ``<crawl>:progress``       hash         crawl counters (done, retried, dead) and the
                                         completion state (idle_since, finished_at,
                                         finished_epoch: the run last marked finished)

@@ -535,6 +535,40 @@ def test_start_request_once_per_run(
     assert [r.url for r in drain(again)] == [URL]
 
 
+def test_a_retry_or_redirect_of_a_start_request_is_scheduled_as_any_request(
+    open_scheduler: Callable[..., Scheduler],
+) -> None:
+    """RetryMiddleware and RedirectMiddleware copy a start request's meta, with its
+    ``is_start_request``: the copies were taken for start requests another worker had
+    claimed and dropped (a start URL answering 503 was fetched once, never retried, its
+    errback never called). Only the start request itself is claimed."""
+    first, second = open_scheduler(), open_scheduler()
+    start = _start()
+    assert first.enqueue_request(start)
+    [taken] = drain(first)
+    retry = taken.copy()  # what RetryMiddleware schedules (meta copied)
+    retry.meta["retry_times"] = 1
+    assert first.enqueue_request(retry)
+    redirect = taken.replace(url=URL + "moved")  # and RedirectMiddleware
+    assert second.enqueue_request(redirect)
+    assert sorted(r.url for r in drain(first)) == [URL, URL + "moved"]
+
+
+def test_a_start_request_given_twice_is_crawled_twice(
+    open_scheduler: Callable[..., Scheduler],
+) -> None:
+    """Scrapy's scheduler crawls two ``dont_filter`` start requests of one URL twice;
+    so do the workers of a crawl between them (the n-th of one fingerprint is claimed
+    as such), once each."""
+    first, second = open_scheduler(), open_scheduler()
+    assert first.enqueue_request(_start())
+    assert first.enqueue_request(_start())
+    assert not second.enqueue_request(_start())
+    assert not second.enqueue_request(_start())
+    assert second.enqueue_request(_start())  # a third: second's own
+    assert [r.url for r in drain(first)] == [URL] * 3
+
+
 def test_a_worker_does_not_start_beside_a_previous_version_worker_holding_leases(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
