@@ -221,13 +221,15 @@ REDIS_SENTINEL_PARAMS: dict[str, object] = {}
 #: crawl lives in one slot. ``None``: on under Redis Cluster, off otherwise.
 REDIS_KEY_HASH_TAG = None
 
-#: A request whose callback raised (``spider_error``): ``"retry"`` returns it to the queue
-#: with the error as its reason, to be crawled again until ``SCHEDULER_MAX_DELIVERIES``;
-#: ``"dead"`` sends it to the dead-letter list at once, acknowledged, with the error as
-#: its reason (crawled once, as Scrapy does; ``scrapy-dist dead requeue`` puts it back
-#: once the spider is fixed). The requests and items it yielded before raising are kept
-#: either way; download errors, errbacks and expired leases are not affected.
-SCHEDULER_CALLBACK_ERRORS = "retry"
+#: A request whose callback raised (``spider_error``): ``"done"`` acknowledges it, as
+#: Scrapy's own scheduler does (Scrapy logs the error and counts it under
+#: ``spider_exceptions/``); ``"retry"`` returns it to the queue with the error as its
+#: reason, to be crawled again until ``SCHEDULER_MAX_DELIVERIES`` (its items are scraped
+#: again each time); ``"dead"`` sends it to the dead-letter list at once, acknowledged,
+#: with the error as its reason (``scrapy-dist dead requeue`` puts it back once the
+#: spider is fixed). The requests and items it yielded before raising are kept in every
+#: case; download errors, errbacks and expired leases are not affected.
+SCHEDULER_CALLBACK_ERRORS = "done"
 
 #: Template of the dupefilter key.
 SCHEDULER_DUPEFILTER_KEY = "%(spider)s:dupefilter"

@@ -4,9 +4,10 @@ A request leased from the crawl's queue is *buffered* here until Scrapy's engine
 for it, then *out* (in the engine) until it has left the engine: its download, its
 callback or errback, and the processing of everything they returned are complete (the
 engine's requests in progress, :func:`scrapy_dist._engine.in_flight`). Only then is
-its lease *settled*: acknowledged, or, when its callback raised, returned for another
-try with the error as its reason (``SCHEDULER_CALLBACK_ERRORS = "retry"``) or
-dead-lettered at once with it (``"dead"``). A worker holds at most ``max_held`` leases
+its lease *settled*: acknowledged (also when its callback raised, as on Scrapy's
+scheduler: ``SCHEDULER_CALLBACK_ERRORS = "done"``), or, when its callback raised,
+returned for another try with the error as its reason (``"retry"``) or dead-lettered
+at once with it (``"dead"``). A worker holds at most ``max_held`` leases
 (buffered, out, or settled but not yet sent), which bounds what a dead or paused
 worker makes others crawl again.
 
@@ -37,6 +38,8 @@ REASON_MAX = 500
 #: What a reason must not start with: the marks of the other outcomes of a settlement
 #: (an exception class named ``"!Boom"`` made its request a dead letter without it).
 OUTCOME_MARKS = (DEAD_NOW, DEAD_BECAUSE, HAND_BACK)
+#: ``SCHEDULER_CALLBACK_ERRORS``: a request whose callback raised is done (acknowledged).
+CALLBACK_DONE = "done"
 #: ``SCHEDULER_CALLBACK_ERRORS``: a request whose callback raised goes back to the queue.
 RETRY = "retry"
 #: ``SCHEDULER_CALLBACK_ERRORS``: a request whose callback raised is dead-lettered at once.
@@ -62,8 +65,9 @@ class Deliveries:
             Redis refuses a reserve of a finished crawl, whose epoch is deleted, and
             a worker holding leases keeps it from finishing).
         callback_errors: the settlement of a request whose callback raised:
-            :data:`RETRY` (returned for another try, up to ``SCHEDULER_MAX_DELIVERIES``)
-            or :data:`DEAD` (dead-lettered at once, acknowledged).
+            :data:`CALLBACK_DONE` (acknowledged, as on Scrapy's scheduler), :data:`RETRY`
+            (returned for another try, up to ``SCHEDULER_MAX_DELIVERIES``) or
+            :data:`DEAD` (dead-lettered at once, acknowledged).
     """
 
     def __init__(
@@ -75,7 +79,7 @@ class Deliveries:
         prefetch: int,
         max_held: int,
         on_empty: Callable[[], None] = lambda: None,
-        callback_errors: str = RETRY,
+        callback_errors: str = CALLBACK_DONE,
     ) -> None:
         self.frontier = frontier
         self.callback_errors = callback_errors
@@ -171,7 +175,9 @@ class Deliveries:
                 continue
             if reason:
                 self.stats.inc_value("scheduler/failed_callbacks")
-                if self.callback_errors == DEAD:
+                if self.callback_errors == CALLBACK_DONE:
+                    reason = DONE
+                elif self.callback_errors == DEAD:
                     reason = self._dead_now(reason)
             outcomes.append((lease_id, reason))
         if not self.out and not self.buffer:

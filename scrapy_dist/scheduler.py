@@ -4,9 +4,9 @@ Every worker of a crawl enqueues into and takes from the same Redis queue. Dedup
 enqueue are one atomic server-side step (``lua/enqueue.lua``), so a fingerprint is never
 recorded for a request that is not queued. Taking a request leases it
 (:mod:`scrapy_dist.frontier`); the lease is settled once the request has left the
-engine (:mod:`scrapy_dist.deliveries`). A request whose callback raised is returned for
-another try with the error as its reason, up to ``SCHEDULER_MAX_DELIVERIES``, or, with
-``SCHEDULER_CALLBACK_ERRORS = "dead"``, dead-lettered at once with it.
+engine (:mod:`scrapy_dist.deliveries`). A request whose callback raised is done, as on
+Scrapy's scheduler; ``SCHEDULER_CALLBACK_ERRORS`` can return it for another try with
+the error as its reason (``"retry"``) or dead-letter it at once (``"dead"``).
 
 The parts: :class:`~scrapy_dist.deliveries.Deliveries` (the leases this worker holds and
 when each is settled), :class:`~scrapy_dist.heartbeat.Heartbeat` (the timer: flushes,
@@ -107,8 +107,9 @@ class Scheduler(BaseScheduler):
             (:mod:`scrapy_dist.parents`): a callback's requests are then refused by
             Redis once this worker no longer holds its request's lease; ``None``: they
             are fenced by the crawl's epoch only.
-        callback_errors: a request whose callback raised is returned for another try
-            (``"retry"``) or dead-lettered at once (``"dead"``).
+        callback_errors: a request whose callback raised is done (``"done"``, as on
+            Scrapy's scheduler), returned for another try (``"retry"``) or
+            dead-lettered at once (``"dead"``).
 
     Raises:
         ConfigurationError: the options contradict each other
@@ -142,7 +143,7 @@ class Scheduler(BaseScheduler):
         close_when_done: bool = False,
         fault_exit_code: int = 0,
         links: Links | None = None,
-        callback_errors: str = "retry",
+        callback_errors: str = "done",
     ) -> None:
         check_scheduler(
             prefetch=prefetch,

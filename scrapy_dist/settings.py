@@ -85,9 +85,9 @@ ON_FULL = ("grow", "refuse")
 #: Values of ``REDIS_EVICTION_POLICY_CHECK``.
 EVICTION_CHECKS = ("refuse", "warn", "off")
 
-#: Values of ``SCHEDULER_CALLBACK_ERRORS``: return the request for another try, or
-#: dead-letter it at once.
-CALLBACK_ERRORS = ("retry", "dead")
+#: Values of ``SCHEDULER_CALLBACK_ERRORS``: the request is done (as on Scrapy's
+#: scheduler), returned for another try, or dead-lettered at once.
+CALLBACK_ERRORS = ("done", "retry", "dead")
 
 
 def with_defaults(settings: BaseSettings) -> BaseSettings:
@@ -996,7 +996,7 @@ class SchedulerConfig:
     start_once: bool
     close_when_done: bool
     fault_exit_code: int
-    callback_errors: str = "retry"
+    callback_errors: str = "done"
 
 
 def check_scheduler(
@@ -1007,7 +1007,7 @@ def check_scheduler(
     heartbeat_interval: float,
     lease_timeout: float,
     flush_interval: float,
-    callback_errors: object = "retry",
+    callback_errors: object = "done",
 ) -> None:
     """Check the scheduler's values (also given to a scheduler built directly).
 
@@ -1036,8 +1036,8 @@ def check_scheduler(
         raise ConfigurationError(f"SCHEDULER_FLUSH_INTERVAL cannot be negative ({flush_interval})")
     if not isinstance(callback_errors, str) or callback_errors not in CALLBACK_ERRORS:
         raise ConfigurationError(
-            "SCHEDULER_CALLBACK_ERRORS must be "
-            f"{' or '.join(map(repr, CALLBACK_ERRORS))}, not {callback_errors!r}"
+            "SCHEDULER_CALLBACK_ERRORS must be one of "
+            f"{', '.join(map(repr, CALLBACK_ERRORS))}, not {callback_errors!r}"
         )
 
 

@@ -138,12 +138,41 @@ def test_poison_page_goes_to_dead_letters_after_max_deliveries(
     assert json.loads(record["data"])["url"] == URL + "poison"
 
 
+def test_a_callback_error_is_done_by_default_as_on_scrapys_scheduler(
+    worker: Callable[..., Worker], client: redis.Redis
+) -> None:
+    """Scrapy's scheduler crawls a request whose callback raised once: so does ours
+    unless SCHEDULER_CALLBACK_ERRORS asks otherwise (it retried the page by default,
+    scraping its items again each time)."""
+    from scrapy.http import HtmlResponse
+
+    w = worker()
+    w.scheduler.enqueue_request(Request(URL + "raises"))
+    request = w.take()
+    assert request is not None
+    try:
+        raise ValueError("parse failed")
+    except ValueError:
+        failure = Failure()
+    assert w.scheduler.spider is not None
+    w.scheduler.record_failure(
+        failure, HtmlResponse(request.url, request=request), w.scheduler.spider
+    )
+    w.finish(request)
+    w.frontier.flush()
+    assert w.take() is None
+    assert dead_letters(client, w.frontier) == []
+    assert leased_count(client, w.frontier.keys.crawl) == 0
+    assert w.scheduler.stats.get_value("scheduler/failed_callbacks") == 1
+    assert w.scheduler.stats.get_value("scheduler/leases/retried") is None
+
+
 def test_callback_errors_retry_then_dead_letter_with_the_reason(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:
     from scrapy.http import HtmlResponse
 
-    w = worker()
+    w = worker({"SCHEDULER_CALLBACK_ERRORS": "retry"})
     w.scheduler.enqueue_request(Request(URL + "raises"))
     for attempt in range(2):
         request = w.take()
@@ -238,12 +267,12 @@ def test_a_callback_error_named_like_another_outcome_is_retried_then_dead_letter
     worker: Callable[..., Worker], client: redis.Redis, name: str
 ) -> None:
     """An exception class whose name starts with a mark of another settlement outcome
-    (a class made with type()): under the default "retry", "!" made its reason the
+    (a class made with type()): under "retry", "!" made its reason the
     dead-letter record itself (the request lost, a line that is no JSON in the dead
     list) and "#" dead-lettered it at once. It is retried, then dead-lettered whole."""
     from scrapy.http import HtmlResponse
 
-    w = worker()
+    w = worker({"SCHEDULER_CALLBACK_ERRORS": "retry"})
     w.scheduler.enqueue_request(Request(URL + "raises"))
     w.frontier.flush()
     error: type[Exception] = type(name, (Exception,), {})

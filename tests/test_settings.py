@@ -185,12 +185,12 @@ ERRORS: list[tuple[dict[str, Any], str, str]] = [
     (
         {"SCHEDULER_CALLBACK_ERRORS": "dead-letter"},
         "scheduler",
-        "SCHEDULER_CALLBACK_ERRORS must be 'retry' or 'dead', not 'dead-letter'",
+        "SCHEDULER_CALLBACK_ERRORS must be one of 'done', 'retry', 'dead', not 'dead-letter'",
     ),
     (
         {"SCHEDULER_CALLBACK_ERRORS": True},
         "scheduler",
-        "SCHEDULER_CALLBACK_ERRORS must be 'retry' or 'dead', not True",
+        "SCHEDULER_CALLBACK_ERRORS must be one of 'done', 'retry', 'dead', not True",
     ),
     (
         {"SCHEDULER_IDLE_BEFORE_CLOSE": -1},
@@ -294,10 +294,12 @@ def test_every_error_message(values: dict[str, Any], section: str, message: str)
 
 
 @pytest.mark.parametrize(
-    ("value", "read"), [(None, "retry"), ("retry", "retry"), ("dead", "dead"), (" Dead ", "dead")]
+    ("value", "read"),
+    [(None, "done"), ("done", "done"), ("retry", "retry"), ("dead", "dead"), (" Dead ", "dead")],
 )
 def test_callback_errors(value: str | None, read: str) -> None:
-    """``SCHEDULER_CALLBACK_ERRORS``: "retry" unless set, read as other choices are."""
+    """``SCHEDULER_CALLBACK_ERRORS``: "done" (Scrapy's behaviour) unless set, read as
+    other choices are."""
     values = {} if value is None else {"SCHEDULER_CALLBACK_ERRORS": value}
     assert config(**values).scheduler.callback_errors == read
 
