@@ -818,7 +818,10 @@ def test_a_start_up_failure_is_one_error_line_and_exit_1(
     elif problem == "a queue class that does not exist":
         assert "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.PriorityQueu' cannot be" in errors[0]
     elif problem == "a callback errors choice that does not exist":
-        assert "SCHEDULER_CALLBACK_ERRORS must be one of 'done', 'retry', 'dead', not 'deadletter'" in errors[0]
+        assert (
+            "SCHEDULER_CALLBACK_ERRORS must be one of 'done', 'retry', 'dead', not 'deadletter'"
+            in errors[0]
+        )
     else:
         assert "REDIS_START_URLS_AS_SET" in errors[0]
         assert client.scard(f"{name}:start_urls") == 1  # left alone
