@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from scrapy import signals
+
 from scrapy_dist import deadletter
 from scrapy_dist.exceptions import SerializationError
 from scrapy_dist.shards import host_of
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
     from scrapy import Request, Spider
     from scrapy.dupefilters import BaseDupeFilter
+    from scrapy.signalmanager import SignalManager
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.deadletter import DeadLetters
@@ -64,6 +67,11 @@ class Enqueuer:
         parent_of: the lease id of the request whose callback returned a request
             (``""``: none); Redis refuses the request once this worker no longer
             holds that lease.
+        claimed_elsewhere: called when another worker of the run claimed a start
+            request of this one (it queues it with its next flush).
+        signals: the crawler's signals, to send ``request_dropped`` for a duplicate
+            Redis finds after :meth:`enqueue` returned (Scrapy's engine sends it for
+            those :meth:`enqueue` refuses).
     """
 
     def __init__(
@@ -79,6 +87,7 @@ class Enqueuer:
         start_once: bool,
         parent_of: Callable[[Request], str] = lambda request: "",
         claimed_elsewhere: Callable[[], None] = lambda: None,
+        signals: SignalManager | None = None,
     ) -> None:
         self.frontier = frontier
         self.df = dupefilter
@@ -89,9 +98,8 @@ class Enqueuer:
         self.spider = spider
         self.start_once = start_once
         self.parent_of = parent_of
-        #: Called when another worker of the run claimed a start request of this one
-        #: (it queues it with its next flush).
         self.claimed_elsewhere = claimed_elsewhere
+        self.signals = signals
         self._logunser = True
         #: Start requests of each fingerprint this worker claimed or lost so far.
         self._starts: dict[bytes, int] = {}
@@ -103,7 +111,8 @@ class Enqueuer:
             ``False`` if the request is a duplicate known before sending (or, when
             every write is sent at once, Redis's answer) or cannot be stored; else
             ``True``: duplicates Redis finds in a batch are logged and counted as
-            ``dupefilter/filtered`` when it answers.
+            ``dupefilter/filtered`` when it answers, and ``request_dropped`` is sent
+            for them then.
         """
         if self.frontier.lost is not None:
             # produced by a request of a crawl that is gone: it must not start another
@@ -134,6 +143,7 @@ class Enqueuer:
             self.df.log(request, self.spider)
             return False
         outcome: list[bool] = []
+        returned = False
 
         def on_reply(queued: bool) -> None:
             outcome.append(queued)
@@ -141,6 +151,8 @@ class Enqueuer:
                 shared.remember(fingerprint, queued)  # recorded in Redis either way
             if not queued:
                 self.df.log(request, self.spider)
+                if returned:  # Scrapy was told it was stored: tell what the engine would
+                    self._dropped(request)
                 return
             self.stats.inc_value("scheduler/enqueued/redis")
             self.stats.inc_value("scheduler/enqueued")
@@ -155,7 +167,16 @@ class Enqueuer:
         )
         # batched (the default): Redis answers at the next flush, so duplicates it finds
         # are logged and counted then, and Scrapy is told the request was stored
+        returned = True
         return outcome[0] if outcome else True
+
+    def _dropped(self, request: Request) -> None:
+        """Send ``request_dropped`` for ``request``, as Scrapy's engine does for a request
+        its scheduler refuses."""
+        if self.signals is not None:
+            self.signals.send_catch_log(
+                signals.request_dropped, request=request, spider=self.spider
+            )
 
     def _once_per_crawl(self, request: Request) -> bool:
         """Whether ``request`` is a start request Scrapy marked ``dont_filter`` that

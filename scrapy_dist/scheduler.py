@@ -382,6 +382,7 @@ class Scheduler(BaseScheduler):
             start_once=self.start_once,
             parent_of=self._parent_lease,
             claimed_elsewhere=self._close_wait.expect if self._close_wait else lambda: None,
+            signals=self.crawler.signals if self.crawler is not None else None,
         )
         if self.crawler is not None and start_failure(self.crawler) is not None:
             self._not_started = FailedScheduler(self.crawler)

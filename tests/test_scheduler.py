@@ -93,6 +93,34 @@ def test_enqueue_dedupe_and_dequeue(open_scheduler: Callable[..., Scheduler]) ->
     assert stats["dupefilter/filtered"] == 1
 
 
+def test_request_dropped_is_sent_for_a_duplicate_redis_finds_in_a_batch(
+    open_scheduler: Callable[..., Scheduler],
+) -> None:
+    """With batched writes ``enqueue_request`` tells Scrapy a request was stored before
+    Redis has looked at it; a duplicate Redis then finds gets ``request_dropped``, as
+    Scrapy's engine sends for a request its scheduler refuses (extensions count drops
+    with it), and only once: the engine sends it for a refusal known at once."""
+    from scrapy import signals
+
+    batched = {"SCHEDULER_FLUSH_INTERVAL": 5}
+    first, second = open_scheduler(batched), open_scheduler(batched)
+    dropped: list[str] = []
+
+    def on_dropped(request: Request) -> None:
+        dropped.append(request.url)
+
+    assert second.crawler is not None
+    second.crawler.signals.connect(on_dropped, signal=signals.request_dropped)
+    assert first.enqueue_request(Request(URL + "a"))
+    first.frontier.flush()
+    assert second.enqueue_request(Request(URL + "a"))  # a duplicate only Redis knows of
+    assert second.enqueue_request(Request(URL + "b"))
+    second.frontier.flush()
+    assert dropped == [URL + "a"]
+    assert not second.enqueue_request(Request(URL + "a"))  # known now: Scrapy sends it
+    assert dropped == [URL + "a"]
+
+
 def test_workers_share_one_frontier(open_scheduler: Callable[..., Scheduler]) -> None:
     a, b = open_scheduler(), open_scheduler()
     assert a.enqueue_request(Request(URL + "x"))
