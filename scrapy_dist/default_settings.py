@@ -58,7 +58,7 @@ DUPEFILTER_LOCAL_CACHE = None
 DUPEFILTER_LOCAL_CACHE_SIZE = 100_000
 
 #: ``RFPDupeFilter`` under a scheduler other than scrapy_dist's (Scrapy's own): ``True``
-#: keeps fingerprints in a per-run key ``dupefilter:<timestamp>`` deleted at close, as
+#: keeps fingerprints in a per-run key ``dupefilter:<timestamp>:<random>`` deleted at close, as
 #: scrapy-redis does; ``False`` uses the crawl's ``<spider>:dupefilter``, kept across runs.
 DUPEFILTER_STANDALONE_PER_RUN = True
 

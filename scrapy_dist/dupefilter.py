@@ -48,6 +48,7 @@ from scrapy_dist.filters import (
     backend_from_config,
     bloom_params_from_config,
 )
+from scrapy_dist.keys import standalone_dupefilter_key
 from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
@@ -69,8 +70,6 @@ logger = logging.getLogger(__name__)
 #: scrapy_dist's scheduler, by import path.
 DIST_SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 
-#: Key of a standalone filter (under Scrapy's own scheduler): one per run.
-STANDALONE_KEY = "dupefilter:%(timestamp)s"
 
 #: Seconds between refreshes of the filter's stats (one round trip each).
 STATS_INTERVAL = 10.0
@@ -203,10 +202,11 @@ class RFPDupeFilter(BaseDupeFilter):
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> Self:
-        """A standalone filter (scrapy-redis's factory): a new client and a per-run key
-        ``dupefilter:<timestamp>``, deleted at :meth:`close`."""
+        """A standalone filter (scrapy-redis's factory): a new client and a key of its
+        own, ``dupefilter:<timestamp>:<random>`` (:func:`.keys.standalone_dupefilter_key`),
+        deleted at :meth:`close`."""
         server = get_redis_from_settings(settings)
-        key = STANDALONE_KEY % {"timestamp": int(time.time())}
+        key = standalone_dupefilter_key(int(time.time()))
         return cls(server, key=key, debug=Config.from_settings(settings).dupefilter.debug)
 
     @classmethod

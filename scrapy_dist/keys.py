@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -381,6 +382,14 @@ def stream_dead_key(stream: str) -> str:
     """The dead-letter stream of an items stream: ``<stream>:dead-letters`` (same hash
     tag; not ``:dead``, which names a crawl's dead-letter list to ``scrapy-dist jobs``)."""
     return f"{stream}:dead-letters"
+
+
+def standalone_dupefilter_key(timestamp: int) -> str:
+    """The key of a dupefilter used under another scheduler than scrapy_dist's, one per
+    run: ``dupefilter:<timestamp>:<16 random hex digits>`` (scrapy-redis's
+    ``dupefilter:<timestamp>`` was shared by two runs started in the same second, and
+    the second skipped the pages the first had seen)."""
+    return f"dupefilter:{timestamp}:{secrets.token_hex(8)}"
 
 
 def has_hash_tag(name: str) -> bool:

@@ -302,6 +302,10 @@ def test_standalone_dupefilter_uses_a_per_run_key(redis_url: str) -> None:
     assert df.key is not None
     assert df.key.startswith("dupefilter:")
     assert df.clear_on_close
+    # two crawls opened in the same second: scrapy-redis's key was shared, and the
+    # second skipped the pages the first had seen
+    other = build_from_crawler(RFPDupeFilter, get_crawler(Spider, {"REDIS_URL": redis_url}))
+    assert other.key != df.key
 
 
 # -- queues, scheduler, spider and pipeline hooks ----------------------------------------
