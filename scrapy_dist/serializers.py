@@ -2,8 +2,13 @@
 
 Requests travel through Redis as ``request.to_dict(spider=spider)`` (callbacks and
 errbacks by method name) encoded by a serializer. The default is JSON made bytes-safe:
-``bytes`` become ``{"$b": <latin-1 text>}``, and a few Python types JSON lacks are
-tagged the same way, so a request comes back equal to what went in.
+``bytes`` become ``{"$b": <latin-1 text>}``, and the Python types spiders put in
+``meta`` and ``cb_kwargs`` that JSON lacks are tagged the same way (tuples, sets, dates
+and times, ``Decimal``, and items: :class:`scrapy.Item`, dataclass and attrs instances),
+so a request comes back equal to what went in. An item is rebuilt only as a class the
+worker has already loaded (looked up in ``sys.modules``, never imported) and without
+running its ``__init__`` (a dataclass or attrs instance gets its fields set); a
+``scrapy.Item`` is built empty and given its fields.
 
 Entries are compact (issue 15: a queued request is mostly its URL). :class:`RequestCodec`
 leaves out every attribute still at its class's default and writes ASCII headers and
@@ -30,16 +35,20 @@ queue key may set them, so protect that key as the workers' settings.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import functools
 import json
 import logging
 import pickle
+import sys
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from scrapy import Request
+from scrapy import Item, Request
 from scrapy.http import FormRequest, JsonRequest, XmlRpcRequest
 from scrapy.utils.misc import load_object
 
@@ -62,7 +71,20 @@ TUPLE = "$t"
 SET = "$s"
 #: Tag of a dict whose keys are not all plain strings (e.g. headers), as key/value pairs.
 PAIRS = "$d"
-_TAGS = frozenset((BYTES, TUPLE, SET, PAIRS))
+#: Tag of a ``datetime.datetime`` (ISO 8601, with its offset if it has one).
+DATETIME = "$dt"
+#: Tag of a ``datetime.date``.
+DATE = "$da"
+#: Tag of a ``datetime.time``.
+TIME = "$tm"
+#: Tag of a ``datetime.timedelta``, as ``[days, seconds, microseconds]``.
+TIMEDELTA = "$td"
+#: Tag of a ``decimal.Decimal``, as its text.
+DECIMAL = "$n"
+#: Tag of an item: ``[class path, {field: value}]`` (a ``scrapy.Item``, a dataclass or an
+#: attrs instance).
+ITEM = "$i"
+_TAGS = frozenset((BYTES, TUPLE, SET, PAIRS, DATETIME, DATE, TIME, TIMEDELTA, DECIMAL, ITEM))
 #: Marks a callback whose name must be found by Scrapy's slower lookup.
 _UNKNOWN = object()
 
@@ -121,20 +143,148 @@ def _encode(obj: Any) -> Any:
         if all(isinstance(k, str) and not k.startswith("$") for k in obj):
             return {k: _encode(v) for k, v in obj.items()}
         return {PAIRS: [[_encode(k), _encode(v)] for k, v in obj.items()]}
+    return _encode_tagged(obj)
+
+
+def _encode_tagged(obj: Any) -> Any:
+    """A value JSON lacks, tagged (:data:`_TAGS`).
+
+    Raises:
+        TypeError: a value of no type the tags carry.
+    """
+    if isinstance(obj, datetime.datetime):  # (before date: a datetime is a date)
+        return {DATETIME: obj.isoformat()}
+    if isinstance(obj, datetime.date):
+        return {DATE: obj.isoformat()}
+    if isinstance(obj, datetime.time):
+        return {TIME: obj.isoformat()}
+    if isinstance(obj, datetime.timedelta):
+        return {TIMEDELTA: [obj.days, obj.seconds, obj.microseconds]}
+    if isinstance(obj, Decimal):
+        return {DECIMAL: str(obj)}
+    fields = _item_fields(obj)
+    if fields is not None:
+        cls = type(obj)
+        path = f"{cls.__module__}.{cls.__qualname__}"
+        return {ITEM: [path, {k: _encode(v) for k, v in fields.items()}]}
     raise TypeError(f"{type(obj).__name__} object {obj!r:.80} is not JSON serializable")
+
+
+def _item_fields(obj: Any) -> dict[str, Any] | None:
+    """The fields of an item (:class:`scrapy.Item`: those set; a dataclass or attrs
+    instance: every field), or ``None`` if ``obj`` is none of them. A class defined
+    inside a function cannot be found again by its path: not an item here."""
+    cls = type(obj)
+    if "<locals>" in cls.__qualname__ or isinstance(obj, type):
+        return None
+    if isinstance(obj, Item):
+        return dict(obj)
+    if dataclasses.is_dataclass(obj):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    attributes = getattr(cls, "__attrs_attrs__", None)
+    if attributes is not None:
+        return {a.name: getattr(obj, a.name) for a in attributes}
+    return None
+
+
+def loaded_class(path: str) -> type | None:
+    """The class ``path`` (``module.QualName``) names if its module is already loaded in
+    this process, else ``None``: nothing is imported."""
+    module_name, _, qualname = path.rpartition(".")
+    module = sys.modules.get(module_name)
+    obj: Any = module
+    # a nested class's path: its module is a prefix, its qualname has dots
+    while module is None and module_name:
+        module_name, _, outer = module_name.rpartition(".")
+        module = sys.modules.get(module_name)
+        qualname = f"{outer}.{qualname}"
+        obj = module
+    if module is None:
+        return None
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, type) else None
+
+
+def _rebuild_item(value: Any) -> Any:
+    """The item ``[class path, fields]`` stands for, as its class is loaded here.
+
+    Raises:
+        ValueError: not such a pair, a class not loaded, not an item class, or a field
+            it does not have.
+    """
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
+        raise ValueError("an item must be [class path, fields]")
+    path, fields = value
+    if not isinstance(fields, dict):
+        raise ValueError(f"the fields of item {path!r:.120} must be an object")
+    cls = loaded_class(path)
+    if cls is None:
+        raise ValueError(
+            f"{path!r:.120} is not an item class loaded in this worker (nothing is "
+            "imported from a queue entry)"
+        )
+    if issubclass(cls, Item):
+        try:
+            item = cls()
+            for name, v in fields.items():
+                item[name] = v  # KeyError for a field the class does not declare
+        except Exception as e:  # the item class's own error: this entry alone fails
+            raise ValueError(f"cannot rebuild item {path!r:.120}: {e!r:.200}") from e
+        return item
+    if dataclasses.is_dataclass(cls):
+        names = {f.name for f in dataclasses.fields(cls)}
+    elif getattr(cls, "__attrs_attrs__", None) is not None:
+        names = {a.name for a in getattr(cls, "__attrs_attrs__")}  # noqa: B009
+    else:
+        raise ValueError(f"{path!r:.120} is not an item class")
+    unknown = set(fields) - names
+    if unknown:
+        raise ValueError(f"item class {path!r:.120} has no field {sorted(unknown)[0]!r:.60}")
+    obj = object.__new__(cls)
+    for name, v in fields.items():
+        object.__setattr__(obj, name, v)  # (a frozen class's too; __init__ is not run)
+    return obj
+
+
+def _decode_tagged(tag: str, value: Any) -> Any:
+    """The value of a tagged object (:data:`_TAGS`).
+
+    Raises:
+        ValueError, TypeError: the value does not fit its tag.
+    """
+    if tag == BYTES:
+        return value.encode("latin-1")
+    if tag == TUPLE:
+        return tuple(value)
+    if tag == SET:
+        return set(value)
+    if tag == PAIRS:
+        return {_hashable(k): v for k, v in value}
+    if tag == DATETIME:
+        return datetime.datetime.fromisoformat(value)
+    if tag == DATE:
+        return datetime.date.fromisoformat(value)
+    if tag == TIME:
+        return datetime.time.fromisoformat(value)
+    if tag == TIMEDELTA:
+        days, seconds, micros = value
+        return datetime.timedelta(days=days, seconds=seconds, microseconds=micros)
+    if tag == DECIMAL:
+        if not isinstance(value, str):
+            raise TypeError("a Decimal must be text")
+        try:
+            return Decimal(value)
+        except InvalidOperation as e:
+            raise ValueError(f"not a Decimal: {value!r:.60}") from e
+    return _rebuild_item(value)
 
 
 def _decode_hook(obj: dict[str, Any]) -> Any:
     if len(obj) == 1:
         ((tag, value),) = obj.items()
         if tag in _TAGS:
-            if tag == BYTES:
-                return value.encode("latin-1")
-            if tag == TUPLE:
-                return tuple(value)
-            if tag == SET:
-                return set(value)
-            return {_hashable(k): v for k, v in value}
+            return _decode_tagged(tag, value)
     return obj
 
 

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
+import attrs
 import pytest
-from scrapy import Request, Spider
+from scrapy import Field, Item, Request, Spider
 from scrapy.http import FormRequest, JsonRequest, XmlRpcRequest
 from scrapy.utils.misc import build_from_crawler
 
@@ -104,6 +108,85 @@ def test_object_in_meta_is_unserializable() -> None:
     codec = RequestCodec(JsonSerializer(), MySpider())
     with pytest.raises(SerializationError, match="object"):
         codec.encode(Request("https://e.com/", meta={"o": object()}))
+
+
+class Product(Item):
+    name = Field()
+    price = Field()
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    seller: str
+    when: datetime.date
+    tags: tuple[str, ...] = ()
+    checked: bool = dataclasses.field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        ran.append(self)
+
+
+@attrs.define
+class Review:
+    stars: int
+    text: str = ""
+
+
+#: Offers whose __post_init__ ran (a rebuilt one must not run it).
+ran: list[Offer] = []
+
+
+def test_what_spiders_put_in_meta_and_cb_kwargs_round_trips() -> None:
+    """An Item in meta (the most common pattern of a two-stage spider), dataclass and
+    attrs items, dates and Decimal: each came back equal, of its own class, where the
+    request was dead-lettered as unserializable before."""
+    codec = RequestCodec(JsonSerializer(), MySpider())
+    offer = Offer("shop", datetime.date(2026, 11, 29), ("new",))
+    object.__setattr__(offer, "checked", True)
+    ran.clear()
+    meta = {
+        "item": Product(name="Tea", price=Decimal("3.50")),
+        "offers": [offer],
+        "review": Review(5, "good"),
+        "seen": datetime.datetime(2026, 11, 29, 7, 15, tzinfo=datetime.timezone.utc),
+        "at": datetime.time(7, 15, 30),
+        "age": datetime.timedelta(days=2, seconds=5),
+    }
+    request = Request("https://e.com/", meta=meta, cb_kwargs={"total": Decimal("-0.1")})
+    back = codec.decode(codec.encode(request))
+    assert back.meta == meta
+    assert back.cb_kwargs == {"total": Decimal("-0.1")}
+    assert type(back.meta["item"]) is Product
+    assert back.meta["offers"][0].checked is True
+    assert ran == []  # rebuilt without running __init__ or __post_init__
+    assert type(back.meta["review"]) is Review
+
+
+@pytest.mark.parametrize(
+    ("tagged", "match"),
+    [
+        ('{"$i":["os.system",{}]}', "not an item class loaded"),
+        ('{"$i":["subprocess.Popen",{"args":"x"}]}', "not an item class"),
+        ('{"$i":["no.such.module.Item",{}]}', "not an item class loaded"),
+        ('{"$i":["MODULE.Product",{"zz":1}]}', "does not support field"),
+        ('{"$i":["MODULE.Offer",{"zz":1}]}', "has no field 'zz'"),
+        ('{"$i":"MODULE.Product"}', "must be \\[class path"),
+        ('{"$n":"not a number"}', "not a Decimal"),
+        ('{"$dt":5}', "argument must be str"),
+        ('{"$td":[1]}', "not enough values"),
+    ],
+)
+def test_a_hostile_tagged_value_is_refused_and_nothing_is_imported(tagged: str, match: str) -> None:
+    """Entries read from Redis are untrusted: an item names a class that is looked up
+    among the classes loaded (never imported), and must be an item class."""
+    import sys
+
+    codec = RequestCodec(JsonSerializer(), MySpider())
+    tagged = tagged.replace("MODULE", __name__)
+    entry = b'{"url":"https://e.com/","mt":{"x":' + tagged.encode() + b"}}"
+    with pytest.raises(SerializationError, match=match):
+        codec.decode(entry)
+    assert "no.such.module" not in sys.modules
 
 
 def test_corrupt_payload() -> None:
