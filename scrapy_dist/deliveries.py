@@ -11,6 +11,11 @@ at once with it (``"dead"``). A worker holds at most ``max_held`` leases
 (buffered, out, or settled but not yet sent), which bounds what a dead or paused
 worker makes others crawl again.
 
+Requests that cannot be stored in Redis are kept here too, in memory
+(:class:`~scrapy_dist.local.LocalRequests`), and handed to the engine before leased
+ones; the leases of the pages they came from (their *anchors*) are settled only once
+they have left the engine (:meth:`Deliveries.keep_local`).
+
 :class:`Deliveries` does no Redis I/O of its own: leases, settlements and renewals go
 through the :class:`~scrapy_dist.frontier.Frontier`, which sends them in batches.
 """
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_dist.exceptions import SerializationError
 from scrapy_dist.frontier import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.local import LocalRequests
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -68,6 +74,8 @@ class Deliveries:
             :data:`CALLBACK_DONE` (acknowledged, as on Scrapy's scheduler), :data:`RETRY`
             (returned for another try, up to ``SCHEDULER_MAX_DELIVERIES``) or
             :data:`DEAD` (dead-lettered at once, acknowledged).
+        local: the requests kept in memory (default: Scrapy's LIFO memory queue per
+            priority).
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class Deliveries:
         max_held: int,
         on_empty: Callable[[], None] = lambda: None,
         callback_errors: str = CALLBACK_DONE,
+        local: LocalRequests | None = None,
     ) -> None:
         self.frontier = frontier
         self.callback_errors = callback_errors
@@ -109,11 +118,24 @@ class Deliveries:
         #: The crawl epoch when a settlement last left this worker holding nothing,
         #: until :attr:`on_empty` is called or a reserve under it brings leases.
         self._emptied: str | None = None
+        #: Requests kept in memory, not handed to the engine yet.
+        self.local = local if local is not None else LocalRequests()
+        #: Their anchors (the leases of the pages they came from).
+        self._anchors: dict[Request, tuple[str, ...]] = {}
+        #: Requests kept in memory and handed to the engine -> their anchors.
+        self.local_out: dict[Request, tuple[str, ...]] = {}
+        #: Lease id -> how many requests kept in memory it anchors.
+        self.anchored: dict[str, int] = {}
+        #: Leases whose request left the engine while they still anchor requests kept
+        #: in memory -> their settlement, sent once the last of those has left too.
+        self.waiting: dict[str, str] = {}
 
     def held(self) -> list[str]:
-        """The ids of the leases this worker holds: buffered, deferred or in the engine."""
+        """The ids of the leases this worker holds: buffered, deferred, in the engine or
+        waiting for the requests kept in memory they anchor."""
         deferred = [lease.id for waiting in self.deferred.values() for lease, _ in waiting]
-        return [lease.id for lease, _ in self.buffer] + deferred + list(self.out.values())
+        buffered = [lease.id for lease, _ in self.buffer]
+        return buffered + deferred + list(self.out.values()) + list(self.waiting)
 
     def _deferred_count(self) -> int:
         return sum(len(waiting) for waiting in self.deferred.values())
@@ -130,6 +152,7 @@ class Deliveries:
             else self.frontier.pending_settlements
         )
         held = len(self.buffer) + self._deferred_count() + len(self.out) + settlements
+        held += len(self.waiting)
         held += self.frontier.reserving
         return self.max_held - held
 
@@ -153,15 +176,59 @@ class Deliveries:
                 reason = "Error " + reason
             self.failures[request] = reason
 
+    def keep_local(self, request: Request, anchors: tuple[str, ...]) -> None:
+        """Keep ``request`` in memory (it cannot be stored in Redis) until the engine
+        takes it (:meth:`take_local`); the leases ``anchors`` are not settled before
+        it has left the engine."""
+        self.local.push(request)
+        self._anchors[request] = anchors
+        for lease_id in anchors:
+            self.anchored[lease_id] = self.anchored.get(lease_id, 0) + 1
+
+    def take_local(self) -> Request | None:
+        """The next request kept in memory, now in the engine; ``None`` if none is."""
+        request = self.local.pop()
+        if request is not None:
+            self.local_out[request] = self._anchors.pop(request, ())
+        return request
+
+    def anchors_of(self, parent: Request | None) -> tuple[str, ...]:
+        """The leases that anchor a request kept in memory whose callback's request is
+        ``parent``: its lease, or the anchors of ``parent`` if it was kept in memory
+        too (none if this worker does not hold it: a start request, or a lease taken
+        over). With no parent known, every lease of a request in the engine (and every
+        anchor of one kept in memory there): one of them is the page it came from."""
+        if parent is not None:
+            lease_id = self.out.get(parent)
+            return (lease_id,) if lease_id else self.local_out.get(parent, ())
+        anchors = list(self.out.values())
+        anchors += [lease_id for held in self.local_out.values() for lease_id in held]
+        return tuple(dict.fromkeys(anchors))
+
+    def _release(self, anchors: tuple[str, ...], outcomes: list[tuple[str, str]]) -> None:
+        """A request kept in memory left the engine: its anchors anchor one fewer; a
+        lease that waited for it alone is settled now."""
+        for lease_id in anchors:
+            left = self.anchored.get(lease_id, 0) - 1
+            if left > 0:
+                self.anchored[lease_id] = left
+                continue
+            self.anchored.pop(lease_id, None)
+            outcome = self.waiting.pop(lease_id, None)
+            if outcome is not None:
+                outcomes.append((lease_id, outcome))
+
     def settle(self) -> None:
-        """Settle the leases of the requests the engine is done with."""
-        if not self.out:
+        """Settle the leases of the requests the engine is done with (those that anchor
+        requests kept in memory once these have left it too)."""
+        if not self.out and not self.local_out:
             return
         in_flight = self.in_flight()
         finished = [request for request in self.out if request not in in_flight]
-        if not finished:
+        local_done = [request for request in self.local_out if request not in in_flight]
+        if not finished and not local_done:
             return
-        outcomes = []
+        outcomes: list[tuple[str, str]] = []
         taken = self.frontier.leases.taken
         for request in finished:
             for listener in self.on_finished:
@@ -179,8 +246,13 @@ class Deliveries:
                     reason = DONE
                 elif self.callback_errors == DEAD:
                     reason = self._dead_now(reason)
+            if self.anchored.get(lease_id):
+                self.waiting[lease_id] = reason  # a request kept in memory is its child
+                continue
             outcomes.append((lease_id, reason))
-        if not self.out and not self.buffer:
+        for request in local_done:
+            self._release(self.local_out.pop(request), outcomes)
+        if not self.out and not self.buffer and not self.waiting:
             self._emptied = self.frontier.epoch
             if self.frontier.shard_count > 1:  # a reserve vouches for its own shard only
                 self.before_lookup()
@@ -371,6 +443,8 @@ class Deliveries:
         self.buffer = deque(item for item in self.buffer if item[0].id not in gone)
         dropped = buffered - len(self.buffer)
         dropped += sum(len(self.deferred.pop(lease_id, [])) for lease_id in gone)
+        for lease_id in gone:
+            self.waiting.pop(lease_id, None)  # its new holder crawls its page again
         started = [request for request, lease_id in self.out.items() if lease_id in gone]
         # kept in the engine's map until they leave it, never settled: what their
         # callbacks still produce is dropped (Redis would refuse it too)
@@ -395,20 +469,38 @@ class Deliveries:
         return buffered
 
     def drop_all(self) -> None:
-        """Forget every lease held (their crawl is gone: nothing to settle)."""
+        """Forget every lease held and every request kept in memory (their crawl is
+        gone, or this worker closes: nothing more to settle)."""
         self.buffer.clear()
         self.deferred.clear()
         self.out.clear()
         self.failures.clear()
+        self.local.clear()
+        self._anchors.clear()
+        self.local_out.clear()
+        self.anchored.clear()
+        self.waiting.clear()
 
-    def hand_back(self) -> int:
+    def hand_back(self, spider: object = None) -> int:
         """Settle what the engine finished and hand back everything else held (at
-        close: the engine will not start it); returns how many were handed back."""
+        close: the engine will not start it), the leases that anchor requests kept in
+        memory included (their pages are crawled again, and make those requests again);
+        returns how many were handed back."""
         self.settle()
         handed = [(lease.id, HAND_BACK) for lease, _ in self.buffer]
         handed += [(lease.id, HAND_BACK) for w in self.deferred.values() for lease, _ in w]
         taken = self.frontier.leases.taken  # another worker holds those now
         handed += [(lease_id, HAND_BACK) for lease_id in self.out.values() if lease_id not in taken]
+        handed += [(lease_id, HAND_BACK) for lease_id in self.waiting if lease_id not in taken]
+        left = len(self.local) + len(self.local_out)
+        if left:
+            logger.warning(
+                "Closing with %(left)d request(s) kept in memory (they cannot be stored in "
+                "Redis) not crawled; the pages they came from that this worker held go "
+                "back to the queue",
+                {"left": left},
+                extra={"spider": spider},
+            )
         self.drop_all()
         self.frontier.settle(handed)
         return len(handed)

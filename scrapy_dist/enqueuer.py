@@ -1,11 +1,13 @@
 """The way in: from a request Scrapy schedules to an entry in the crawl's shared queue.
 
 A request is dropped before any round trip when it is a known duplicate (this worker's
-seen-cache of the shared dupefilter, or a local dupefilter), when it cannot be
-serialized (logged once, counted as ``scheduler/unserializable``, recorded in the
-dead-letter list, not marked as seen), or when its crawl is gone. Otherwise it is
-handed to the frontier, which sends it with the next batch; the dedupe and the push
-are then one server-side step.
+seen-cache of the shared dupefilter, or a local dupefilter) or when its crawl is gone.
+A request that cannot be stored in Redis is kept in this worker's memory, as Scrapy's
+scheduler keeps what its disk queue cannot take (:mod:`scrapy_dist.local`: warned
+about once, counted as ``scheduler/unserializable`` and ``scheduler/enqueued/memory``;
+its fingerprint is recorded in the shared dupefilter first, one round trip). Otherwise
+it is handed to the frontier, which sends it with the next batch; the dedupe and the
+push are then one server-side step.
 
 Start requests of a plain spider (``SCHEDULER_START_ONCE``) are crawled once per run
 of the crawl: each worker adds a start request's fingerprint to the run's set of start
@@ -72,6 +74,8 @@ class Enqueuer:
         signals: the crawler's signals, to send ``request_dropped`` for a duplicate
             Redis finds after :meth:`enqueue` returned (Scrapy's engine sends it for
             those :meth:`enqueue` refuses).
+        keep_local: keeps a request that cannot be stored in Redis in this worker's
+            memory (``None``: it is dead-lettered instead).
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class Enqueuer:
         parent_of: Callable[[Request], str] = lambda request: "",
         claimed_elsewhere: Callable[[], None] = lambda: None,
         signals: SignalManager | None = None,
+        keep_local: Callable[[Request], None] | None = None,
     ) -> None:
         self.frontier = frontier
         self.df = dupefilter
@@ -100,6 +105,7 @@ class Enqueuer:
         self.parent_of = parent_of
         self.claimed_elsewhere = claimed_elsewhere
         self.signals = signals
+        self.keep_local = keep_local
         self._logunser = True
         #: Start requests of each fingerprint this worker claimed or lost so far.
         self._starts: dict[bytes, int] = {}
@@ -136,8 +142,7 @@ class Enqueuer:
         try:
             payload = self.codec.encode(request)
         except SerializationError as e:
-            self.unserializable(request, e)
-            return False
+            return self.keep_in_memory(request, e, fingerprint=fingerprint)
         # a local dupefilter records what it is asked about: ask only once it can be stored
         if shared is None and not dont_filter and self.df.request_seen(request):
             self.df.log(request, self.spider)
@@ -215,6 +220,59 @@ class Enqueuer:
         if added:
             request.meta[START_CLAIMED] = True
         return bool(added)
+
+    def keep_in_memory(
+        self,
+        request: Request,
+        error: SerializationError,
+        *,
+        fingerprint: bytes = b"",
+        deduped: bool = False,
+    ) -> bool:
+        """Keep a request that cannot be stored in Redis in memory, unless it is a
+        duplicate (its fingerprint is recorded in the crawl's dupefilter first: one
+        round trip; Redis unreachable, it is kept). ``deduped``: the caller has asked
+        the dupefilter already.
+
+        Returns:
+            Whether it was kept (``False``: a duplicate, or dead-lettered with no
+            memory to keep it in).
+        """
+        if self.keep_local is None:
+            self.unserializable(request, error)
+            return False
+        if not (deduped or request.dont_filter or self._new_here(request, fingerprint)):
+            self.df.log(request, self.spider)
+            return False
+        if self._logunser:
+            logger.warning(
+                "Unable to store request in Redis: %(request)s - reason: %(reason)s - it is "
+                "kept in this worker's memory and crawled by this worker alone, as "
+                "Scrapy's scheduler keeps what its disk queue cannot take (no more will be "
+                "logged; see the stat 'scheduler/unserializable')",
+                {"request": request, "reason": error},
+                extra={"spider": self.spider},
+            )
+            self._logunser = False
+        self.stats.inc_value("scheduler/unserializable")
+        self.stats.inc_value("scheduler/enqueued/memory")
+        self.stats.inc_value("scheduler/enqueued")
+        self.keep_local(request)
+        return True
+
+    def _new_here(self, request: Request, fingerprint: bytes) -> bool:
+        """Record ``request``'s fingerprint in the crawl's dupefilter now (it will not
+        reach the enqueue script): whether it was new (or Redis could not say)."""
+        shared = self.shared_df
+        if shared is None:
+            return not self.df.request_seen(request)
+        fingerprint = fingerprint or shared.fingerprint(request)
+        ((backend, _),) = self.frontier.by_filter(shared.backend, [request])  # its shard's
+        new = self.frontier.call(lambda: backend.add(fingerprint))
+        if new is None:
+            return True  # Redis unreachable: crawled, at worst twice
+        shared.remember(fingerprint, new)
+        return bool(new)
 
     def unserializable(self, request: Request, error: SerializationError) -> None:
         """Log (once), count and dead-letter a request that cannot be serialized."""

@@ -498,7 +498,7 @@ class Membership:
                 logger.warning("Could not leave the worker registry: %(error)s", {"error": e})
             self.df.close(reason)
             return
-        handed = self.deliveries.hand_back()
+        handed = self.deliveries.hand_back(self.spider)
         if handed:
             logger.info(
                 "Handed %(n)d unstarted request(s) back to the shared queue",

@@ -41,6 +41,7 @@ from scrapy_dist.enqueuer import Enqueuer
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
 from scrapy_dist.frontier import DEAD_NOW, HAND_BACK, Frontier, Lease
 from scrapy_dist.heartbeat import Heartbeat
+from scrapy_dist.local import LocalRequests
 from scrapy_dist.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
@@ -110,6 +111,8 @@ class Scheduler(BaseScheduler):
         callback_errors: a request whose callback raised is done (``"done"``, as on
             Scrapy's scheduler), returned for another try (``"retry"``) or
             dead-lettered at once (``"dead"``).
+        local: where requests that cannot be stored in Redis are kept
+            (:mod:`scrapy_dist.local`; default: Scrapy's LIFO memory queues).
 
     Raises:
         ConfigurationError: the options contradict each other
@@ -144,6 +147,7 @@ class Scheduler(BaseScheduler):
         fault_exit_code: int = 0,
         links: Links | None = None,
         callback_errors: str = "done",
+        local: LocalRequests | None = None,
     ) -> None:
         check_scheduler(
             prefetch=prefetch,
@@ -173,6 +177,7 @@ class Scheduler(BaseScheduler):
             max_held=max_held if max_held is not None else 3 * prefetch,
             on_empty=self._shared_df.forget_local if self._shared_df else lambda: None,
             callback_errors=callback_errors,
+            local=local,
         )
         #: A plain spider's wait, before it closes, for the leases other workers hold
         #: (set at open).
@@ -288,6 +293,7 @@ class Scheduler(BaseScheduler):
             max_held=settings.max_held,
             links=links_for(crawler),
             callback_errors=settings.callback_errors,
+            local=LocalRequests.for_crawler(crawler),
         )
         if cls.leased:  # (a scrapy-redis style queue pops in its own order: not gated)
             scheduler.politeness = Politeness.for_crawler(crawler, frontier, scheduler.deliveries)
@@ -383,6 +389,7 @@ class Scheduler(BaseScheduler):
             parent_of=self._parent_lease,
             claimed_elsewhere=self._close_wait.expect if self._close_wait else lambda: None,
             signals=self.crawler.signals if self.crawler is not None else None,
+            keep_local=self._keep_local,
         )
         if self.crawler is not None and start_failure(self.crawler) is not None:
             self._not_started = FailedScheduler(self.crawler)
@@ -423,6 +430,12 @@ class Scheduler(BaseScheduler):
                 {"mw": "scrapy_dist.parents.ParentLinks", "order": PARENTS_ORDER},
                 extra={"spider": spider},
             )
+
+    def _keep_local(self, request: Request) -> None:
+        """Keep a request that cannot be stored in Redis in memory, anchored to the
+        lease of the page it came from (:mod:`scrapy_dist.local`)."""
+        parent = self.links.parent(request) if self.links is not None else None
+        self.deliveries.keep_local(request, self.deliveries.anchors_of(parent))
 
     def _parent_lease(self, request: Request) -> str:
         """The lease id of the request whose callback returned ``request`` while this
@@ -494,6 +507,11 @@ class Scheduler(BaseScheduler):
             return self._not_started.next_request()
         if self.control.holds():  # crawl control: paused or draining (scrapy_dist.control)
             return None
+        request = self.deliveries.take_local()  # first, as Scrapy's memory queue
+        if request is not None:
+            self.stats.inc_value("scheduler/dequeued/memory")
+            self.stats.inc_value("scheduler/dequeued")
+            return request
         return self._next()
 
     def has_pending_requests(self) -> bool:
@@ -503,6 +521,8 @@ class Scheduler(BaseScheduler):
         seconds ago."""
         if self._not_started is not None:
             return self._not_started.has_pending_requests()
+        if self.deliveries.local:
+            return True
         try:
             return self._has_pending()
         except redis.RedisError as e:
@@ -517,7 +537,7 @@ class Scheduler(BaseScheduler):
     def __len__(self) -> int:
         if self._not_started is not None:
             return len(self._not_started)
-        return self._len()
+        return self._len() + len(self.deliveries.local)
 
     # -- the leasing scheduler (UnleasedScheduler overrides these) --------------------
 

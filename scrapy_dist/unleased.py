@@ -76,8 +76,7 @@ class UnleasedScheduler(Scheduler):
             self.custom.push(request)
         except SerializationError as e:
             assert self._enqueuer is not None
-            self._enqueuer.unserializable(request, e)
-            return False
+            return self._enqueuer.keep_in_memory(request, e, deduped=True)
         self.stats.inc_value("scheduler/enqueued/redis")
         self.stats.inc_value("scheduler/enqueued")
         return True

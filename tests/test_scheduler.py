@@ -149,22 +149,23 @@ def test_list_queues(
     assert "".join(r.url[-1] for r in drain(scheduler)) == expected
 
 
-def test_unserializable_request_is_counted_kept_aside_and_not_seen(
+def test_unserializable_request_is_kept_in_memory_counted_and_seen(
     open_scheduler: Callable[..., Scheduler], client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """As Scrapy's scheduler keeps what its disk queue cannot take in memory: logged
+    once, counted, its fingerprint recorded (a link back to it is filtered)."""
     scheduler = open_scheduler()
     bad = Request(URL + "bad", callback=cast("Callback", lambda response: None))
-    with caplog.at_level(logging.ERROR):
-        assert not scheduler.enqueue_request(bad)
-        assert not scheduler.enqueue_request(Request(URL + "bad2", meta={"o": object()}))
-    assert caplog.text.count("Unable to serialize request") == 1  # logged once
+    with caplog.at_level(logging.WARNING):
+        assert scheduler.enqueue_request(bad)
+        assert scheduler.enqueue_request(Request(URL + "bad2", meta={"o": object()}))
+    assert caplog.text.count("Unable to store request in Redis") == 1  # logged once
     assert scheduler.stats.get_value("scheduler/unserializable") == 2
-    dead = [json.loads(d) for d in client.lrange(scheduler.dead.key, 0, -1)]
-    assert [d["url"] for d in dead] == [URL + "bad", URL + "bad2"]
-    assert all(d["kind"] == "request" and "unserializable" in d["reason"] for d in dead)
-    # not marked as seen: a serializable request for the same URL still goes through
-    assert scheduler.enqueue_request(Request(URL + "bad"))
-    assert client.scard(_set_key(scheduler)) == 1
+    assert scheduler.stats.get_value("scheduler/enqueued/memory") == 2
+    assert not client.exists(scheduler.dead.key)
+    assert not scheduler.enqueue_request(Request(URL + "bad"))  # seen
+    assert client.scard(_set_key(scheduler)) == 2
+    assert [r.url for r in drain(scheduler)] == [URL + "bad2", URL + "bad"]  # LIFO
 
 
 def test_undecodable_entry_goes_to_dead_letters(
