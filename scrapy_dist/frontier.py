@@ -347,8 +347,8 @@ class Frontier:
             wrongtype_timeout=wrongtype_timeout,
         )
         #: When a reserve of requests last found the queue empty (and nothing was
-        #: pending); monotonic seconds.
-        self.found_empty_at = 0.0
+        #: pending); monotonic seconds; ``-inf`` once enqueues were sent since.
+        self.found_empty_at = -math.inf
         self.eviction_check = eviction_check
         #: The crawl's epoch this worker joined ("" before :meth:`open`).
         self.epoch = ""
@@ -878,6 +878,8 @@ class Frontier:
         fence = Fence(self.keys.epoch, self.epoch, self.leases.holding)
         enqueue = self.outbox.enqueue_call(fence)
         if enqueue is not None:
+            # what a reserve found empty before these enqueues says nothing of now
+            self.found_empty_at = -math.inf
             calls.append(_Call("enqueue", enqueue, self._enqueued))
             wait = self.replication.wait_call() if self.replication is not None else None
             if wait is not None:  # confirmed on replicas before the settlements behind it

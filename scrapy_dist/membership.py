@@ -139,6 +139,11 @@ class CloseWait:
         :meth:`holds` says so for two heartbeat intervals."""
         self._expected_at = time.monotonic()
 
+    def forget(self) -> None:
+        """This worker found work: the last answer (cached for :attr:`every` seconds)
+        may be about requests it has taken since, so the next call looks again."""
+        self._last = None
+
     def holds(self, spider: Spider | None) -> bool:
         """Whether the worker stays open: others hold leases it waits for, requests are
         queued, a start request of this worker was claimed elsewhere lately

@@ -511,8 +511,11 @@ class Scheduler(BaseScheduler):
         if request is not None:
             self.stats.inc_value("scheduler/dequeued/memory")
             self.stats.inc_value("scheduler/dequeued")
-            return request
-        return self._next()
+        else:
+            request = self._next()
+        if request is not None and self._close_wait is not None:
+            self._close_wait.forget()
+        return request
 
     def has_pending_requests(self) -> bool:
         """Whether work is pending: buffered, queued in Redis (or Redis unreachable),

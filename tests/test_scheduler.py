@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any, cast
@@ -119,6 +118,37 @@ def test_request_dropped_is_sent_for_a_duplicate_redis_finds_in_a_batch(
     assert dropped == [URL + "a"]
     assert not second.enqueue_request(Request(URL + "a"))  # known now: Scrapy sends it
     assert dropped == [URL + "a"]
+
+
+def test_a_request_flushed_after_the_queue_was_found_empty_is_pending(
+    open_scheduler: Callable[..., Scheduler],
+) -> None:
+    """A reserve that found the queue empty lets has_pending_requests skip Redis for a
+    moment; a request sent since by another call (a spider_idle handler's, flushed by
+    the idle worker's look at the crawl) must end that, or the engine is told nothing
+    is pending and fires spider_idle again and again while it travels."""
+    scheduler = open_scheduler({"SCHEDULER_FLUSH_INTERVAL": 5})
+    assert scheduler.next_request() is None  # found empty
+    assert scheduler.enqueue_request(Request(URL + "idle"))
+    scheduler.frontier.flush()  # sent by a call that reserves nothing
+    assert scheduler.has_pending_requests()
+
+
+def test_an_idle_worker_that_took_the_queued_work_looks_again_before_staying_open(
+    open_scheduler: Callable[..., Scheduler],
+) -> None:
+    """A plain spider's worker stays open while requests are queued, an answer it keeps
+    for half a heartbeat interval; once it has taken them itself that answer is stale
+    (spider_idle fired 8 times for one request a spider_idle handler scheduled, where
+    Scrapy fires it twice)."""
+    from scrapy.exceptions import DontCloseSpider
+
+    scheduler = open_scheduler()
+    assert scheduler.enqueue_request(Request(URL + "idle"))
+    with pytest.raises(DontCloseSpider):
+        scheduler.close_if_failed()  # requests are queued
+    assert [r.url for r in drain(scheduler)] == [URL + "idle"]
+    scheduler.close_if_failed()  # nothing queued or held elsewhere: it may close
 
 
 def test_workers_share_one_frontier(open_scheduler: Callable[..., Scheduler]) -> None:
