@@ -28,11 +28,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import redis
 from scrapy.dupefilters import BaseDupeFilter
-from scrapy.utils.misc import load_object
 from scrapy.utils.request import RequestFingerprinter, referer_str
 
 from scrapy_dist.assembly import assemble
@@ -67,9 +66,6 @@ __all__ = ["DupefilterFull", "LocalSet", "RFPDupeFilter"]
 
 logger = logging.getLogger(__name__)
 
-#: scrapy_dist's scheduler, by import path.
-DIST_SCHEDULER = "scrapy_dist.scheduler.Scheduler"
-
 
 #: Seconds between refreshes of the filter's stats (one round trip each).
 STATS_INTERVAL = 10.0
@@ -77,20 +73,6 @@ STATS_INTERVAL = 10.0
 #: The local cache's false-positive rate, as a share of the Bloom error rate: the
 #: cache adds at most this fraction to the crawl's error budget.
 LOCAL_ERROR_SHARE = 0.01
-
-
-def _dist_scheduler(scheduler: Any) -> bool:
-    """Whether ``scheduler`` (the ``SCHEDULER`` setting) is scrapy_dist's scheduler (or a
-    subclass)."""
-    try:
-        cls = load_object(scheduler) if scheduler else None
-    except (ImportError, NameError, ValueError):
-        return False
-    # not issubclass(): Scrapy's scheduler metaclass answers it by duck typing; by name,
-    # so that this module does not import the scheduler (which imports it)
-    return isinstance(cls, type) and any(
-        f"{c.__module__}.{c.__qualname__}" == DIST_SCHEDULER for c in cls.__mro__
-    )
 
 
 class LocalSet:
@@ -231,7 +213,7 @@ class RFPDupeFilter(BaseDupeFilter):
                 "crawl deletes its dupefilter, so the next run crawls every page again "
                 "whatever the window. Set SCHEDULER_PERSIST = True for periodic crawls"
             )
-        if config.standalone_per_run and not _dist_scheduler(parts.config.components.scheduler):
+        if config.standalone_per_run and not parts.config.components.dist_scheduler:
             return cls.from_settings(parts.config.settings)
         backend = backend_from_config(config, parts.client, parts.keys)
         mode = config.backend

@@ -116,7 +116,7 @@ def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> Unope
     """The backend of the crawl's shared dupefilter, if the crawl has one (scrapy_dist's
     scheduler and dupefilter; no I/O): a crawl that does not persist deletes its keys
     with the frontier's, and a spider records its seeds' fingerprints there."""
-    from scrapy_dist.dupefilter import RFPDupeFilter, _dist_scheduler
+    from scrapy_dist.dupefilter import RFPDupeFilter
     from scrapy_dist.filters import backend_from_config
 
     try:
@@ -125,7 +125,7 @@ def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> Unope
         return None
     if not (isinstance(df_cls, type) and issubclass(df_cls, RFPDupeFilter)):
         return None
-    if not _dist_scheduler(config.components.scheduler):
+    if not config.components.dist_scheduler:
         return None
     return backend_from_config(config.dupefilter, client, keys)
 

@@ -5,16 +5,21 @@ serialized with Scrapy's ``ScrapyJSONEncoder`` (or ``REDIS_ITEMS_SERIALIZER``), 
 ``<spider>:items`` (``REDIS_ITEMS_KEY``), where every worker's items meet in the order
 each worker produced them. ``scrapy-dist export`` writes the list to a JSON-lines file.
 
-The pipeline does not wait for Redis: ``process_item`` serializes the item (so later
-changes to it do not leak in) and returns it at once; a background thread sends the
-buffered items with one ``RPUSH`` per batch of ``REDIS_ITEMS_BATCH_SIZE``, at least
-every ``REDIS_ITEMS_FLUSH_INTERVAL`` seconds, trimming the list to ``REDIS_ITEMS_MAXLEN``
-items if set. Redis unreachable or refusing writes for now (OOM, NOREPLICAS, READONLY,
-LOADING...: :data:`scrapy_dist.outbox.REFUSALS`) is an outage: the items stay buffered,
-in order, and are retried with the outbox's backoff. When ``REDIS_ITEMS_BUFFER_MAX``
-items are unsent, ``process_item`` returns a Deferred that fires once there is room
-(back-pressure). Items Redis refuses for good, and those still unsent
-``REDIS_ITEMS_CLOSE_TIMEOUT`` seconds into closing, are kept in
+``process_item`` serializes the item (so later changes to it do not leak in); a
+background thread sends the buffered items with one ``RPUSH`` per batch of
+``REDIS_ITEMS_BATCH_SIZE``, trimming the list to ``REDIS_ITEMS_MAXLEN`` items if set.
+Under scrapy_dist's scheduler, ``process_item`` returns once the item is stored (or
+kept in the rejected file), so the page it came from, which is acknowledged only
+once Scrapy is done with it, is never acknowledged before its items are in Redis: a
+worker killed meanwhile loses no item (its page is crawled again). Items are then
+sent as soon as they come: a batch is what came while the last was on its way. Under
+another scheduler it returns at once, and a batch is sent at least every
+``REDIS_ITEMS_FLUSH_INTERVAL`` seconds. Redis unreachable or refusing writes for now
+(OOM, NOREPLICAS, READONLY, LOADING...: :data:`scrapy_dist.outbox.REFUSALS`) is an
+outage: the items stay buffered, in order, and are retried with the outbox's backoff.
+When ``REDIS_ITEMS_BUFFER_MAX`` items are unsent, ``process_item`` returns a Deferred
+that fires once there is room (back-pressure). Items Redis refuses for good, and those
+still unsent ``REDIS_ITEMS_CLOSE_TIMEOUT`` seconds into closing, are kept in
 ``REDIS_ITEMS_REJECTED_FILE``, which the log names.
 
 Delivery: each item is sent once; only a batch whose reply was lost after Redis stored
@@ -73,6 +78,12 @@ _AWAITS_COROUTINES = hasattr(scrapy.utils.defer, "ensure_awaitable")
 CLOSE_TIMEOUT = 30.0
 #: Items buffered before ``process_item`` makes Scrapy wait (back-pressure).
 BUFFER_MAX = 10_000
+
+
+class _Stored(bytes):
+    """A serialized item with what to call once it is stored (or kept aside)."""
+
+    on_stored: Callable[[], None]
 
 
 def rejected_path(template: str, key: str) -> Path:
@@ -136,6 +147,12 @@ class ItemWriter:
         self.stats = stats
         #: Called from the sending thread when a full buffer has room again.
         self.on_room: Callable[[], None] | None = None
+        #: Called from the sending thread with the ``on_stored`` callbacks of items
+        #: stored (or kept aside); ``None``: they are called there.
+        self.on_done: Callable[[list[Callable[[], None]]], None] | None = None
+        #: Send buffered items at once rather than when a batch is full or
+        #: ``flush_interval`` old (someone waits for them).
+        self.eager = False
         #: Items sent to Redis so far.
         self.sent = 0
         #: Items kept aside in :attr:`rejected_file`.
@@ -175,14 +192,20 @@ class ItemWriter:
         )
         self._thread.start()
 
-    def put(self, data: bytes, key: str | None = None) -> bool:
+    def put(
+        self, data: bytes, key: str | None = None, on_stored: Callable[[], None] | None = None
+    ) -> bool:
         """Buffer one serialized item for ``key`` (default: the writer's list); never
-        blocks on Redis.
+        blocks on Redis. ``on_stored`` is called once the item is stored or kept in
+        :attr:`rejected_file` (through :attr:`on_done`).
 
         Returns:
             ``True`` if the buffer is full (``buffer_max`` items unsent): the caller
             should wait for :attr:`on_room` before putting more.
         """
+        if on_stored is not None:
+            data = _Stored(data)
+            data.on_stored = on_stored
         with self._cond:
             if not self._buffer:
                 self._oldest = time.monotonic()
@@ -249,7 +272,7 @@ class ItemWriter:
                     return None
                 wake = self._retry_at
                 if now >= wake:
-                    due = self._oldest + self.flush_interval
+                    due = self._oldest + (0.0 if self.eager else self.flush_interval)
                     if self._closing or len(self._buffer) >= self.batch_size or now >= due:
                         count = min(len(self._buffer), self.batch_size)
                         batch = [self._buffer.popleft() for _ in range(count)]
@@ -308,6 +331,7 @@ class ItemWriter:
                 self._inc("items/redis/stored", len(items))
                 self._wrongtype_since = None
                 self._rejecting = False
+                self._done(items)
                 continue
             kept = [(key, data) for data in items]
             if self._for_now(answer, now) or not self._keep_aside(kept, str(answer)):
@@ -359,6 +383,7 @@ class ItemWriter:
         with self._cond:
             self.rejected += len(items)
         self._inc("items/redis/rejected", len(items))
+        self._done([data for _, data in items])
         # one line per run of refusals (closing reports the total)
         logger.log(
             logging.DEBUG if self._rejecting else logging.ERROR,
@@ -374,6 +399,17 @@ class ItemWriter:
         )
         self._rejecting = True
         return True
+
+    def _done(self, items: list[bytes]) -> None:
+        """Items stored or kept aside: call their ``on_stored`` callbacks."""
+        callbacks = [data.on_stored for data in items if isinstance(data, _Stored)]
+        if not callbacks:
+            return
+        if self.on_done is not None:
+            self.on_done(callbacks)
+        else:
+            for callback in callbacks:
+                callback()
 
     def _failed(self, error: Exception) -> None:
         """An outage: one warning when it starts, then a growing pause before the next try."""
@@ -633,10 +669,16 @@ class RedisPipeline:
             ConfigurationError: the key template has an unknown placeholder.
         """
         writer = self.writer
+        parts = assemble(crawler)
         if "%(" in writer.key:
-            writer.key = assemble(crawler).keys.custom(writer.key, self._KEY_SETTING)
+            writer.key = parts.keys.custom(writer.key, self._KEY_SETTING)
         if writer.stats is None:
             writer.stats = crawler.stats
+        if parts.config.components.dist_scheduler:
+            # a page is acknowledged once Scrapy is done with it: process_item waits
+            # until its item is stored, so the page is never acknowledged before
+            writer.eager = True
+            writer.on_done = self._stored
         self.crawler = crawler
 
     @property
@@ -730,10 +772,17 @@ class RedisPipeline:
             self._start()
         data = self._serialize(item)
         key = self.item_key(item, self._spider(spider))
-        full = self.writer.put(data.encode("utf-8") if isinstance(data, str) else data, key)
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        from twisted.internet.defer import Deferred
+
+        if self.writer.eager:  # under scrapy_dist's scheduler: returns once stored
+            stored: Deferred[Any] = Deferred()
+            stored.addCallback(lambda _: item)
+            self.writer.put(raw, key, on_stored=lambda: stored.callback(None))
+            return _for_scrapy(stored)
+        full = self.writer.put(raw, key)
         if not full:
             return item
-        from twisted.internet.defer import Deferred
 
         waiter: Deferred[Any] = Deferred()
         waiter.addCallback(lambda _: item)
@@ -752,6 +801,20 @@ class RedisPipeline:
             reactor.callFromThread(self._release)
         else:  # no reactor (a script or test): fire here
             self._release()
+
+    def _stored(self, callbacks: list[Callable[[], None]]) -> None:
+        """Items were stored (called from the writer's thread): their ``process_item``
+        calls return, on the reactor's thread."""
+        from twisted.internet import reactor
+
+        def fire() -> None:
+            for callback in callbacks:
+                callback()
+
+        if reactor.running:
+            reactor.callFromThread(fire)
+        else:  # no reactor (a script or test): fire here
+            fire()
 
     def _release(self) -> None:
         waiting, self._waiting = self._waiting, []

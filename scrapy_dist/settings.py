@@ -816,14 +816,39 @@ def _keys(s: BaseSettings) -> KeysConfig:
 
 @dataclass(frozen=True)
 class ComponentsConfig:
-    """The component classes Scrapy builds, as set: ``SCHEDULER``, ``DUPEFILTER_CLASS``."""
+    """The component classes Scrapy builds, as set: ``SCHEDULER``, ``DUPEFILTER_CLASS``;
+    and whether the scheduler is scrapy_dist's (or a subclass of it)."""
 
     scheduler: Any
     dupefilter: Any
+    dist_scheduler: bool = False
+
+
+#: scrapy_dist's scheduler, by import path.
+DIST_SCHEDULER = "scrapy_dist.scheduler.Scheduler"
+
+
+def is_dist_scheduler(scheduler: Any) -> bool:
+    """Whether ``scheduler`` (the ``SCHEDULER`` setting: a path or a class) is
+    scrapy_dist's scheduler or a subclass of it (found by name, so that this module
+    does not import the scheduler; not ``issubclass()``: Scrapy's scheduler metaclass
+    answers it by duck typing)."""
+    try:
+        cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
+    except (ImportError, NameError, ValueError, AttributeError):
+        return False
+    return isinstance(cls, type) and any(
+        f"{c.__module__}.{c.__qualname__}" == DIST_SCHEDULER for c in cls.__mro__
+    )
 
 
 def _components(s: BaseSettings) -> ComponentsConfig:
-    return ComponentsConfig(scheduler=s.get("SCHEDULER"), dupefilter=s.get("DUPEFILTER_CLASS"))
+    scheduler = s.get("SCHEDULER")
+    return ComponentsConfig(
+        scheduler=scheduler,
+        dupefilter=s.get("DUPEFILTER_CLASS"),
+        dist_scheduler=is_dist_scheduler(scheduler),
+    )
 
 
 @dataclass(frozen=True)
