@@ -418,7 +418,7 @@ class Frontier:
         return cls(
             client,
             keys,
-            queue_cls(client, requests_key, keys.seq),
+            queue_cls(client, requests_key, keys.seq, order=config.queue.order),
             SeedQueue(client, keys.start_urls, config.seeds.kind),
             worker_id=worker_id or new_worker_id(),
             lease_timeout=config.frontier.lease_timeout,

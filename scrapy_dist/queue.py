@@ -161,8 +161,17 @@ class RedisQueue(Base):
     put_back: ClassVar[str]
 
     def __init__(
-        self, client: redis.Redis, key: Any, seq_key: Any = None, serializer: Any = None
+        self,
+        client: redis.Redis,
+        key: Any,
+        seq_key: Any = None,
+        serializer: Any = None,
+        *,
+        order: str = "ff",
     ) -> None:
+        #: How requests of equal priority are ordered (a priority queue's; see
+        #: :class:`~scrapy_dist.settings.QueueConfig`).
+        self.order = order
         if isinstance(key, str):
             self.client = self.server = client
             self.key = key
@@ -353,14 +362,20 @@ class LifoQueue(_ListQueue):
 
 
 class PriorityQueue(RedisQueue):
-    """Highest ``request.priority`` first, first-in first-out among equals.
+    """Highest ``request.priority`` first; among equals in the order Scrapy's scheduler
+    gives them (``order``, from ``SCHEDULER_MEMORY_QUEUE`` and
+    ``SCHEDULER_START_MEMORY_QUEUE``: by default last in first out, start requests first
+    in first out and after the other requests of their priority).
 
     One list per priority level, ``<key>:level:<n>``, and an index of the levels that
-    hold entries, the zset ``<key>:levels`` (score = -priority); the queue key holds
+    hold entries, the zset ``<key>:levels`` (score = -priority; start requests kept
+    apart have levels of their own, scored ``-priority + 0.5``); the queue key holds
     :data:`~scrapy_dist.keys.LEVELS_MARKER` (see ``lua/_levels.lua`` and
     :mod:`scrapy_dist.keys`). Entries are pushed at the tail of their level and taken
-    from the head of the highest levels; one put back (a lease handed back, failed or
-    expired) goes to the head of its level, so it comes out next among its equals.
+    from the head (first in first out) or the tail (last in first out) of the highest
+    levels; one put back (a lease handed back, failed or expired) goes to the head of
+    its level: it comes out next among its equals first in first out, last in last
+    out.
 
     A queue written by a previous version (a zset of entries at the key) is moved into
     levels by :meth:`open` (:meth:`migrate`).
@@ -369,13 +384,27 @@ class PriorityQueue(RedisQueue):
     kind = "levels"
     #: The marker; or a previous version's zset, which :meth:`migrate` moves.
     key_types = ("string", "zset")
-    take = "levels"
     put_back = "level"
     #: Entries :meth:`migrate` moves per script call (each call blocks Redis briefly).
     MIGRATE_BATCH = 1000
 
+    #: Largest priority whose start level (``-priority + 0.5``) a score keeps exact.
+    START_PRIORITY_MAX = 2**52
+
+    @property
+    def take(self) -> str:  # type: ignore[override]
+        """``lua/reserve.lua``'s way of taking: the levels, in :attr:`order`."""
+        return "levels" if self.order[:2] == "ff" else f"levels:{self.order[:2]}"
+
     def score(self, request: Request) -> float:
-        return float(-request.priority)
+        priority = request.priority
+        if (
+            self.order.endswith("s")
+            and request.meta.get("is_start_request")
+            and abs(priority) < self.START_PRIORITY_MAX
+        ):
+            return -priority + 0.5  # after the other requests of its priority
+        return float(-priority)
 
     def pop_payloads(self, count: int = 1) -> list[bytes]:
         popped = cast("list[bytes]", self._scripts.pop(queue=self.key, count=count).run())

@@ -854,16 +854,50 @@ def _components(s: BaseSettings) -> ComponentsConfig:
 @dataclass(frozen=True)
 class QueueConfig:
     """``SCHEDULER_QUEUE_CLASS``: as set (``path``, for messages) and imported (``cls``).
-    Whether the class is one the frontier can lease is :mod:`scrapy_dist.queue`'s to say."""
+    Whether the class is one the frontier can lease is :mod:`scrapy_dist.queue`'s to say.
+
+    Attributes:
+        order: how the priority queue orders requests of equal priority, as Scrapy's
+            scheduler does: two letters, ``"l"`` (last in, first out) or ``"f"``, for
+            requests (``SCHEDULER_MEMORY_QUEUE``) and for start requests
+            (``SCHEDULER_START_MEMORY_QUEUE``); a third, ``"s"``, when start requests
+            are kept apart, after the others of their priority (the start queue is
+            set, as by default).
+    """
 
     path: Any
     cls: Any
+    order: str = "ff"
+
+
+def memory_queue_order(spec: Any, setting: str) -> str:
+    """``"f"`` if ``spec`` (a memory queue class or its path) is first in, first out
+    (a subclass of queuelib's ``FifoMemoryQueue``), else ``"l"`` (Scrapy's default,
+    ``LifoMemoryQueue``, and any other class).
+
+    Raises:
+        ConfigurationError: the path cannot be imported.
+    """
+    from queuelib.queue import FifoMemoryQueue, LifoMemoryQueue
+
+    cls = load_setting(setting, spec) if isinstance(spec, str) else spec
+    if not isinstance(cls, type) or issubclass(cls, LifoMemoryQueue):  # (a Fifo subclass)
+        return "l"
+    return "f" if issubclass(cls, FifoMemoryQueue) else "l"
 
 
 def _queue(s: BaseSettings) -> QueueConfig:
     path = s["SCHEDULER_QUEUE_CLASS"]
+    order = memory_queue_order(s.get("SCHEDULER_MEMORY_QUEUE"), "SCHEDULER_MEMORY_QUEUE")
+    start = s.get("SCHEDULER_START_MEMORY_QUEUE")
+    if start:  # start requests apart, in their own order
+        order += memory_queue_order(start, "SCHEDULER_START_MEMORY_QUEUE") + "s"
+    else:  # as any request
+        order += "f"
     return QueueConfig(
-        path, load_setting("SCHEDULER_QUEUE_CLASS", path) if isinstance(path, str) else path
+        path,
+        load_setting("SCHEDULER_QUEUE_CLASS", path) if isinstance(path, str) else path,
+        order,
     )
 
 

@@ -46,6 +46,9 @@ FAST = {
     "SCHEDULER_FLUSH_INTERVAL": 0,
     "SCHEDULER_PREFETCH": 1,
 }
+#: These tests take requests in the order they queued them (scrapy_dist follows
+#: Scrapy's SCHEDULER_MEMORY_QUEUE: last in, first out by default).
+FIFO_TIES = {"SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue"}
 
 
 #: A worker, as its tests drive it.
@@ -57,7 +60,7 @@ def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worke
     made: list[Worker] = []
 
     def make(settings: dict[str, Any] | None = None, started: float | None = None) -> Worker:
-        made.append(Worker(make_crawler({**FAST, **(settings or {})}), started))
+        made.append(Worker(make_crawler({**FAST, **FIFO_TIES, **(settings or {})}), started))
         return made[-1]
 
     yield make

@@ -15,7 +15,7 @@ from scrapy import Request
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import SetBackend
-from scrapy_dist.frontier import Frontier
+from scrapy_dist.frontier import HAND_BACK, Frontier
 from scrapy_dist.keys import (
     LEVELS_MARKER,
     RedisKeys,
@@ -127,9 +127,16 @@ def test_level_keys_carry_the_crawls_hash_tag() -> None:
 # -- leases -----------------------------------------------------------------------------
 
 
+#: These tests read levels head first: first in, first out among equal priorities
+#: (scrapy_dist follows Scrapy's SCHEDULER_MEMORY_QUEUE, last in first out by default).
+FIFO_TIES = {"SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue"}
+
+
 @pytest.fixture
 def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
-    crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
+    crawler = make_crawler(
+        {"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5, **FIFO_TIES}
+    )
     frontier = Frontier.for_crawler(crawler)
     assert isinstance(frontier.queue, PriorityQueue)
     return frontier
@@ -138,7 +145,9 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
 @pytest.fixture
 def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
     """A second worker of ``frontier``'s crawl (a worker never reclaims its own leases)."""
-    crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
+    crawler = make_crawler(
+        {"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5, **FIFO_TIES}
+    )
     other = Frontier.for_crawler(crawler)
     assert other.worker_id != frontier.worker_id
     return other
@@ -420,3 +429,34 @@ def test_an_enqueue_to_a_level_of_the_wrong_type_pushes_nothing(
     assert len(backend) == 0
     assert client.exists(level_key(queue.key, "0")) == 0
     assert client.get(level_key(queue.key, "-5")) == b"by hand"
+
+
+def test_last_in_first_out_levels_and_first_in_first_out_start_levels(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """Scrapy's default order among equal priorities (its LifoMemoryQueue), with start
+    requests in levels of their own half a point lower, first in first out; an entry
+    put back to a last-in-first-out level comes out last among its equals."""
+    crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
+    frontier = Frontier.for_crawler(crawler)
+    queue = cast("PriorityQueue", frontier.queue)
+    assert queue.take == "levels:lf"
+    starts = [Request(f"https://e.com/s{i}", meta={"is_start_request": True}) for i in (1, 2)]
+    others = [Request(f"https://e.com/o{i}") for i in (1, 2, 3)]
+    for request in starts + others:
+        queue.push([(request.url.encode(), queue.score(request), b"")])
+    assert queue.score(starts[0]) == 0.5
+    leases = frontier.reserve(4)
+    assert [lease.data[len(b"https://e.com/") :] for lease in leases] == [
+        b"o3",
+        b"o2",
+        b"o1",
+        b"s1",
+    ]
+    frontier.settle([(leases[0].id, HAND_BACK)])  # o3 goes back: last among its equals
+    queue.push([(b"https://e.com/o4", 0.0, b"")])
+    assert [lease.data for lease in frontier.reserve(3)] == [
+        b"https://e.com/o4",
+        b"https://e.com/o3",
+        b"https://e.com/s2",
+    ]

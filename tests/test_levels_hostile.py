@@ -29,7 +29,14 @@ pytestmark = pytest.mark.redis_server
 
 @pytest.fixture
 def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
-    crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
+    crawler = make_crawler(
+        {
+            "SCHEDULER_LEASE_TIMEOUT": 0.3,
+            "SCHEDULER_MAX_DELIVERIES": 5,
+            # read head first: first in, first out among equals
+            "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+        }
+    )
     frontier = Frontier.for_crawler(crawler)
     assert isinstance(frontier.queue, PriorityQueue)
     return frontier
@@ -38,7 +45,14 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
 @pytest.fixture
 def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
     """A second worker of ``frontier``'s crawl (a worker never reclaims its own leases)."""
-    crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
+    crawler = make_crawler(
+        {
+            "SCHEDULER_LEASE_TIMEOUT": 0.3,
+            "SCHEDULER_MAX_DELIVERIES": 5,
+            # read head first: first in, first out among equals
+            "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+        }
+    )
     other = Frontier.for_crawler(crawler)
     assert other.worker_id != frontier.worker_id
     return other

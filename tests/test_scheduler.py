@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier import Progress
 
 URL = "https://example.com/"
+FIFO = "scrapy.squeues.FifoMemoryQueue"
 
 
 def _progress(progress: Progress | None) -> Progress:
@@ -159,11 +160,56 @@ def test_workers_share_one_frontier(open_scheduler: Callable[..., Scheduler]) ->
     assert drain(a) == []
 
 
-def test_priority_order_and_fifo_ties(open_scheduler: Callable[..., Scheduler]) -> None:
-    scheduler = open_scheduler()
+@pytest.mark.parametrize(
+    ("settings", "order"),
+    [
+        ({}, ["h", "m3", "m2", "m1", "l"]),  # Scrapy's default: LifoMemoryQueue
+        (
+            {"SCHEDULER_MEMORY_QUEUE": FIFO},
+            ["h", "m1", "m2", "m3", "l"],
+        ),
+    ],
+)
+def test_priority_order_and_ties_as_scrapys_memory_queue(
+    open_scheduler: Callable[..., Scheduler], settings: dict[str, Any], order: list[str]
+) -> None:
+    """Equal priorities come out in the order of SCHEDULER_MEMORY_QUEUE, as on Scrapy's
+    scheduler (they came out first in, first out whatever it said)."""
+    scheduler = open_scheduler(settings)
     for path, priority in [("l", -1), ("m1", 0), ("h", 5), ("m2", 0), ("m3", 0)]:
         scheduler.enqueue_request(Request(URL + path, priority=priority))
-    assert [r.url[len(URL) :] for r in drain(scheduler)] == ["h", "m1", "m2", "m3", "l"]
+    assert [r.url[len(URL) :] for r in drain(scheduler)] == order
+
+
+@pytest.mark.parametrize(
+    ("start_queue", "order"),
+    [
+        (None, ["s1", "c2", "c1", "s2", "s3", "late"]),  # starts apart: first in, after others
+        ("", ["s2", "c2", "c1", "s3", "s1", "late"]),  # SCHEDULER_START_MEMORY_QUEUE = None
+        ("scrapy.squeues.LifoMemoryQueue", ["s2", "c2", "c1", "s3", "s1", "late"]),
+    ],
+)
+def test_start_requests_come_after_the_others_of_their_priority_first_in_first_out(
+    open_scheduler: Callable[..., Scheduler], start_queue: str | None, order: list[str]
+) -> None:
+    """Scrapy's scheduler keeps start requests in queues of their own
+    (SCHEDULER_START_MEMORY_QUEUE, first in first out), taken after the other requests
+    of their priority; set to None, they are requests as any."""
+    settings: dict[str, Any] = {"SCHEDULER_PREFETCH": 1}  # (one at a time, as Scrapy takes)
+    if start_queue is not None:
+        settings["SCHEDULER_START_MEMORY_QUEUE"] = start_queue or None
+    scheduler = open_scheduler(settings)
+    for path in ("s1", "s2"):
+        scheduler.enqueue_request(Request(URL + path, meta={"is_start_request": True}))
+    first = scheduler.next_request()
+    assert first is not None
+    taken = [first.url[len(URL) :]]
+    scheduler.enqueue_request(Request(URL + "s3", meta={"is_start_request": True}))
+    for path in ("c1", "c2"):
+        scheduler.enqueue_request(Request(URL + path))
+    scheduler.enqueue_request(Request(URL + "late", priority=-1, meta={"is_start_request": True}))
+    taken += [r.url[len(URL) :] for r in drain(scheduler)]
+    assert taken == order
 
 
 @pytest.mark.parametrize(
@@ -220,7 +266,7 @@ def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     a.enqueue_request(Request(URL + "2"))
     a.close("finished")  # b still has work: nothing may be deleted under it
     assert client.exists(a.queue.key, _set_key(a)) == 2
-    assert [r.url for r in drain(b)] == [URL + "1", URL + "2"]
+    assert sorted(r.url for r in drain(b)) == [URL + "1", URL + "2"]
     b.enqueue_request(Request(URL + "3"))
     assert [r.url for r in drain(b)] == [URL + "3"]
     b.close("finished")  # nothing queued, leased or waiting: the crawl is finished

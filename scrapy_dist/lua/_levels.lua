@@ -2,10 +2,12 @@
 -- script whose header says "-- uses: _levels"). No KEYS or ARGV of its own.
 --
 -- A priority queue (queue kind "levels") keeps its entries in one list per priority
--- level, "<queue>:level:<name>" (LPUSH at the tail, RPOP from the head: first in, first
--- out), and an index of the levels that hold entries, the zset "<queue>:levels" (member
--- <name>, score = the level's score, -priority: ZRANGE gives the highest priority
--- first). The queue key itself holds the string LEVELS_MARKER: a previous version of
+-- level, "<queue>:level:<name>" (LPUSH at the tail; taken with RPOP from the head, first
+-- in first out, or with LPOP from the tail, last in first out, as the reserve asks), and
+-- an index of the levels that hold entries, the zset "<queue>:levels" (member <name>,
+-- score = the level's score, -priority: ZRANGE gives the highest priority first). Start
+-- requests kept apart (scrapy_dist/queue.py) have a level of their own, scored half a
+-- point after the others of their priority, and taken in their own order. The queue key itself holds the string LEVELS_MARKER: a previous version of
 -- scrapy_dist, which kept the queue as one zset there, meets a string and fails with
 -- WRONGTYPE instead of reading an empty queue. <name> is the score written with
 -- LEVEL_FORMAT (exact for every integer priority). The key names are
@@ -192,8 +194,10 @@ local function unindex_level(queue, name)
   indexed[levels_key(queue) .. "\0" .. name] = nil
 end
 
--- Take up to `count` entries, highest priority first, first in first out within a
--- level. Returns two arrays: the entries, and each one's level score, the score as the
+-- Take up to `count` entries, highest priority first, within a level in the order
+-- `order` gives: nil or "ff" first in first out; two letters, "f" (first in first out)
+-- or "l" (last in first out), for levels of whole scores and for start levels (a score
+-- with a fraction) in turn. Returns two arrays: the entries, and each one's level score, the score as the
 -- index holds it (always a number, so that a put-back finds its level even when the
 -- level was named by hand with something else than a number). (Two arrays rather than a
 -- pair per entry: a table costs ~1k instructions, bench_instructions.py --ops.) A level
@@ -204,10 +208,16 @@ end
 -- as Redis reads a count, digits with no sign, point or leading zero (the caller
 -- checks): a pop that asks for `count` takes it as it is (a number given to a command
 -- is formatted with snprintf, which costs more than the command's own work on it).
-local function take_levels(queue, count, on_broken, count_text)
+local function take_levels(queue, count, on_broken, count_text, order)
   local entries, scores, index = {}, {}, levels_key(queue)
   local function arg_of(n)
     return n == count and count_text or n
+  end
+  local whole_pop = (order and string.sub(order, 1, 1) == "l") and "LPOP" or "RPOP"
+  local start_pop = (order and string.sub(order, 2, 2) == "l") and "LPOP" or "RPOP"
+  local function pop_of(score)
+    local n = tonumber(score)
+    return (n and n ~= math.floor(n)) and start_pop or whole_pop
   end
   while #entries < count do
     local ranked = redis.call("ZRANGE", index, "0", count - #entries - 1, "WITHSCORES")
@@ -222,12 +232,13 @@ local function take_levels(queue, count, on_broken, count_text)
         break
       end
       local key = level_key(queue, name)
-      local popped = redis.pcall("RPOP", key, arg_of(want))
+      local pop = pop_of(score)
+      local popped = redis.pcall(pop, key, arg_of(want))
       if type(popped) == "table" and popped.err then
         if string.sub(popped.err, 1, 9) ~= "WRONGTYPE" then
           -- fails the call with Redis's own error (the same arguments: the same refusal,
           -- nothing popped)
-          redis.call("RPOP", key, arg_of(want))
+          redis.call(pop, key, arg_of(want))
         end
         if not on_broken(name, key, redis.call("TYPE", key)["ok"]) then
           return entries, scores

@@ -21,7 +21,8 @@
 --            <entry>"; only reclaimed)
 -- ARGV[1] = source to take from: FROM_QUEUE ("q", request queue) or FROM_SEEDS ("s")
 -- ARGV[2] = how to take: "rpop" | "lpop" | "levels" (a priority queue's levels, highest
---           first, lua/_levels.lua) | "zpopmin" | "spop" | "zpopmax"
+--           first, lua/_levels.lua; "levels:<order>" in the order <order> gives, two
+--           letters "f"/"l", lua/_levels.lua take_levels) | "zpopmin" | "spop" | "zpopmax"
 -- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
 -- ARGV[4] = how a seed goes back to the seeds key: "lpush" | "sadd" | "zadd"
 -- ARGV[5] = COUNT, entries to lease (0 = only reclaim)
@@ -249,18 +250,19 @@ local count_arg = string.find(ARGV[5], "^[1-9]%d*$") and ARGV[5] or count
 local entries, scores = {}, {}
 if count <= 0 then
   -- only reclaim
-elseif take == "levels" then
+elseif take == "levels" or string.sub(take, 1, 7) == "levels:" then
+  local order = string.sub(take, 8)
   local function set_aside_broken(_, key, kind)
     set_aside_loudly(key, kind, set_aside(key))
     return true
   end
-  entries, scores = take_levels(queue, count, set_aside_broken, count_arg)
+  entries, scores = take_levels(queue, count, set_aside_broken, count_arg, order)
   -- a previous version's queue still at the key (written after this worker opened and
   -- moved it: a previous version's worker started on the crawl since): move what this
   -- call would take, rather than wait beside it
   if #entries < count and marker_state(queue) == "zset" then
     move_previous(queue, count - #entries)
-    local more, more_scores = take_levels(queue, count - #entries, set_aside_broken)
+    local more, more_scores = take_levels(queue, count - #entries, set_aside_broken, nil, order)
     local n = #entries
     for k, entry in ipairs(more) do
       entries[n + k], scores[n + k] = entry, more_scores[k]
