@@ -575,6 +575,13 @@ class Frontier:
         (``backend``, the crawl's; a sharded crawl has one per shard)."""
         return [(backend, list(requests))] if requests else []
 
+    def forget_finished(self) -> None:
+        """Delete what a finished crawl that does not persist keeps for its workers (its
+        progress record, which tells a worker of that run that it finished rather than
+        was lost; the holders zset a worker leaving re-created), once none is left: a
+        crawl stopped cleanly leaves no key behind, as scrapy-redis's does."""
+        self.client.unlink(self.keys.progress, self.keys.holders)
+
     def delete_keys(self, *also: str) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
         shard's in a sharded crawl, a priority queue's levels and every worker's

@@ -416,15 +416,21 @@ def _run_dmoz(project: Path, server: RedisServer, logs: Path, base: dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", default="0.9.1", help="scrapy-redis release to test")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        help="a scrapy-redis source tree (a checkout of another version) instead of the release",
+    )
     parser.add_argument("--skip-example", action="store_true", help="run the test suite only")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="scrapy-dist-compat-"))
     try:
-        sdist = fetch_sdist(args.version, work / "sdist")
+        sdist = args.source or fetch_sdist(args.version, work / "sdist")
+        version = f"source tree {sdist.name}" if args.source else args.version
         with RedisServer() as server:
-            log(f"scrapy-redis {args.version} test suite, renamed to scrapy_dist:")
+            log(f"scrapy-redis {version} test suite, renamed to scrapy_dist:")
             passed, failed = run_suite(sdist, work, server)
             unexpected = [t for t in failed if t not in KNOWN_FAILURES]
             log(f"suite: {len(passed)} of {len(passed) + len(failed)} passed")

@@ -522,7 +522,8 @@ def test_a_rejected_seed_is_settled_with_its_dead_letter_exactly_once(
 def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     worker: Callable[..., Worker], make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
-    first = worker()
+    persist = {**FAST, **FIFO_TIES, "SCHEDULER_PERSIST": True}
+    first = worker(persist)
     f = first.frontier
     started_before = time.monotonic()
     first.scheduler.enqueue_request(Request(URL))
@@ -535,7 +536,7 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     first.scheduler.close("finished")
 
     # a worker launched before the crawl finished, joining late, belongs to that run
-    crawler = make_crawler(FAST)
+    crawler = make_crawler(persist)
     late = build_from_crawler(Scheduler, crawler)
     late.registry.started = started_before
     assert crawler.spider is not None
@@ -544,7 +545,7 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     late.close("finished")
 
     # a worker started after it finished starts a new run, judged on its own work
-    crawler = make_crawler(FAST)
+    crawler = make_crawler(persist)
     second = build_from_crawler(Scheduler, crawler)
     second.registry.started = time.monotonic()
     second.in_flight = tuple

@@ -274,6 +274,9 @@ def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     held = (keys.holding(a.frontier.worker_id), keys.holding(b.frontier.worker_id))
     assert client.exists(a.queue.key, _set_key(a), keys.seq, keys.holders, *held) == 0
     assert client.exists(a.registry.key) == 0
+    # the last worker of a finished crawl leaves nothing, as scrapy-redis's (its
+    # progress record stayed a day, for workers of the run that were gone anyway)
+    assert sorted(client.scan_iter(match=f"{keys.crawl}*")) == []
 
 
 def test_persist_true_keeps_everything(
