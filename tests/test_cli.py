@@ -75,6 +75,43 @@ def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp
 
 # -- push -------------------------------------------------------------------------------
 
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["push", "books", "https://example.com/"],
+        ["dead", "purge", "books", "-y"],
+        ["reset", "books", "-y"],
+        ["pause", "books"],
+        ["export", "books", "-o", "out.jl", "--delete"],
+    ],
+)
+def test_outside_a_project_a_command_that_writes_needs_a_redis_named(
+    run: Any, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """It wrote to redis://localhost:6379/0 and exited 0 (a warning said so): a
+    command that writes acts only where it was told."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    code, _, err = run(*command)
+    assert code == 2
+    assert "no Redis named: this command writes" in err
+    assert "--redis-url or the REDIS_URL environment variable" in err
+
+
+def test_the_redis_url_environment_variable_names_the_redis(
+    run: Any, monkeypatch: pytest.MonkeyPatch, redis_url: str, client: redis.Redis, name: str
+) -> None:
+    """REDIS_URL=... scrapy-dist COMMAND ignored the variable; --redis-url wins over it."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    code, _, err = run("push", name, "https://example.com/")
+    assert code == 0, err
+    assert "not inside a Scrapy project" not in err
+    assert client.lrange(f"{name}:start_urls", 0, -1) == [b"https://example.com/"]
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    code, _, err = run("status", name, "--redis-url", redis_url)
+    assert code == 0, err
+
+
 #: Invalid seed lines, and a fragment of the reason each must be reported with.
 INVALID = [
     ("ftp://example.com/file", "must start with http:// or https://"),
@@ -896,6 +933,9 @@ CRAWL_SETTINGS = {
     "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
     "SCHEDULER_WORKER_TIMEOUT": 10,
     "SCHEDULER_MAX_DELIVERIES": 1,
+    # the poison page's request goes to the dead-letter list (Scrapy's way, the
+    # default "done", would acknowledge it)
+    "SCHEDULER_CALLBACK_ERRORS": "retry",
     "SCHEDULER_PERSIST": True,
     "CLOSE_WHEN_CRAWL_DONE": True,
     "CRAWL_DONE_GRACE": 0.5,

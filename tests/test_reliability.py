@@ -130,8 +130,25 @@ def test_redis_unreachable_for_10_seconds(crawl: Crawl, server: RedisServer) -> 
     crawl.assert_complete()
 
 
-def test_poison_page_ends_in_dead_letters(crawl: Crawl) -> None:
+def test_a_page_whose_callback_raises_is_crawled_once_as_on_scrapys_scheduler(
+    crawl: Crawl,
+) -> None:
+    """The default SCHEDULER_CALLBACK_ERRORS ("done"): Scrapy logs the error, the page
+    is fetched once and acknowledged (it was fetched SCHEDULER_MAX_DELIVERIES times,
+    its items scraped again each time)."""
     crawl.start(2, spider_args={"fail_on": "/page/7"})
+    crawl.seed()
+    assert crawl.wait() == [0, 0], crawl.logs()
+    hits = crawl.site.hits()
+    assert hits["/page/7"] == 1
+    assert crawl.client.llen("pages:dead") == 0
+    assert "ValueError: poison page /page/7" in crawl.full_logs()
+    missing = crawl.site.expected_paths() - set(hits)
+    assert len(missing) < 5, missing
+
+
+def test_poison_page_ends_in_dead_letters(crawl: Crawl) -> None:
+    crawl.start(2, spider_args={"fail_on": "/page/7"}, SCHEDULER_CALLBACK_ERRORS="retry")
     crawl.seed()
     assert crawl.wait() == [0, 0], crawl.logs()
     hits = crawl.site.hits()

@@ -31,6 +31,9 @@ EXIT_USAGE = 2
 #: Exit status: interrupted (Ctrl-C).
 EXIT_INTERRUPTED = 130
 
+#: The environment variable that names the Redis to use, below ``--redis-url``.
+REDIS_URL_VARIABLE = "REDIS_URL"
+
 #: Dead-letter records, items and keys read or deleted per round trip.
 READ_CHUNK = 1_000
 #: Crawls named when a command is pointed at a crawl that has no keys.
@@ -78,8 +81,9 @@ class Context:
             if not sep or not name:
                 raise CommandError(f"-s expects NAME=VALUE, not {item!r}")
             settings.set(name, value, priority="cmdline")
-        if self.args.redis_url:
-            settings.set("REDIS_URL", self.args.redis_url, priority="cmdline")
+        redis_url = self.args.redis_url or os.environ.get(REDIS_URL_VARIABLE)
+        if redis_url:
+            settings.set("REDIS_URL", redis_url, priority="cmdline")
             # the URL names the whole topology: it replaces the project's nodes/Sentinels
             for name in ("REDIS_STARTUP_NODES", "REDIS_MASTER_NODES", "REDIS_SENTINELS"):
                 settings.set(name, None, priority="cmdline")
@@ -105,13 +109,22 @@ class Context:
             spidercls = _load_spider(settings, spider)
             spidercls.update_settings(settings)
         config = Config.from_settings(settings)
-        if not self.project and not self._redis_given() and not self.warned:
-            self.warned = True
-            err(
-                "scrapy-dist: warning: not inside a Scrapy project (no scrapy.cfg here or "
-                "above), so scrapy_dist's default settings are used, with Redis at "
-                f"{_server(config)}; run it in the project's directory, or give --redis-url"
-            )
+        if not self.project and not self._redis_given():
+            if writes(self.args):
+                raise CommandError(
+                    "not inside a Scrapy project (no scrapy.cfg here or above), and no "
+                    f"Redis named: this command writes, so it will not guess "
+                    f"({_server(config)}); run it in the project's directory, or give "
+                    f"--redis-url or the {REDIS_URL_VARIABLE} environment variable"
+                )
+            if not self.warned:
+                self.warned = True
+                err(
+                    "scrapy-dist: warning: not inside a Scrapy project (no scrapy.cfg here "
+                    "or above), so scrapy_dist's default settings are used, with Redis at "
+                    f"{_server(config)}; run it in the project's directory, or give "
+                    f"--redis-url or {REDIS_URL_VARIABLE}"
+                )
         return config, spidercls
 
     def redis_keys(self) -> dict[str, str]:
@@ -195,9 +208,19 @@ class Context:
         return crawl_client(self.client(config), layout.keys, extra=(layout.seeds, layout.items))
 
     def _redis_given(self) -> bool:
-        """Whether the options name the Redis server (``--redis-url`` or ``-s REDIS_...``)."""
+        """Whether the invocation names the Redis server (``--redis-url``, the
+        ``REDIS_URL`` environment variable, or ``-s REDIS_...``)."""
         named = {item.partition("=")[0] for item in self.args.set or ()}
-        return bool(self.args.redis_url) or any(name.startswith("REDIS_") for name in named)
+        return bool(self.args.redis_url or os.environ.get(REDIS_URL_VARIABLE)) or any(
+            name.startswith("REDIS_") for name in named
+        )
+
+
+def writes(args: argparse.Namespace) -> bool:
+    """Whether the invocation changes anything in Redis (a command's ``writes``
+    default: a bool, or a function of the arguments)."""
+    value = getattr(args, "writes", False)
+    return bool(value(args) if callable(value) else value)
 
 
 def drop_stdout() -> None:

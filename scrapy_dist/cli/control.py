@@ -195,4 +195,4 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
                 help="seconds --wait waits (default 60)",
             )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
-        parser.set_defaults(func=cmd_control, wait=False, timeout=60.0)
+        parser.set_defaults(func=cmd_control, wait=False, timeout=60.0, writes=True)

@@ -366,7 +366,7 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         help="also delete keys named without the crawl's name (a literal redis_key or key "
         "setting), which other jobs of the spider use too",
     )
-    reset.set_defaults(func=cmd_reset)
+    reset.set_defaults(func=cmd_reset, writes=True)
 
     export = commands.add_parser(
         "export",
@@ -384,4 +384,4 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     written = export.add_mutually_exclusive_group()
     written.add_argument("--append", action="store_true", help="append to FILE")
     written.add_argument("--overwrite", action="store_true", help="replace a non-empty FILE")
-    export.set_defaults(func=cmd_export)
+    export.set_defaults(func=cmd_export, writes=lambda args: args.delete)

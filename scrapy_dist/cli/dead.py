@@ -341,9 +341,9 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         "with --index)",
     )
     requeue.add_argument("--json", action="store_true", help="print the summary as JSON")
-    requeue.set_defaults(func=cmd_dead_requeue)
+    requeue.set_defaults(func=cmd_dead_requeue, writes=True)
 
     purge = actions.add_parser("purge", parents=[common], help="delete every record")
     purge.add_argument("spider", metavar="SPIDER")
     purge.add_argument("-y", "--yes", action="store_true", help="do not ask")
-    purge.set_defaults(func=cmd_dead_purge)
+    purge.set_defaults(func=cmd_dead_purge, writes=True)

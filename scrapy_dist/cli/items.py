@@ -386,7 +386,9 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     groups.add_argument("-y", "--yes", action="store_true", help="do not ask (--delete)")
     groups.add_argument("--json", action="store_true", help="print a JSON list")
-    groups.set_defaults(func=cmd_groups)
+    groups.set_defaults(
+        func=cmd_groups, writes=lambda args: bool(args.create or args.set_id or args.delete)
+    )
 
     dead = actions.add_parser(
         "dead",
@@ -404,4 +406,6 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     action.add_argument("--purge", action="store_true", help="delete the dead stream")
     dead.add_argument("-y", "--yes", action="store_true", help="do not ask (--purge)")
     dead.add_argument("--json", action="store_true", help="JSON lines / JSON summary")
-    dead.set_defaults(func=cmd_dead)
+    dead.set_defaults(
+        func=cmd_dead, writes=lambda args: bool(args.requeue or args.all or args.purge)
+    )

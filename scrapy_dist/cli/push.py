@@ -370,4 +370,4 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     push.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     push.add_argument("--json", action="store_true", help="print the summary as JSON")
-    push.set_defaults(func=cmd_push)
+    push.set_defaults(func=cmd_push, writes=lambda args: not args.dry_run)
