@@ -352,6 +352,15 @@ class RedisKeys:
                 seeds = self.crawl + seeds[len(plain) :]
         return seeds
 
+    def untagged(self, key: str) -> str | None:
+        """``key`` without the crawl's Cluster hash tag (``{books}:start_urls`` ->
+        ``books:start_urls``: where scrapy-redis users push seeds), or ``None`` when the
+        crawl name is not hash-tagged or ``key`` is not one of its keys."""
+        crawl = self.crawl
+        if not (crawl.startswith("{") and crawl.endswith("}") and key.startswith(crawl)):
+            return None
+        return crawl[1:-1] + key[len(crawl) :]
+
     @classmethod
     def build(
         cls,

@@ -73,6 +73,9 @@ SEED_POLL_MIN, SEED_POLL_MAX = 0.05, 0.25
 TICK = 0.1
 #: Seconds without work after which the pause may grow to ``SCHEDULER_IDLE_POLL_MAX``.
 IDLE_LONG = 300.0
+#: Seconds between two looks, by an idle worker under Redis Cluster, for seeds pushed to
+#: the crawl's seeds key without its hash tag (warned of while it waits).
+UNTAGGED_WARN_EVERY = 60.0
 #: Most seeds one call may lease (``redis_batch_size``): a batch is popped by one
 #: server-side step, which blocks Redis for every worker while it runs, and becomes
 #: requests in this worker's memory at once; far larger counts Redis refuses outright.
@@ -123,6 +126,8 @@ class RedisSpiderMixin(Spider):
         self._next_wake = 0.0
         #: When the scheduler last had nothing for this worker (None: it had work since).
         self._starved_since: float | None = None
+        #: When an idle worker next looks for seeds pushed to the untagged key.
+        self._untagged_next = 0.0
         try:
             self._check_attributes()
         except ConfigurationError as e:
@@ -540,6 +545,7 @@ class RedisSpiderMixin(Spider):
         if self._poll_seeds():
             self._idle_since = None
             raise DontCloseSpider
+        self._warn_untagged_seeds()
         if not self.frontier.reachable:
             raise DontCloseSpider  # never give up on a crawl because Redis is away
         if self.close_when_done:
@@ -573,6 +579,32 @@ class RedisSpiderMixin(Spider):
             )
             return
         raise DontCloseSpider
+
+    def _warn_untagged_seeds(self) -> None:
+        """Under Redis Cluster the crawl's seeds key carries its hash tag
+        (``{books}:start_urls``); seeds pushed to the untagged key (``books:start_urls``,
+        as scrapy-redis's tutorials show) are never read: while this worker waits for
+        seeds, say so, naming both keys, at most every :data:`UNTAGGED_WARN_EVERY`
+        seconds (one length read on the untagged key's node each time)."""
+        now = time.monotonic()
+        if now < self._untagged_next:
+            return
+        self._untagged_next = now + UNTAGGED_WARN_EVERY
+        keys = self.frontier.keys
+        for seeds in self.seed_queues:
+            untagged = keys.untagged(seeds.key)
+            if untagged is None:
+                continue
+            waiting = len(SeedQueue(assemble(self.crawler).topology_client, untagged, seeds.kind))
+            if waiting:
+                logger.warning(
+                    "%(n)d seed(s) wait in %(untagged)s, which this crawl does not read: "
+                    "under Redis Cluster its keys carry the hash tag, so seeds go to "
+                    "%(key)s (push them with 'scrapy-dist push %(spider)s', or to that key)",
+                    {"n": waiting, "untagged": untagged, "key": seeds.key, "spider": self.name},
+                    extra={"spider": self},
+                )
+                self.crawler.stats.set_value("seeds/untagged_waiting", waiting)
 
     #: The former name of :meth:`spider_idle`.
     _on_idle = spider_idle

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -560,3 +561,35 @@ def test_cli_mid_reshard_says_the_slot_is_moving_and_changes_nothing(
     assert "1 record" in out
     with clean.client() as plain:
         plain.delete("{pages-neighbour}:start_urls")
+
+
+@pytest.mark.e2e
+def test_seeds_pushed_to_the_untagged_key_are_named_while_the_crawl_waits(
+    clean: ClusterServers, site: TestSite, project: Path, tmp_path: Path
+) -> None:
+    """Under Cluster the crawl reads {pages}:start_urls; seeds pushed to
+    pages:start_urls, as scrapy-redis's tutorials show, waited for ever while the
+    workers idled without a word. The waiting worker now names both keys."""
+    from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready
+
+    with clean.client() as client:
+        client.lpush("pages:start_urls", site.page_url(0))
+    [worker] = start_workers(
+        1,
+        project_dir=project,
+        spider="pages",
+        log_dir=tmp_path,
+        settings={"CLOSE_WHEN_CRAWL_DONE": False},
+        stats_setting=None,
+    )
+    try:
+        wait_ready([worker], timeout=60)
+        deadline = time.monotonic() + 30
+        line = "1 seed(s) wait in pages:start_urls, which this crawl does not read"
+        while line not in worker.log_file.read_text():
+            assert time.monotonic() < deadline, worker.log_tail(30)
+            time.sleep(0.2)
+        assert f"seeds go to {SEEDS}" in worker.log_file.read_text()
+        assert sum(site.hits().values()) == 0
+    finally:
+        stop_workers([worker], timeout=5.0)
