@@ -29,6 +29,11 @@ class ConfigurationError(ScrapyDistError):
     """Settings that contradict each other or name something that cannot work."""
 
 
+class InvalidSpiderAttribute(ConfigurationError, ValueError):
+    """A Redis spider attribute (``redis_key``, ``redis_batch_size``...) that cannot be
+    used; a ``ValueError``, as scrapy-redis's ``setup_redis`` raises."""
+
+
 class SerializationError(ScrapyDistError, ValueError):
     """A request that cannot be turned into bytes, or bytes that are not a request."""
 

@@ -357,7 +357,8 @@ class RedisKeys:
         ``books:start_urls``: where scrapy-redis users push seeds), or ``None`` when the
         crawl name is not hash-tagged or ``key`` is not one of its keys."""
         crawl = self.crawl
-        if not (crawl.startswith("{") and crawl.endswith("}") and key.startswith(crawl)):
+        tagged = isinstance(crawl, str) and crawl.startswith("{") and crawl.endswith("}")
+        if not tagged or not key.startswith(crawl):
             return None
         return crawl[1:-1] + key[len(crawl) :]
 

@@ -47,7 +47,12 @@ from scrapy_dist import _engine, deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.control import ControlWatcher
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, ScrapyDistError
+from scrapy_dist.exceptions import (
+    ConfigurationError,
+    InvalidSeed,
+    InvalidSpiderAttribute,
+    ScrapyDistError,
+)
 from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease, shared_filter
 from scrapy_dist.membership import CloseWait
 from scrapy_dist.queue import unleased_queue
@@ -99,8 +104,13 @@ class RedisSpiderMixin(Spider):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
+        """The spider, set up for Redis; an invalid Redis attribute is a start-up
+        failure (one ERROR line, the crawl exits 1), not a traceback."""
         spider = super().from_crawler(crawler, *args, **kwargs)
-        spider.setup_redis(crawler)
+        try:
+            spider.setup_redis(crawler)
+        except InvalidSpiderAttribute as e:
+            fail_start(crawler, "configuration_error", f"Cannot start: {e}", spider)
         return spider
 
     def setup_redis(self, crawler: Crawler | None = None) -> None:
@@ -109,8 +119,13 @@ class RedisSpiderMixin(Spider):
 
         Scrapy creates the spider before it applies add-ons, so everything that needs
         settings is set up by :meth:`open_redis` once they are final (at
-        ``spider_opened``). An invalid attribute is a start-up failure (see
-        :mod:`scrapy_dist.startup`).
+        ``spider_opened``).
+
+        Raises:
+            ValueError: no crawler (:class:`ValueError`, as scrapy-redis's), or an
+                invalid attribute (:class:`~scrapy_dist.exceptions.InvalidSpiderAttribute`,
+                which :meth:`from_crawler` reports as a start-up failure, see
+                :mod:`scrapy_dist.startup`).
         """
         if getattr(self, "_redis_set_up", False):
             return  # a second call does nothing (scrapy-redis's contract)
@@ -128,10 +143,6 @@ class RedisSpiderMixin(Spider):
         self._starved_since: float | None = None
         #: When an idle worker next looks for seeds pushed to the untagged key.
         self._untagged_next = 0.0
-        try:
-            self._check_attributes()
-        except ConfigurationError as e:
-            fail_start(crawler, "configuration_error", f"Cannot start: {e}", self)
         crawler.signals.connect(self._on_scheduler_empty, signal=signals.scheduler_empty)
         crawler.signals.connect(self._on_activity, signal=signals.request_reached_downloader)
         crawler.signals.connect(self._on_opened, signal=signals.spider_opened)
@@ -139,6 +150,7 @@ class RedisSpiderMixin(Spider):
         # the public hook, so a spider that overrides spider_idle() is called (as in
         # scrapy-redis)
         crawler.signals.connect(self.spider_idle, signal=signals.spider_idle)
+        self._check_attributes()
 
     def start_requests(self) -> Iterable[Request]:
         """One batch of seed requests (scrapy-redis's entry point; Scrapy >= 2.13 calls
@@ -150,15 +162,16 @@ class RedisSpiderMixin(Spider):
         """Coerce the Redis attributes a spider argument may set, or explain why not.
 
         Raises:
-            ConfigurationError: a value of the wrong kind.
+            InvalidSpiderAttribute: a value of the wrong kind.
         """
         keys = self.redis_key if isinstance(self.redis_key, (list, tuple)) else [self.redis_key]
         if self.redis_key is not None and (
             not keys or not all(isinstance(k, str) and k.strip() for k in keys)
         ):
-            raise ConfigurationError(
+            empty = " (a list of keys empty after normalization)" if not keys else ""
+            raise InvalidSpiderAttribute(
                 f"spider attribute redis_key={self.redis_key!r} must be a non-empty key "
-                "name or template such as '%(name)s:start_urls'"
+                f"name or template such as '%(name)s:start_urls'{empty}"
             )
         self.redis_batch_size = _number(
             self.redis_batch_size, "redis_batch_size", int, 1, most=BATCH_SIZE_MAX
@@ -168,7 +181,7 @@ class RedisSpiderMixin(Spider):
             try:
                 codecs.lookup(str(self.redis_encoding))
             except LookupError as e:
-                raise ConfigurationError(
+                raise InvalidSpiderAttribute(
                     f"spider attribute redis_encoding={self.redis_encoding!r} is not a "
                     "known text encoding"
                 ) from e
@@ -630,7 +643,7 @@ def _number(
     ``most``, if given; ``None``: unset); ``-a`` arguments arrive as strings.
 
     Raises:
-        ConfigurationError: not such a number.
+        InvalidSpiderAttribute: not such a number.
     """
     if value is None:
         return None
@@ -647,7 +660,9 @@ def _number(
         or (most is not None and number > most)
     ):
         bounds = f"at least {least}" + (f" and at most {most}" if most is not None else "")
-        raise ConfigurationError(f"spider attribute {name}={value!r} must be {what} of {bounds}")
+        raise InvalidSpiderAttribute(
+            f"spider attribute {name}={value!r} must be {what} of {bounds}"
+        )
     return number
 
 

@@ -67,15 +67,6 @@ KNOWN_FAILURES: dict[str, str] = {
         )
         for cls in ("MySpider", "MyCrawlSpider")
     },
-    **{
-        f"tests.test_spiders.TestRedisMixin_setup_redis::{test}": (
-            "asserts setup_redis() raises ValueError for an empty redis_key or a "
-            "non-numeric redis_batch_size/max_idle_time; scrapy_dist reports an invalid "
-            "spider attribute as a start-up failure (one ERROR line naming it, the crawl "
-            "exits 1) instead of a traceback"
-        )
-        for test in ("test_requires_redis_key", "test_invalid_batch_size", "test_invalid_idle_time")
-    },
 }
 
 #: A conftest for the copied suite: scrapy-redis's test classes use nose-style

@@ -203,6 +203,23 @@ def test_bad_spider_arguments_fail_the_start(
     assert f"{argument}={value!r}" in failure.message
 
 
+@pytest.mark.parametrize(
+    ("attribute", "value"),
+    [("redis_key", ""), ("redis_key", []), ("redis_batch_size", "x"), ("max_idle_time", "x")],
+)
+def test_setup_redis_called_directly_raises_value_error_as_scrapy_redis_does(
+    make_crawler: Callable[..., Crawler], attribute: str, value: Any
+) -> None:
+    """scrapy-redis's contract (its own tests call setup_redis() and expect ValueError);
+    from_crawler still reports the same as a one-line start-up failure."""
+    crawler = make_crawler()
+    spider = RedisSpider(name="direct")
+    spider.crawler = crawler
+    setattr(spider, attribute, value)
+    with pytest.raises(ValueError, match=attribute):
+        spider.setup_redis()
+
+
 def test_idle_close_after_max_idle_time(spider: Callable[..., Spider]) -> None:
     s = spider({"MAX_IDLE_TIME_BEFORE_CLOSE": 0.3})
     with pytest.raises(DontCloseSpider):
