@@ -511,7 +511,7 @@ class Membership:
                 extra={"spider": self.spider},
             )
         self._send_pending()
-        remaining = self.frontier.call(self.registry.leave)
+        left = self.frontier.call(self.registry.leave)
         if self.control is not None and not self.control.allows_completion(fresh=True):
             logger.info(
                 "Crawl %(crawl)s is %(state)s: not checking it for completion",
@@ -522,8 +522,9 @@ class Membership:
             progress = self.frontier.progress(grace=0, clear=not self.persist)
             if progress is not None:
                 self._log_close(progress.state, progress)
-                if progress.state == "finished" and not self.persist and remaining == 0:
-                    # the record of its completion is for workers still in it: none is
+                if progress.state == "finished" and not self.persist and left == (0, 0):
+                    # the record of its completion is for workers of the run that are
+                    # gone or paused: none is (a clean stop leaves no key behind)
                     self.frontier.call(self.frontier.forget_finished)
         self.df.close(reason)
 

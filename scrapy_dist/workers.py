@@ -159,14 +159,16 @@ class WorkerRegistry:
         """Tell the others this worker is alive."""
         self._scripts.heartbeat(workers=self.key, worker=self.worker_id).run()
 
-    def leave(self) -> int:
+    def leave(self) -> tuple[int, int]:
         """Unregister this worker (shared state stays; see ``lua/leave.lua``).
 
         Returns:
-            The number of live workers remaining.
+            The number of live workers remaining, and of those found gone (no heartbeat
+            within the timeout: killed, or paused) and pruned.
         """
         call = self._scripts.leave(workers=self.key, worker=self.worker_id, timeout=self.timeout)
-        return int(cast("int", call.run()))
+        live, gone = cast("list[int]", call.run())
+        return int(live), int(gone)
 
     def alive(self) -> list[str]:
         """The registered workers with a heartbeat within the timeout (:func:`live_workers`)."""

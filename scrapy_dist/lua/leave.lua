@@ -8,7 +8,8 @@
 -- (pruned), as in lua/join.lua.
 -- A KEYS[1] of another type (written by hand) is renamed to "<KEYS[1]>:wrongtype" (named in
 -- the server log, lua/_registry.lua): none is known alive then, and none remains.
--- Returns: the number of live workers remaining
+-- Returns: {live workers remaining, workers pruned as gone} (a gone worker may be paused
+-- rather than dead: it learns how the crawl ended from the progress record)
 -- uses: _registry
 
 local workers = KEYS[1]
@@ -18,13 +19,14 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 
 registry_write({"HDEL", workers, me})
 local entries = redis.call("HGETALL", workers)
-local remaining = 0
+local remaining, pruned = 0, 0
 for i = 1, #entries, 2 do
   local beat = tonumber(entries[i + 1])
   if not (beat and beat >= now - timeout and beat ~= math.huge) then
     redis.call("HDEL", workers, entries[i])
+    pruned = pruned + 1
   else
     remaining = remaining + 1
   end
 end
-return remaining
+return {remaining, pruned}
