@@ -156,8 +156,9 @@ REDIS_START_URLS_BATCH_SIZE = None
 
 #: Seeds that do not say ``"dont_filter"`` skip the dupefilter, as in scrapy-redis, so a
 #: recurring crawl that pushes the same URLs again crawls them again (their fingerprints
-#: are still recorded, so links back to a seed do not crawl it twice). ``False``: seeds
-#: are filtered like any request.
+#: are not recorded, as Scrapy records no ``dont_filter`` request: a page that requests
+#: a seed's URL again crawls it once more). ``False``: seeds are filtered like any
+#: request.
 REDIS_START_URLS_DONT_FILTER = True
 
 #: A JSON seed's fields other than scrapy_dist's (``url``, ``method``, ``meta``...)

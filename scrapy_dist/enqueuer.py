@@ -12,8 +12,8 @@ push are then one server-side step.
 Start requests of a plain spider (``SCHEDULER_START_ONCE``) are crawled once per run
 of the crawl: each worker adds a start request's fingerprint to the run's set of start
 requests (``<crawl>:starts``, cleared by ``lua/join.lua`` when a run starts or a worker
-joins alone); the one whose add Redis answers "new" queues the request unfiltered (and
-records it in the dupefilter, so links back to it are filtered), the others drop theirs.
+joins alone); the one whose add Redis answers "new" queues the request unfiltered (not
+recorded in the dupefilter, as on Scrapy's scheduler), the others drop theirs.
 Redis's answer decides, so the order in which the workers joined does not matter. The
 n-th start request of one fingerprint claims ``<fingerprint>:<n>``: a spider that starts
 one URL twice crawls it twice, as on Scrapy's scheduler. The claim covers the start
@@ -195,9 +195,10 @@ class Enqueuer:
         )
 
     def _claim_start(self, shared: RFPDupeFilter, request: Request) -> bool | None:
-        """Record a start request's fingerprint in the dupefilter (so links back to it
-        are filtered), then add it to the run's start requests: Redis's answer to that
-        add decides which worker queues it.
+        """Add a start request's fingerprint to the run's start requests: Redis's answer
+        decides which worker queues it. As on Scrapy's scheduler, a ``dont_filter``
+        start request is not recorded in the dupefilter (a link back to it is crawled
+        once more).
 
         Returns:
             ``True`` if this worker is the first of the run to add it (it queues the
@@ -206,10 +207,6 @@ class Enqueuer:
             worker's next start issues it again).
         """
         fingerprint = shared.fingerprint(request)
-        ((backend, _),) = self.frontier.by_filter(shared.backend, [request])  # its shard's
-        if self.frontier.call(lambda: backend.add(fingerprint)) is None:
-            return None
-        shared.remember(fingerprint)
         nth = self._starts.get(fingerprint, 0) + 1
         claim = fingerprint if nth == 1 else fingerprint + b":%d" % nth
         key, client = self.frontier.keys.starts, self.frontier.client

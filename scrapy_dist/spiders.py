@@ -51,9 +51,8 @@ from scrapy_dist.exceptions import (
     ConfigurationError,
     InvalidSeed,
     InvalidSpiderAttribute,
-    ScrapyDistError,
 )
-from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease, shared_filter
+from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
 from scrapy_dist.membership import CloseWait
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
-    from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
-    from scrapy_dist.settings import Config
 
 logger = logging.getLogger(__name__)
 
@@ -220,11 +217,6 @@ class RedisSpiderMixin(Spider):
         #: scrapy-redis's JSON seeds: unknown fields are form data
         #: (``REDIS_START_URLS_EXTRA_FORMDATA``).
         self.seeds_extra_formdata = config.seeds.extra_formdata
-        #: Where seed fingerprints are recorded, so links back to a seed are filtered
-        #: even though the seed itself was not (``None``: not a scrapy_dist dupefilter).
-        self._seed_filter = _seed_filter(config, self.frontier)
-        #: The backend ``_seed_filter`` opened to, at the first seeds recorded.
-        self._seed_backend: DupefilterBackend | None = None
         self.redis_batch_size = int(self.redis_batch_size or config.seeds.batch_size)
         self.redis_encoding = self.redis_encoding or config.seeds.encoding
         self.seed_allowed_meta = config.seeds.allowed_meta
@@ -326,7 +318,6 @@ class RedisSpiderMixin(Spider):
                 settled.append((lease.id, self._reject_seed(lease.data, e)))
             else:
                 settled.append((lease.id, DONE))
-        self._record_seeds([r for r in requests if r.dont_filter])
         if leases:
             self.crawler.stats.inc_value("seeds/fetched", len(leases))
             logger.debug(
@@ -352,28 +343,6 @@ class RedisSpiderMixin(Spider):
             if leases:
                 break
         return leases
-
-    def _record_seeds(self, requests: list[Request]) -> None:
-        """Record the fingerprints of seed requests that skip the dupefilter
-        (``dont_filter``), so the pages linking back to a seed do not crawl it again.
-
-        A failure only means such a link may crawl the seed once more: it is logged.
-        """
-        configured = self._seed_filter
-        if configured is None or not requests:
-            return
-        fingerprint = self.crawler.request_fingerprinter.fingerprint
-        try:
-            if self._seed_backend is None:
-                self._seed_backend = configured.open()
-            for backend, group in self.frontier.by_filter(self._seed_backend, requests):
-                backend.add_many([fingerprint(r) for r in group])  # each in its shard's
-        except (redis.RedisError, ScrapyDistError) as e:
-            logger.warning(
-                "Could not record %(n)d seed fingerprint(s) in the dupefilter: %(error)s",
-                {"n": len(requests), "error": e},
-                extra={"spider": self},
-            )
 
     def next_requests(self) -> list[Request]:
         """Take one batch of seeds and return their requests (scrapy-redis's name).
@@ -433,11 +402,8 @@ class RedisSpiderMixin(Spider):
         return type(self).next_requests is not RedisSpiderMixin.next_requests
 
     def _from_own_next_requests(self) -> list[Request]:
-        """What the spider's own :meth:`next_requests` gives, with the fingerprints of
-        its ``dont_filter`` requests recorded, as :meth:`take_seeds` does for seeds."""
-        own = list(self.next_requests() or ())
-        self._record_seeds([r for r in own if r.dont_filter])
-        return own
+        """What the spider's own :meth:`next_requests` gives, as a list."""
+        return list(self.next_requests() or ())
 
     def count_size(self, key: str) -> int:
         """The number of seeds in ``key`` in the seed mode (``LLEN``, ``SCARD`` or
@@ -625,12 +591,6 @@ class RedisSpiderMixin(Spider):
 
 #: scrapy-redis's name of :class:`RedisSpiderMixin`.
 RedisMixin = RedisSpiderMixin
-
-
-def _seed_filter(config: Config, frontier: Frontier) -> UnopenedBackend | None:
-    """The crawl's dupefilter backend, if the crawl uses scrapy_dist's scheduler and
-    dupefilter (no I/O)."""
-    return shared_filter(config, frontier.client, frontier.keys)
 
 
 _N = TypeVar("_N", int, float)

@@ -220,6 +220,30 @@ def test_setup_redis_called_directly_raises_value_error_as_scrapy_redis_does(
         spider.setup_redis()
 
 
+def test_a_seeds_url_requested_again_is_crawled_as_on_scrapy_redis(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """A seed is ``dont_filter``, and Scrapy records no ``dont_filter`` request as seen:
+    its page yielding ``Request(response.url, callback=...)`` (a public scrapy-redis
+    project does so for a one-page listing) is crawled. Seeds' fingerprints were
+    recorded, and that request was filtered: 24 of the project's 144 items lost."""
+    crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0}, spidercls=Spider)
+    spider = crawler.spider
+    assert isinstance(spider, Spider)
+    scheduler = build_from_crawler(Scheduler, crawler)
+    scheduler.open(spider)
+    try:
+        client.lpush(spider.redis_key, "https://e.com/list")
+        [seed] = spider.next_requests()
+        assert seed.dont_filter
+        assert scheduler.enqueue_request(seed)
+        again = Request("https://e.com/list", callback=spider.parse_item)
+        assert scheduler.enqueue_request(again)  # not a duplicate of the seed
+        assert not scheduler.enqueue_request(again.copy())  # but of itself
+    finally:
+        scheduler.close("finished")
+
+
 def test_idle_close_after_max_idle_time(spider: Callable[..., Spider]) -> None:
     s = spider({"MAX_IDLE_TIME_BEFORE_CLOSE": 0.3})
     with pytest.raises(DontCloseSpider):

@@ -174,14 +174,15 @@ def test_links_stay_in_range_and_are_deterministic(pages: int) -> None:
     for i in range(pages):
         outgoing = links(i, pages)
         assert outgoing == links(i, pages)
-        assert all(0 <= j < pages for j in outgoing)
-        assert len(outgoing) > len(set(outgoing))  # one link at least is repeated
+        assert all(0 < j < pages for j in outgoing)  # none back to page 0, the seed
+        if pages > 1:
+            assert len(outgoing) > len(set(outgoing))  # one link at least is repeated
 
 
 def test_links_shape() -> None:
     outgoing = links(10, 1000)
-    assert outgoing[:5] == [0, 1, 11, 21, 22]
-    assert len(outgoing) == 11
+    assert outgoing[:4] == [1, 11, 21, 22]
+    assert len(outgoing) == 10
 
 
 def test_links_reject_bad_arguments() -> None:

@@ -38,10 +38,13 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 def links(i: int, pages: int) -> list[int]:
     """Outgoing links of page ``i`` in a site of ``pages`` pages, in page order.
 
-    The list always starts with the navigation links 0 and 1, then the next page
-    ``i+1`` and the children ``2i+1`` and ``2i+2`` (so every page is reachable from
-    page 0), then 5 pages drawn from ``random.Random(i)``, then one of those links
-    again. Links past the last page are dropped; duplicates are kept on purpose.
+    The list always starts with the navigation link 1, then the next page ``i+1`` and
+    the children ``2i+1`` and ``2i+2`` (so every page is reachable from page 0), then 5
+    pages drawn from ``random.Random(i)``, then one of those links again. Links past
+    the last page are dropped; duplicates are kept on purpose. No page links to page 0,
+    the seed of the tests' crawls: as on Scrapy's scheduler, a link back to a seed
+    (``dont_filter``, so never recorded as seen) is crawled once more, and the tests
+    count each page once.
 
     Args:
         i: Page number, ``0 <= i < pages``.
@@ -58,10 +61,11 @@ def links(i: int, pages: int) -> list[int]:
     if not 0 <= i < pages:
         raise ValueError(f"page {i} is not in 0..{pages - 1}")
     rng = random.Random(i)
-    candidates = [0, 1, i + 1, 2 * i + 1, 2 * i + 2]
-    candidates += [rng.randrange(pages) for _ in range(_RANDOM_LINKS)]
+    candidates = [1, i + 1, 2 * i + 1, 2 * i + 2]
+    candidates += [rng.randrange(1, pages) for _ in range(_RANDOM_LINKS)] if pages > 1 else []
     result = [j for j in candidates if j < pages]
-    result.append(result[rng.randrange(len(result))])
+    if result:
+        result.append(result[rng.randrange(len(result))])
     return result
 
 
