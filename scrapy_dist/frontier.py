@@ -130,6 +130,10 @@ def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> Unope
     return backend_from_config(config.dupefilter, client, keys)
 
 
+#: Seconds a finished crawl that does not persist keeps its progress record (and its
+#: registry) when a worker of it may still be paused: for it to learn the crawl finished.
+FINISHED_RECORD_TTL = 86400
+
 _by_crawler: WeakKeyDictionary[Crawler, Frontier] = WeakKeyDictionary()
 
 
@@ -575,12 +579,21 @@ class Frontier:
         (``backend``, the crawl's; a sharded crawl has one per shard)."""
         return [(backend, list(requests))] if requests else []
 
-    def forget_finished(self) -> None:
-        """Delete what a finished crawl that does not persist keeps for its workers (its
-        progress record, which tells a worker of that run that it finished rather than
-        was lost; the holders zset a worker leaving re-created), once none is left: a
-        crawl stopped cleanly leaves no key behind, as scrapy-redis's does."""
-        self.client.unlink(self.keys.progress, self.keys.holders)
+    def forget_finished(self, *, now: bool) -> None:
+        """Delete what a finished crawl that does not persist keeps for its workers: its
+        progress record (which tells a worker of that run that it finished rather than
+        was lost), the holders zset a leaving worker re-created and the worker registry.
+        ``now``: no worker of the run is left, so a crawl stopped cleanly leaves no key
+        behind, as scrapy-redis's does; else they expire with the progress record (a
+        day), a killed worker's registry entry with them."""
+        keys = (self.keys.progress, self.keys.holders, self.keys.workers)
+        if now:
+            self.client.unlink(*keys)
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for key in keys[1:]:
+                pipe.expire(key, FINISHED_RECORD_TTL)
+            pipe.execute()
 
     def delete_keys(self, *also: str) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
@@ -1036,7 +1049,7 @@ class Frontier:
         *,
         grace: float,
         clear: bool,
-        keep_for: float = 86400,
+        keep_for: float = FINISHED_RECORD_TTL,
         others: OtherShards | None = None,
     ) -> Progress | None:
         """Where the crawl as a whole stands; marks it finished after ``grace`` seconds of

@@ -522,10 +522,11 @@ class Membership:
             progress = self.frontier.progress(grace=0, clear=not self.persist)
             if progress is not None:
                 self._log_close(progress.state, progress)
-                if progress.state == "finished" and not self.persist and left == (0, 0):
+                if progress.state == "finished" and not self.persist and left is not None:
                     # the record of its completion is for workers of the run that are
-                    # gone or paused: none is (a clean stop leaves no key behind)
-                    self.frontier.call(self.frontier.forget_finished)
+                    # gone or paused: with none, a clean stop leaves no key behind;
+                    # else it goes with the record (a killed worker's registry entry)
+                    self.frontier.call(lambda: self.frontier.forget_finished(now=left == (0, 0)))
         self.df.close(reason)
 
     def _send_pending(self) -> None:

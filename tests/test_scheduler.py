@@ -279,6 +279,23 @@ def test_persist_false_deletes_keys_only_when_the_crawl_is_finished(
     assert sorted(client.scan_iter(match=f"{keys.crawl}*")) == []
 
 
+def test_a_finished_crawl_whose_killed_worker_is_still_registered_expires_what_it_keeps(
+    open_scheduler: Callable[..., Scheduler], client: redis.Redis
+) -> None:
+    """A worker killed near the end is still registered as live when the last one
+    leaves: the progress record stays for it, and the registry (the killed worker's
+    entry stayed for good) expires with the record, as the holders zset does."""
+    survivor, killed = open_scheduler(), open_scheduler()
+    survivor.enqueue_request(Request(URL + "1"))
+    assert [r.url for r in drain(survivor)] == [URL + "1"]
+    killed.heartbeat.stop()  # killed: it never leaves
+    survivor.close("finished")
+    keys = survivor.frontier.keys
+    left = [k.decode() for k in client.scan_iter(match=f"{keys.crawl}*")]
+    assert left, "the progress record stays for the killed worker"
+    assert all(0 < client.ttl(k) <= 86400 for k in left), {k: client.ttl(k) for k in left}
+
+
 def test_persist_true_keeps_everything(
     open_scheduler: Callable[..., Scheduler], client: redis.Redis
 ) -> None:
