@@ -13,7 +13,9 @@ What it does (nothing of Scrapy is stored in this repository):
    ``DUPEFILTER_CLASS`` name scrapy_dist's; ``addon``: ``ADDONS`` enables
    ``scrapy_dist.addon.DistAddon``), through ``scripts/scrapy_suite_plugin.py``, which
    also gives every crawler ``REDIS_URL`` and its own ``SCHEDULER_JOB_ID``.
-4. Compare: every test that passes plain must pass in each swapped mode, except those
+4. Run a mode's unexpected failures again, alone, when there are few (``--reruns``): a
+   timing test may fail under the load of the other runs.
+5. Compare: every test that passes plain must pass in each swapped mode, except those
    in :data:`KNOWN_FAILURES` (each with its reason).
 
 Exit status 0 when nothing else fails, 1 otherwise. The runs need ``pytest-timeout`` and
@@ -21,7 +23,7 @@ Exit status 0 when nothing else fails, 1 otherwise. The runs need ``pytest-timeo
 (:data:`REQUIREMENTS`) is installed into the cache, for the runs only.
 
 Usage: ``python scripts/scrapy_suite.py [--mode classes|addon|both] [--modules a,b]
-[-k EXPR] [-n N] [--keep]``
+[-k EXPR] [-n N] [--reruns N] [--keep]``
 """
 
 from __future__ import annotations
