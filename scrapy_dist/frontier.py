@@ -7,7 +7,7 @@ order, kept through an outage) and :class:`~scrapy_dist.leases.LeaseClient` (res
 settle, renew, release), and sends what they build: one flush is one round trip that
 carries the pending enqueues, the settlements they confirm and a reserve.
 
-Faults (see the README, "Delivery guarantee"): every frontier script carries the
+Faults (see docs/guarantees.md, "Delivery"): every frontier script carries the
 crawl's epoch (``<crawl>:epoch``, :mod:`scrapy_dist.epoch`): a crawl that finished, was
 flushed or evicted refuses the write, and the frontier reports the crawl
 :attr:`Frontier.lost` instead of re-creating its state.

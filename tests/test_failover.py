@@ -336,7 +336,7 @@ def test_a_sentinel_failover_loses_no_child_and_acknowledges_after_it(
 # -- from the user's side: scrapy crawl workers behind Sentinel --------------------------
 
 PAGES = 3000
-#: The README's bound on pages fetched twice, per worker and stall (or failover):
+#: docs/guarantees.md's bound on pages fetched twice, per worker and stall (or failover):
 #: CONCURRENT_REQUESTS + 2 * SCHEDULER_PREFETCH of the example project (16, 8).
 BOUND = 16 + 2 * 8
 

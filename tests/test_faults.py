@@ -4,7 +4,7 @@ paused past its lease, a reply lost across a restart, a large crawl's cleanup.
 Crawls run ``scrapy crawl`` worker processes of ``tests/project`` against their own
 redis-server (which the test drives with CONFIG SET, FLUSHDB, RENAME...) and a local
 site. Each asserts that no page is lost, that workers neither exit early nor hang, that
-duplicates stay within the README's bound (``CONCURRENT_REQUESTS + 2 *
+duplicates stay within the bound of docs/guarantees.md (``CONCURRENT_REQUESTS + 2 *
 SCHEDULER_PREFETCH`` per worker that failed), and that one log line names the fault.
 """
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 PROJECT = Path(__file__).parent / "project"
 CONCURRENCY = 4
 PREFETCH = 1
-#: The README's bound on pages crawled twice per worker that died or was paused.
+#: docs/guarantees.md's bound on pages crawled twice per worker that died or was paused.
 BOUND = CONCURRENCY + 2 * PREFETCH
 FAST = {
     "CONCURRENT_REQUESTS": CONCURRENCY,
@@ -538,7 +538,7 @@ def test_an_outage_longer_than_the_lease_duplicates_within_the_bound(
             os.kill(server.pid, signal.SIGCONT)
         assert crawl.wait() == [0, 0], crawl.logs()
         assert not crawl.missing(), crawl.logs()
-        # the README's bound for an outage: twice the bound of each worker (a page its
+        # docs/guarantees.md's bound for an outage: twice the bound of each worker (a page its
         # worker held may be re-leased to it or another, and settled early by its stale
         # copy); the pages whose leases were taken over are logged
         assert duplicates(crawl.site.hits()) <= 2 * 2 * BOUND, crawl.logs()
