@@ -340,9 +340,12 @@ class Deliveries:
 
     def top_up_count(self) -> int:
         """How many requests a top-up leases (see :meth:`top_up`): 0 when the buffer
-        holds ``prefetch`` or more, or there is no room."""
+        holds ``prefetch`` or more, or there is no room; always 0 with a ``prefetch`` of
+        1 (a worker of ``CONCURRENT_REQUESTS`` under 4, by default): it leases one
+        request when Scrapy asks for one, never ahead, so that requests come in
+        Scrapy's own order (a request this worker just queued is the next it takes)."""
         buffered = len(self.buffer)
-        if buffered >= self.prefetch:
+        if buffered >= self.prefetch or self.prefetch == 1:
             return 0
         room = self.room(after_flush=True)
         if room <= 0:

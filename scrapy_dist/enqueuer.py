@@ -243,10 +243,11 @@ class Enqueuer:
             return False
         if self._logunser:
             logger.warning(
-                "Unable to store request in Redis: %(request)s - reason: %(reason)s - it is "
+                "Unable to serialize request: %(request)s - reason: %(reason)s - it is "
                 "kept in this worker's memory and crawled by this worker alone, as "
-                "Scrapy's scheduler keeps what its disk queue cannot take (no more will be "
-                "logged; see the stat 'scheduler/unserializable')",
+                "Scrapy's scheduler keeps what its disk queue cannot take (no more "
+                "unserializable requests will be logged; see the stat "
+                "'scheduler/unserializable')",
                 {"request": request, "reason": error},
                 extra={"spider": self.spider},
             )

@@ -369,7 +369,8 @@ class PriorityQueue(RedisQueue):
 
     One list per priority level, ``<key>:level:<n>``, and an index of the levels that
     hold entries, the zset ``<key>:levels`` (score = -priority; start requests kept
-    apart have levels of their own, scored ``-priority + 0.5``); the queue key holds
+    apart have levels of their own, scored ``-priority + 0.5``, or ``- 0.5`` where the
+    running Scrapy serves them first); the queue key holds
     :data:`~scrapy_dist.keys.LEVELS_MARKER` (see ``lua/_levels.lua`` and
     :mod:`scrapy_dist.keys`). Entries are pushed at the tail of their level and taken
     from the head (first in first out) or the tail (last in first out) of the highest
@@ -399,11 +400,12 @@ class PriorityQueue(RedisQueue):
     def score(self, request: Request) -> float:
         priority = request.priority
         if (
-            self.order.endswith("s")
+            self.order[2:] in ("s", "S")
             and request.meta.get("is_start_request")
             and abs(priority) < self.START_PRIORITY_MAX
         ):
-            return -priority + 0.5  # after the other requests of its priority
+            # after the other requests of its priority, or before them (Scrapy 2.13)
+            return -priority + (0.5 if self.order[2:] == "s" else -0.5)
         return float(-priority)
 
     def pop_payloads(self, count: int = 1) -> list[bytes]:

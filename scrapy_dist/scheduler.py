@@ -593,6 +593,7 @@ class Scheduler(BaseScheduler):
         return (
             self.heartbeat.flush_interval > 0
             and self.heartbeat.ticking()
+            and self.deliveries.prefetch > 1  # (1: leased when asked, never ahead)
             and len(self.deliveries.out) >= self.deliveries.prefetch
             and self.frontier.reachable
         )

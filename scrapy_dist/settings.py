@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -860,9 +861,11 @@ class QueueConfig:
         order: how the priority queue orders requests of equal priority, as Scrapy's
             scheduler does: two letters, ``"l"`` (last in, first out) or ``"f"``, for
             requests (``SCHEDULER_MEMORY_QUEUE``) and for start requests
-            (``SCHEDULER_START_MEMORY_QUEUE``); a third, ``"s"``, when start requests
-            are kept apart, after the others of their priority (the start queue is
-            set, as by default).
+            (``SCHEDULER_START_MEMORY_QUEUE``); a third when start requests are kept
+            apart (the start queue is set, as by default): ``"s"``, after the other
+            requests of their priority (Scrapy >= 2.14), or ``"S"``, before them
+            (Scrapy 2.13), as the running Scrapy's scheduler orders them
+            (:func:`start_requests_first`).
     """
 
     path: Any
@@ -886,12 +889,38 @@ def memory_queue_order(spec: Any, setting: str) -> str:
     return "f" if issubclass(cls, FifoMemoryQueue) else "l"
 
 
+@functools.cache
+def start_requests_first() -> bool:
+    """Whether the running Scrapy's scheduler serves a start request before another
+    request of the same priority (Scrapy 2.13; later versions serve it after), read
+    from its own priority queue: one of each pushed, which comes out first. A Scrapy
+    whose queue cannot be asked so is logged, and taken for the later order."""
+    from scrapy import Request
+    from scrapy.pqueues import ScrapyPriorityQueue
+    from scrapy.squeues import FifoMemoryQueue
+
+    try:
+        queue = ScrapyPriorityQueue(None, FifoMemoryQueue, "", start_queue_cls=FifoMemoryQueue)  # type: ignore[arg-type]
+        queue.push(Request("http://order.invalid/other"))
+        queue.push(Request("http://order.invalid/start", meta={"is_start_request": True}))
+        first = queue.pop()
+    except Exception as e:  # (a Scrapy whose priority queue changed)
+        logger.warning(
+            "Cannot read the order of start requests from Scrapy's priority queue "
+            "(%(error)s): start requests come after the other requests of their priority",
+            {"error": e},
+        )
+        return False
+    return first is not None and first.url.endswith("/start")
+
+
 def _queue(s: BaseSettings) -> QueueConfig:
     path = s["SCHEDULER_QUEUE_CLASS"]
     order = memory_queue_order(s.get("SCHEDULER_MEMORY_QUEUE"), "SCHEDULER_MEMORY_QUEUE")
     start = s.get("SCHEDULER_START_MEMORY_QUEUE")
     if start:  # start requests apart, in their own order
-        order += memory_queue_order(start, "SCHEDULER_START_MEMORY_QUEUE") + "s"
+        order += memory_queue_order(start, "SCHEDULER_START_MEMORY_QUEUE")
+        order += "S" if start_requests_first() else "s"
     else:  # as any request
         order += "f"
     return QueueConfig(

@@ -115,6 +115,12 @@ KNOWN_FAILURES: dict[str, str] = {
         "reads RFPDupeFilter.fingerprints, Scrapy's in-memory set of fingerprints, and "
         "expects its deprecation warning"
     ),
+    "tests/test_scheduler.py::TestIncompatibility::test_incompatibility": (
+        "builds Scrapy's own Scheduler by hand, before the spider exists, for a spider "
+        "class that has no name yet; the harness's SCHEDULER names scrapy_dist's, so "
+        "DUPEFILTER_CLASS builds the crawl's shared dupefilter, whose keys are named "
+        "after the spider (Scrapy's own check, the one the test is about, comes later)"
+    ),
     "tests/test_addons.py::TestAddonManager::test_fallback_workflow": (
         "asserts that Scrapy's default SCHEDULER is 'scrapy.core.scheduler.Scheduler', "
         "which the harness changes in the classes mode"

@@ -15,6 +15,7 @@ from scrapy_dist.assembly import assemble
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
+from scrapy_dist.settings import start_requests_first
 from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import holdings, leased_count
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 URL = "https://example.com/"
 FIFO = "scrapy.squeues.FifoMemoryQueue"
+LIFO = "scrapy.squeues.LifoMemoryQueue"
 
 
 def _progress(progress: Progress | None) -> Progress:
@@ -182,19 +184,26 @@ def test_priority_order_and_ties_as_scrapys_memory_queue(
 
 
 @pytest.mark.parametrize(
-    ("start_queue", "order"),
+    ("start_queue", "after", "before"),
     [
-        (None, ["s1", "c2", "c1", "s2", "s3", "late"]),  # starts apart: first in, after others
-        ("", ["s2", "c2", "c1", "s3", "s1", "late"]),  # SCHEDULER_START_MEMORY_QUEUE = None
-        ("scrapy.squeues.LifoMemoryQueue", ["s2", "c2", "c1", "s3", "s1", "late"]),
+        # starts apart, first in first out: after the others (Scrapy >= 2.14), or before
+        (None, ["s1", "c2", "c1", "s2", "s3", "late"], ["s1", "s2", "s3", "c2", "c1", "late"]),
+        # SCHEDULER_START_MEMORY_QUEUE = None: requests as any
+        ("", ["s2", "c2", "c1", "s3", "s1", "late"], ["s2", "c2", "c1", "s3", "s1", "late"]),
+        (LIFO, ["s2", "c2", "c1", "s3", "s1", "late"], ["s2", "s3", "s1", "c2", "c1", "late"]),
     ],
 )
-def test_start_requests_come_after_the_others_of_their_priority_first_in_first_out(
-    open_scheduler: Callable[..., Scheduler], start_queue: str | None, order: list[str]
+def test_start_requests_come_in_their_own_order_beside_the_others_of_their_priority(
+    open_scheduler: Callable[..., Scheduler],
+    start_queue: str | None,
+    after: list[str],
+    before: list[str],
 ) -> None:
     """Scrapy's scheduler keeps start requests in queues of their own
     (SCHEDULER_START_MEMORY_QUEUE, first in first out), taken after the other requests
-    of their priority; set to None, they are requests as any."""
+    of their priority (Scrapy 2.13: before them); set to None, they are requests as
+    any."""
+    order = before if start_requests_first() else after
     settings: dict[str, Any] = {"SCHEDULER_PREFETCH": 1}  # (one at a time, as Scrapy takes)
     if start_queue is not None:
         settings["SCHEDULER_START_MEMORY_QUEUE"] = start_queue or None
@@ -235,7 +244,7 @@ def test_unserializable_request_is_kept_in_memory_counted_and_seen(
     with caplog.at_level(logging.WARNING):
         assert scheduler.enqueue_request(bad)
         assert scheduler.enqueue_request(Request(URL + "bad2", meta={"o": object()}))
-    assert caplog.text.count("Unable to store request in Redis") == 1  # logged once
+    assert caplog.text.count("Unable to serialize request") == 1  # logged once, as Scrapy
     assert scheduler.stats.get_value("scheduler/unserializable") == 2
     assert scheduler.stats.get_value("scheduler/enqueued/memory") == 2
     assert not client.exists(scheduler.dead.key)
