@@ -8,6 +8,9 @@ OLDEST_VENV ?= .venv-oldest
 OLDEST_PINS := scrapy==2.13.0 redis[hiredis]==5.0.0 Twisted==24.11.0
 #: Parallel processes of the acceptance suite (scenarios wait on crawls more than on CPU).
 ACCEPTANCE_WORKERS ?= 3
+#: Parallel processes of the unit, contract and end-to-end suite (its crawls, too, wait
+#: more than they compute; 1 runs it in this process).
+PYTEST_WORKERS ?= 2
 
 #: What ruff checks and formats.
 SOURCES := scrapy_dist tests benchmarks example scripts/compat.py scripts/scrapy_suite.py \
@@ -50,11 +53,21 @@ test-oldest: pytest-oldest
 # parallel processes. pytest exits non-zero when no test ran, so a filter that selects
 # nothing fails too.
 pytest: install
-	$(BIN)/pytest -m 'not acceptance'
+	$(BIN)/pytest -m 'not acceptance' -n $(PYTEST_WORKERS)
 	$(BIN)/pytest -m acceptance -n $(ACCEPTANCE_WORKERS) tests/acceptance
 
+#: Tests of what Redis does, whatever the Scrapy and redis-py: the scripts and layouts,
+#: the dupefilter backends, the test servers and the topologies (Cluster, Sentinel,
+#: failovers). CI's oldest leg leaves them to the newest, Valkey and Redis 6.2 legs.
+SERVER_ONLY_TESTS := tests/test_holdings.py tests/test_lua_batches.py tests/test_lua_scripts.py \
+	tests/test_settle_fast_path.py tests/test_levels.py tests/test_levels_hostile.py \
+	tests/test_filters.py tests/test_bloom.py tests/test_buckets.py tests/test_servers.py \
+	tests/test_failover.py tests/test_cluster.py tests/test_sentinel.py \
+	tests/test_streams_hostile.py
+
 pytest-oldest: install-oldest
-	$(OLDEST_VENV)/bin/pytest -m 'not acceptance'
+	$(OLDEST_VENV)/bin/pytest -m 'not acceptance' -n $(PYTEST_WORKERS) \
+		$(foreach t,$(SERVER_ONLY_TESTS),--ignore=$(t))
 	$(OLDEST_VENV)/bin/pytest -m acceptance -n $(ACCEPTANCE_WORKERS) tests/acceptance
 
 #: What runs on Redis 6.2, the oldest server claimed, in CI: the scripts, layouts, streams,
@@ -68,15 +81,17 @@ REDIS62_TESTS := tests/test_holdings.py tests/test_lua_batches.py tests/test_lua
 	tests/test_faults.py::test_a_refusing_redis_is_an_outage_not_a_verdict \
 	tests/test_faults.py::test_a_refusal_inside_a_script_is_read_the_same_on_redis_6_2_and_7
 
-#: Parallel processes of the suite on Valkey: in CI it runs after the two main legs, with
-#: only the short Redis 6.2 subset beside it (17 min in one process, CI's longest wait).
+#: Parallel processes of the Valkey and RedisBloom runs.
 SERVERS_WORKERS ?= 2
 
-## pytest-servers: the suite on Valkey, and the dupefilter tests with RedisBloom loaded
+## pytest-servers: on Valkey, what depends on the server (the Redis 6.2 subset, the
+## dupefilter backends, the topologies' scripts); the dupefilter tests with RedisBloom
+## loaded (the whole suite passes on Valkey: `pytest --redis-kind=valkey`, ~15 min)
 pytest-servers: install
-	$(BIN)/pytest -m 'not acceptance' --redis-kind=valkey -n $(SERVERS_WORKERS)
-	$(BIN)/pytest --redis-kind=redisbloom tests/test_dupefilter.py tests/test_filters.py \
-		tests/test_bloom.py tests/test_servers.py
+	$(BIN)/pytest -m 'not acceptance' --redis-kind=valkey -n $(SERVERS_WORKERS) \
+		$(REDIS62_TESTS) tests/test_filters.py tests/test_bloom.py tests/test_recrawl.py
+	$(BIN)/pytest --redis-kind=redisbloom -n $(SERVERS_WORKERS) tests/test_dupefilter.py \
+		tests/test_filters.py tests/test_bloom.py tests/test_servers.py
 
 ## pytest-redis62: the scripts', streams', test servers' and refusals' tests on Redis 6.2
 pytest-redis62: install
