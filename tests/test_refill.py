@@ -234,3 +234,25 @@ def test_an_idle_engine_never_waits_for_the_timer(
     holding.pop()  # the engine holds fewer than prefetch: an empty buffer is refilled now
     assert scheduler.next_request() is not None
     assert scheduler.stats.get_value("scheduler/refill/deferred") is None
+
+
+def test_a_prefetch_of_one_leases_when_asked_never_ahead(
+    worker: Callable[..., tuple[Scheduler, set[Request]]],
+) -> None:
+    """With SCHEDULER_PREFETCH 1 (CONCURRENT_REQUESTS under 4 by default) the worker
+    leases one request when Scrapy asks and never tops up ahead, so requests come in
+    Scrapy's own order: a request queued while the engine was busy is the next one
+    taken (Scrapy's test_engine_loop::test_lazy gave [1, 3, 2, 4])."""
+    scheduler, holding = worker({"SCHEDULER_PREFETCH": 1})
+    scheduler.enqueue_request(Request(f"{URL}1"))
+    first = scheduler.next_request()
+    assert first is not None
+    holding.add(first)
+    for i in (2, 3):
+        scheduler.enqueue_request(Request(f"{URL}{i}"))
+    scheduler._tick()  # sends them; leases nothing ahead
+    assert not scheduler.deliveries.buffer
+    assert scheduler.stats.get_value("scheduler/refill/timer") is None
+    nxt = scheduler.next_request()  # asked while the engine still holds one: leased now
+    assert nxt is not None
+    assert scheduler.stats.get_value("scheduler/refill/deferred") is None
