@@ -572,6 +572,7 @@ def test_seeds_pushed_to_the_untagged_key_are_named_while_the_crawl_waits(
     workers idled without a word. The waiting worker now names both keys."""
     from scrapy_dist.testing.workers import start_workers, stop_workers, wait_ready
 
+    site.reset_hits()  # (the site is the module's)
     with clean.client() as client:
         client.lpush("pages:start_urls", site.page_url(0))
     [worker] = start_workers(

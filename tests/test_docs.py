@@ -53,6 +53,12 @@ _LINK = re.compile(r"\]\((?!https?:|mailto:)([^)\s]*)\)")
 
 #: Names in code spans that look like settings but are not settings of a crawl, each
 #: with the reason the documents name it.
+#: Scrapy settings that Scrapy 2.13, the oldest claimed, reads with a default in its code
+#: rather than in its ``default_settings`` (later versions list them there).
+SCRAPY_READS_WITHOUT_DEFAULT = frozenset({"DOWNLOAD_SLOTS", "DUPEFILTER_DEBUG"})
+#: Scrapy settings newer than 2.13 that the docs name as such.
+SCRAPY_NEWER = frozenset({"DOWNLOAD_DELAY_JITTER"})
+
 NOT_SETTINGS = {
     "REDIS_SERVER": "environment variable: the redis-server binary of the tests and the demo",
     "SCRAPY_DIST_TEST_REDIS_URL": "environment variable: a Redis of the test session",
@@ -96,6 +102,7 @@ def known_settings() -> frozenset[str]:
     deprecated, which its ``default_settings`` serves with a warning, included)."""
     names = {name for module in (default_settings, scrapy_defaults) for name in vars(module)}
     names |= set(re.findall(r"\bname == \"([A-Z_]+)\"", inspect.getsource(scrapy_defaults)))
+    names |= SCRAPY_READS_WITHOUT_DEFAULT | SCRAPY_NEWER
     return frozenset(name for name in names if name.isupper())
 
 

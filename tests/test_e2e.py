@@ -236,7 +236,7 @@ def test_two_workers_crawl_every_page_once_in_depth_priority_order(
     queue would; ``DEPTH_PRIORITY = -1`` (deep pages first) sends it deep, each page
     fetched being one found by the page fetched just before: the shared queue hands
     the highest priority out first (two workers, two requests at a time each, so that
-    the order shows; measured 6 and 58 levels deep)."""
+    the order shows; measured 6 and 27-34 levels deep)."""
     pages = 500
     with TestSite(pages) as small_site:
         done = crawl(
@@ -250,8 +250,9 @@ def test_two_workers_crawl_every_page_once_in_depth_priority_order(
     depth = max(int(stats.get("request_depth_max", 0)) for stats in done.stats)
     if order > 0:  # breadth first: the site's shortest paths are a few links long
         assert depth <= 12, depth
-    else:  # depth first
-        assert depth >= 30, depth
+    else:  # depth first: 27-34 levels measured (the site's deepest path: 126, one
+        # request at a time); 30 failed now and then under load
+        assert depth >= 20, depth
 
 
 def test_a_queue_written_by_the_previous_version_is_crawled_once(

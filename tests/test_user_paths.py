@@ -634,6 +634,9 @@ def test_pipelines_scrapy_redis_users_write_store_every_item_in_the_jobs_keys(
         "books.pipelines.OwnInitStream": 330,
         "scrapy_dist.pipelines.RedisPipeline": 340,
     }
+    # Scrapy 2.13's FilesPipeline creates its store without exist_ok: two workers
+    # starting at once raced on it (FileExistsError)
+    (project / "files").mkdir()
     settings = {
         "ITEM_PIPELINES": json.dumps(pipelines),
         "FILES_STORE": str(project / "files"),
