@@ -286,6 +286,7 @@ class TestSite:
         self._hits: collections.Counter[str] = collections.Counter()
         self._first_hit: float | None = None
         self._last_hit: float | None = None
+        self._log: list[tuple[float, str]] = []
         self._bodies: dict[int, bytes] = {}
         self._connections: set[_HttpProtocol] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -335,10 +336,21 @@ class TestSite:
         with self._lock:
             return dict(self._hits)
 
+    def hit_log(self) -> list[tuple[float, str]]:
+        """Every hit so far as ``(time.monotonic(), path)``, in the order they came: when
+        the site read each request, to measure the gaps between them.
+
+        Returns:
+            A copy.
+        """
+        with self._lock:
+            return list(self._log)
+
     def reset_hits(self) -> None:
         """Forget every hit counted so far."""
         with self._lock:
             self._hits.clear()
+            self._log.clear()
             self._first_hit = None
             self._last_hit = None
 
@@ -455,9 +467,10 @@ class TestSite:
 
     def _count(self, target: str) -> None:
         path = self._path(target)
-        now = time.time()
+        now, read_at = time.time(), time.monotonic()
         with self._lock:
             self._hits[path] += 1
+            self._log.append((read_at, path))
             self._last_hit = now
             if self._first_hit is None:
                 self._first_hit = now
