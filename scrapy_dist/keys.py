@@ -77,8 +77,10 @@ key                        type         holds
 ``<crawl>:shards``         string       ``SCHEDULER_SHARDS`` of a sharded crawl (absent:
                                         one shard), checked by every worker at open
 ``<crawl>:polite:tokens``  zset         politeness tokens ``<token>|<slot>`` -> deadline
-``<crawl>:polite:busy``    hash         download slot -> politeness tokens outstanding
-``<crawl>:polite:next``    zset         download slot -> next allowed send (server ms)
+``<crawl>:polite:busy``    zset         index of the politeness tokens by slot (score 0,
+                                        ``<sha1 of slot>:<u|s>|<token>|<slot>``)
+``<crawl>:polite:next``    zset         download slot -> send time of its next turn
+                                        (server ms)
 ``<key>:wrongtype``        (any)        a key of the crawl found holding another type
                                         (written by hand), renamed out of the way by a
                                         script (:func:`set_aside_key`): kept for the
@@ -312,13 +314,15 @@ class RedisKeys:
 
     @property
     def politeness_busy(self) -> str:
-        """Cluster-wide politeness: download slot -> tokens outstanding."""
+        """Cluster-wide politeness: the index of the tokens outstanding by download slot,
+        every score 0, member ``<sha1 of slot>:<u|s>|<token>|<slot>`` (``u``: a turn not
+        confirmed sent), so that ``ZLEXCOUNT`` counts a slot's tokens."""
         return f"{self.crawl}:polite:busy"
 
     @property
     def politeness_next(self) -> str:
-        """Cluster-wide politeness: download slot -> earliest next send time (server ms;
-        only future times are kept)."""
+        """Cluster-wide politeness: download slot -> earliest send time of its next turn
+        (server ms; kept a token timeout after it passed)."""
         return f"{self.crawl}:polite:next"
 
     def custom(self, template: str, setting: str) -> str:

@@ -5,9 +5,14 @@ Scrapy applies ``DOWNLOAD_DELAY`` and ``CONCURRENT_REQUESTS_PER_DOMAIN`` per pro
 N workers hit a host N times as hard. With politeness on, a worker sends a request only
 with a *token* of the request's download slot (``request.meta["download_slot"]``, else
 its host name, as Scrapy's downloader decides) granted by ``lua/politeness.lua``: a slot
-never has more tokens outstanding than its concurrency, and the send times of its
-tokens are spaced by its delay. Limits come from Scrapy's own settings: ``DOWNLOAD_SLOTS``
-(``"delay"``, ``"concurrency"``, ``"jitter"`` per slot), else ``DOWNLOAD_DELAY`` and
+never has more tokens outstanding than its concurrency. A slot with a delay is given its
+tokens one at a time, as *turns*, as Scrapy's downloader sends one request per slot per
+delay whatever its concurrency: a turn's send time is at least the delay after the
+previous send to the slot, as its sender confirmed it (whoever it was), and the next
+turn is granted only once the holder of the last one confirms that it sent (when the
+request reaches Scrapy's downloader, ``request_reached_downloader``) or gives it back.
+Limits come from Scrapy's own settings: ``DOWNLOAD_SLOTS`` (``"delay"``,
+``"concurrency"``, ``"jitter"`` per slot), else ``DOWNLOAD_DELAY`` and
 ``CONCURRENT_REQUESTS_PER_DOMAIN`` (or the spider's ``download_delay`` and
 ``max_concurrent_requests``); a robots.txt ``Crawl-delay`` that Scrapy's
 ``RobotsTxtMiddleware`` read raises a slot's delay.
@@ -17,21 +22,23 @@ token due now (:meth:`Politeness.take`); requests of slots without one stay buff
 (leased, renewed with the others) while other slots' requests go through, and when
 the buffer holds only waiting slots the worker leases more (within ``max_held``). Tokens
 are asked for in batches: one call per flush tick (``SCHEDULER_FLUSH_INTERVAL``) for
-every slot with waiting requests, carrying the releases of finished downloads and,
-every heartbeat, the renewal of the tokens held; and at once when the engine asks for
-a request, nothing is granted and a slot was never asked for. The engine is woken
-when a token falls due. A token is released when its download leaves the downloader
+every slot with waiting requests, carrying the confirmations of turns sent, the releases
+of finished downloads and, every heartbeat, the renewal of the tokens held; at once when
+the engine asks for a request, nothing is granted and a slot was never asked for; and
+within :data:`CONFIRM_WITHIN` seconds of a turn's send. The engine is woken when a
+token falls due. A token is released when its download leaves the downloader
 (``request_left_downloader``) or, failing that, when its request leaves the engine; a
 slot without delay keeps its token for this worker's next request of the slot while it
 has one. A killed worker's tokens expire ``SCHEDULER_POLITENESS_TIMEOUT`` seconds after
-their send time (or last renewal).
+their last renewal (a turn not sent yet: the recovery time, a few heartbeats).
 
 Faults: while Redis is unreachable or refuses, no token is granted: requests of gated
 slots wait (buffered and leased), the releases wait to be sent, and the worker backs
 off; one log line when it starts and one when it ends. Politeness never falls back to
-no limit. A slot name from request meta is untrusted: it is only ever a hash field or
-part of a zset member, never a key name, and one longer than :data:`SLOT_MAX`
-characters is replaced by its SHA-1.
+no limit. The script repairs its keys when it finds them lost or holding garbage (see
+``lua/politeness.lua``) and says what it did: one ERROR per key (:meth:`Politeness._tell`).
+A slot name from request meta is untrusted: it is only ever part of a zset member, never
+a key name, and one longer than :data:`SLOT_MAX` characters is replaced by its SHA-1.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 from scrapy import signals
@@ -77,10 +84,19 @@ SLOT_MAX = 200
 KEYS_IDLE = 3600.0
 #: Longest pause between calls while Redis is unreachable or refuses.
 BACKOFF_MAX = 5.0
-#: Milliseconds added to a slot's delay between two send times: what a request may be
-#: late on its send time (the reactor's timer, a busy worker) is not taken from the
-#: next request's gap.
+#: Milliseconds added to a slot's delay after a send: the time between the request
+#: reaching Scrapy's downloader and leaving on the wire is not taken from the next gap.
 SPACING_MARGIN_MS = 2.0
+#: Seconds a turn may wait past its send time for the engine to take its request; then
+#: it is given back (the slot's other workers wait for it until then).
+TURN_GRACE = 1.0
+#: Seconds after a turn's request reached Scrapy's downloader that its send is confirmed
+#: (after the reactor's next round of writes, so that the request left before: the
+#: slot's next turn is spaced from the confirmation).
+CONFIRM_WITHIN = 0.005
+#: Seconds between two ERROR lines of repairs of the same key by this worker (the others
+#: are counted in ``scheduler/politeness/repaired``).
+REPAIR_REMINDER = 60.0
 #: Seconds a token of a slot without delay is kept for this worker's next request of
 #: the slot; past it, it is released when its download ends, so the workers share the
 #: slot's concurrency rather than the first to ask keeping it.
@@ -127,8 +143,8 @@ class Limit:
     jitter: float = 0.0
 
     def spacing_ms(self) -> float:
-        """The spacing of one call's grants, in ms: never below the delay, so the mean
-        gap between sends stays at least ``delay`` whatever the jitter."""
+        """The spacing after one send, in ms: never below the delay, so every gap between
+        sends is at least ``delay`` whatever the jitter."""
         if not self.delay:
             return 0.0
         extra = random.uniform(0, self.jitter) if self.jitter else 0.0
@@ -174,7 +190,8 @@ class Limits:
 @dataclass
 class Token:
     """The right to send one request to ``slot`` from ``send_at`` (monotonic seconds)
-    until ``valid_until`` (past it, Redis may have given it to another worker)."""
+    until ``valid_until`` (past it, Redis may have given it to another worker, or other
+    workers wait for it)."""
 
     member: str
     slot: str
@@ -182,6 +199,25 @@ class Token:
     valid_until: float
     #: When it was granted (monotonic seconds).
     granted_at: float = 0.0
+    #: A turn of a slot with delay: its send is confirmed to Redis.
+    turn: bool = False
+    #: When its request reached Scrapy's downloader (monotonic seconds), if it did.
+    sent_at: float | None = None
+    #: Redis took the confirmation of its send (until then it holds its slot's turn).
+    confirmed: bool = False
+    #: The spacing after its send (ms), drawn when it was sent.
+    spacing_ms: float = 0.0
+
+
+class Renewals(NamedTuple):
+    """The tokens a worker renews, by what the script does with them."""
+
+    #: Turns in the engine, not confirmed sent: kept for the recovery time.
+    turns: list[Token]
+    #: Granted and not used (slots without delay): kept for the timeout, or lost.
+    waiting: list[Token]
+    #: Sent: kept for the timeout, added again if Redis lost them.
+    holding: list[Token]
 
 
 class Politeness:
@@ -220,6 +256,9 @@ class Politeness:
         self.timeout = timeout
         self.flush_interval = flush_interval or 0.1
         self.heartbeat_interval = heartbeat_interval
+        #: Seconds a turn not sent yet, or a token Redis found without deadline, lasts
+        #: without renewal: two heartbeats and a second (at least 3 s, at most the timeout).
+        self.recover = min(timeout, max(3.0, 2 * heartbeat_interval + 1.0))
         self.wake = wake
         self.crawl_delay = crawl_delay
         self._scripts = scripts_for(client)
@@ -234,6 +273,13 @@ class Politeness:
         self.out: dict[Request, Token] = {}
         #: Members to release with the next call.
         self.releases: list[str] = []
+        #: Turns whose requests reached the downloader, confirmed CONFIRM_WITHIN later.
+        self._sent: list[Token] = []
+        #: Turns sent, to confirm with the next call.
+        self.confirms: list[Token] = []
+        self._confirm_call: DelayedCall | None = None
+        #: Key -> when this worker last logged a repair of it (monotonic).
+        self._told: dict[str, float] = {}
         #: When the releases must be sent at the latest (monotonic).
         self._release_by = math.inf
         #: The engine asked for a request and every buffered one waited for a token
@@ -317,6 +363,7 @@ class Politeness:
                 )
         if self.crawler is not None:
             self.crawler.signals.connect(self.finished, signal=signals.request_left_downloader)
+            self.crawler.signals.connect(self.sent, signal=signals.request_reached_downloader)
             if self.config is not None and not self.config.autothrottle:
                 self.crawler.signals.connect(
                     self._local_delay_off, signal=signals.request_reached_downloader
@@ -344,11 +391,15 @@ class Politeness:
             self.ticker.stop()
         if self._alarm is not None and self._alarm.active():
             self._alarm.cancel()
+        if self._confirm_call is not None and self._confirm_call.active():
+            self._confirm_call.cancel()
         self.releases += [t.member for t in self._held()]
+        self.confirms += self._sent
+        self._sent.clear()
         self.pending.clear()
         self.idle.clear()
         self.out.clear()
-        if self.releases:
+        if self.releases or self.confirms:
             try:
                 self._call([], renew=False)
             except redis.RedisError as e:
@@ -413,9 +464,9 @@ class Politeness:
             found = None
             while tokens:
                 token = tokens[0]
-                if token.valid_until <= now:  # Redis may have given it away
+                if token.valid_until <= now:  # Redis may have given it away (or others wait)
                     tokens.pop(0)
-                    self._release(token, urgent=False)
+                    self._release(token, urgent=token.turn)
                     continue
                 if token.send_at <= now:
                     found = tokens.pop(0)
@@ -441,6 +492,29 @@ class Politeness:
             self.idle.setdefault(token.slot, []).append(token)
         else:
             self._release(token, urgent=bool(self.limits.of(token.slot).delay))
+
+    def sent(self, request: Request, spider: object = None) -> None:
+        """``request`` reached Scrapy's downloader: the send of its turn is confirmed to
+        Redis :data:`CONFIRM_WITHIN` seconds later, once the reactor wrote the request
+        (the slot's next turn is at least its delay after the confirmation)."""
+        token = self.out.get(request)
+        if token is None or not token.turn or token.sent_at is not None:
+            return
+        token.sent_at = time.monotonic()
+        token.spacing_ms = self.limits.of(token.slot).spacing_ms()
+        self._sent.append(token)
+        if self._confirm_call is None or not self._confirm_call.active():
+            from twisted.internet import reactor
+
+            self._confirm_call = reactor.callLater(CONFIRM_WITHIN, self._confirm)  # type: ignore[arg-type]
+
+    def _confirm(self) -> None:
+        """Confirm the turns sent: their requests were written to their connections
+        since (a timed call runs after the reactor's next round of writes)."""
+        self._confirm_call = None
+        self.confirms += self._sent
+        self._sent.clear()
+        self.tick()
 
     def _release(self, token: Token, *, urgent: bool) -> None:
         """Send the release of ``token`` with the next call: at the next tick when
@@ -475,8 +549,8 @@ class Politeness:
             logger.exception("Politeness timer", extra={"spider": self.spider})
 
     def sync(self) -> bool:
-        """Ask for tokens of the slots with waiting requests, release and renew, in one
-        call (none if there is nothing to do, or while backing off).
+        """Ask for tokens of the slots with waiting requests, confirm turns sent, release
+        and renew, in one call (none if there is nothing to do, or while backing off).
 
         Returns:
             Whether a call was made and answered.
@@ -497,23 +571,33 @@ class Politeness:
                 self._release(tokens.pop(), urgent=True)
             if not tokens:
                 del self.pending[slot]
+        # a turn in the engine not confirmed sent by this call: Redis grants no other one
+        confirming = {id(t) for t in self.confirms}
+        unsent = {
+            t.slot
+            for t in self.out.values()
+            if t.turn and not t.confirmed and id(t) not in confirming
+        }
         asks = []
         for slot, count in waiting.items() if self.starved else ():
             held = len(self.pending.get(slot, ())) + len(self.idle.get(slot, ()))
-            if count <= held or self.retry_at.get(slot, 0.0) > now:
+            if count <= held or self.retry_at.get(slot, 0.0) > now or slot in unsent:
                 continue
             self._refresh_crawl_delay(slot)
             limit = self.limits.of(slot)
-            asks.append((slot, min(count - held, limit.concurrency), limit))
+            want = 1 if limit.delay else min(count - held, limit.concurrency)
+            asks.append((slot, want, limit))
         for slot in [s for s, t in self.retry_at.items() if t <= now]:
             del self.retry_at[slot]
         for slot in [s for s, t in self.refused_at.items() if now - t > BLOCKED_FOR]:
             del self.refused_at[slot]
         renew = now >= self._renew_at and bool(self._held())
         release = bool(self.releases) and (now >= self._release_by or bool(asks) or renew)
-        if not asks and not release and not renew:
+        if not asks and not release and not renew and not self.confirms:
             return False
-        why = "asks" if asks else "renewals" if renew else "releases"
+        why = (
+            "asks" if asks else "renewals" if renew else "confirms" if self.confirms else "releases"
+        )
         self.stats.inc_value(f"scheduler/politeness/calls/{why}")
         try:
             self._call(asks, renew=renew)
@@ -531,11 +615,12 @@ class Politeness:
         """One call of ``lua/politeness.lua``; applies its answer.
 
         Raises:
-            redis.RedisError: Redis did not answer, or refused (the releases stay).
+            redis.RedisError: Redis did not answer, or refused (the confirmations and
+                releases stay, to be sent again).
         """
         started = time.monotonic()
-        renewed = self._held() if renew else []
-        spacing = [limit.spacing_ms() for _, _, limit in asks]
+        confirms = list(self.confirms)
+        held = self._renewals(confirms) if renew else Renewals([], [], [])
         prefix = f"{self._prefix}{self._calls}."
         releases = list(self.releases)
         call = self._scripts.politeness(
@@ -544,37 +629,77 @@ class Politeness:
             next_send=self.keys.politeness_next,
             prefix=prefix,
             timeout_ms=int(self.timeout * 1000),
+            recover_ms=int(self.recover * 1000),
             idle_ms=int(max(KEYS_IDLE, 2 * self.timeout) * 1000),
+            lookahead_ms=int(2 * self.flush_interval * 1000),
+            confirms=[(t.member, t.spacing_ms) for t in confirms],
             releases=releases,
-            renewals=[t.member for t in renewed],
+            turns=[t.member for t in held.turns],
+            waiting=[t.member for t in held.waiting],
+            holding=[t.member for t in held.holding],
             asks=[
-                (slot, want, limit.concurrency, ms)
-                for (slot, want, limit), ms in zip(asks, spacing, strict=True)
+                (slot, want, limit.concurrency, limit.delay * 1000) for slot, want, limit in asks
             ],
         )
         self._last_call = started
         # counted before it runs: a call whose reply is lost must not lend its token names
         # to the next (Redis would overwrite those tokens and count them twice)
         self._calls += 1
-        reply = call.run()
+        grants, lost, repairs = call.run()
         self.stats.inc_value("scheduler/politeness/round_trips")
         self.stats.inc_value("scheduler/redis/round_trips")
+        for token in confirms:
+            token.confirmed = True
+        del self.confirms[: len(confirms)]
         del self.releases[: len(releases)]
         self._release_by = math.inf if not self.releases else self._release_by
         self.starved = False
-        now = time.monotonic()
+        if repairs:
+            self._tell(repairs)
         valid = started + VALID_SHARE * self.timeout
-        grants, lost = reply
         if renew:
-            self._renew_at = now + self.heartbeat_interval
-            gone = {m.decode() if isinstance(m, bytes) else m for m in lost}
-            for token in renewed:  # Redis keeps the later deadline (ZADD GT): so do we
-                token.valid_until = -1.0 if token.member in gone else max(token.valid_until, valid)
+            self._renewed(held, lost, valid)
+        self._granted(asks, grants, prefix, started, valid)
+
+    def _renewals(self, confirms: list[Token]) -> Renewals:
+        """The tokens this worker holds, as the script renews them (turns granted and
+        not taken are not renewed: they are used or go back soon)."""
+        idle = [t for ts in (*self.pending.values(), *self.idle.values()) for t in ts]
+        held = Renewals([], [t for t in idle if not t.turn], [])
+        confirming = {id(t) for t in confirms}
+        for token in self.out.values():
+            sent = not token.turn or token.confirmed or id(token) in confirming
+            (held.holding if sent else held.turns).append(token)
+        return held
+
+    def _renewed(self, held: Renewals, lost: list[Any], valid: float) -> None:
+        """Apply a renewal: Redis keeps the later deadline (``ZADD GT``), so do we; a
+        token Redis no longer has is not used."""
+        self._renew_at = time.monotonic() + self.heartbeat_interval
+        gone = {m.decode() if isinstance(m, bytes) else m for m in lost}
+        for token in held.waiting:
+            token.valid_until = -1.0 if token.member in gone else max(token.valid_until, valid)
+        for token in held.holding:
+            token.valid_until = max(token.valid_until, valid)
+        if any(t.member in gone for t in held.turns):
+            self.stats.inc_value("scheduler/politeness/turns_lost")
+
+    def _granted(
+        self,
+        asks: list[tuple[str, int, Limit]],
+        grants: list[Any],
+        prefix: str,
+        started: float,
+        valid: float,
+    ) -> None:
+        """Take the tokens granted for ``asks`` (3 numbers each in ``grants``), and note
+        when to ask again for the slots refused."""
+        now = time.monotonic()
         n = 0
         due = None
         if len(self._known) > KNOWN_MAX:
             self._known.clear()
-        for index, (slot, _, _) in enumerate(asks):
+        for index, (slot, _, limit) in enumerate(asks):
             self._known.add(slot)
             count = int(grants[3 * index])
             offset = float(grants[3 * index + 1]) / 1000
@@ -585,18 +710,41 @@ class Politeness:
                 self.stats.inc_value("scheduler/politeness/refused")
                 continue
             self.retry_at.pop(slot, None)
-            step = spacing[index] / 1000
             tokens = self.pending.setdefault(slot, [])
-            for k in range(count):
-                send_at = now + offset + k * step
+            send_at = now + offset  # Redis's send time on this clock, never earlier
+            for _ in range(count):
                 member = f"{prefix}{n}|{slot}"
                 n += 1
-                tokens.append(Token(member, slot, send_at, send_at - now + valid, now))
-                due = send_at if due is None else min(due, send_at)
+                if limit.delay:  # used by TURN_GRACE past the send time, at the latest
+                    until = started + offset + TURN_GRACE
+                    tokens.append(Token(member, slot, send_at, until, now, turn=True))
+                else:
+                    tokens.append(Token(member, slot, send_at, send_at - now + valid, now))
+            due = send_at if due is None else min(due, send_at)
             tokens.sort(key=lambda t: t.send_at)
             self.stats.inc_value("scheduler/politeness/granted", count)
         if due is not None:
             self._wake_at(due)
+
+    def _tell(self, repairs: list[Any]) -> None:
+        """Log what the script repaired: one ERROR per key, at most one per key every
+        :data:`REPAIR_REMINDER` seconds (each repair is counted)."""
+        found: dict[str, list[str]] = {}
+        for raw in repairs:
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            key, _, what = text.partition("\n")
+            found.setdefault(key, []).append(what)
+        now = time.monotonic()
+        for key, whats in found.items():
+            self.stats.inc_value("scheduler/politeness/repaired", len(whats))
+            if now - self._told.get(key, -math.inf) < REPAIR_REMINDER:
+                continue
+            self._told[key] = now
+            logger.error(
+                "Cluster-wide politeness: Redis key %(key)s %(what)s",
+                {"key": key, "what": "; ".join(whats)},
+                extra={"spider": self.spider},
+            )
 
     def _wake_at(self, when: float) -> None:
         """Wake the engine at ``when`` (monotonic), or now if it is due."""

@@ -644,15 +644,28 @@ class Scripts:
         next_send: str,
         prefix: str,
         timeout_ms: int,
+        recover_ms: int,
         idle_ms: int,
-        releases: Sequence[str],
-        renewals: Sequence[str],
-        asks: Iterable[tuple[str, int, int, float]],
+        lookahead_ms: int,
+        confirms: Iterable[tuple[str, float]] = (),
+        releases: Sequence[str] = (),
+        turns: Sequence[str] = (),
+        waiting: Sequence[str] = (),
+        holding: Sequence[str] = (),
+        asks: Iterable[tuple[str, int, int, float]] = (),
     ) -> ScriptCall:
-        """``lua/politeness.lua``: release, renew, then grant download tokens; ``asks``
-        holds ``(slot, requests waiting, concurrency, delay in ms)`` per slot."""
-        args: list[Arg] = [prefix, timeout_ms, idle_ms, len(releases), *releases]
-        args += [len(renewals), *renewals]
+        """``lua/politeness.lua``: confirm, release and renew download tokens, then grant
+        more. ``confirms`` holds ``(token, the slot's delay in ms)`` per turn sent;
+        ``turns``, ``waiting`` and ``holding`` the tokens held (turns in the engine not
+        sent yet, granted and not used, sent); ``asks`` holds ``(slot, requests waiting,
+        concurrency, delay in ms)`` per slot."""
+        confirmed = list(confirms)
+        args: list[Arg] = [prefix, timeout_ms, recover_ms, idle_ms, lookahead_ms]
+        args.append(len(confirmed))
+        for member, delay_ms in confirmed:
+            args += (member, delay_ms)
+        for members in (releases, turns, waiting, holding):
+            args += [len(members), *members]
         for slot, want, concurrency, delay_ms in asks:
             args += (slot, want, concurrency, delay_ms)
         return self._call("politeness", [tokens, busy, next_send], args)

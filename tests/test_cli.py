@@ -686,6 +686,8 @@ def test_status_lists_and_reset_deletes_the_keys_scripts_set_aside(
         f"{keys.dead}:wrongtype",
         f"{keys.deliveries}:wrongtype",
         f"{keys.progress}:wrongtype",
+        f"{keys.politeness_busy}:wrongtype",  # (cluster-wide politeness sets its own aside)
+        f"{keys.politeness_next}:wrongtype:2",
     ]
     for key in aside:
         client.set(key, b"junk")

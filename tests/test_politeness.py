@@ -9,10 +9,10 @@ script against a real redis-server, and the gate's local logic.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
-from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,10 +24,18 @@ from scrapy import Request
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier import Lease
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.politeness import SLOT_MAX, Limit, Limits, Politeness, slot_of
-from scrapy_dist.scripts import scripts_for
-from scrapy_dist.testing.crawl import WorkerCrawl
+from scrapy_dist.politeness import SLOT_MAX, Limit, Limits, slot_of
+from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
+from scrapy_dist.testing.politeness import (
+    GateBuffer,
+    confirm_sent,
+    gate,
+    outstanding,
+    run_script,
+    take,
+)
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
+from scrapy_dist.testing.site import TestSite
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -186,6 +194,46 @@ def test_without_politeness_four_workers_exceed_the_hosts_budget(
     assert "Cluster-wide politeness on" not in logs
 
 
+@pytest.mark.e2e
+def test_three_workers_keep_the_delay_between_sends_whatever_the_concurrency(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """Scrapy's DOWNLOAD_DELAY is between two sends to a slot, whatever
+    CONCURRENT_REQUESTS_PER_DOMAIN; across workers, whoever sends. (Three workers at
+    concurrency 4 sent bursts: a call granted every free token, with send times spread
+    over the workers, and a worker that sent late was followed on time by the next.)"""
+    delay = 0.2
+    settings = {
+        "SCHEDULER_POLITENESS": True,
+        "DOWNLOAD_DELAY": delay,
+        "RANDOMIZE_DOWNLOAD_DELAY": False,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+        "SCHEDULER_WORKER_TIMEOUT": 2,
+        "CLOSE_WHEN_CRAWL_DONE": True,
+        "CRAWL_DONE_GRACE": 1,
+    }
+    with TestSite(20, delay=0.1) as site:
+        crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)
+        try:
+            crawl.start(3)
+            crawl.wait_ready()
+            crawl.seed()
+            assert crawl.wait(60) == [0, 0, 0], crawl.logs()
+        finally:
+            crawl.close()
+        assert not crawl.missing()
+        assert duplicates(site.hits()) == 0
+        starts = [at for at, _ in site.hit_log()]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    short = [round(g, 3) for g in gaps if g < 0.9 * delay]
+    print(f"{len(gaps)} gaps: min {min(gaps):.3f}s, mean {sum(gaps) / len(gaps):.3f}s, {short}")
+    # measured where the site read each request: a loaded machine may delay one read
+    # and not the next, so a few gaps may look shorter than they were; none by half
+    assert min(gaps) >= 0.5 * delay, gaps
+    assert len(short) <= len(gaps) // 10, gaps
+
+
 # -- the script, against a real redis-server ---------------------------------------------
 
 
@@ -204,27 +252,23 @@ def call(  # noqa: PLR0917 (the script's arguments, for short tests)
     releases: list[str] = [],  # noqa: B006
     renewals: list[str] = [],  # noqa: B006
     timeout_ms: int = 60_000,
+    confirms: list[tuple[str, float]] = [],  # noqa: B006
+    holding: list[str] = [],  # noqa: B006
+    lookahead_ms: int = 200,
 ) -> tuple[list[tuple[int, float, float]], list[bytes]]:
-    reply = (
-        scripts_for(client)
-        .politeness(
-            tokens=keys.politeness_tokens,
-            busy=keys.politeness_busy,
-            next_send=keys.politeness_next,
-            prefix=prefix,
-            timeout_ms=timeout_ms,
-            idle_ms=3_600_000,
-            releases=releases,
-            renewals=renewals,
-            asks=asks,
-        )
-        .run()
+    triples, lost, repairs = run_script(
+        client,
+        keys,
+        prefix,
+        asks=asks,
+        releases=releases,
+        waiting=renewals,
+        timeout_ms=timeout_ms,
+        confirms=confirms,
+        holding=holding,
+        lookahead_ms=lookahead_ms,
     )
-    grants, lost = reply
-    triples = [
-        (int(grants[i]), float(grants[i + 1]), float(grants[i + 2]))
-        for i in range(0, len(grants), 3)
-    ]
+    assert not repairs, repairs
     return triples, lost
 
 
@@ -233,31 +277,47 @@ def test_grants_up_to_the_concurrency_across_workers(client: redis.Redis, keys: 
     assert g[0] == 2
     (g,), _ = call(client, keys, "w2:", [("a.com", 5, 2, 0)])
     assert g[0] == 0  # the other worker holds both
-    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+    assert outstanding(client, keys, "a.com") == 2
     # a release frees one for the other worker
     (g,), _ = call(client, keys, "w2:", [("a.com", 5, 2, 0)], releases=["w1:0|a.com"])
     assert g[0] == 1
     # releasing twice (a reply lost and the call sent again) frees nothing twice
     (g,), _ = call(client, keys, "w3:", [("a.com", 5, 2, 0)], releases=["w1:0|a.com"])
     assert g[0] == 0
-    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+    assert outstanding(client, keys, "a.com") == 2
     # another slot is not affected
     (g,), _ = call(client, keys, "w3:", [("b.com", 3, 8, 0)])
     assert g[0] == 3
 
 
-def test_delay_spaces_send_times_across_calls(client: redis.Redis, keys: RedisKeys) -> None:
+def test_a_slot_with_delay_is_given_one_turn_at_a_time_spaced_from_its_last_send(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """Scrapy's downloader sends one request per slot per delay whatever the
+    concurrency: the script grants a slot with delay one turn at a time, the next only
+    once the last one's send is confirmed, for a send time a delay after that send."""
     (g,), _ = call(client, keys, "w1:", [("a.com", 3, 3, 200)])
-    assert g[0] == 3
-    assert g[1] == pytest.approx(0, abs=5)
-    # the next grant comes after the three already given: 600 ms from the first
-    (g,), _ = call(client, keys, "w2:", [("a.com", 1, 4, 200)])
+    assert g[:2] == (1, 0)  # one turn, now, however many requests wait
+    (g,), _ = call(client, keys, "w2:", [("a.com", 1, 3, 200)])
+    assert g[0] == 0  # the first turn is not confirmed sent: nobody gets the next
+    # w1 confirms its send: the next turn is 200 ms after the confirmation
+    call(client, keys, "w1:", confirms=[("w1:0|a.com", 200)])
+    (g,), _ = call(client, keys, "w2:", [("a.com", 1, 3, 200)], lookahead_ms=1000)
     assert g[0] == 1
-    assert g[1] == pytest.approx(600, abs=20)
-    # full (4 outstanding): refused, with a hint when to ask again
-    (g,), _ = call(client, keys, "w3:", [("a.com", 1, 4, 200)])
+    assert 150 <= g[1] <= 200  # 200 from the confirmation, less the time since
+    assert outstanding(client, keys, "a.com") == 2
+    # beyond the lookahead: refused, with when to ask again
+    call(client, keys, "w2:", confirms=[("w2:0|a.com", 500)])
+    (g,), _ = call(client, keys, "w3:", [("a.com", 1, 3, 200)])
     assert g[0] == 0
-    assert 0 <= g[2] <= 800
+    assert 200 <= g[2] <= 300  # 500 from the send, less the lookahead (200)
+    # a turn given back unsent frees the slot at once for the next turn
+    call(client, keys, "w1:", releases=["w1:0|a.com", "w2:0|a.com"])
+    client.delete(keys.politeness_next)
+    (g,), _ = call(client, keys, "w3:", [("a.com", 1, 3, 200)])
+    assert g[:2] == (1, 0)
+    (g,), _ = call(client, keys, "w4:", [("a.com", 1, 3, 200)], releases=["w3:0|a.com"])
+    assert g[:2] == (1, 0)  # released unsent: no delay spent
 
 
 def test_a_dead_workers_tokens_expire(client: redis.Redis, keys: RedisKeys) -> None:
@@ -269,7 +329,7 @@ def test_a_dead_workers_tokens_expire(client: redis.Redis, keys: RedisKeys) -> N
     time.sleep(1.1)
     (g,), _ = call(client, keys, "live:", [("a.com", 2, 2, 0)])
     assert g[0] == 2
-    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+    assert outstanding(client, keys, "a.com") == 2
     assert client.zcard(keys.politeness_tokens) == 2
 
 
@@ -286,17 +346,19 @@ def test_renewal_keeps_tokens_and_reports_lost_ones(client: redis.Redis, keys: R
     time.sleep(1.2)
     _, lost = call(client, keys, "w:", renewals=["w:0|a.com"], timeout_ms=1000)
     assert lost == [b"w:0|a.com"]
-    assert client.hget(keys.politeness_busy, "a.com") is None
+    assert outstanding(client, keys, "a.com") == 0
 
 
-def test_keys_expire_when_idle_and_past_send_times_are_pruned(
+def test_keys_expire_when_idle_and_old_send_times_are_pruned(
     client: redis.Redis, keys: RedisKeys
 ) -> None:
-    call(client, keys, "w:", [("a.com", 1, 1, 50)])
+    call(client, keys, "w:", [("a.com", 1, 1, 50)], timeout_ms=1000)
+    call(client, keys, "w:", confirms=[("w:0|a.com", 50)], timeout_ms=1000)
     assert 0 < client.pttl(keys.politeness_tokens) <= 3_600_000
-    time.sleep(0.1)
-    call(client, keys, "w:", releases=["w:0|a.com"])
-    assert client.zcard(keys.politeness_next) == 0
+    assert client.zscore(keys.politeness_next, "a.com") is not None
+    time.sleep(1.1)  # a send time is kept a timeout after it passed
+    call(client, keys, "w:", releases=["w:0|a.com"], timeout_ms=1000)
+    assert client.zscore(keys.politeness_next, "a.com") is None
 
 
 def test_hostile_slot_names_stay_fields(client: redis.Redis, keys: RedisKeys) -> None:
@@ -304,7 +366,7 @@ def test_hostile_slot_names_stay_fields(client: redis.Redis, keys: RedisKeys) ->
         (g,), _ = call(client, keys, "w:", [(slot, 1, 1, 0)])
         assert g[0] == 1
         _, _ = call(client, keys, "w:", releases=[f"w:0|{slot}"])
-        assert client.hget(keys.politeness_busy, slot) is None, slot
+        assert outstanding(client, keys, slot) == 0, slot
     made = {k.decode() for k in client.scan_iter(f"{keys.crawl}*")}
     assert made <= {keys.politeness_tokens, keys.politeness_busy, keys.politeness_next}
     long = Request("http://h/", meta={"download_slot": "y" * 10_000})
@@ -368,51 +430,9 @@ def test_bad_politeness_settings_are_refused() -> None:
 # -- the gate (Politeness) with a stand-in buffer, against a real redis-server ------------
 
 
-class Buffer:
-    """What :class:`Politeness` uses of :class:`~scrapy_dist.deliveries.Deliveries`."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.buffer = deque((Lease(str(i), 1, b""), Request(u)) for i, u in enumerate(urls))
-        self.out: list[Request] = []
-        self.on_finished: list[Any] = []
-        self.frontier = SimpleNamespace(found_empty_at=0.0)
-        self.more: list[str] = []
-
-    def take_at(self, index: int) -> Request:
-        _, request = self.buffer[index]
-        del self.buffer[index]
-        self.out.append(request)
-        return request
-
-    def refill_more(self, decode: Any, reject: Any) -> bool:
-        for url in self.more:
-            self.buffer.append((Lease(url, 1, b""), Request(url)))
-        added, self.more = bool(self.more), []
-        return added
-
-
-def gate(client: redis.Redis, keys: RedisKeys, buffer: Buffer, limits: Limits) -> Politeness:
-    from scrapy.statscollectors import MemoryStatsCollector
-    from scrapy.utils.test import get_crawler
-
-    return Politeness(
-        client,
-        keys,
-        buffer,  # type: ignore[arg-type]
-        limits,
-        stats=MemoryStatsCollector(get_crawler()),
-        timeout=30,
-        flush_interval=0.05,
-    )
-
-
-def take(politeness: Politeness) -> Request | None:
-    return politeness.take(lambda data: Request("http://x/"), lambda lease, error: "")
-
-
 def test_a_blocked_slot_does_not_hold_up_another(client: redis.Redis, keys: RedisKeys) -> None:
     limits = Limits(Limit(1, 0.3), {"b.com": Limit(8, 0.0)})
-    buffer = Buffer(["http://a.com/1", "http://a.com/2", "http://a.com/3", "http://b.com/1"])
+    buffer = GateBuffer(["http://a.com/1", "http://a.com/2", "http://a.com/3", "http://b.com/1"])
     politeness = gate(client, keys, buffer, limits)
     first = take(politeness)  # asks for both slots at once
     assert first is not None
@@ -422,8 +442,11 @@ def test_a_blocked_slot_does_not_hold_up_another(client: redis.Redis, keys: Redi
     assert second.url == "http://b.com/1"  # a.com waits, b.com does not
     assert take(politeness) is None
     assert [r.url for _, r in buffer.buffer] == ["http://a.com/2", "http://a.com/3"]
+    confirm_sent(politeness, first)
     # the buffer holds only a slot Redis refuses: more is leased, other slots go through
-    politeness.tick()  # the engine went without: the timer asks for a.com, refused
+    time.sleep(0.06)
+    politeness.tick()  # confirms the send; asks for a.com, refused: 0.3 s after the send
+    assert not politeness.confirms
     assert "a.com" in politeness.refused_at
     buffer.more = ["http://c.com/1", "http://b.com/2"]
     time.sleep(0.02)  # on-demand calls are at most 4 per flush interval
@@ -433,14 +456,12 @@ def test_a_blocked_slot_does_not_hold_up_another(client: redis.Redis, keys: Redi
     fourth = take(politeness)  # the same call asked for b.com's second token
     assert fourth is not None
     assert fourth.url == "http://b.com/2"
-    # a.com's next token comes when the first download is released, 0.3 s after it
+    # a.com's next turn: once the first download is released, 0.3 s after its send
     politeness.finished(first)
-    assert take(politeness) is None  # the engine asks: a.com waits for a token
-    time.sleep(0.06)
-    politeness.tick()  # asks (and releases) on the timer
-    assert not politeness.releases
-    assert take(politeness) is None  # granted, not due yet
     time.sleep(0.3)
+    assert take(politeness) is None  # the engine asks: a.com waits for a turn
+    politeness.tick()  # releases and asks on the timer
+    assert not politeness.releases
     fifth = take(politeness)
     assert fifth is not None
     assert fifth.url == "http://a.com/2"
@@ -457,7 +478,7 @@ def test_a_refusing_redis_holds_requests_and_keeps_releases(
 ) -> None:
     client = server.client()
     keys = RedisKeys(crawl=name, requests="r", dupefilter="d", start_urls="s")
-    buffer = Buffer(["http://a.com/1", "http://a.com/2"])
+    buffer = GateBuffer(["http://a.com/1", "http://a.com/2"])
     politeness = gate(client, keys, buffer, Limits(Limit(1, 0.0)))
     first = take(politeness)
     assert first is not None
@@ -482,14 +503,14 @@ def test_a_refusing_redis_holds_requests_and_keeps_releases(
     second = take(politeness)
     assert second is not None
     assert second.url == "http://a.com/2"
-    assert client.hget(keys.politeness_busy, "a.com") == b"1"
+    assert outstanding(client, keys, "a.com") == 1
     client.close()
 
 
 def test_the_gate_goes_on_under_oom(server: RedisServer, name: str) -> None:
     client = server.client()
     keys = RedisKeys(crawl=name, requests="r", dupefilter="d", start_urls="s")
-    buffer = Buffer(["http://a.com/1"])
+    buffer = GateBuffer(["http://a.com/1"])
     politeness = gate(client, keys, buffer, Limits(Limit(1, 0.0)))
     lift = refuse_oom(client)
     try:
@@ -519,13 +540,19 @@ def test_robots_crawl_delay_becomes_the_slots_delay(client: redis.Redis, keys: R
     _engine.check_robots(fake)  # type: ignore[arg-type]
     assert _engine.robots_crawl_delay(fake, Request("http://a.com/x")) == 0.4  # type: ignore[arg-type]
     assert _engine.robots_crawl_delay(fake, Request("http://b.com/x")) is None  # type: ignore[arg-type]
-    buffer = Buffer(["http://a.com/1", "http://a.com/2"])
+    buffer = GateBuffer(["http://a.com/1", "http://a.com/2"])
     politeness = gate(client, keys, buffer, Limits(Limit(2, 0.0)))
     politeness.crawl_delay = lambda request: _engine.robots_crawl_delay(fake, request)  # type: ignore[arg-type]
-    assert take(politeness) is not None
+    first = take(politeness)
+    assert first is not None
     assert politeness.limits.of("a.com").delay == 0.4
-    assert take(politeness) is None  # its second token is 0.4 s later
-    time.sleep(0.45)
+    confirm_sent(politeness, first)
+    time.sleep(0.06)
+    assert take(politeness) is None
+    politeness.tick()  # confirmed: its next turn is 0.4 s after the first send
+    assert take(politeness) is None
+    time.sleep(0.5)  # (a turn may be granted up to the lookahead before its send time)
+    politeness.tick()
     assert take(politeness) is not None
     # a Scrapy that moved the parsers: refuse to start rather than ignore Crawl-delay
     del mw._parsers
@@ -537,19 +564,19 @@ def test_tokens_of_requests_handed_back_are_released(client: redis.Redis, keys: 
     """A pause hands the buffer back (scrapy_dist.control): the tokens granted for those
     requests go back too, rather than being renewed while this worker holds nothing of
     their slot (the host would stay blocked for the others)."""
-    buffer = Buffer(["http://a.com/1", "http://a.com/2", "http://a.com/3"])
-    politeness = gate(client, keys, buffer, Limits(Limit(3, 0.3)))
+    buffer = GateBuffer(["http://a.com/1", "http://a.com/2", "http://a.com/3"])
+    politeness = gate(client, keys, buffer, Limits(Limit(3, 0.0)))
     first = take(politeness)
     assert first is not None
-    assert len(politeness.pending["a.com"]) == 2  # granted, not due yet
+    assert len(politeness.pending["a.com"]) == 2  # granted, not used yet
     buffer.buffer.clear()  # the crawl was paused: the buffered leases went back
     politeness._renew_at = 0.0  # a renewal is due
     politeness.tick()
     assert not politeness.pending
-    assert client.hget(keys.politeness_busy, "a.com") == b"1"  # only the one sent
-    other = Buffer(["http://a.com/2"])
-    assert take(gate(client, keys, other, Limits(Limit(3, 0.3)))) is None  # spaced, granted
-    assert client.hget(keys.politeness_busy, "a.com") == b"2"
+    assert outstanding(client, keys, "a.com") == 1  # only the one sent
+    other = GateBuffer(["http://a.com/2"])
+    assert take(gate(client, keys, other, Limits(Limit(3, 0.0)))) is not None
+    assert outstanding(client, keys, "a.com") == 2
 
 
 def test_bad_download_slot_jitter_is_refused() -> None:
@@ -577,24 +604,28 @@ def test_download_slots_are_scrapys_business_with_politeness_off() -> None:
         assert not Config(Settings({"DOWNLOAD_SLOTS": slots})).politeness.enabled
 
 
-def test_a_renewal_does_not_cut_a_tokens_wait_for_its_send_time(
-    client: redis.Redis, keys: RedisKeys
+def test_a_turn_the_engine_does_not_take_in_time_goes_back(
+    client: redis.Redis, keys: RedisKeys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A token whose send time is further than the timeout's share ahead (delay times
-    concurrency, or a long Crawl-delay) stays usable at its send time after a renewal:
-    Redis keeps the later of its deadlines, so must the worker."""
-    buffer = Buffer(["http://a.com/1", "http://a.com/2"])
-    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.6)))
-    politeness.timeout = 0.5  # a token is used for 0.4 s past its renewal
-    assert take(politeness) is not None
-    (second,) = politeness.pending["a.com"]
-    politeness._renew_at = 0.0
-    politeness.tick()  # renews: Redis keeps its deadline (send time + timeout)
-    assert second.valid_until > second.send_at
-    time.sleep(max(0.0, second.send_at - time.monotonic()) + 0.01)
-    request = take(politeness)
-    assert request is not None
-    assert request.url == "http://a.com/2"
+    """The other workers wait for a slot's turn until its holder sends or gives it back:
+    one the engine does not take within TURN_GRACE past its send time goes back."""
+    from scrapy_dist import politeness as module
+
+    monkeypatch.setattr(module, "TURN_GRACE", 0.05)
+    buffer = GateBuffer(["http://a.com/1"])
+    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.3)))
+    politeness.starved = True
+    assert politeness.sync()  # granted on the timer; the engine does not come
+    (turn,) = politeness.pending["a.com"]
+    assert outstanding(client, keys, "a.com") == 1
+    time.sleep(0.1)
+    assert take(politeness) is None  # too late: given back, not sent
+    assert politeness.releases == [turn.member]
+    politeness.starved = False  # (the engine would ask again: this worker's next turn)
+    politeness.tick()
+    assert outstanding(client, keys, "a.com") == 0
+    other = GateBuffer(["http://a.com/2"])
+    assert take(gate(client, keys, other, Limits(Limit(2, 0.3)))) is not None  # at once
 
 
 def test_a_slot_name_redis_cannot_encode_holds_up_nothing(
@@ -603,7 +634,7 @@ def test_a_slot_name_redis_cannot_encode_holds_up_nothing(
     """A download_slot with a lone surrogate (pickle serializer, a slot built from
     decoded JSON) is named by its SHA-1: the call that asks for it must not fail for
     every other slot."""
-    buffer = Buffer(["http://b.com/1"])
+    buffer = GateBuffer(["http://b.com/1"])
     buffer.buffer.appendleft(
         (Lease("s", 1, b""), Request("http://a.com/", meta={"download_slot": "x\ud800"}))
     )
@@ -622,7 +653,7 @@ def test_a_lost_reply_does_not_leak_a_slots_concurrency(
     while the slot's count keeps them (the slot would lose that concurrency for good)."""
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    buffer = Buffer(["http://a.com/1"])
+    buffer = GateBuffer(["http://a.com/1"])
     politeness = gate(client, keys, buffer, Limits(Limit(2, 0.0)))
     scripts = politeness._scripts
     real = scripts.politeness
@@ -643,5 +674,4 @@ def test_a_lost_reply_does_not_leak_a_slots_concurrency(
     politeness._backoff_until = 0.0
     politeness.starved = True
     politeness.tick()
-    busy = int(client.hget(keys.politeness_busy, "a.com") or 0)
-    assert busy == client.zcard(keys.politeness_tokens) == 2
+    assert outstanding(client, keys, "a.com") == client.zcard(keys.politeness_tokens) == 2
