@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import redis
 
-from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError
 from scrapy_dist.keys import stream_dead_key
 from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.scripts import scripts_for
@@ -146,6 +146,29 @@ def to_stream_id(text: str, *, end: bool = False, now: float | None = None) -> s
 def decode_item(raw: bytes | str) -> Any:
     """The default item decoder: JSON (never pickle)."""
     return json.loads(raw)
+
+
+class MalformedItem(ScrapyDistError, ValueError):
+    """A stream entry whose item cannot be decoded; the message is the reason (what
+    :class:`ItemConsumer` records in the dead stream) and the decoder's error, if any,
+    is the cause."""
+
+
+def checked_item(raw: bytes | str | None, decode: Callable[[bytes], Any] = decode_item) -> Any:
+    """The item of an entry's ``item`` field (``None``: the entry has none), decoded with
+    ``decode``: the guards every reader of the stream applies to untrusted entries.
+
+    Raises:
+        MalformedItem: no ``item`` field, or ``decode`` raised anything (an item of
+            JSON nested deeper than Python's recursion limit raises ``RecursionError``,
+            which is no ``ValueError``).
+    """
+    if raw is None:
+        raise MalformedItem("malformed entry: no 'item' field")
+    try:
+        return decode(raw if isinstance(raw, bytes) else str(raw).encode("utf-8"))
+    except Exception as e:  # untrusted data: any decoder failure is the entry's
+        raise MalformedItem(f"malformed item: {type(e).__name__}: {e}"[:500]) from e
 
 
 def _fields(raw: dict[Any, Any] | None) -> dict[str, str]:
@@ -583,14 +606,10 @@ class ItemConsumer:
                     entry.id, f"delivered {entry.deliveries - 1} time(s) without acknowledgement"
                 )
                 continue
-            raw = entry.item
-            if raw is None:
-                self.dead(entry.id, "malformed entry: no 'item' field")
-                continue
             try:
-                item = self.decode(raw if isinstance(raw, bytes) else str(raw).encode("utf-8"))
-            except Exception as e:  # untrusted data: any decoder failure is the entry's
-                self.dead(entry.id, f"malformed item: {type(e).__name__}: {e}"[:500])
+                item = checked_item(entry.item, self.decode)
+            except MalformedItem as e:
+                self.dead(entry.id, str(e))
                 continue
             good.append(entry._replace(item=item))
         return good

@@ -11,9 +11,10 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import redis
@@ -215,3 +216,48 @@ def test_tail_takes_any_count_and_refuses_a_timeout_that_never_ends(
 def test_a_min_idle_redis_cannot_take_is_refused_at_once(min_idle: float) -> None:
     with pytest.raises(ConfigurationError, match="min_idle"):
         ItemConsumer(redis.Redis(), "s", "g", "c", min_idle=min_idle)
+
+
+@pytest.mark.redis_server
+def test_replay_and_tail_print_every_good_item_around_a_hostile_entry(
+    client: redis.Redis, redis_url: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An item of 200,000 nested ``[`` between good ones: both commands died on it
+    (RecursionError, exit 1, the good items after it never printed). They report it on
+    stderr with the reason ItemConsumer gives, print the others, and exit 0; an item
+    with a line separator stays on its line."""
+    stream = f"{name}:items:stream"
+    client.xadd(stream, {"item": json.dumps({"i": 1})})
+    bad = cast("bytes", client.xadd(stream, {"item": "[" * 200_000})).decode()
+    client.xadd(stream, {"item": json.dumps({"t": "a\u2028b\x85c"})})
+    client.xadd(stream, {"item": json.dumps({"i": 2})})
+    good = [{"i": 1}, {"t": "a\u2028b\x85c"}, {"i": 2}]
+    backlog = ["items", "tail", name, "--from", "-", "--timeout", "0.2"]
+    for command in (["items", "replay", name], backlog):
+        assert main([*command, "--redis-url", redis_url]) == 0
+        out, err = capsys.readouterr()
+        assert [json.loads(line)["item"] for line in out.split("\n") if line] == good
+        assert f"entry {bad} of {stream!r} not printed: malformed item: RecursionError" in err
+    (entry,) = ItemConsumer(client, stream, "g", "c").read(count=10)[1:2]
+    assert entry.item == good[1]
+    (dead,) = cast("list[Any]", client.xrange(f"{stream}:dead-letters"))
+    assert dead[1][b"dead_reason"].startswith(b"malformed item: RecursionError")
+
+    # new entries as they come (the XREAD path)
+    def add_later() -> None:
+        time.sleep(0.3)
+        client.xadd(stream, {"item": "[" * 200_000})
+        client.xadd(stream, {"item": json.dumps({"i": 3})})
+
+    adder = threading.Thread(target=add_later)
+    adder.start()
+    try:
+        assert (
+            main(["items", "tail", name, "--redis-url", redis_url, "--timeout", "2", "-n", "2"])
+            == 0
+        )
+    finally:
+        adder.join()
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["item"] for line in out.split("\n") if line] == [{"i": 3}]
+    assert "RecursionError" in err

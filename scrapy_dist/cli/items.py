@@ -3,6 +3,9 @@
 
 ``tail`` and ``replay`` print entries as JSON lines ``{"id", "time", "item", ...}``
 (the item parsed if it is JSON, else its text; never unpickled), and change nothing.
+Entries are untrusted: one that cannot be shown (an item nested too deep to decode or
+print) is reported on stderr, with the reason :class:`~scrapy_dist.streams.ItemConsumer`
+gives, and the others are printed.
 """
 
 from __future__ import annotations
@@ -92,21 +95,48 @@ def _open(ctx: Context, args: argparse.Namespace) -> tuple[redis.Redis, CrawlLay
 
 
 def _record(entry_id: str, fields: dict[str, str]) -> dict[str, Any]:
-    """An entry as a JSON-able record (its item parsed when it is JSON)."""
+    """An entry as a JSON-able record (its item parsed when it is JSON, else its text).
+
+    Raises:
+        MalformedItem: the item's decoding failed other than as text that is not JSON
+            (JSON nested too deep: ``ItemConsumer`` dead-letters it for that reason).
+    """
+    from scrapy_dist.streams import MalformedItem, checked_item
+
     record: dict[str, Any] = {"id": entry_id, "time": int(entry_id.partition("-")[0]) / 1000}
     for name, value in fields.items():
         if name == "item":
             try:
-                record["item"] = json.loads(value)
-            except ValueError:
+                record["item"] = checked_item(value)
+            except MalformedItem as e:
+                if not isinstance(e.__cause__, ValueError):
+                    raise
                 record["item"] = value
         else:
             record[name] = value
     return record
 
 
-def _print(entry_id: str, fields: dict[str, str]) -> None:
-    out(json.dumps(_record(entry_id, fields), ensure_ascii=False))
+def _print(stream: str, entry_id: str, fields: dict[str, str]) -> bool:
+    """Print an entry as one JSON line; one that cannot be shown is reported on stderr.
+
+    Returns:
+        Whether it was printed.
+    """
+    from scrapy_dist.cli.dead import json_line
+    from scrapy_dist.streams import MalformedItem
+
+    try:
+        line = json_line(_record(entry_id, fields))
+    except MalformedItem as e:
+        reason = str(e)
+    except RecursionError as e:  # decoded, too deep to encode again
+        reason = f"malformed item: {type(e).__name__}: {e}"
+    else:
+        out(line)
+        return True
+    err(f"entry {entry_id} of {stream!r} not printed: {reason}")
+    return False
 
 
 def cmd_tail(ctx: Context, args: argparse.Namespace) -> int:
@@ -120,7 +150,7 @@ def cmd_tail(ctx: Context, args: argparse.Namespace) -> int:
     position = to_stream_id(args.start)
     if position not in ("$", "+"):  # the backlog first
         for entry_id, fields in read_range(client, stream, position, count=args.count):
-            _print(entry_id, fields)
+            _print(stream, entry_id, fields)
             shown += 1
             position = entry_id
         if position == "-":  # nothing yet: XREAD takes no "-", follow from the start
@@ -137,7 +167,7 @@ def cmd_tail(ctx: Context, args: argparse.Namespace) -> int:
         for _, entries in cast("list[Any]", reply or []):
             for raw_id, raw in entries:
                 entry_id = raw_id.decode()
-                _print(entry_id, {_t(k): _t(v) for k, v in raw.items()})
+                _print(stream, entry_id, {_t(k): _t(v) for k, v in raw.items()})
                 shown += 1
                 position = entry_id
                 idle_since = time.monotonic()
@@ -168,11 +198,12 @@ def cmd_replay(ctx: Context, args: argparse.Namespace) -> int:
         set_group_position(client, stream, args.group, start)
         out(f"group {args.group!r} of {stream!r} reads again from {start}")
         return EXIT_OK
-    shown = 0
+    shown = bad = 0
     for entry_id, fields in read_range(client, stream, args.since, args.until, count=args.count):
-        _print(entry_id, fields)
+        bad += not _print(stream, entry_id, fields)
         shown += 1
-    err(f"{shown} entr{'y' if shown == 1 else 'ies'} of {stream!r}")
+    unshown = f" ({bad} not printed, reported above)" if bad else ""
+    err(f"{shown} entr{'y' if shown == 1 else 'ies'} of {stream!r}{unshown}")
     return EXIT_OK
 
 
@@ -260,6 +291,7 @@ def cmd_groups(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_dead(ctx: Context, args: argparse.Namespace) -> int:
     """List the dead stream's entries; ``--requeue`` some (or ``--all``) to the stream;
     ``--purge`` it."""
+    from scrapy_dist.cli.dead import json_line
     from scrapy_dist.keys import stream_dead_key
     from scrapy_dist.streams import check_id, dead_entries, requeue_dead
 
@@ -295,7 +327,7 @@ def cmd_dead(ctx: Context, args: argparse.Namespace) -> int:
     limit = None if args.limit == 0 else args.limit
     for entry_id, fields in dead_entries(client, stream, count=limit):
         if args.json:
-            _print(entry_id, fields)
+            _print(dead, entry_id, fields)
         else:
             reason = fields.get("dead_reason", "")
             item = fields.get("item", "")
@@ -304,7 +336,7 @@ def cmd_dead(ctx: Context, args: argparse.Namespace) -> int:
             out(
                 f"{entry_id}  from {fields.get('dead_id', '?')} group "
                 f"{fields.get('dead_group', '?')}, {fields.get('dead_deliveries', '?')} "
-                f"deliveries: {reason}\n    {json.dumps(item, ensure_ascii=False)}"
+                f"deliveries: {reason}\n    {json_line(item)}"
             )
     return EXIT_OK
 
