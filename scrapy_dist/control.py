@@ -6,8 +6,9 @@ A crawl's control state lives in one small hash, ``<crawl>:control``
 (why) and ``since`` (the Redis server's clock when it was set, seconds). No key means
 ``running``. Operators write it with ``scrapy-dist pause|resume|drain SPIDER`` or with
 :class:`CrawlControl`; every worker reads it every :data:`POLL_INTERVAL` seconds (one
-``HGETALL``), carried by the pipeline its scheduler's timer sends anyway (its writes,
-its reserve), so the read costs no round trip of its own while the worker crawls; a
+``HMGET`` of those four fields; others are ignored), carried by the pipeline its
+scheduler's timer sends anyway (its writes, its reserve), so the read costs no round
+trip of its own while the worker crawls; a
 worker whose timer does not carry it in time reads it on its own, :data:`CARRY_SLACK`
 seconds later. Then:
 
@@ -149,29 +150,61 @@ def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def parse_state(raw: Mapping[Any, Any]) -> ControlState:
-    """The state a control hash holds (``HGETALL``'s reply; empty: ``running``).
+def _shown(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): what a hand-written
+    hash holds reaches logs and terminals as one line, without escape sequences."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
-    An unknown ``state``, a missing one, or a ``since`` that is not a number reads as
-    ``paused`` with :attr:`ControlState.problem` saying why (never raises).
+
+#: The fields of a control hash, in the order :func:`read_command` reads them.
+FIELDS = ("state", "by", "reason", "since")
+#: Latest ``since`` taken as a time (the end of year 9999); later, or not finite, is
+#: garbage and reads as unknown.
+SINCE_MAX = 253_402_300_799.0
+
+
+def read_command(keys: RedisKeys) -> tuple[str, ...]:
+    """The command that reads a crawl's control state: ``HMGET`` of its four fields (a
+    hash given thousands of other fields by hand costs no more to read)."""
+    return ("HMGET", keys.control, *FIELDS)
+
+
+def fields_of(reply: Any) -> dict[Any, Any]:
+    """The fields found in a reply of :func:`read_command` (what :func:`parse_state`
+    takes)."""
+    return {name: value for name, value in zip(FIELDS, reply, strict=True) if value is not None}
+
+
+def parse_state(raw: Mapping[Any, Any]) -> ControlState:
+    """The state a control hash holds (its fields; none: ``running``).
+
+    An unknown ``state``, or a missing one, reads as ``paused`` with
+    :attr:`ControlState.problem` saying why; a ``since`` that is not a time reads as
+    unknown (``None``); control characters in ``by`` and ``reason`` are escaped. Never
+    raises.
     """
     if not raw:
         return ControlState()
     fields = {_text(k): _text(v) for k, v in raw.items()}
     state = fields.get("state", "")
-    by, reason = fields.get("by", "")[:BY_MAX], fields.get("reason", "")[:REASON_MAX]
+    by = _shown(fields.get("by", "")[:BY_MAX])
+    reason = _shown(fields.get("reason", "")[:REASON_MAX])
     try:
         since: float | None = float(fields["since"]) if "since" in fields else None
     except ValueError:
         since = None
+    if since is not None and not 0 <= since <= SINCE_MAX:  # nan, inf, years away
+        since = None
     if state not in STATES:
-        problem = f"state {state[:40]!r} is not one of {', '.join(STATES)}"
+        problem = f"state {_shown(state[:40])!r} is not one of {', '.join(STATES)}"
         return ControlState(PAUSED, by, reason, since, problem)
     return ControlState(state, by, reason, since)
 
 
 def read_state(client: redis.Redis, keys: RedisKeys) -> ControlState:
-    """Read a crawl's control state (one ``HGETALL``).
+    """Read a crawl's control state (one ``HMGET``, :func:`read_command`).
 
     A key of the wrong type reads as ``paused`` with the problem named (as workers
     read it).
@@ -180,12 +213,12 @@ def read_state(client: redis.Redis, keys: RedisKeys) -> ControlState:
         redis.RedisError: Redis is unreachable or refused the read.
     """
     try:
-        raw = cast("dict[bytes, bytes]", client.hgetall(keys.control))
+        reply = client.hmget(keys.control, FIELDS)
     except redis.ResponseError as e:
         if not str(e).startswith("WRONGTYPE"):
             raise
         return ControlState(PAUSED, problem=f"{keys.control} is not a hash ({e})")
-    return parse_state(raw)
+    return parse_state(fields_of(reply))
 
 
 def default_by() -> str:
@@ -233,7 +266,7 @@ def set_state(
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         pipe.type(keys.control)
-        pipe.hgetall(keys.control)
+        pipe.hmget(keys.control, FIELDS)
         now_reply, kind, raw = pipe.execute(raise_on_error=False)
     if _text(kind) not in ("hash", "none"):
         raise ConfigurationError(
@@ -244,7 +277,7 @@ def set_state(
     for reply in (now_reply, raw):
         if isinstance(reply, Exception):
             raise reply
-    before = parse_state(raw)
+    before = parse_state(fields_of(raw))
     if before.state == state and not before.problem:
         return before, before
     seconds, micros = cast("tuple[int, int]", now_reply)
@@ -490,7 +523,7 @@ class ControlWatcher:
 
         if self._failures or time.monotonic() < self._next_read:
             return None
-        return Read(Command(("HGETALL", self.keys.control)), self._carried_reply)
+        return Read(Command(read_command(self.keys)), self._carried_reply)
 
     def _carried_reply(self, reply: Any) -> None:
         """The reply (or error) of a read a flush carried."""
@@ -502,7 +535,7 @@ class ControlWatcher:
             self._read_failed(now, error)
         else:
             self._inc("control/reads/carried")
-            self._read_ok(now, parse_state(cast("dict[bytes, bytes]", reply)))
+            self._read_ok(now, parse_state(fields_of(reply)))
 
     def holds(self) -> bool:
         """Whether workers must take no new work: the state last read is not
@@ -525,7 +558,7 @@ class ControlWatcher:
 
     def _read(self, now: float) -> None:
         try:
-            raw = cast("dict[bytes, bytes]", self.client.hgetall(self.keys.control))
+            raw = fields_of(self.client.hmget(self.keys.control, FIELDS))
         except redis.ResponseError as e:
             if str(e).startswith("WRONGTYPE"):
                 self._read_ok(now, ControlState(PAUSED, problem=f"it is not a hash ({e})"))

@@ -616,7 +616,7 @@ def _bitmap_as_created(
 
 
 def read_control_status(client: redis.Redis, keys: RedisKeys) -> ControlState | None:
-    """The crawl's control state (one ``HGETALL``; a key of the wrong type reads as
+    """The crawl's control state (one ``HMGET``; a key of the wrong type reads as
     paused with the problem named, as workers read it), or ``None`` if Redis refused
     the read (an ACL without that key, say)."""
     import redis as redis_module

@@ -457,18 +457,18 @@ def test_metrics_export_the_state() -> None:
 
 
 class FlakyClient:
-    """A client whose ``HGETALL`` raises ``error`` while it is set."""
+    """A client whose ``HMGET`` raises ``error`` while it is set."""
 
     def __init__(self, real: redis.Redis) -> None:
         self.real = real
         self.error: Exception | None = None
         self.reads = 0
 
-    def hgetall(self, key: str) -> Any:
+    def hmget(self, key: str, fields: Any) -> Any:
         self.reads += 1
         if self.error is not None:
             raise self.error
-        return self.real.hgetall(key)
+        return self.real.hmget(key, fields)
 
 
 @pytest.fixture
@@ -601,6 +601,46 @@ def test_a_paused_scheduler_hands_out_nothing_and_hands_back_its_buffer(
     scheduler.heartbeat.tick()  # settles the one in flight: acknowledged while paused
     scheduler.frontier.flush()
     assert leased_count(client, keys.crawl) == 0
+    set_state(client, keys, RUNNING)
+    scheduler.control.watcher._next_read = 0
+    assert scheduler.next_request() is not None
+
+
+@pytest.mark.parametrize("since", ["nan", "inf", "-inf", "1e300", "-5", "99999999999999"])
+def test_a_control_key_written_by_hand_with_garbage_neither_breaks_a_worker_nor_a_reader(  # noqa: PLR0917
+    crawler_of: Callable[..., Any],
+    client: redis.Redis,
+    name: str,
+    since: str,
+    capsys: pytest.CaptureFixture[str],
+    redis_url: str,
+) -> None:
+    """``HSET <crawl>:control state paused since nan`` (or a time no clock has): the
+    scheduler's next_request raised (the state's description formats ``since``), and so
+    did ``scrapy-dist status``. ``since`` then reads as unknown; control characters in
+    ``by`` and ``reason`` reach logs and terminals escaped."""
+    from scrapy import Request
+
+    scheduler = crawler_of()
+    keys = scheduler.frontier.keys
+    scheduler.enqueue_request(Request("https://example.com/1"))
+    client.hset(
+        keys.control,
+        mapping={"state": "paused", "since": since, "by": "x\n\x1b[31m", "reason": "a\r\nb"},
+    )
+    client.hset(keys.control, mapping={f"junk{i}": "x" * 100 for i in range(2000)})
+    scheduler.control.watcher._next_read = 0
+    assert scheduler.next_request() is None  # paused, and no exception
+    state = scheduler.control.watcher.state
+    assert (state.state, state.since) == (PAUSED, None)
+    assert state.by == "x\\n\\x1b[31m"
+    assert "\n" not in state.describe()
+    assert "\x1b" not in state.describe()
+    json.dumps(state.as_dict(), allow_nan=False)
+    assert main(["status", keys.crawl, "--redis-url", redis_url]) == 0
+    assert main(["status", keys.crawl, "--redis-url", redis_url, "--json"]) == 0
+    out = capsys.readouterr().out
+    json.loads(out.splitlines()[-1], parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     set_state(client, keys, RUNNING)
     scheduler.control.watcher._next_read = 0
     assert scheduler.next_request() is not None
