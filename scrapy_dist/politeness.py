@@ -25,7 +25,7 @@ are asked for in batches: one call per flush tick (``SCHEDULER_FLUSH_INTERVAL``)
 every slot with waiting requests, carrying the confirmations of turns sent, the releases
 of finished downloads and, every heartbeat, the renewal of the tokens held; at once when
 the engine asks for a request, nothing is granted and a slot was never asked for; and
-within :data:`CONFIRM_WITHIN` seconds of a turn's send. The engine is woken when a
+within a quarter of a slot's delay of a turn's send. The engine is woken when a
 token falls due. A token is released when its download leaves the downloader
 (``request_left_downloader``) or, failing that, when its request leaves the engine; a
 slot without delay keeps its token for this worker's next request of the slot while it
@@ -90,10 +90,6 @@ SPACING_MARGIN_MS = 2.0
 #: Seconds a turn may wait past its send time for the engine to take its request; then
 #: it is given back (the slot's other workers wait for it until then).
 TURN_GRACE = 1.0
-#: Seconds after a turn's request reached Scrapy's downloader that its send is confirmed
-#: (after the reactor's next round of writes, so that the request left before: the
-#: slot's next turn is spaced from the confirmation).
-CONFIRM_WITHIN = 0.005
 #: Seconds between two ERROR lines of repairs of the same key by this worker (the others
 #: are counted in ``scheduler/politeness/repaired``).
 REPAIR_REMINDER = 60.0
@@ -203,6 +199,8 @@ class Token:
     turn: bool = False
     #: When its request reached Scrapy's downloader (monotonic seconds), if it did.
     sent_at: float | None = None
+    #: When the reactor had written it (its next round; monotonic seconds): the send.
+    stamped_at: float | None = None
     #: Redis took the confirmation of its send (until then it holds its slot's turn).
     confirmed: bool = False
     #: The spacing after its send (ms), drawn when it was sent.
@@ -273,11 +271,13 @@ class Politeness:
         self.out: dict[Request, Token] = {}
         #: Members to release with the next call.
         self.releases: list[str] = []
-        #: Turns whose requests reached the downloader, confirmed CONFIRM_WITHIN later.
+        #: Turns whose requests reached the downloader, stamped on the reactor's next round.
         self._sent: list[Token] = []
-        #: Turns sent, to confirm with the next call.
+        self._stamp_call: DelayedCall | None = None
+        #: Turns sent and stamped, to confirm with the next call (made by _confirm_at).
         self.confirms: list[Token] = []
         self._confirm_call: DelayedCall | None = None
+        self._confirm_at = 0.0
         #: Key -> when this worker last logged a repair of it (monotonic).
         self._told: dict[str, float] = {}
         #: When the releases must be sent at the latest (monotonic).
@@ -391,14 +391,17 @@ class Politeness:
             self.ticker.stop()
         if self._alarm is not None and self._alarm.active():
             self._alarm.cancel()
-        if self._confirm_call is not None and self._confirm_call.active():
-            self._confirm_call.cancel()
+        for delayed in (self._stamp_call, self._confirm_call):
+            if delayed is not None and delayed.active():
+                delayed.cancel()
         self.releases += [t.member for t in self._held()]
-        self.confirms += self._sent
-        self._sent.clear()
+        if self._sent:
+            self._stamp()
         self.pending.clear()
         self.idle.clear()
         self.out.clear()
+        if self._confirm_call is not None and self._confirm_call.active():
+            self._confirm_call.cancel()
         if self.releases or self.confirms:
             try:
                 self._call([], renew=False)
@@ -494,27 +497,40 @@ class Politeness:
             self._release(token, urgent=bool(self.limits.of(token.slot).delay))
 
     def sent(self, request: Request, spider: object = None) -> None:
-        """``request`` reached Scrapy's downloader: the send of its turn is confirmed to
-        Redis :data:`CONFIRM_WITHIN` seconds later, once the reactor wrote the request
-        (the slot's next turn is at least its delay after the confirmation)."""
+        """``request`` reached Scrapy's downloader, which starts its transfer: its turn's
+        send is stamped on the reactor's next round, after its writes (a busy reactor
+        may write a request long after it reached the downloader), and confirmed to
+        Redis with the worker's next call, within a quarter of the slot's delay (the
+        slot's next turn waits for it, and is at least the delay after the stamp)."""
         token = self.out.get(request)
         if token is None or not token.turn or token.sent_at is not None:
             return
         token.sent_at = time.monotonic()
         token.spacing_ms = self.limits.of(token.slot).spacing_ms()
         self._sent.append(token)
-        if self._confirm_call is None or not self._confirm_call.active():
+        if self._stamp_call is None or not self._stamp_call.active():
             from twisted.internet import reactor
 
-            self._confirm_call = reactor.callLater(CONFIRM_WITHIN, self._confirm)  # type: ignore[arg-type]
+            self._stamp_call = reactor.callLater(0, self._stamp)  # type: ignore[arg-type]
 
-    def _confirm(self) -> None:
-        """Confirm the turns sent: their requests were written to their connections
-        since (a timed call runs after the reactor's next round of writes)."""
-        self._confirm_call = None
+    def _stamp(self) -> None:
+        """Stamp the turns sent (their requests were written since: a timed call runs
+        after the reactor's round of writes) and have a call confirm them in time."""
+        self._stamp_call = None
+        now = time.monotonic()
+        for token in self._sent:
+            token.stamped_at = now
+        within = min([self.flush_interval] + [t.spacing_ms / 4000 for t in self._sent])
         self.confirms += self._sent
         self._sent.clear()
-        self.tick()
+        if self._confirm_call is not None and self._confirm_call.active():
+            if self._confirm_at <= now + within:
+                return
+            self._confirm_call.cancel()
+        from twisted.internet import reactor
+
+        self._confirm_at = now + within
+        self._confirm_call = reactor.callLater(within, self.tick)  # type: ignore[arg-type]
 
     def _release(self, token: Token, *, urgent: bool) -> None:
         """Send the release of ``token`` with the next call: at the next tick when
@@ -571,22 +587,7 @@ class Politeness:
                 self._release(tokens.pop(), urgent=True)
             if not tokens:
                 del self.pending[slot]
-        # a turn in the engine not confirmed sent by this call: Redis grants no other one
-        confirming = {id(t) for t in self.confirms}
-        unsent = {
-            t.slot
-            for t in self.out.values()
-            if t.turn and not t.confirmed and id(t) not in confirming
-        }
-        asks = []
-        for slot, count in waiting.items() if self.starved else ():
-            held = len(self.pending.get(slot, ())) + len(self.idle.get(slot, ()))
-            if count <= held or self.retry_at.get(slot, 0.0) > now or slot in unsent:
-                continue
-            self._refresh_crawl_delay(slot)
-            limit = self.limits.of(slot)
-            want = 1 if limit.delay else min(count - held, limit.concurrency)
-            asks.append((slot, want, limit))
+        asks = self._asks(waiting, now) if self.starved else []
         for slot in [s for s, t in self.retry_at.items() if t <= now]:
             del self.retry_at[slot]
         for slot in [s for s, t in self.refused_at.items() if now - t > BLOCKED_FOR]:
@@ -606,6 +607,29 @@ class Politeness:
             return False
         self._recovered()
         return True
+
+    def _asks(self, waiting: Counter[str], now: float) -> list[tuple[str, int, Limit]]:
+        """What to ask for: ``(slot, tokens wanted, its limit)`` for each slot with more
+        requests waiting than tokens held, not refused lately; one turn at most for a
+        slot with delay, and none while this worker holds one of its turns not sent, or
+        sent and not confirmed by this call (Redis grants no other one meanwhile)."""
+        confirming = {id(t) for t in self.confirms}
+        unsent = {
+            t.slot
+            for t in self.out.values()
+            if t.turn and not t.confirmed and id(t) not in confirming
+        }
+        asks = []
+        for slot, count in waiting.items():
+            held = len(self.pending.get(slot, ())) + len(self.idle.get(slot, ()))
+            if count <= held or self.retry_at.get(slot, 0.0) > now or slot in unsent:
+                continue
+            self._refresh_crawl_delay(slot)
+            limit = self.limits.of(slot)
+            if limit.delay and held:  # its turn granted, not due yet
+                continue
+            asks.append((slot, 1 if limit.delay else min(count - held, limit.concurrency), limit))
+        return asks
 
     def _held(self) -> list[Token]:
         tokens = [t for ts in (*self.pending.values(), *self.idle.values()) for t in ts]
@@ -632,7 +656,10 @@ class Politeness:
             recover_ms=int(self.recover * 1000),
             idle_ms=int(max(KEYS_IDLE, 2 * self.timeout) * 1000),
             lookahead_ms=int(2 * self.flush_interval * 1000),
-            confirms=[(t.member, t.spacing_ms) for t in confirms],
+            confirms=[
+                (t.member, round(1000 * (started - (t.stamped_at or started)), 3), t.spacing_ms)
+                for t in confirms
+            ],
             releases=releases,
             turns=[t.member for t in held.turns],
             waiting=[t.member for t in held.waiting],

@@ -647,7 +647,7 @@ class Scripts:
         recover_ms: int,
         idle_ms: int,
         lookahead_ms: int,
-        confirms: Iterable[tuple[str, float]] = (),
+        confirms: Iterable[tuple[str, float, float]] = (),
         releases: Sequence[str] = (),
         turns: Sequence[str] = (),
         waiting: Sequence[str] = (),
@@ -655,15 +655,16 @@ class Scripts:
         asks: Iterable[tuple[str, int, int, float]] = (),
     ) -> ScriptCall:
         """``lua/politeness.lua``: confirm, release and renew download tokens, then grant
-        more. ``confirms`` holds ``(token, the slot's delay in ms)`` per turn sent;
+        more. ``confirms`` holds ``(token, ms since it was sent, the slot's delay in ms)``
+        per turn sent;
         ``turns``, ``waiting`` and ``holding`` the tokens held (turns in the engine not
         sent yet, granted and not used, sent); ``asks`` holds ``(slot, requests waiting,
         concurrency, delay in ms)`` per slot."""
         confirmed = list(confirms)
         args: list[Arg] = [prefix, timeout_ms, recover_ms, idle_ms, lookahead_ms]
         args.append(len(confirmed))
-        for member, delay_ms in confirmed:
-            args += (member, delay_ms)
+        for member, ago_ms, delay_ms in confirmed:
+            args += (member, ago_ms, delay_ms)
         for members in (releases, turns, waiting, holding):
             args += [len(members), *members]
         for slot, want, concurrency, delay_ms in asks:

@@ -252,7 +252,7 @@ def call(  # noqa: PLR0917 (the script's arguments, for short tests)
     releases: list[str] = [],  # noqa: B006
     renewals: list[str] = [],  # noqa: B006
     timeout_ms: int = 60_000,
-    confirms: list[tuple[str, float]] = [],  # noqa: B006
+    confirms: list[tuple[str, float, float]] = [],  # noqa: B006
     holding: list[str] = [],  # noqa: B006
     lookahead_ms: int = 200,
 ) -> tuple[list[tuple[int, float, float]], list[bytes]]:
@@ -300,14 +300,14 @@ def test_a_slot_with_delay_is_given_one_turn_at_a_time_spaced_from_its_last_send
     assert g[:2] == (1, 0)  # one turn, now, however many requests wait
     (g,), _ = call(client, keys, "w2:", [("a.com", 1, 3, 200)])
     assert g[0] == 0  # the first turn is not confirmed sent: nobody gets the next
-    # w1 confirms its send: the next turn is 200 ms after the confirmation
-    call(client, keys, "w1:", confirms=[("w1:0|a.com", 200)])
+    # w1 confirms its send, 50 ms after it: the next turn is 200 ms after the send
+    call(client, keys, "w1:", confirms=[("w1:0|a.com", 50, 200)])
     (g,), _ = call(client, keys, "w2:", [("a.com", 1, 3, 200)], lookahead_ms=1000)
     assert g[0] == 1
-    assert 150 <= g[1] <= 200  # 200 from the confirmation, less the time since
+    assert 100 <= g[1] <= 150  # 200 - 50 from the confirmation, less the time since
     assert outstanding(client, keys, "a.com") == 2
     # beyond the lookahead: refused, with when to ask again
-    call(client, keys, "w2:", confirms=[("w2:0|a.com", 500)])
+    call(client, keys, "w2:", confirms=[("w2:0|a.com", 0, 500)])
     (g,), _ = call(client, keys, "w3:", [("a.com", 1, 3, 200)])
     assert g[0] == 0
     assert 200 <= g[2] <= 300  # 500 from the send, less the lookahead (200)
@@ -353,7 +353,7 @@ def test_keys_expire_when_idle_and_old_send_times_are_pruned(
     client: redis.Redis, keys: RedisKeys
 ) -> None:
     call(client, keys, "w:", [("a.com", 1, 1, 50)], timeout_ms=1000)
-    call(client, keys, "w:", confirms=[("w:0|a.com", 50)], timeout_ms=1000)
+    call(client, keys, "w:", confirms=[("w:0|a.com", 0, 50)], timeout_ms=1000)
     assert 0 < client.pttl(keys.politeness_tokens) <= 3_600_000
     assert client.zscore(keys.politeness_next, "a.com") is not None
     time.sleep(1.1)  # a send time is kept a timeout after it passed

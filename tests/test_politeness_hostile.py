@@ -95,9 +95,11 @@ def test_a_politeness_key_lost_or_garbled_mid_crawl_heals_with_one_error(
         crawl.close()
     assert not crawl.missing(), logs
     assert duplicates(site.hits()) == 0
-    errors = [line for line in logs.splitlines() if " ERROR: " in line]
-    assert len(errors) == 1, errors
-    assert f"Redis key {key} " in errors[0]
+    # one ERROR says what was repaired (a loaded machine may add others: Redis slow to
+    # answer a worker is an outage of its own, said as such)
+    repairs = [line for line in logs.splitlines() if " ERROR: " in line and "Redis key" in line]
+    assert len(repairs) == 1, [line for line in logs.splitlines() if " ERROR: " in line]
+    assert f"Redis key {key} " in repairs[0]
 
 
 # -- the script, against each attack ------------------------------------------------------
@@ -201,7 +203,7 @@ def test_each_attack_on_a_politeness_key_is_repaired_once_and_stalls_no_slot(
     # w1 holds a.com's turn, sent (its download runs): the state every attack hits
     (grant,), _, repairs = run_script(client, keys, "w1:", asks=[("a.com", 1, 2, delay)])
     assert grant[0] == 1
-    run_script(client, keys, "w1:", confirms=[(SENT, delay)])
+    run_script(client, keys, "w1:", confirms=[(SENT, 0, delay)])
     assert not repairs
     for command in commands(keys):
         client.execute_command(*command)  # type: ignore[no-untyped-call]
@@ -249,7 +251,7 @@ def test_a_lost_index_blocks_a_turn_not_yet_sent_until_its_holder_confirms(
     (grant,), _, repairs = run_script(client, keys, "w2:", asks=[("a.com", 1, 4, 100)])
     assert grant[0] == 0
     assert [r.partition("\n")[0] for r in repairs] == [keys.politeness_busy]
-    run_script(client, keys, "w1:", confirms=[("w1:0|a.com", 100)])
+    run_script(client, keys, "w1:", confirms=[("w1:0|a.com", 0, 100)])
     (grant,), _, _ = run_script(client, keys, "w2:", asks=[("a.com", 1, 4, 100)])
     assert grant[0] == 1
     assert 50 <= grant[1] <= 100  # a delay after the confirmation
@@ -261,7 +263,7 @@ def test_a_lost_send_time_keeps_the_next_turn_a_delay_away(
     """``next`` deleted while tokens are outstanding: the last send of a slot whose
     downloads all ended is not known; its next turn is a delay from the repair."""
     run_script(client, keys, "w1:", asks=[("a.com", 1, 4, 200), ("b.com", 1, 4, 0)])
-    run_script(client, keys, "w1:", confirms=[("w1:0|a.com", 200)], releases=["w1:0|a.com"])
+    run_script(client, keys, "w1:", confirms=[("w1:0|a.com", 0, 200)], releases=["w1:0|a.com"])
     client.delete(keys.politeness_next)  # b.com's token is still outstanding
     (grant,), _, repairs = run_script(
         client, keys, "w2:", asks=[("a.com", 1, 4, 200)], lookahead_ms=1000

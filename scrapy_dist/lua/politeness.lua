@@ -34,9 +34,10 @@
 -- ARGV[4] = idle expiry of the three keys in ms (renewed by every call); a send time
 --           further ahead than this is garbage
 -- ARGV[5] = lookahead in ms: a turn is granted at most this long before its send time
--- ARGV[6] = number of confirmations C; then C pairs: token member sent, the slot's delay
---           in ms (the next turn's send time is at least this after now: a worker
---           confirms a send once its request left, on its next turn of the reactor)
+-- ARGV[6] = number of confirmations C; then C triples: token member sent, ms since it
+--           was sent (as the worker measured it when it made the call: the script's
+--           now is later, so the send is taken no earlier than it was), the slot's delay
+--           in ms (the next turn's send time is at least this after the send)
 -- then R = number of releases; R token members given back (sent or not)
 -- then T = number of turns held; T members (turns in the engine, not sent yet: deadline
 --           renewed to now + recovery; reported lost if Redis no longer has them)
@@ -224,21 +225,22 @@ local lost_at = tonumber(redis.call("ZSCORE", nextk, LOST_MARK))
 local readded = 0
 local i = 6
 local confirms = tonumber(ARGV[i])
-for j = i + 1, i + 2 * confirms, 2 do
-  local member, delay = ARGV[j], tonumber(ARGV[j + 1])
+for j = i + 1, i + 3 * confirms, 3 do
+  local member, ago, delay = ARGV[j], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   local slot = slot_of(member)
   if slot then
     local h = index_of(slot)
     redis.call("ZREM", busy, h .. "u|" .. member)
     redis.call("ZADD", busy, 0, h .. "s|" .. member)
     readded = readded + redis.call("ZADD", tokens, "GT", now + timeout, member)
+    local sent = now - math.min(math.max(ago, 0), recover)
     local scheduled = tonumber(redis.call("ZSCORE", nextk, slot) or "0")
-    if delay > 0 and now + delay > scheduled then
-      redis.call("ZADD", nextk, now + delay, slot)
+    if delay > 0 and sent + delay > scheduled then
+      redis.call("ZADD", nextk, sent + delay, slot)
     end
   end
 end
-i = i + 2 * confirms + 1
+i = i + 3 * confirms + 1
 
 local releases = tonumber(ARGV[i])
 for j = i + 1, i + releases do

@@ -125,10 +125,9 @@ def take(politeness: Politeness) -> Request | None:
 
 def confirm_sent(politeness: Politeness, request: Request) -> None:
     """What a crawl's downloader and reactor do: ``request_reached_downloader``, then
-    (``CONFIRM_WITHIN`` later) its confirmation queued for the gate's next call."""
+    (on the reactor's next round) its send stamped and queued for the gate's next call."""
     politeness.sent(request)
-    if politeness._confirm_call is not None:
-        politeness._confirm_call.cancel()
-        politeness._confirm_call = None
-    politeness.confirms += politeness._sent
-    politeness._sent.clear()
+    politeness._stamp()
+    for delayed in (politeness._stamp_call, politeness._confirm_call):
+        if delayed is not None and delayed.active():
+            delayed.cancel()
