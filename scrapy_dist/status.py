@@ -147,12 +147,14 @@ class CrawlLayout:
         return cls._make(parts.config, parts.keys, crawler.spidercls)
 
     def settable_aside(self) -> list[str]:
-        """The keys of the crawl a frontier or politeness script renames out of the way
-        when it finds one of another type (:func:`~scrapy_dist.keys.set_aside_key`), but
+        """The keys of the crawl a frontier, politeness or item stream script renames out
+        of the way when it finds one of another type (:func:`~scrapy_dist.keys.set_aside_key`), but
         the holdings and priority levels (found by their own patterns)."""
         k = self.keys
         keys = [self.seeds, k.requests, k.deliveries, k.dead, k.seq, k.progress, k.workers]
         keys += [k.politeness_tokens, k.politeness_busy, k.politeness_next]
+        if self.items_stream:  # (the items stream itself is never renamed)
+            keys.append(stream_dead_key(self.items_stream))
         return list(dict.fromkeys(keys))
 
     def owned(self) -> list[str]:

@@ -270,7 +270,8 @@ def group_states(
     groups = []
     for raw in raw_groups:
         info = {_text(k): v for k, v in raw.items()}
-        name = _text(info["name"])
+        raw_name = info["name"]  # as Redis has it: a name that is not UTF-8 is asked as such
+        name = _text(raw_name)
         last = _text(info.get("last-delivered-id", "0-0"))
         lag = info.get("lag")
         source = "redis"
@@ -287,7 +288,7 @@ def group_states(
             lag_source=source,
         )
         if consumers:
-            for c in cast("list[dict[Any, Any]]", client.xinfo_consumers(stream, name)):
+            for c in cast("list[dict[Any, Any]]", client.xinfo_consumers(stream, raw_name)):
                 ci = {_text(k): v for k, v in c.items()}
                 group.consumers.append(
                     ConsumerState(_text(ci["name"]), int(ci["pending"]), int(ci["idle"]) / 1000)
@@ -478,16 +479,39 @@ class ItemConsumer:
             redis.RedisError: Redis failed; retry later (nothing was lost).
         """
         self.flush_acks()
-        self.ensure_group()
         try:
+            self.ensure_group()
+            try:
+                return self._read(count, block)
+            except redis.ResponseError as e:
+                if not str(e).startswith("NOGROUP"):
+                    raise
+            # the stream or the group was deleted meanwhile: create it again
+            self._group_ready = False
+            self.ensure_group()
             return self._read(count, block)
-        except redis.ResponseError as e:
-            if not str(e).startswith("NOGROUP"):
-                raise
-        # the stream or the group was deleted meanwhile: create it again
-        self._group_ready = False
-        self.ensure_group()
-        return self._read(count, block)
+        except BaseException as e:
+            # what was delivered and not returned is pending: take it back first next time
+            self._own_from = "0"
+            if isinstance(e, redis.ResponseError) and str(e).startswith("WRONGTYPE"):
+                raise self._wrong_type(e) from e
+            raise
+
+    def _wrong_type(self, error: redis.ResponseError) -> Exception:
+        """The error to raise for a ``WRONGTYPE`` from the items stream: one naming the
+        key (an operator wrote another type there; nothing is read from it)."""
+        from scrapy_dist.keys import key_type
+
+        try:
+            kind = key_type(self.client, self.stream)
+        except redis.RedisError:
+            return error
+        if kind in ("stream", "none"):
+            return error
+        return ConfigurationError(
+            f"Redis key {self.stream!r} (items stream) holds a {kind}, not a stream: "
+            f"nothing can be read from it (delete it if it is garbage)"
+        )
 
     def _read(self, count: int, block: float | None) -> list[StreamEntry]:
         entries: list[StreamEntry] = []
@@ -704,6 +728,12 @@ class ItemConsumer:
                 raise
             self._group_ready = False
             return "gone"
+        if len(reply) > 3:
+            logger.error(
+                "Dead items stream %(dead)s held a %(kind)s, not a stream: renamed to "
+                "%(aside)s (inspect it, then delete it); dead items go to a new stream",
+                {"dead": self.dead_key, "kind": _text(reply[4]), "aside": _text(reply[3])},
+            )
         return _text(reply[0])
 
     def state(self) -> GroupState | None:

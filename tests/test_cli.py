@@ -688,6 +688,7 @@ def test_status_lists_and_reset_deletes_the_keys_scripts_set_aside(
         f"{keys.progress}:wrongtype",
         f"{keys.politeness_busy}:wrongtype",  # (cluster-wide politeness sets its own aside)
         f"{keys.politeness_next}:wrongtype:2",
+        f"{name}:items:stream:dead-letters:wrongtype",  # (by lua/item_stream.lua)
     ]
     for key in aside:
         client.set(key, b"junk")

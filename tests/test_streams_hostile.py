@@ -261,3 +261,74 @@ def test_replay_and_tail_print_every_good_item_around_a_hostile_entry(
     out, err = capsys.readouterr()
     assert [json.loads(line)["item"] for line in out.split("\n") if line] == [{"i": 3}]
     assert "RecursionError" in err
+
+
+@pytest.mark.redis_server
+def test_a_dead_stream_of_another_type_is_set_aside_and_the_good_items_still_come(
+    client: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``SET <stream>:dead-letters junk``, then a malformed item: the move to the dead
+    stream failed (WRONGTYPE, naming no key), the read raised with the good item after
+    it delivered and never returned, and every read of a restarted consumer failed the
+    same way on the malformed item."""
+    stream = f"{name}:items:stream"
+    client.xadd(stream, {"item": "[" * 2000})
+    client.xadd(stream, {"item": json.dumps({"i": 1})})
+    client.set(f"{stream}:dead-letters", "junk")
+    consumer = ItemConsumer(client, stream, "g", "c")
+    with caplog.at_level(logging.ERROR, logger="scrapy_dist.streams"):
+        assert [e.item for e in consumer.read(count=10)] == [{"i": 1}]
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert f"{stream}:dead-letters held a string" in error
+    assert client.get(f"{stream}:dead-letters:wrongtype") == b"junk"
+    assert client.xlen(f"{stream}:dead-letters") == 1
+
+
+@pytest.mark.redis_server
+def test_a_read_that_failed_gives_back_what_it_delivered_on_the_next(
+    client: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = f"{name}:items:stream"
+    client.xadd(stream, {"item": "not json"})
+    client.xadd(stream, {"item": json.dumps({"i": 1})})
+    consumer = ItemConsumer(client, stream, "g", "c")
+
+    def fails(*args: Any) -> str:
+        raise redis.ResponseError("ERR the dead stream could not be written")
+
+    monkeypatch.setattr(consumer, "_move", fails)
+    with pytest.raises(redis.ResponseError):
+        consumer.read(count=10)  # both delivered: pending with this consumer
+    monkeypatch.undo()
+    assert [e.item for e in consumer.read(count=10)] == [{"i": 1}]
+
+
+@pytest.mark.redis_server
+def test_a_stream_key_of_another_type_is_an_error_naming_it(client: redis.Redis, name: str) -> None:
+    stream = f"{name}:items:stream"
+    client.set(stream, "junk")
+    with pytest.raises(ConfigurationError, match=f"{stream}' \\(items stream\\) holds a string"):
+        ItemConsumer(client, stream, "g", "c").read(count=10)
+    assert client.get(stream) == b"junk"  # the user's key: left as it is
+
+
+@pytest.mark.redis_server
+def test_groups_and_consumers_named_in_bytes_that_are_not_utf8(
+    client: redis.Redis, redis_url: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A group named by another program in bytes that are not UTF-8: ``items lag``,
+    ``items groups`` and ``status`` raised (NOGROUP for the name read back decoded, a
+    UnicodeDecodeError for the list)."""
+    stream = f"{name}:items:stream"
+    client.xadd(stream, {"item": json.dumps({"i": 1})})
+    client.xgroup_create(stream, b"\xff\xfe", id="0")
+    client.xreadgroup(b"\xff\xfe", b"\xc3", {stream: ">"}, count=1)  # type: ignore[arg-type]
+    (group,) = group_states(client, stream)
+    assert (group.name, group.pending, [c.name for c in group.consumers]) == (
+        "\ufffd\ufffd",
+        1,
+        ["\ufffd"],
+    )
+    for command in (["items", "lag", name], ["items", "groups", name], ["status", name]):
+        assert main([*command, "--redis-url", redis_url]) == 0, command
+    assert "\ufffd\ufffd" in capsys.readouterr().out

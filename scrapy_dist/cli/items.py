@@ -188,7 +188,7 @@ def cmd_replay(ctx: Context, args: argparse.Namespace) -> int:
     if args.group:
         if args.until != "+":
             raise CommandError("--until cannot be used with --group (a group reads to the end)")
-        groups = {g["name"].decode() for g in _groups(client, stream)}
+        groups = {_t(g["name"]) for g in _groups(client, stream)}
         if args.group not in groups:
             raise CommandError(f"no group {args.group!r} on {stream!r}", EXIT_FAILED)
         start = to_stream_id(args.since)
@@ -279,7 +279,7 @@ def cmd_groups(ctx: Context, args: argparse.Namespace) -> int:
         done = int(client.xgroup_destroy(stream, args.delete)) if client.exists(stream) else 0
         out(f"group {args.delete!r} " + ("deleted" if done else "did not exist"))
         return EXIT_OK if done else EXIT_FAILED
-    names = [g["name"].decode() for g in _groups(client, stream)]
+    names = [_t(g["name"]) for g in _groups(client, stream)]
     if args.json:
         out(json.dumps(names))
     else:

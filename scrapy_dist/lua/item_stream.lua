@@ -19,6 +19,10 @@
 -- reclaimable now); {"gone"} (not pending in the group: acknowledged or claimed by
 -- another consumer meanwhile, nothing done); {"trimmed"} (pending, but the stream no
 -- longer has it: acknowledged); for "requeue" {"requeued", <new id>} or {"gone"}.
+-- A dead-letter stream of another type (written by hand) is renamed out of the way
+-- (<key>:wrongtype) before an entry goes to a new one: "dead" then has a fourth element,
+-- the new name of the key set aside.
+-- uses: _levels
 
 local op = ARGV[1]
 -- fields of an entry copied as they are to the dead stream (names and values)
@@ -94,6 +98,14 @@ for _, pair in ipairs({
   record[#record + 1] = pair[1]
   record[#record + 1] = pair[2]
 end
+local kind = redis.call("TYPE", KEYS[2])["ok"]
+local aside = nil
+if kind ~= "stream" and kind ~= "none" then
+  aside = set_aside(KEYS[2])
+end
 local dead_id = redis.call("XADD", KEYS[2], "*", unpack(record))
 redis.call("XACK", KEYS[1], group, id)
+if aside then
+  return {"dead", dead_id, deliveries, aside, kind}
+end
 return {"dead", dead_id, deliveries}
