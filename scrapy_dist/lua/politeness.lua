@@ -115,17 +115,37 @@ for _, key in ipairs(KEYS) do
   end
 end
 
--- the index's scores are all 0 (ZLEXCOUNT needs it)
+-- whether `m` is an entry of the busy index: "<sha1 of slot>:<u|s>|<token>|<slot>"; returns
+-- its index prefix and its token member
+local function entry_of(m)
+  local h, rest = string.match(m, "^(%x+:)[us]|(.*)$")
+  local slot = rest and slot_of(rest)
+  if slot and index_of(slot) == h then
+    return h, rest
+  end
+  return nil
+end
+
+-- the index's scores are all 0 (ZLEXCOUNT needs it): an entry scored otherwise is set
+-- back to 0, a member that is no entry (written by hand) removed
 local indexed = redis.call("ZCARD", busy)
 if indexed > 0 and redis.call("ZCOUNT", busy, 0, 0) ~= indexed then
   local odd = redis.call("ZRANGEBYSCORE", busy, "(0", "+inf")
   for _, m in ipairs(redis.call("ZRANGEBYSCORE", busy, "-inf", "(0")) do
     odd[#odd + 1] = m
   end
+  local removed = 0
   for _, m in ipairs(odd) do
-    redis.call("ZADD", busy, 0, m)
+    if entry_of(m) then
+      redis.call("ZADD", busy, 0, m)
+    else
+      redis.call("ZREM", busy, m)
+      removed = removed + 1
+    end
   end
-  repaired(busy, #odd .. " member(s) had a score other than 0: set to 0")
+  indexed = indexed - removed
+  repaired(busy, #odd .. " member(s) had a score other than 0: " .. (#odd - removed)
+    .. " set to 0, " .. removed .. " that name no token removed")
 end
 
 -- deadlines further ahead than any worker sets them: a token of the index (a worker may
@@ -161,9 +181,8 @@ if held == 0 and indexed > 0 then
   -- the tokens were lost (deleted, evicted, set aside): their holders renew them
   local given, dropped = 0, 0
   for _, m in ipairs(redis.call("ZRANGE", busy, 0, -1)) do
-    local h, rest = string.match(m, "^(%x+:)[us]|(.*)$")
-    local slot = rest and slot_of(rest)
-    if slot and index_of(slot) == h then
+    local _, rest = entry_of(m)
+    if rest then
       redis.call("ZADD", tokens, now + recover, rest)
       given = given + 1
     else
