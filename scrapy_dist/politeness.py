@@ -391,12 +391,11 @@ class Politeness:
             self.ticker.stop()
         if self._alarm is not None and self._alarm.active():
             self._alarm.cancel()
-        for delayed in (self._stamp_call, self._confirm_call):
-            if delayed is not None and delayed.active():
-                delayed.cancel()
+        if self._stamp_call is not None and self._stamp_call.active():
+            self._stamp_call.cancel()
         self.releases += [t.member for t in self._held()]
         if self._sent:
-            self._stamp()
+            self._stamp()  # (their confirmations go with the releases, below)
         self.pending.clear()
         self.idle.clear()
         self.out.clear()
