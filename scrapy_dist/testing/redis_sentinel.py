@@ -250,14 +250,16 @@ class SentinelServers:
         except (redis.ConnectionError, redis.TimeoutError):
             return False
 
-    def failover(self, timeout: float = 30.0) -> RedisServer:
+    def failover(self, timeout: float = 60.0) -> RedisServer:
         """Run ``SENTINEL FAILOVER`` and wait until every Sentinel names a new master.
 
         Returns once every running Sentinel names the same new master, with no failover
         in progress, and that server reports itself master. As in production, the old
         master still takes writes until the Sentinels turn it into a replica, which
         takes them about 10 s (their INFO period): call :meth:`wait_agreed` to wait
-        for that too.
+        for that too. An attempt the Sentinels abandon (a replica they found not ready
+        on a loaded machine: they give up after ``failover-timeout``) is asked for
+        again.
 
         Returns:
             The new master.
@@ -266,12 +268,27 @@ class SentinelServers:
             RuntimeError: No new master was named within ``timeout`` seconds.
         """
         old = self.master()
-        sentinel = next(s for s in self.sentinels if s.pid is not None)
-        with sentinel.client(socket_timeout=5) as client:
-            client.execute_command("SENTINEL", "FAILOVER", self.service_name)
         deadline = time.monotonic() + timeout
-        self._wait(deadline, "a new master", lambda: self._moved_from(old))
-        return self.master()
+        attempt = self.failover_timeout_ms / 1000 + 2
+        while True:
+            sentinel = next(s for s in self.sentinels if s.pid is not None)
+            with sentinel.client(socket_timeout=5) as client:
+                try:
+                    client.execute_command("SENTINEL", "FAILOVER", self.service_name)
+                except redis.ResponseError as e:  # INPROG: the last attempt goes on
+                    if "INPROG" not in str(e):
+                        raise
+            try:
+                self._wait(
+                    min(deadline, time.monotonic() + attempt),
+                    "a new master",
+                    lambda: self._moved_from(old),
+                )
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                continue
+            return self.master()
 
     def _moved_from(self, old: RedisServer) -> bool:
         try:
