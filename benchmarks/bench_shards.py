@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from scrapy_dist.shards import shard_of
+from scrapy_dist.frontier.shards import shard_of
 from scrapy_dist.testing import ClusterServers, TestSite
 from scrapy_dist.testing.topology import make_project, run_crawl
 

@@ -47,7 +47,7 @@ from weakref import WeakKeyDictionary
 import redis
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.replication import Command
+from scrapy_dist.frontier.replication import Command
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -56,9 +56,9 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.deliveries import Deliveries
-    from scrapy_dist.frontier import Frontier, Read
+    from scrapy_dist.frontier.core import Frontier, Read
     from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.worker.deliveries import Deliveries
 
 __all__ = [
     "DRAINED",
@@ -397,7 +397,7 @@ class CrawlControl:
         that died (no heartbeat for ``worker_timeout`` seconds) are not counted: they
         expire, and the next reserve after a resume takes them back. Unexpired leases
         of a previous version's layout (``<crawl>:leases``) count while workers live."""
-        from scrapy_dist.shards import shard_count
+        from scrapy_dist.frontier.shards import shard_count
 
         with self.client.pipeline(transaction=False) as pipe:
             pipe.time()
@@ -430,8 +430,8 @@ class CrawlControl:
 
     def _shards(self, count: int) -> list[tuple[redis.Redis, RedisKeys]]:
         """The keys of each of the crawl's ``count`` shards, with a client reaching them."""
+        from scrapy_dist.frontier.shards import shard_client
         from scrapy_dist.keys import RedisKeys, shard_crawl
-        from scrapy_dist.shards import shard_client
 
         found = [(self.client, self.keys)]
         for index in range(1, count):
@@ -519,7 +519,7 @@ class ControlWatcher:
     def rider(self) -> Read | None:
         """The read for a flush's pipeline to carry when one is due (``None``: not due,
         or reads are failing and backing off, which :meth:`poll` handles)."""
-        from scrapy_dist.frontier import Read
+        from scrapy_dist.frontier.core import Read
 
         if self._failures or time.monotonic() < self._next_read:
             return None
@@ -772,7 +772,7 @@ class WorkerControl:
 
     def _hand_back(self) -> int:
         """Hand the buffered leases back to the queue (through the outbox)."""
-        from scrapy_dist.frontier import HAND_BACK
+        from scrapy_dist.frontier.core import HAND_BACK
 
         buffer = self.deliveries.buffer
         handed = [(lease.id, HAND_BACK) for lease, _ in buffer]
@@ -785,7 +785,7 @@ class WorkerControl:
     def _wake(self) -> None:
         if self.crawler is None:
             return
-        from scrapy_dist import _engine
+        from scrapy_dist.worker import engine as _engine
 
         engine = _engine.engine_of(self.crawler)
         if engine is not None:
@@ -800,6 +800,6 @@ class WorkerControl:
             extra={"spider": self.spider},
         )
         if self.crawler is not None:
-            from scrapy_dist.membership import close_spider
+            from scrapy_dist.worker.membership import close_spider
 
             close_spider(self.crawler, DRAINED)

@@ -379,7 +379,7 @@ class RFPDupeFilter(BaseDupeFilter):
     def forget_local(self) -> None:
         """Empty the local cache. The scheduler calls this before the cache is next used
         once the worker held no request, unless a reserve under the same crawl epoch
-        brought it leases first (:class:`~scrapy_dist.deliveries.Deliveries`): a finished
+        brought it leases first (:class:`~scrapy_dist.worker.deliveries.Deliveries`): a finished
         crawl deletes its dupefilter only when no worker holds anything, so no worker can
         then trust fingerprints it cached before."""
         if self.local is not None and self.local.count:

@@ -15,7 +15,7 @@ worker killed meanwhile loses no item (its page is crawled again). Items are the
 sent as soon as they come: a batch is what came while the last was on its way. Under
 another scheduler it returns at once, and a batch is sent at least every
 ``REDIS_ITEMS_FLUSH_INTERVAL`` seconds. Redis unreachable or refusing writes for now
-(OOM, NOREPLICAS, READONLY, LOADING...: :data:`scrapy_dist.outbox.REFUSALS`) is an
+(OOM, NOREPLICAS, READONLY, LOADING...: :data:`scrapy_dist.frontier.outbox.REFUSALS`) is an
 outage: the items stay buffered, in order, and are retried with the outbox's backoff.
 When ``REDIS_ITEMS_BUFFER_MAX`` items are unsent, ``process_item`` returns a Deferred
 that fires once there is room (back-pressure). Items Redis refuses for good, and those
@@ -50,8 +50,8 @@ from scrapy_dist import default_settings
 from scrapy_dist.assembly import assemble
 from scrapy_dist.connection import ClusterClient, describe, get_redis_from_settings
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.keys import crawl_slot, expect_type, key_type, stream_dead_key
-from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.settings import Config, check_items
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def rejected_path(template: str, key: str) -> Path:
 class ItemWriter:
     """Sends serialized items to a Redis list from a background thread, in order.
 
-    Redis unreachable, or refusing writes for now (:data:`~scrapy_dist.outbox.REFUSALS`:
+    Redis unreachable, or refusing writes for now (:data:`~scrapy_dist.frontier.outbox.REFUSALS`:
     OOM, NOREPLICAS, READONLY, LOADING, a key of the wrong type for less than
     ``wrongtype_timeout``...), is an outage: the items stay in the buffer, in order, and
     are retried with the outbox's bounded backoff; one warning when the outage starts,

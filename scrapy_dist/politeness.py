@@ -57,8 +57,8 @@ import redis
 from scrapy import signals
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_dist import _engine
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,11 +69,11 @@ if TYPE_CHECKING:
     from twisted.internet.base import DelayedCall
     from twisted.internet.task import LoopingCall
 
-    from scrapy_dist.deliveries import Deliveries
     from scrapy_dist.exceptions import SerializationError
-    from scrapy_dist.frontier import Frontier, Lease
+    from scrapy_dist.frontier.core import Frontier, Lease
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.settings import PolitenessConfig
+    from scrapy_dist.worker.deliveries import Deliveries
 
 logger = logging.getLogger(__name__)
 

@@ -3,16 +3,16 @@
 Every worker of a crawl enqueues into and takes from the same Redis queue. Dedupe and
 enqueue are one atomic server-side step (``lua/enqueue.lua``), so a fingerprint is never
 recorded for a request that is not queued. Taking a request leases it
-(:mod:`scrapy_dist.frontier`); the lease is settled once the request has left the
-engine (:mod:`scrapy_dist.deliveries`). A request whose callback raised is done, as on
+(:mod:`scrapy_dist.frontier.core`); the lease is settled once the request has left the
+engine (:mod:`scrapy_dist.worker.deliveries`). A request whose callback raised is done, as on
 Scrapy's scheduler; ``SCHEDULER_CALLBACK_ERRORS`` can return it for another try with
 the error as its reason (``"retry"``) or dead-letter it at once (``"dead"``).
 
-The parts: :class:`~scrapy_dist.deliveries.Deliveries` (the leases this worker holds and
-when each is settled), :class:`~scrapy_dist.heartbeat.Heartbeat` (the timer: flushes,
-heartbeats, renewals), :class:`~scrapy_dist.membership.Membership` (joining, losing and
+The parts: :class:`~scrapy_dist.worker.deliveries.Deliveries` (the leases this worker holds and
+when each is settled), :class:`~scrapy_dist.worker.heartbeat.Heartbeat` (the timer: flushes,
+heartbeats, renewals), :class:`~scrapy_dist.worker.membership.Membership` (joining, losing and
 leaving the crawl), :class:`~scrapy_dist.unleased.UnleasedScheduler` (a scrapy-redis
-queue, unleased) and :class:`~scrapy_dist.startup.FailedScheduler` (a crawl that did not
+queue, unleased) and :class:`~scrapy_dist.worker.startup.FailedScheduler` (a crawl that did not
 start). Faults: every call the scheduler makes survives any Redis error (logged and
 counted).
 """
@@ -30,19 +30,15 @@ from scrapy.exceptions import DontCloseSpider
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_dist import _engine, deadletter
+from scrapy_dist import deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.connection import describe
 from scrapy_dist.control import ControlWatcher, WorkerControl
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.deliveries import Deliveries
 from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.enqueuer import Enqueuer
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
-from scrapy_dist.frontier import DEAD_NOW, HAND_BACK, Frontier, Lease
-from scrapy_dist.heartbeat import Heartbeat
-from scrapy_dist.local import LocalRequests
-from scrapy_dist.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
+from scrapy_dist.frontier.core import DEAD_NOW, HAND_BACK, Frontier, Lease
+from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
@@ -50,8 +46,13 @@ from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.settings import check_scheduler
 from scrapy_dist.spiders import RedisSpiderMixin
-from scrapy_dist.startup import FailedScheduler, fail_start, raise_if_failed, start_failure
-from scrapy_dist.workers import WorkerRegistry, crawl_started
+from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.deliveries import Deliveries
+from scrapy_dist.worker.enqueuer import Enqueuer
+from scrapy_dist.worker.heartbeat import Heartbeat
+from scrapy_dist.worker.local import LocalRequests
+from scrapy_dist.worker.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
+from scrapy_dist.worker.startup import FailedScheduler, fail_start, raise_if_failed, start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
@@ -95,10 +96,10 @@ class Scheduler(BaseScheduler):
         start_once: crawl a plain spider's start requests once per crawl, not once
             per worker.
         crawler: the crawler, to report a failed start to (see
-            :mod:`scrapy_dist.startup`); without one, :meth:`open` raises instead.
+            :mod:`scrapy_dist.worker.startup`); without one, :meth:`open` raises instead.
         policy: what a queue entry may decode into (request classes, URL schemes).
         check_engine: run at open; raises if the running Scrapy's engine lacks the
-            private state :mod:`scrapy_dist._engine` reads.
+            private state :mod:`scrapy_dist.worker.engine` reads.
         max_held: leases this worker may hold at once (buffered, in the engine, or
             settled and not yet sent); default ``2 * prefetch`` more than it buffers.
         close_when_done: exit, rather than rejoin, when the crawl finished without
@@ -112,7 +113,7 @@ class Scheduler(BaseScheduler):
             Scrapy's scheduler), returned for another try (``"retry"``) or
             dead-lettered at once (``"dead"``).
         local: where requests that cannot be stored in Redis are kept
-            (:mod:`scrapy_dist.local`; default: Scrapy's LIFO memory queues).
+            (:mod:`scrapy_dist.worker.local`; default: Scrapy's LIFO memory queues).
 
     Raises:
         ConfigurationError: the options contradict each other
@@ -237,7 +238,7 @@ class Scheduler(BaseScheduler):
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the scheduler from the crawler's settings.
 
-        Invalid settings are a start-up failure (:func:`scrapy_dist.startup.fail_start`:
+        Invalid settings are a start-up failure (:func:`scrapy_dist.worker.startup.fail_start`:
         one ERROR line, exit status 1), not an exception that leaves Scrapy's engine
         half-opened: the crawler then gets a :class:`FailedScheduler`.
         """
@@ -359,15 +360,15 @@ class Scheduler(BaseScheduler):
         heartbeats.
 
         A start-up failure (Redis unreachable or refusing the credentials, a key of the
-        wrong type, a Scrapy whose engine lacks what :mod:`scrapy_dist._engine` reads)
-        is reported through :func:`scrapy_dist.startup.fail_start`: one ERROR line,
+        wrong type, a Scrapy whose engine lacks what :mod:`scrapy_dist.worker.engine` reads)
+        is reported through :func:`scrapy_dist.worker.startup.fail_start`: one ERROR line,
         then the spider closes at once and ``scrapy crawl`` exits 1; this scheduler
         then schedules nothing (as a :class:`FailedScheduler`).
 
         Raises:
             RedisUnavailable: Redis cannot be reached (only without a crawler).
             ConfigurationError: a key holds a type this crawl cannot use, the engine
-                lacks what ``scrapy_dist._engine`` reads, or Redis may evict frontier
+                lacks what ``scrapy_dist.worker.engine`` reads, or Redis may evict frontier
                 keys (``REDIS_EVICTION_POLICY_CHECK``) (only without a crawler).
         """
         self.spider = spider
@@ -433,7 +434,7 @@ class Scheduler(BaseScheduler):
 
     def _keep_local(self, request: Request) -> None:
         """Keep a request that cannot be stored in Redis in memory, anchored to the
-        lease of the page it came from (:mod:`scrapy_dist.local`)."""
+        lease of the page it came from (:mod:`scrapy_dist.worker.local`)."""
         parent = self.links.parent(request) if self.links is not None else None
         self.deliveries.keep_local(request, self.deliveries.anchors_of(parent))
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.commands.core import Script
 
-    from scrapy_dist.frontier import OtherShards
+    from scrapy_dist.frontier.core import OtherShards
 
 # -- constants shared with the Lua side -------------------------------------------------
 
@@ -65,7 +65,7 @@ FROM_QUEUE = "q"
 FROM_SEEDS = "s"
 
 #: A Lua pattern that every worker id matches (``<host>:<pid>:<6 hex digits>``,
-#: :func:`scrapy_dist.workers.new_worker_id`): what ``lua/_leases.lua`` takes for a
+#: :func:`scrapy_dist.frontier.registry.new_worker_id`): what ``lua/_leases.lua`` takes for a
 #: holding's worker when it rebuilds the holders zset (a key of a job named ``holders``,
 #: ``<crawl>:holders:requests``, is not a holding).
 WORKER_ID_PATTERN = "^[^:]*:%d+:%x%x%x%x%x%x$"

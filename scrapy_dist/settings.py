@@ -1021,7 +1021,7 @@ def _workers(s: BaseSettings) -> WorkersConfig:
 @dataclass(frozen=True)
 class ReplicationConfig:
     """Children confirmed on replicas before their parent's acknowledgement
-    (:mod:`scrapy_dist.replication`): ``REDIS_WAIT_REPLICAS`` (``None``: decided by the
+    (:mod:`scrapy_dist.frontier.replication`): ``REDIS_WAIT_REPLICAS`` (``None``: decided by the
     topology) and ``REDIS_WAIT_TIMEOUT``."""
 
     wait_replicas: int | None

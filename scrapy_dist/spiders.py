@@ -15,7 +15,7 @@ to ``SCHEDULER_IDLE_POLL_MAX``), so requests queued by other workers, expired le
 seeds pushed by a user start within about a second. A worker closes after
 ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds of real idleness (measured from the last moment it
 had work; ``0`` waits forever), though not while workers that stopped beating hold
-leases (:class:`~scrapy_dist.membership.CloseWait`: it takes them when they
+leases (:class:`~scrapy_dist.worker.membership.CloseWait`: it takes them when they
 expire), or, with ``CLOSE_WHEN_CRAWL_DONE``, once the crawl as a whole is finished.
 
 A seed that cannot become a request is logged with the reason, counted
@@ -43,7 +43,7 @@ from scrapy import Request, Spider, signals
 from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.spiders import CrawlSpider
 
-from scrapy_dist import _engine, deadletter
+from scrapy_dist import deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.control import ControlWatcher
 from scrapy_dist.deadletter import DeadLetters
@@ -52,12 +52,13 @@ from scrapy_dist.exceptions import (
     InvalidSeed,
     InvalidSpiderAttribute,
 )
-from scrapy_dist.frontier import DEAD_NOW, DONE, Frontier, Lease
-from scrapy_dist.membership import CloseWait
+from scrapy_dist.frontier.core import DEAD_NOW, DONE, Frontier, Lease
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.settings import check_seed_batch_size
-from scrapy_dist.startup import fail_start, raise_if_failed, start_failure
+from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.membership import CloseWait
+from scrapy_dist.worker.startup import fail_start, raise_if_failed, start_failure
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -122,7 +123,7 @@ class RedisSpiderMixin(Spider):
             ValueError: no crawler (:class:`ValueError`, as scrapy-redis's), or an
                 invalid attribute (:class:`~scrapy_dist.exceptions.InvalidSpiderAttribute`,
                 which :meth:`from_crawler` reports as a start-up failure, see
-                :mod:`scrapy_dist.startup`).
+                :mod:`scrapy_dist.worker.startup`).
         """
         if getattr(self, "_redis_set_up", False):
             return  # a second call does nothing (scrapy-redis's contract)

@@ -24,7 +24,8 @@ from scrapy_dist.control import ControlState, read_state
 from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
 from scrapy_dist.filters.exact import SetBackend, window_set_state
 from scrapy_dist.filters.window import split_window_signature
-from scrapy_dist.frontier import progress_numbers
+from scrapy_dist.frontier.core import progress_numbers
+from scrapy_dist.frontier.registry import beats_of
 from scrapy_dist.keys import (
     SET_ASIDE_SUFFIX,
     RedisKeys,
@@ -39,7 +40,6 @@ from scrapy_dist.queue import RedisQueue, leasable_queue
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
-from scrapy_dist.workers import beats_of
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -629,7 +629,7 @@ def read_control_status(client: redis.Redis, keys: RedisKeys) -> ControlState | 
         return None
 
 
-# -- a sharded crawl (SCHEDULER_SHARDS, scrapy_dist.shards) ---------------------------------
+# -- a sharded crawl (SCHEDULER_SHARDS, scrapy_dist.frontier.shards) -------------------------
 
 
 def shard_figures(
@@ -640,7 +640,7 @@ def shard_figures(
     one-shard crawl), and with
     ``dupefilter`` its dupefilter's state (``"filter"``: a :class:`FilterState`, or
     ``None`` where it does not exist yet; one or two more round trips per shard)."""
-    from scrapy_dist.shards import other_shards
+    from scrapy_dist.frontier.shards import other_shards
 
     figures = []
     for index, (shard, keys) in enumerate(

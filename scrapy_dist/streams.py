@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import redis
 
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError
+from scrapy_dist.frontier.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.keys import stream_dead_key
-from scrapy_dist.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.scripts import scripts_for
 
 if TYPE_CHECKING:

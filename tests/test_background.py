@@ -1,5 +1,5 @@
 """The scheduler timer's flush goes through the I/O thread (``SCHEDULER_BACKGROUND_FLUSH``,
-:mod:`scrapy_dist.background`): the reactor is not blocked for the round trip, the reply
+:mod:`scrapy_dist.frontier.background`): the reactor is not blocked for the round trip, the reply
 is applied on the reactor thread, and the delivery rules hold with a flush in flight
 (issue 15).
 
@@ -18,12 +18,12 @@ import pytest
 from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
-from scrapy_dist import _engine
-from scrapy_dist import frontier as frontier_module
-from scrapy_dist.background import IOThread
+from scrapy_dist.frontier import core as frontier_module
+from scrapy_dist.frontier.background import IOThread
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisSpider
 from scrapy_dist.testing.leases import holdings, leased_count
+from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -669,7 +669,7 @@ def test_a_draining_worker_closes_once_it_holds_nothing(
 ) -> None:
     from scrapy import Request
 
-    from scrapy_dist import membership
+    from scrapy_dist.worker import membership
 
     closed: list[str] = []
     monkeypatch.setattr(membership, "close_spider", lambda crawler, reason: closed.append(reason))
@@ -695,7 +695,7 @@ def test_a_drain_that_closes_the_scheduler_within_the_tick_leaves_the_registry(
     """Scrapy's engine may close the spider at once, inside the timer's tick: the tick
     then neither heartbeats nor renews (a heartbeat would register the worker again,
     and ``drain --wait`` would see it live until SCHEDULER_WORKER_TIMEOUT)."""
-    from scrapy_dist import membership
+    from scrapy_dist.worker import membership
 
     scheduler = crawler_of()
     keys = scheduler.frontier.keys
@@ -716,7 +716,7 @@ def test_a_worker_opened_while_the_crawl_drains_closes_at_once(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from scrapy_dist import membership
+    from scrapy_dist.worker import membership
 
     closed: list[str] = []
     monkeypatch.setattr(membership, "close_spider", lambda crawler, reason: closed.append(reason))

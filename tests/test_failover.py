@@ -1,4 +1,4 @@
-"""Failover safety (scrapy_dist.replication): children confirmed on a replica before their
+"""Failover safety (scrapy_dist.frontier.replication): children confirmed on a replica before their
 parent's acknowledgement, and a master that changed (failover, restart) noticed.
 
 On real servers: the session's redis-server (a master without replicas, so every WAIT
@@ -18,13 +18,13 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.connection import topology
-from scrapy_dist.epoch import FINISHED, why_gone
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import backend_from_config
-from scrapy_dist.frontier import DONE, VANISHED, Frontier
+from scrapy_dist.frontier.core import DONE, VANISHED, Frontier
+from scrapy_dist.frontier.epoch import FINISHED, why_gone
+from scrapy_dist.frontier.replication import Replication
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
-from scrapy_dist.replication import Replication
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.settings import SENTINEL, SINGLE, Config
 from scrapy_dist.testing import TestSite

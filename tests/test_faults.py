@@ -27,17 +27,17 @@ from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import redis_error_text
-from scrapy_dist.frontier import DONE
-from scrapy_dist.outbox import refusal
+from scrapy_dist.frontier.core import DONE
+from scrapy_dist.frontier.outbox import refusal
 from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
-from scrapy_dist.startup import start_failure
 from scrapy_dist.testing import leases
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
 from scrapy_dist.testing.workers import run_cli
+from scrapy_dist.worker.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

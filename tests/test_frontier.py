@@ -14,12 +14,12 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.python.failure import Failure
 
 from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.frontier import DEAD_NOW, DONE, HAND_BACK, Frontier
-from scrapy_dist.membership import CloseWait
+from scrapy_dist.frontier.core import DEAD_NOW, DONE, HAND_BACK, Frontier
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import deadline, holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
+from scrapy_dist.worker.membership import CloseWait
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.frontier import Progress
+    from scrapy_dist.frontier.core import Progress
 
 URL = "https://example.com/"
 
@@ -376,7 +376,7 @@ def test_totals_read_a_counter_written_by_hand_as_0_with_one_warning(
     OverflowError), or read "1.5" as 1 where the scripts read 0."""
     f = worker().frontier
     client.hset(f.keys.progress, mapping={"done": value, "dead": 2})
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier.core"):
         assert f.totals() == {"done": 0, "dead": 2}
         assert f.totals() == {"done": 0, "dead": 2}
     [warning] = [r.getMessage() for r in caplog.records if "Progress counter" in r.getMessage()]
@@ -390,7 +390,7 @@ def test_totals_read_a_progress_key_of_another_type_as_no_counters(
     Redis is refusing): at a crawl's close, right before its last writes."""
     f = worker().frontier
     client.set(f.keys.progress, b"junk")
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier.core"):
         assert f.totals() == {}
     assert f.reachable
     assert any("is not a hash" in r.getMessage() for r in caplog.records)
@@ -732,7 +732,7 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     # both heard from: each waited for until it beats again (a worker killed a moment
     # ago looks the same)
     assert redis_spider.holds(None)
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.membership"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.worker.membership"):
         for _ in range(3):
             time.sleep(interval)
             beat()
@@ -743,7 +743,7 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     assert killed.frontier.worker_id in told[0]
     # a plain spider's line names the silent holder too, and when its leases expire
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.membership"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.worker.membership"):
         assert CloseWait(survivor.frontier, interval, live_too=True, every=0).holds(None)
     told = [r.getMessage() for r in caplog.records if "not heard from" in r.getMessage()]
     assert len(told) == 1, caplog.text
@@ -806,7 +806,7 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     for member in (b"nan", b"\xff\xfe"):
         client.zadd(keys.holders, {member: time.time() + 1e6})
     far = CloseWait(w.frontier, 0.15, live_too=False, every=60)
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.worker.membership"):
         assert not far.holds(None)
         assert not far.holds(None)
     warned = [r.getMessage() for r in caplog.records if "written by hand" in r.getMessage()]
@@ -826,7 +826,7 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     client.hset(keys.workers, mapping={"nan": time.time() + 1e9})
     client.zadd(keys.holders, {"nan": float("inf")})
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.worker.membership"):
         for live_too in (False, True):
             assert not CloseWait(w.frontier, 0.15, live_too=live_too).holds(None)
     warned = [r.getMessage() for r in caplog.records if "held by nan" in r.getMessage()]
@@ -834,7 +834,7 @@ def test_held_elsewhere_skips_what_was_written_by_hand(
     assert all("they never expire (a deadline written by hand?)" in m for m in warned), warned
     client.zadd(keys.holders, {"nan": time.time() + 1e300})
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.membership"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.worker.membership"):
         assert not CloseWait(w.frontier, 0.15, live_too=True).holds(None)
     assert "they expire in 1e+300s" in caplog.text, caplog.text
     client.delete(keys.holders)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import redis
 
-from scrapy_dist.epoch import stored_number
+from scrapy_dist.frontier.epoch import stored_number
 from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
 from scrapy_dist.scripts import (
     DEAD_BECAUSE,
@@ -705,8 +705,8 @@ def test_a_broken_holders_zset_is_set_aside_and_rebuilt_from_the_holdings(
 def test_every_worker_id_is_one_a_holders_rebuild_finds(client: redis.Redis) -> None:
     """WORKER_ID_PATTERN (what lua/_leases.lua rebuild_holders takes for a worker)
     matches the ids workers give themselves, and not a job's key names."""
+    from scrapy_dist.frontier.registry import new_worker_id
     from scrapy_dist.scripts import WORKER_ID_PATTERN
-    from scrapy_dist.workers import new_worker_id
 
     find = "return string.find(ARGV[1], ARGV[2]) and 1 or 0"
     assert client.eval(find, 0, new_worker_id(), WORKER_ID_PATTERN) == 1
@@ -1822,7 +1822,7 @@ def test_a_completion_time_written_by_hand_beside_a_live_worker_does_not_restart
     assert client.smembers(crawl.keys.starts) == {b"fp"}
 
 
-# what the scripts read as a number of the progress hash, as scrapy_dist.epoch reads it
+# what the scripts read as a number of the progress hash, as scrapy_dist.frontier.epoch reads it
 STORED_NUMBERS = [
     (b"1795000000.25", 1795000000.25),
     (b" 5 ", 5.0),
@@ -1850,7 +1850,7 @@ def test_a_gone_crawl_is_finished_for_the_scripts_and_workers_alike(
     """progress.lua, its epoch gone, answered "finished" for any finished_at tonumber()
     takes (nan, inf, 0x10), the worker's why_gone for any float() takes (1_000): a
     worker closed quietly as finished, or another's frontier was called lost. Both now
-    read one grammar (lua/_leases.lua decimal_of, scrapy_dist.epoch.stored_number)."""
+    read one grammar (lua/_leases.lua decimal_of, scrapy_dist.frontier.epoch.stored_number)."""
     assert stored_number(text) == number
     client.hset(crawl.keys.progress, "finished_at", text)
     if number is None:  # joined a run whose epoch is gone

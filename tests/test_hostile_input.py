@@ -30,19 +30,20 @@ from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 from scrapy.spiders import CrawlSpider
 
-from scrapy_dist import _engine, callbacks, deadletter
+from scrapy_dist import callbacks, deadletter
 from scrapy_dist.exceptions import ConfigurationError, InvalidSeed, SerializationError
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.seeds import check_callbacks, parse_seed, request_from_seed
 from scrapy_dist.serializers import PRIORITY_MAX, JsonSerializer, RequestCodec, RequestPolicy
 from scrapy_dist.spiders import RedisSpider
-from scrapy_dist.startup import start_failure
 from scrapy_dist.testing import TestSite
 from scrapy_dist.testing.crawl import WorkerCrawl, worker_logs
 from scrapy_dist.testing.leases import leased_count
 from scrapy_dist.testing.queues import push_raw, queued_count, queued_entries
 from scrapy_dist.testing.workers import run_cli
+from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -235,7 +236,7 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
 ) -> None:
     """A non-UTF-8 entry without an entry id, leased with good requests: it alone is
     dead-lettered (raw bytes kept), the good ones are leased and delivered."""
-    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.frontier.core import Frontier
 
     frontier = Frontier.for_crawler(make_crawler())
     keys = frontier.keys
@@ -636,7 +637,7 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
     """A non-UTF-8 seed and request dead-lettered by Lua (max deliveries) and by Python
     are listed and come back from ``scrapy-dist dead requeue`` byte for byte."""
     from scrapy_dist.cli import main
-    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.frontier.core import Frontier
 
     settings = {"SCHEDULER_MAX_DELIVERIES": 1, "SCHEDULER_LEASE_TIMEOUT": 0.2}
     crawler = make_crawler(settings)
@@ -777,7 +778,7 @@ def test_a_worker_refuses_to_start_on_an_engine_without_what_it_reads(
     """``scrapy crawl`` on a Scrapy whose engine lacks an attribute scrapy_dist reads
     (simulated by requiring one more) exits 1 with the error naming the version."""
     (tmp_path / "sitecustomize.py").write_text(
-        "import scrapy_dist._engine as engine\n"
+        "import scrapy_dist.worker.engine as engine\n"
         "engine.REQUIRED += (('_slot.renamed_attribute', 'a renamed attribute'),)\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))

@@ -15,7 +15,7 @@ from scrapy import Request
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import SetBackend
-from scrapy_dist.frontier import HAND_BACK, Frontier
+from scrapy_dist.frontier.core import HAND_BACK, Frontier
 from scrapy_dist.keys import (
     LEVELS_MARKER,
     RedisKeys,

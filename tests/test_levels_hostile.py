@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, cast
 import pytest
 from scrapy import Request
 
-from scrapy_dist.frontier import Frontier
+from scrapy_dist.frontier.core import Frontier
 from scrapy_dist.keys import level_key
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.scheduler import Scheduler
-from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.queues import join_flushing, queued_entries
+from scrapy_dist.worker.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable

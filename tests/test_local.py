@@ -10,10 +10,10 @@ import pytest
 from scrapy import Request
 from scrapy.squeues import FifoMemoryQueue
 
-from scrapy_dist.local import LocalRequests
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import leased_count
 from scrapy_dist.testing.queues import queued_count
+from scrapy_dist.worker.local import LocalRequests
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

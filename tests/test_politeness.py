@@ -22,7 +22,7 @@ import pytest
 from scrapy import Request
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier import Lease
+from scrapy_dist.frontier.core import Lease
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.politeness import SLOT_MAX, Limit, Limits, slot_of
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
@@ -525,7 +525,7 @@ def test_robots_crawl_delay_becomes_the_slots_delay(client: redis.Redis, keys: R
     from scrapy.robotstxt import ProtegoRobotParser
     from scrapy.utils.test import get_crawler
 
-    from scrapy_dist import _engine
+    from scrapy_dist.worker import engine as _engine
 
     crawler = get_crawler(settings_dict={"ROBOTSTXT_OBEY": True, "USER_AGENT": "bot"})
     mw = RobotsTxtMiddleware(crawler)

@@ -521,7 +521,7 @@ def test_a_volatile_eviction_policy_is_refused_with_a_window(
     from scrapy.utils.misc import build_from_crawler
 
     from scrapy_dist.scheduler import Scheduler
-    from scrapy_dist.startup import start_failure
+    from scrapy_dist.worker.startup import start_failure
 
     client.config_set("maxmemory-policy", "volatile-lru")
     try:

@@ -10,9 +10,9 @@ import pytest
 from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
-from scrapy_dist import _engine
 from scrapy_dist.control import pause, resume
 from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

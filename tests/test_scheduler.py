@@ -16,11 +16,11 @@ from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 from scrapy_dist.scheduler import FailedScheduler, Scheduler
 from scrapy_dist.settings import start_requests_first
-from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.redis_server import free_port
+from scrapy_dist.worker.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http.request import CallbackT as Callback
 
-    from scrapy_dist.frontier import Progress
+    from scrapy_dist.frontier.core import Progress
 
 URL = "https://example.com/"
 FIFO = "scrapy.squeues.FifoMemoryQueue"

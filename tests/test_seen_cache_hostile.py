@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy import Request
 
-from scrapy_dist.epoch import FINISHED
+from scrapy_dist.frontier.epoch import FINISHED
 from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_ready, wait_workers
 from scrapy_dist.testing.engine import HeldRequests
 

@@ -20,11 +20,11 @@ from scrapy import Request
 
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier import Frontier
+from scrapy_dist.frontier.core import Frontier
+from scrapy_dist.frontier.shards import ShardedFrontier, host_of, join_id, shard_of, split_id
 from scrapy_dist.keys import RedisKeys, shard_crawl, shard_keys, slot_of
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import KeysConfig
-from scrapy_dist.shards import ShardedFrontier, host_of, join_id, shard_of, split_id
 from scrapy_dist.testing import TestSite, run_cli, start_workers, stop_workers, wait_workers
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import leased_count
@@ -380,7 +380,7 @@ def test_a_shard_finding_the_crawl_finished_names_the_crawl(
     # the crawl finished without this worker: shard 0 records it, shard 1's epoch is gone
     client.hset(f.keys.progress, "finished_at", 1)
     client.unlink(f.others[0].keys.epoch)
-    with caplog.at_level("INFO", logger="scrapy_dist.epoch"):
+    with caplog.at_level("INFO", logger="scrapy_dist.frontier.epoch"):
         w.finish(taken)
     assert f.lost == "finished"
     said = [r.getMessage() for r in caplog.records if "without this worker" in r.getMessage()]
@@ -652,8 +652,8 @@ def test_a_junk_recorded_shard_count_is_no_count(
 ) -> None:
     from scrapy.settings import Settings
 
+    from scrapy_dist.frontier.shards import other_shards, shard_count
     from scrapy_dist.settings import Config
-    from scrapy_dist.shards import other_shards, shard_count
 
     keys = RedisKeys.build(name)
     client.set(keys.shards, junk)

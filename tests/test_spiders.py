@@ -15,8 +15,8 @@ from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
-from scrapy_dist.startup import start_failure
 from scrapy_dist.testing.leases import leased_count
+from scrapy_dist.worker.startup import start_failure
 
 if TYPE_CHECKING:
     from collections.abc import Callable

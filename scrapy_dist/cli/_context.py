@@ -396,7 +396,7 @@ _IN_TRANSITION = {
 def in_transition(error: BaseException) -> str | None:
     """What a Redis Cluster refusal that waiting ends (``TRYAGAIN``, ``CLUSTERDOWN``,
     ``MASTERDOWN``: redis-py strips the code from the message) means, or None."""
-    from scrapy_dist.outbox import refusal
+    from scrapy_dist.frontier.outbox import refusal
 
     code = refusal(error)
     if code not in _IN_TRANSITION:

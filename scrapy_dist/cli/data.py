@@ -30,7 +30,7 @@ from scrapy_dist.cli._context import (
     require_crawl,
 )
 from scrapy_dist.cli._crawls import scan_owned
-from scrapy_dist.workers import live_workers
+from scrapy_dist.frontier.registry import live_workers
 
 if TYPE_CHECKING:
     import argparse
@@ -122,7 +122,7 @@ def _shards_present(
     from dataclasses import replace
 
     from scrapy_dist.filters import backend_from_config
-    from scrapy_dist.shards import other_shards
+    from scrapy_dist.frontier.shards import other_shards
 
     found = []
     for node, keys in other_shards(client, layout.keys, config.keys, config.frontier.shards):

@@ -41,7 +41,7 @@ def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
     client = ctx.crawl_client(config, layout)
     if not require_crawl(client, layout, config):
         return EXIT_FAILED
-    from scrapy_dist.shards import other_shards
+    from scrapy_dist.frontier.shards import other_shards
 
     shown = total = 0
     lists = [(client, layout.keys.dead)]  # a sharded crawl has one per shard
@@ -192,9 +192,9 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     stay in the list or the crawl has no keys, 2 for an index past the end or a shard
     the crawl does not have. A sharded crawl's records go back to their own shard's
     queue (``--all``: every shard's)."""
+    from scrapy_dist.frontier.registry import live_workers
+    from scrapy_dist.frontier.shards import other_shards
     from scrapy_dist.seeds import SeedQueue
-    from scrapy_dist.shards import other_shards
-    from scrapy_dist.workers import live_workers
 
     layout, config, spidercls = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)
@@ -270,7 +270,7 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_dead_purge(ctx: Context, args: argparse.Namespace) -> int:
     """Delete the list, every shard's for a sharded crawl (asks unless ``--yes``); exit 1
     if refused or the crawl has no keys."""
-    from scrapy_dist.shards import other_shards
+    from scrapy_dist.frontier.shards import other_shards
 
     layout, config, _ = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)

@@ -307,7 +307,7 @@ end
 
 -- A number of the progress hash as the scripts read it: decimal digits with an optional
 -- sign, point and exponent (no hex, "nan" or "inf", which tonumber also takes), finite;
--- nil for anything else (written by hand). scrapy_dist.epoch.stored_number reads the same.
+-- nil for anything else (written by hand). scrapy_dist.frontier.epoch.stored_number reads the same.
 local function decimal_of(value)
   if type(value) ~= "string" or not (string.find(value, "^%s*[-+]?%d*%.?%d*%s*$")
       or string.find(value, "^%s*[-+]?%d*%.?%d*[eE][-+]?%d+%s*$")) then

@@ -29,7 +29,7 @@
 --           (ARGV[4] == "1"), they are added to KEYS[4]'s, whose record is then the
 --           whole crawl's, which status and reset find without the other shards: their
 --           progress hashes are deleted with their keys next, and only then is
---           others_base set to 0 (scrapy_dist/shards.py), so a shard whose keys outlive
+--           others_base set to 0 (scrapy_dist/frontier/shards.py), so a shard whose keys outlive
 --           the crawl (its worker killed between the two) is never counted twice
 -- A counter or base of KEYS[4] that is not a number (written by hand) reads as 0 and is
 -- reset, its text kept in "<field>:wrongtype"; the run then counts as having settled one

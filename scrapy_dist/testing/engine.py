@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.frontier.core import Frontier
 
 __all__ = ["HeldRequests"]
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 
-from scrapy_dist.frontier import Lease
+from scrapy_dist.frontier.core import Lease
 from scrapy_dist.politeness import Politeness
 from scrapy_dist.scripts import scripts_for
 
@@ -79,7 +79,7 @@ def outstanding(client: redis.Redis, keys: RedisKeys, slot: str) -> int:
 
 class GateBuffer:
     """What :class:`~scrapy_dist.politeness.Politeness` uses of
-    :class:`~scrapy_dist.deliveries.Deliveries`: a buffer of leased requests, and
+    :class:`~scrapy_dist.worker.deliveries.Deliveries`: a buffer of leased requests, and
     ``more`` handed out by the next :meth:`refill_more`."""
 
     def __init__(self, urls: list[str]) -> None:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.frontier.core import Frontier
 
 
 def _type(client: redis.Redis, key: str) -> str:

@@ -139,7 +139,7 @@ def _install() -> None:
     read = redis.connection.AbstractConnection.read_response
     if not getattr(read, "counting", False):
         redis.connection.AbstractConnection.read_response = _time_sync(read)  # type: ignore[method-assign]
-    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.frontier.core import Frontier
 
     land = getattr(Frontier, "land", None)  # the reactor waiting for a flush in flight
     if land is not None and not getattr(land, "counting", False):

@@ -13,7 +13,7 @@ call whose reply was lost are handed back (``lua/release.lua``).
 
 :class:`LeaseClient` builds these calls (through :class:`~scrapy_dist.scripts.Scripts`)
 and reads their replies, and so tracks the leases it grants until they are settled; the
-:class:`~scrapy_dist.frontier.Frontier` sends the calls (through its outbox, or at
+:class:`~scrapy_dist.frontier.core.Frontier` sends the calls (through its outbox, or at
 once) and keeps the crawl's epoch that fences them.
 """
 
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import redis
 
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier.registry import previous_version_running
 from scrapy_dist.scripts import (
     DEAD_BECAUSE,
     DEAD_NOW,
@@ -34,7 +35,6 @@ from scrapy_dist.scripts import (
     FROM_SEEDS,
     HAND_BACK,
 )
-from scrapy_dist.workers import previous_version_running
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable, Sequence

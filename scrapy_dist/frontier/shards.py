@@ -7,7 +7,7 @@ spreads over N masters.
   shard: its dupefilter there decides. Shard 0 is the crawl's usual keys, which also
   keep the seeds, the workers, the dead letters of seeds, the items and the stats;
   shards ``1..N-1`` have keys of their own (:func:`scrapy_dist.keys.shard_keys`).
-- **One frontier per shard**: each shard is a :class:`~scrapy_dist.frontier.Frontier`
+- **One frontier per shard**: each shard is a :class:`~scrapy_dist.frontier.core.Frontier`
   on its own keys (and, under Cluster, on a client pinned to its node): its own epoch
   (every script is fenced by its shard's copy), outbox, leases, renewals
   and hand-backs, replica ``WAIT``. A lease id of shard ``i > 0`` is ``#<i>:<id>`` for
@@ -38,7 +38,13 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.connection import ClusterClient, crawl_client
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier import Frontier, OtherShards, Progress, recorded_shards, shared_filter
+from scrapy_dist.frontier.core import (
+    Frontier,
+    OtherShards,
+    Progress,
+    recorded_shards,
+    shared_filter,
+)
 from scrapy_dist.keys import crawl_slot, shard_keys
 from scrapy_dist.queue import unleased_queue
 
@@ -50,8 +56,8 @@ if TYPE_CHECKING:
 
     from scrapy_dist.assembly import Parts
     from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
+    from scrapy_dist.frontier.leases import Lease
     from scrapy_dist.keys import RedisKeys
-    from scrapy_dist.leases import Lease
     from scrapy_dist.queue import FilterBackend, RedisQueue
     from scrapy_dist.seeds import SeedQueue
     from scrapy_dist.settings import KeysConfig

@@ -26,7 +26,7 @@ from scrapy_dist import deadletter
 from scrapy_dist.connection import describe
 from scrapy_dist.exceptions import StaleFilterView, redis_error_text
 from scrapy_dist.filters import filter_error
-from scrapy_dist.replication import Command
+from scrapy_dist.frontier.replication import Command
 from scrapy_dist.scripts import DONE, Fence
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class Outbox:
         self._wrongtype_since: float | None = None
         #: The batch of the flush under way (taken, not yet answered): its enqueues are
         #: not confirmed and its settlements not sent, so the settlements added
-        #: meanwhile wait behind its enqueues (:mod:`scrapy_dist.background`).
+        #: meanwhile wait behind its enqueues (:mod:`scrapy_dist.frontier.background`).
         self.flying: Batch | None = None
 
     # -- what waits ---------------------------------------------------------------------
@@ -330,7 +330,7 @@ class Outbox:
     def send(self, calls: Sequence[ScriptCall | Command]) -> list[Any]:
         """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script
         support would add a ``SCRIPT EXISTS`` round trip to every flush), and any plain
-        command among them (:class:`~scrapy_dist.replication.Command`) as it is.
+        command among them (:class:`~scrapy_dist.frontier.replication.Command`) as it is.
 
         Returns:
             One answer per call, an exception for a call that failed.

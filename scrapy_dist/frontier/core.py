@@ -2,13 +2,13 @@
 leases, the crawl's progress and completion.
 
 One :class:`Frontier` per crawler, shared by the scheduler and the spider. It composes
-the worker's :class:`~scrapy_dist.outbox.Outbox` (enqueues and settlements, sent in
-order, kept through an outage) and :class:`~scrapy_dist.leases.LeaseClient` (reserve,
+the worker's :class:`~scrapy_dist.frontier.outbox.Outbox` (enqueues and settlements, sent in
+order, kept through an outage) and :class:`~scrapy_dist.frontier.leases.LeaseClient` (reserve,
 settle, renew, release), and sends what they build: one flush is one round trip that
 carries the pending enqueues, the settlements they confirm and a reserve.
 
 Faults (see docs/guarantees.md, "Delivery"): every frontier script carries the
-crawl's epoch (``<crawl>:epoch``, :mod:`scrapy_dist.epoch`): a crawl that finished, was
+crawl's epoch (``<crawl>:epoch``, :mod:`scrapy_dist.frontier.epoch`): a crawl that finished, was
 flushed or evicted refuses the write, and the frontier reports the crawl
 :attr:`Frontier.lost` instead of re-creating its state.
 
@@ -29,9 +29,10 @@ import redis
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.assembly import assemble
-from scrapy_dist.background import IOThread, call_from_thread, reactor_running
 from scrapy_dist.deadletter import DeadLetters
-from scrapy_dist.epoch import (
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier.background import IOThread, call_from_thread, reactor_running
+from scrapy_dist.frontier.epoch import (
     FINISHED,
     REPLACED,
     VANISHED,
@@ -41,9 +42,8 @@ from scrapy_dist.epoch import (
     stored_number,
     why_gone,
 )
-from scrapy_dist.eviction import check_eviction_policy
-from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.leases import (
+from scrapy_dist.frontier.eviction import check_eviction_policy
+from scrapy_dist.frontier.leases import (
     DEAD_BECAUSE,
     DEAD_NOW,
     DONE,
@@ -53,13 +53,13 @@ from scrapy_dist.leases import (
     LeaseClient,
     held_by_others,
 )
-from scrapy_dist.outbox import UNREACHABLE, Batch, Outbox, refusal
+from scrapy_dist.frontier.outbox import UNREACHABLE, Batch, Outbox, refusal
+from scrapy_dist.frontier.registry import heartbeats, new_worker_id
+from scrapy_dist.frontier.replication import Command, Replication
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
-from scrapy_dist.replication import Command, Replication
 from scrapy_dist.scripts import Fence, scripts_for
 from scrapy_dist.seeds import SeedQueue
 from scrapy_dist.settings import check_frontier
-from scrapy_dist.workers import heartbeats, new_worker_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -261,7 +261,7 @@ class _Prepared(NamedTuple):
 
 
 class _Flight(NamedTuple):
-    """A flush sent by the I/O thread (:mod:`scrapy_dist.background`), not yet applied."""
+    """A flush sent by the I/O thread (:mod:`scrapy_dist.frontier.background`), not yet applied."""
 
     prepared: _Prepared
     future: Future[Any]
@@ -364,9 +364,9 @@ class Frontier:
         self.on_lost: list[Callable[[str], None]] = []
         #: This worker saw its crawl finished, holding nothing (lua/progress.lua).
         self._finished_seen = False
-        #: Children confirmed on replicas, the master watched (scrapy_dist.replication).
+        #: Children confirmed on replicas, the master watched (scrapy_dist.frontier.replication).
         self.replication = replication
-        #: Shards of the crawl (``SCHEDULER_SHARDS``, :mod:`scrapy_dist.shards`).
+        #: Shards of the crawl (``SCHEDULER_SHARDS``, :mod:`scrapy_dist.frontier.shards`).
         self.shard_count = 1
         #: Asked at each flush of this frontier's own keys for a :class:`Read` to carry
         #: in its pipeline (``None``: nothing due): a read that is due anyway then costs
@@ -395,7 +395,7 @@ class Frontier:
         parts = assemble(crawler)
         client, keys, config = parts.client, parts.keys, parts.config
         if config.frontier.shards > 1:
-            from scrapy_dist.shards import ShardedFrontier
+            from scrapy_dist.frontier.shards import ShardedFrontier
 
             sharded: Frontier = ShardedFrontier.build(crawler, parts)
             _by_crawler[crawler] = sharded
@@ -515,7 +515,7 @@ class Frontier:
 
     def check_eviction_policy(self, expiring: Sequence[str] = ()) -> None:
         """Refuse (or warn about) a server that may evict frontier keys, as
-        ``eviction_check`` says (see :func:`scrapy_dist.eviction.check_eviction_policy`).
+        ``eviction_check`` says (see :func:`scrapy_dist.frontier.eviction.check_eviction_policy`).
 
         Raises:
             ConfigurationError: it may, and ``eviction_check`` is ``"refuse"``.
@@ -528,7 +528,7 @@ class Frontier:
             self.check_shards(self.shard_count)
         self.epoch = join(self.client, self.keys.epoch)
         self.lost = None
-        if self.replication is not None:  # who the master is (scrapy_dist.replication)
+        if self.replication is not None:  # who the master is (scrapy_dist.frontier.replication)
             self.replication.remember(self.keys.epoch)
         return self.epoch
 
@@ -539,7 +539,7 @@ class Frontier:
 
     def why_gone(self, found: str) -> str:
         """Why the crawl's epoch is ``found`` rather than the one joined (see
-        :func:`scrapy_dist.epoch.why_gone`)."""
+        :func:`scrapy_dist.frontier.epoch.why_gone`)."""
         return why_gone(self.client, self.keys, found, self.epoch)
 
     def check_shards(self, count: int = 1) -> None:
@@ -664,7 +664,7 @@ class Frontier:
         host: str = "",
     ) -> None:
         """Add one ``(payload, score, fingerprint)`` item to the outbox (``host``, the
-        request's, places it in a sharded crawl, :mod:`scrapy_dist.shards`).
+        request's, places it in a sharded crawl, :mod:`scrapy_dist.frontier.shards`).
 
         It is deduplicated and enqueued atomically when the outbox is flushed (with the
         next reserve, on the flush timer, when many are pending, or at once when
@@ -731,7 +731,7 @@ class Frontier:
             raise
         return self._apply(prepared, seeds, answers, None)
 
-    # -- flushes off the reactor thread (scrapy_dist.background) ---------------------
+    # -- flushes off the reactor thread (scrapy_dist.frontier.background) ---------------------
 
     def can_flush_later(self) -> bool:
         """Whether :meth:`flush_later` sends from the I/O thread: ``background`` is on,
@@ -1088,7 +1088,7 @@ class Frontier:
     @property
     def shards(self) -> list[Frontier]:
         """The frontiers of the crawl's shards: this one alone (see
-        :class:`~scrapy_dist.shards.ShardedFrontier`)."""
+        :class:`~scrapy_dist.frontier.shards.ShardedFrontier`)."""
         return [self]
 
     def held_elsewhere(self) -> Elsewhere | None:

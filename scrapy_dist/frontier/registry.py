@@ -5,7 +5,7 @@ clocks agree) into ``<crawl>:workers``. A worker whose heartbeat is older than t
 timeout counts as gone and is pruned by the next join or leave. Joining may flush the
 crawl's frontier, atomically with the count of the other live workers, so one worker
 never wipes state other workers still use; leaving never deletes anything (a finished
-crawl does, see :mod:`scrapy_dist.frontier`).
+crawl does, see :mod:`scrapy_dist.frontier.core`).
 """
 
 from __future__ import annotations

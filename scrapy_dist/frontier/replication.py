@@ -25,7 +25,7 @@ data) may mean lost writes: the worker logs one line saying so, drops what assum
 server's state (the dupefilter's seen-cache, through :attr:`Replication.on_change`),
 and sends the requests not yet confirmed again (they are still in the outbox). If the
 crawl's epoch key is gone with it, the frontier reports the crawl lost
-(:mod:`scrapy_dist.epoch`: the worker stops with ``frontier_lost``), never "finished".
+(:mod:`scrapy_dist.frontier.epoch`: the worker stops with ``frontier_lost``), never "finished".
 
 Limits: a request confirmed on one replica is lost if the master and that replica both
 fail before another replica receives it; with several replicas the failover must
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.outbox import Batch, Outbox
+    from scrapy_dist.frontier.outbox import Batch, Outbox
 
 __all__ = [
     "CHECK_INTERVAL",
@@ -317,6 +317,6 @@ def _told(_queued: bool) -> None:
 
 
 def _refused_for_now(error: redis.exceptions.ResponseError) -> bool:
-    from scrapy_dist.outbox import refusal
+    from scrapy_dist.frontier.outbox import refusal
 
     return refusal(error) is not None

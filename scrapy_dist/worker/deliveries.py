@@ -3,7 +3,7 @@
 A request leased from the crawl's queue is *buffered* here until Scrapy's engine asks
 for it, then *out* (in the engine) until it has left the engine: its download, its
 callback or errback, and the processing of everything they returned are complete (the
-engine's requests in progress, :func:`scrapy_dist._engine.in_flight`). Only then is
+engine's requests in progress, :func:`scrapy_dist.worker.engine.in_flight`). Only then is
 its lease *settled*: acknowledged (also when its callback raised, as on Scrapy's
 scheduler: ``SCHEDULER_CALLBACK_ERRORS = "done"``), or, when its callback raised,
 returned for another try with the error as its reason (``"retry"``) or dead-lettered
@@ -12,12 +12,12 @@ at once with it (``"dead"``). A worker holds at most ``max_held`` leases
 worker makes others crawl again.
 
 Requests that cannot be stored in Redis are kept here too, in memory
-(:class:`~scrapy_dist.local.LocalRequests`), and handed to the engine before leased
+(:class:`~scrapy_dist.worker.local.LocalRequests`), and handed to the engine before leased
 ones; the leases of the pages they came from (their *anchors*) are settled only once
 they have left the engine (:meth:`Deliveries.keep_local`).
 
 :class:`Deliveries` does no Redis I/O of its own: leases, settlements and renewals go
-through the :class:`~scrapy_dist.frontier.Frontier`, which sends them in batches.
+through the :class:`~scrapy_dist.frontier.core.Frontier`, which sends them in batches.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from scrapy_dist.exceptions import SerializationError
-from scrapy_dist.frontier import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
-from scrapy_dist.local import LocalRequests
+from scrapy_dist.frontier.core import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.worker.local import LocalRequests
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection

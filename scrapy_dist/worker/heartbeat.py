@@ -5,7 +5,7 @@ writes, with a reserve that tops up the scheduler's buffer when it runs low (so 
 engine rarely finds it empty and waits for a reserve of its own), and with the crawl's
 control state when its read is due (:class:`~scrapy_dist.control.ControlWatcher`): one
 round trip, sent from the worker's I/O thread when the scheduler can
-(``flush_later``, :mod:`scrapy_dist.background`: the reactor then goes on running the
+(``flush_later``, :mod:`scrapy_dist.frontier.background`: the reactor then goes on running the
 engine; a tick while that flush is in flight sends nothing more); every heartbeat
 interval it also heartbeats in the crawl's worker registry and
 renews the leases this worker holds. Each tick also reads the crawl's control state
@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from twisted.internet.task import LoopingCall
 
     from scrapy_dist.control import WorkerControl
-    from scrapy_dist.deliveries import Deliveries
-    from scrapy_dist.frontier import Frontier
-    from scrapy_dist.workers import WorkerRegistry
+    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.registry import WorkerRegistry
+    from scrapy_dist.worker.deliveries import Deliveries
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import redis
 from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_dist.connection import check, describe
-from scrapy_dist.frontier import FINISHED
-from scrapy_dist.leases import refuse_beside_previous
+from scrapy_dist.frontier.core import FINISHED
+from scrapy_dist.frontier.leases import refuse_beside_previous
 from scrapy_dist.seeds import similar_seed_keys
 
 if TYPE_CHECKING:
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
     from scrapy.dupefilters import BaseDupeFilter
 
     from scrapy_dist.control import WorkerControl
-    from scrapy_dist.deliveries import Deliveries
     from scrapy_dist.dupefilter import RFPDupeFilter
-    from scrapy_dist.frontier import Frontier, Progress
-    from scrapy_dist.leases import Held
-    from scrapy_dist.workers import WorkerRegistry
+    from scrapy_dist.frontier.core import Frontier, Progress
+    from scrapy_dist.frontier.leases import Held
+    from scrapy_dist.frontier.registry import WorkerRegistry
+    from scrapy_dist.worker.deliveries import Deliveries
 
 logger = logging.getLogger(__name__)
 

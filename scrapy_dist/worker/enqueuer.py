@@ -3,7 +3,7 @@
 A request is dropped before any round trip when it is a known duplicate (this worker's
 seen-cache of the shared dupefilter, or a local dupefilter) or when its crawl is gone.
 A request that cannot be stored in Redis is kept in this worker's memory, as Scrapy's
-scheduler keeps what its disk queue cannot take (:mod:`scrapy_dist.local`: warned
+scheduler keeps what its disk queue cannot take (:mod:`scrapy_dist.worker.local`: warned
 about once, counted as ``scheduler/unserializable`` and ``scheduler/enqueued/memory``;
 its fingerprint is recorded in the shared dupefilter first, one round trip). Otherwise
 it is handed to the frontier, which sends it with the next batch; the dedupe and the
@@ -30,7 +30,7 @@ from scrapy import signals
 
 from scrapy_dist import deadletter
 from scrapy_dist.exceptions import SerializationError
-from scrapy_dist.shards import host_of
+from scrapy_dist.frontier.shards import host_of
 from scrapy_dist.spiders import RedisSpiderMixin
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.deadletter import DeadLetters
     from scrapy_dist.dupefilter import RFPDupeFilter
-    from scrapy_dist.frontier import Frontier
+    from scrapy_dist.frontier.core import Frontier
     from scrapy_dist.serializers import RequestCodec
 
 logger = logging.getLogger(__name__)
