@@ -41,6 +41,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no init has reaped yet has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _get(site: TestSite, path: str) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", site.port, timeout=5)
     try:
@@ -109,6 +118,39 @@ def test_redis_server_start_ping_stop() -> None:
     assert not _alive(pid)
     assert not directory.exists()
     server.stop()  # idempotent
+
+
+@pytest.mark.redis_server
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_redis_server_dies_with_a_session_killed_by_sigkill() -> None:
+    # a test session killed with SIGKILL runs no cleanup: its servers must not outlive it
+    session = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from scrapy_dist.testing.redis_server import RedisServer\n"
+            "server = RedisServer().start()\n"
+            "print(server.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert session.stdout is not None
+        pid = int(session.stdout.readline())
+        assert _alive(pid)
+    finally:
+        session.kill()
+        session.wait()
+    deadline = time.monotonic() + 30
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = _running(pid)
+    if running:
+        os.kill(pid, signal.SIGKILL)
+    assert not running, f"redis-server {pid} outlived the session killed with SIGKILL"
 
 
 @pytest.mark.redis_server

@@ -2,7 +2,9 @@
 
 :class:`RedisServer` runs a private server on a free port of 127.0.0.1 with its data in
 a temporary directory, and can stop, crash (:meth:`RedisServer.kill`) and restart it
-on the same port and directory, which is what fault-injection tests need.
+on the same port and directory, which is what fault-injection tests need. On Linux the
+server dies with the process that started it, even one killed with SIGKILL
+(:mod:`scrapy_dist.testing.processes`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import TYPE_CHECKING
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from scrapy_dist.testing.processes import die_with_parent
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -339,6 +343,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 (takes no lock: see its module)
         )
         self._process = process
         if self._finalizer is not None:

@@ -3,7 +3,8 @@
 Each worker is ``python -m scrapy crawl <spider> -s NAME=VALUE ...`` run in the
 project directory, in its own process group, with Scrapy's log in ``worker-<n>.log``
 and anything printed outside logging in ``worker-<n>.out``, both in ``log_dir``.
-The workers import the same ``scrapy_dist`` package as the caller.
+The workers import the same ``scrapy_dist`` package as the caller, and on Linux die
+with the process that started them (:mod:`scrapy_dist.testing.processes`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.testing.processes import die_with_parent
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -207,6 +210,7 @@ def start_workers(
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=die_with_parent(),  # noqa: PLW1509 (takes no lock: see its module)
                 )
             workers.append(Worker(index, process, log_file, output_file, stats_file))
     except BaseException:
