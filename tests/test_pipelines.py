@@ -24,13 +24,14 @@ from twisted.internet.defer import Deferred
 import scrapy_dist
 from scrapy_dist.cli import main
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.pipelines import ItemWriter, RedisPipeline
+from scrapy_dist.pipelines import RedisPipeline
 from scrapy_dist.stats import decode_stats
 from scrapy_dist.testing.crawl import WorkerCrawl
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
 from scrapy_dist.testing.workers import run_cli
+from scrapy_dist.writers import ItemWriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -25,7 +25,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.cli import main
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.metrics import CrawlMetrics
-from scrapy_dist.pipelines import RedisPipeline, RedisStreamPipeline, StreamWriter
+from scrapy_dist.pipelines import RedisPipeline, RedisStreamPipeline
 from scrapy_dist.settings import Config
 from scrapy_dist.status import CrawlLayout, read_status
 from scrapy_dist.streams import (
@@ -42,6 +42,7 @@ from scrapy_dist.streams import (
 from scrapy_dist.testing.crawl import WorkerCrawl
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
+from scrapy_dist.writers import StreamWriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
