@@ -12,6 +12,10 @@ node: the frontier's scripts touch several keys at once, which a cluster allows 
 within one slot. :func:`crawl_slot` checks it when the crawl opens. Users push seeds to
 the tagged key: ``redis-cli -c lpush '{books}:start_urls' URL`` (or ``scrapy-dist push``).
 
+Over 600 lines on purpose: this is the one owner of every key name, and the table
+below is the crawl's whole layout in Redis; split, a key's name and its neighbours'
+would be read in different places.
+
 =========================  ===========  ==============================================
 key                        type         holds
 =========================  ===========  ==============================================

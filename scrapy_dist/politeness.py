@@ -39,6 +39,11 @@ no limit. The script repairs its keys when it finds them lost or holding garbage
 ``lua/politeness.lua``) and says what it did: one ERROR per key (:meth:`Politeness._tell`).
 A slot name from request meta is untrusted: it is only ever part of a zset member, never
 a key name, and one longer than :data:`SLOT_MAX` characters is replaced by its SHA-1.
+
+Over 600 lines on purpose: :class:`Politeness` is one state machine per worker (the
+tokens it asked for, holds, confirmed sending and gives back), and every transition
+reads and writes that one state; the slot limits and the wire format of a token are
+small classes beside it.
 """
 
 from __future__ import annotations
