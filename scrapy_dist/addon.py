@@ -4,7 +4,7 @@ Projects either enable :class:`DistAddon` (``ADDONS = {"scrapy_dist.addon.DistAd
 which installs the scheduler, the dupefilter and every default at ``"addon"`` priority,
 or just name the scheduler and dupefilter classes in their settings, as with
 scrapy-redis. Either way components read their settings through
-:class:`scrapy_dist.settings.Config`, so a setting the project leaves unset has the
+:class:`scrapy_dist.config.core.Config`, so a setting the project leaves unset has the
 value in :mod:`scrapy_dist.default_settings`.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from scrapy.utils.misc import load_object
 
 from scrapy_dist import default_settings
-from scrapy_dist.settings import settings_final, with_defaults
+from scrapy_dist.config.reading import settings_final, with_defaults
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings

@@ -1,7 +1,7 @@
 """The parts every component of a crawler shares, assembled once per crawler.
 
 :func:`assemble` builds, the first time a component's ``from_crawler`` asks, the
-crawler's :class:`~scrapy_dist.settings.Config` (from its final settings), its one Redis
+crawler's :class:`~scrapy_dist.config.core.Config` (from its final settings), its one Redis
 client (:mod:`scrapy_dist.connection`), its keys (:mod:`scrapy_dist.keys`, named after
 the spider instance and stamped on the Redis server's clock) and the scripts registered
 on that client (:mod:`scrapy_dist.scripts`), and returns the same :class:`Parts` after
@@ -16,10 +16,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary, ref
 
+from scrapy_dist.config.core import Config
 from scrapy_dist.connection import client_from_config, crawl_client
 from scrapy_dist.keys import hash_tag_on, keys_from_config, server_time
 from scrapy_dist.scripts import Scripts, scripts_for
-from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
     import redis
@@ -109,7 +109,7 @@ def assemble(crawler: Crawler) -> Parts:
 
     Raises:
         RuntimeError: the settings are not final yet (see
-            :meth:`scrapy_dist.settings.Config.from_crawler`).
+            :meth:`scrapy_dist.config.core.Config.from_crawler`).
     """
     try:
         return _assembled[crawler]

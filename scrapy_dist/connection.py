@@ -1,7 +1,7 @@
 """The one Redis client factory.
 
 Only this module creates clients, from the connection settings
-(:class:`~scrapy_dist.settings.ConnectionConfig`). A crawler gets one client, shared by
+(:class:`~scrapy_dist.config.topology.ConnectionConfig`). A crawler gets one client, shared by
 the scheduler, the dupefilter, the spider and every other component
 (:func:`scrapy_dist.assembly.assemble`). Building a
 client does no I/O; :func:`check` is the explicit connectivity test that turns an
@@ -37,10 +37,9 @@ from redis.exceptions import (
 )
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
-from scrapy_dist.settings import (
+from scrapy_dist.config.params import DEFAULT_PARAMS
+from scrapy_dist.config.topology import (
     CLUSTER,
-    DEFAULT_PARAMS,
     SENTINEL,
     SINGLE,
     URL_SCHEMES,
@@ -48,6 +47,7 @@ from scrapy_dist.settings import (
     connection_config,
     mask_url,
 )
+from scrapy_dist.exceptions import ConfigurationError, RedisUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -352,9 +352,9 @@ class CrawlControl:
         Raises:
             ConfigurationError: invalid settings.
         """
+        from scrapy_dist.config.core import Config
         from scrapy_dist.connection import client_from_config, crawl_client
         from scrapy_dist.keys import hash_tag_on, keys_from_config, server_time
-        from scrapy_dist.settings import Config
 
         config = Config.from_settings(settings)
         if job is not None:

@@ -2,7 +2,7 @@
 
 Rules, as in Scrapy's own ``default_settings.py``: one setting per line, alphabetical
 order, a ``#:`` comment each, no logic. docs/settings.md lists each setting once; class
-docstrings do not repeat them. :class:`scrapy_dist.settings.Config` fills every unset
+docstrings do not repeat them. :class:`scrapy_dist.config.core.Config` fills every unset
 setting from here before it parses them, so a project that sets nothing still gets them,
 and :class:`scrapy_dist.addon.DistAddon` installs them at ``"addon"`` priority.
 """

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from scrapy_dist import default_settings as _settings
-from scrapy_dist.settings import DEFAULT_PARAMS
+from scrapy_dist.config.params import DEFAULT_PARAMS
 
 #: Key of the standalone dupefilter (Scrapy's own scheduler): one per run.
 DUPEFILTER_KEY = "dupefilter:%(timestamp)s"

@@ -36,6 +36,7 @@ from scrapy.utils.request import RequestFingerprinter, referer_str
 
 from scrapy_dist.assembly import assemble
 from scrapy_dist.bloom import BloomParams, LocalBloom
+from scrapy_dist.config.core import Config
 from scrapy_dist.connection import get_redis_from_settings
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import (
@@ -48,7 +49,6 @@ from scrapy_dist.filters import (
     bloom_params_from_config,
 )
 from scrapy_dist.keys import standalone_dupefilter_key
-from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

@@ -112,13 +112,16 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.crc import key_slot
 
+from scrapy_dist.config.core import Config
+from scrapy_dist.config.topology import CLUSTER
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.settings import CLUSTER, Config, KeysConfig
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from scrapy.settings import BaseSettings
+
+    from scrapy_dist.config.scheduling import KeysConfig
 
 logger = logging.getLogger(__name__)
 

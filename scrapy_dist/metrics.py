@@ -39,8 +39,8 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.config.components import check_metrics
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.settings import check_metrics
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT
 from scrapy_dist.status import CrawlLayout, read_status
 

@@ -43,10 +43,10 @@ from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist import default_settings
 from scrapy_dist.assembly import assemble
+from scrapy_dist.config.core import Config
 from scrapy_dist.connection import ClusterClient, get_redis_from_settings
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import crawl_slot, expect_type, key_type, stream_dead_key
-from scrapy_dist.settings import Config
 from scrapy_dist.writers import (
     CLOSE_TIMEOUT,
     ItemWriter,
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist.assembly import Parts
-    from scrapy_dist.settings import ItemsConfig
+    from scrapy_dist.config.components import ItemsConfig
 
 logger = logging.getLogger(__name__)
 

@@ -74,10 +74,10 @@ if TYPE_CHECKING:
     from twisted.internet.base import DelayedCall
     from twisted.internet.task import LoopingCall
 
+    from scrapy_dist.config.scheduling import PolitenessConfig
     from scrapy_dist.exceptions import SerializationError
     from scrapy_dist.frontier.core import Frontier, Lease
     from scrapy_dist.keys import RedisKeys
-    from scrapy_dist.settings import PolitenessConfig
     from scrapy_dist.worker.deliveries import Deliveries
 
 logger = logging.getLogger(__name__)

@@ -170,7 +170,7 @@ class RedisQueue(Base):
         order: str = "ff",
     ) -> None:
         #: How requests of equal priority are ordered (a priority queue's; see
-        #: :class:`~scrapy_dist.settings.QueueConfig`).
+        #: :class:`~scrapy_dist.config.scheduling.QueueConfig`).
         self.order = order
         if isinstance(key, str):
             self.client = self.server = client

@@ -32,6 +32,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist import deadletter
 from scrapy_dist.assembly import assemble
+from scrapy_dist.config.scheduling import check_scheduler
 from scrapy_dist.connection import describe
 from scrapy_dist.control import ControlWatcher, WorkerControl
 from scrapy_dist.deadletter import DeadLetters
@@ -44,7 +45,6 @@ from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
-from scrapy_dist.settings import check_scheduler
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
 from scrapy_dist.worker.deliveries import Deliveries
@@ -117,7 +117,7 @@ class Scheduler(BaseScheduler):
 
     Raises:
         ConfigurationError: the options contradict each other
-            (:func:`scrapy_dist.settings.check_scheduler`).
+            (:func:`scrapy_dist.config.scheduling.check_scheduler`).
     """
 
     #: Whether requests are leased (``False``: :class:`UnleasedScheduler`).

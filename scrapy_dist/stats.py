@@ -40,9 +40,9 @@ from scrapy.statscollectors import StatsCollector
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.config.components import check_stats_interval
 from scrapy_dist.frontier.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
 from scrapy_dist.scripts import scripts_for
-from scrapy_dist.settings import check_stats_interval
 from scrapy_dist.worker.startup import start_failure
 
 if TYPE_CHECKING:

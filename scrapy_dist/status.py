@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from scrapy_dist.assembly import assemble
 from scrapy_dist.bloom import parse_signature
+from scrapy_dist.config.core import Config
 from scrapy_dist.connection import describe
 from scrapy_dist.control import ControlState, read_state
 from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
@@ -38,7 +39,6 @@ from scrapy_dist.keys import (
 )
 from scrapy_dist.queue import RedisQueue, leasable_queue
 from scrapy_dist.scripts import scripts_for
-from scrapy_dist.settings import Config
 from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT, Rates, decode_stats, parse_samples, rates
 
 if TYPE_CHECKING:

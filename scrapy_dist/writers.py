@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from scrapy_dist import default_settings
+from scrapy_dist.config.components import check_items
 from scrapy_dist.connection import describe
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
-from scrapy_dist.settings import check_items
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -1,10 +1,14 @@
 """The config: frozen, built once per crawler from its final settings, every setting
-checked in scrapy_dist.settings with the messages users see."""
+checked in scrapy_dist.config with the messages users see (imported here through
+scrapy_dist.settings, its compatibility face)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -464,3 +468,95 @@ def test_an_own_redis_cls_gets_redis_params_unchecked_and_redis_py_s_are_checked
         bad = {"redis_cls": cls, "socket_connect_timeout": "abc"}
         with pytest.raises(ConfigurationError, match="socket_connect_timeout"):
             connection_config(Settings({"REDIS_PARAMS": bad}))
+
+
+#: The names ``scrapy_dist.settings`` exported before the package ``scrapy_dist.config``.
+COMPAT_NAMES = [
+    "BACKENDS",
+    "CALLBACK_ERRORS",
+    "CLUSTER",
+    "DEFAULT_PARAMS",
+    "DIST_SCHEDULER",
+    "EVICTION_CHECKS",
+    "MAX_SHARDS",
+    "ON_FULL",
+    "RECRAWL_MAX_SECONDS",
+    "RECRAWL_MIN_MS",
+    "REDIS_PORT",
+    "SECTIONS",
+    "SENTINEL",
+    "SENTINEL_PORT",
+    "SINGLE",
+    "TOPOLOGY_SCHEMES",
+    "URL_SCHEMES",
+    "BloomSize",
+    "ComponentsConfig",
+    "Config",
+    "ConnectionConfig",
+    "DupefilterConfig",
+    "FrontierConfig",
+    "ItemsConfig",
+    "KeysConfig",
+    "MetricsConfig",
+    "PolitenessConfig",
+    "QueueConfig",
+    "ReplicationConfig",
+    "RequestsConfig",
+    "SchedulerConfig",
+    "SeedsConfig",
+    "SpiderConfig",
+    "StatsConfig",
+    "WorkersConfig",
+    "check_frontier",
+    "check_items",
+    "check_metrics",
+    "check_on_full",
+    "check_params",
+    "check_politeness",
+    "check_replication",
+    "check_scheduler",
+    "check_seed_batch_size",
+    "check_stats_interval",
+    "connection_config",
+    "is_dist_scheduler",
+    "load_setting",
+    "mask_url",
+    "memory_queue_order",
+    "parse_nodes",
+    "recrawl_after",
+    "settings_final",
+    "start_requests_first",
+    "with_defaults",
+]
+
+#: The modules of ``scrapy_dist.config``, each importing only those before it.
+CONFIG_MODULES = ["reading", "params", "topology", "scheduling", "components", "core"]
+
+
+def test_scrapy_dist_settings_still_exports_its_names() -> None:
+    """The compatibility face: each name re-exported from where it is defined now."""
+    import scrapy_dist.settings as compat
+
+    assert sorted(compat.__all__) == sorted(COMPAT_NAMES)
+    modules = [importlib.import_module(f"scrapy_dist.config.{m}") for m in CONFIG_MODULES]
+    for name in COMPAT_NAMES:
+        assert any(vars(m).get(name) is getattr(compat, name) for m in modules), name
+
+
+def test_the_config_modules_import_each_other_in_one_direction() -> None:
+    """No import circle: a config module imports of the package only the config modules
+    before it, the exceptions and the defaults."""
+    package = Path(importlib.import_module("scrapy_dist.config").__file__ or "").parent
+    for i, name in enumerate(CONFIG_MODULES):
+        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "scrapy_dist":
+                imported |= {f"scrapy_dist.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scrapy_dist"):
+                imported.add(str(node.module))
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names if a.name.startswith("scrapy_dist")}
+        allowed = {"scrapy_dist.exceptions", "scrapy_dist.default_settings"}
+        allowed |= {f"scrapy_dist.config.{m}" for m in CONFIG_MODULES[:i]}
+        assert imported <= allowed, (name, sorted(imported - allowed))

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.settings import BaseSettings
 
-    from scrapy_dist.settings import Config
+    from scrapy_dist.config.core import Config
     from scrapy_dist.status import CrawlLayout
 
 #: Exit status: the command did everything it was asked.
@@ -101,7 +101,7 @@ class Context:
             CommandError: the project has no spider of that name.
             ConfigurationError: invalid settings.
         """
-        from scrapy_dist.settings import Config
+        from scrapy_dist.config.core import Config
 
         settings = self.raw_settings()
         spidercls = None

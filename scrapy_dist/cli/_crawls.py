@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.settings import Config
+    from scrapy_dist.config.core import Config
     from scrapy_dist.status import CrawlLayout
 
 #: Stand-in crawl name used to turn key templates into ``SCAN`` patterns.

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.settings import Config
+    from scrapy_dist.config.core import Config
 
 #: Command -> the state it sets.
 COMMANDS = {"pause": PAUSED, "resume": RUNNING, "drain": DRAINING}

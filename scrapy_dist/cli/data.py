@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.settings import Config
+    from scrapy_dist.config.core import Config
     from scrapy_dist.status import CrawlLayout
 
 

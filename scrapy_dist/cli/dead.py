@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
     from scrapy import Request, Spider
 
+    from scrapy_dist.config.core import Config
     from scrapy_dist.queue import RedisQueue
     from scrapy_dist.serializers import RequestPolicy, Serializer
-    from scrapy_dist.settings import Config
 
 
 def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:

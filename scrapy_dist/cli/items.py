@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.settings import Config
+    from scrapy_dist.config.core import Config
     from scrapy_dist.status import CrawlLayout
     from scrapy_dist.streams import StreamState
 

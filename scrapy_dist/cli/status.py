@@ -25,16 +25,16 @@ from scrapy_dist.cli._context import (
 )
 from scrapy_dist.cli._crawls import find_crawls
 from scrapy_dist.cli.items import stream_lines
+from scrapy_dist.config.topology import CLUSTER
 from scrapy_dist.connection import SlotMoved, crawl_client, topology
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import key_type
-from scrapy_dist.settings import CLUSTER
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Mapping, Sequence
 
-    from scrapy_dist.settings import Config
+    from scrapy_dist.config.core import Config
     from scrapy_dist.status import CrawlStatus
 
     #: A crawl's status, or ``(crawl, why it cannot be read)``.

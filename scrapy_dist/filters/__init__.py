@@ -29,7 +29,7 @@ code runs inside the enqueue script (``lua/enqueue.lua``) and, for the dupefilte
 own calls, ``lua/dupefilter.lua``, both over ``lua/_filters.lua``. To add a backend:
 a module here with a :class:`~.base.ScriptedBackend` subclass, its ``kind`` in
 ``lua/_filters.lua``'s ``filter_for``, its name in ``DUPEFILTER_BACKEND`` (validated by
-:mod:`scrapy_dist.settings`) and a branch in :func:`backend_from_config`.
+:mod:`scrapy_dist.config.components`) and a branch in :func:`backend_from_config`.
 """
 
 from scrapy_dist.filters.base import (

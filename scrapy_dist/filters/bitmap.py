@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import mmh3
 
 from scrapy_dist.bloom import HASH_SEED, bloom_chain, chain_false_positive_rate, signature
+from scrapy_dist.config.components import check_on_full
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters.base import (
     FilterState,
@@ -27,7 +28,6 @@ from scrapy_dist.filters.base import (
 from scrapy_dist.filters.window import server_ms
 from scrapy_dist.keys import key_type, window_generation_key, window_segment_key
 from scrapy_dist.scripts import scripts_for
-from scrapy_dist.settings import check_on_full
 
 if TYPE_CHECKING:
     import redis
@@ -99,7 +99,7 @@ class BitmapBloomBackend(ScriptedBackend):
 
     Raises:
         ConfigurationError: ``on_full`` is not one of
-            :data:`scrapy_dist.settings.ON_FULL`.
+            :data:`scrapy_dist.config.components.ON_FULL`.
     """
 
     kind: ClassVar[str] = "bloom"

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from scrapy_dist.bloom import BloomParams, fit_segments
+from scrapy_dist.config.core import Config
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters.base import REDISBLOOM_TYPES, wrong_type
 from scrapy_dist.filters.bitmap import BitmapBloomBackend
@@ -15,16 +16,15 @@ from scrapy_dist.filters.exact import SetBackend, WindowSetBackend
 from scrapy_dist.filters.redisbloom import RedisBloomBackend, has_redisbloom
 from scrapy_dist.filters.window import GENERATIONS, window_of
 from scrapy_dist.keys import key_type
-from scrapy_dist.settings import Config
 
 if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
     from scrapy.settings import BaseSettings
 
+    from scrapy_dist.config.components import BloomSize, DupefilterConfig
     from scrapy_dist.filters.base import DupefilterBackend
     from scrapy_dist.keys import RedisKeys
-    from scrapy_dist.settings import BloomSize, DupefilterConfig
 
 logger = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import redis
 
 from scrapy_dist.bloom import GROWTH, bloom_chain, chain_false_positive_rate
+from scrapy_dist.config.components import check_on_full
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters.base import (
     REDISBLOOM_TYPES,
@@ -22,7 +23,6 @@ from scrapy_dist.filters.base import (
 )
 from scrapy_dist.filters.window import RecrawlWindow, server_ms
 from scrapy_dist.keys import key_type, window_generation_key
-from scrapy_dist.settings import check_on_full
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
@@ -74,7 +74,7 @@ class RedisBloomBackend(ScriptedBackend):
 
     Raises:
         ConfigurationError: ``on_full`` is not one of
-            :data:`scrapy_dist.settings.ON_FULL`.
+            :data:`scrapy_dist.config.components.ON_FULL`.
     """
 
     kind: ClassVar[str] = "bf"

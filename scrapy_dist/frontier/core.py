@@ -29,6 +29,7 @@ import redis
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.assembly import assemble
+from scrapy_dist.config.scheduling import check_frontier
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.background import IOThread, call_from_thread, reactor_running
@@ -59,7 +60,6 @@ from scrapy_dist.frontier.replication import Command, Replication
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
 from scrapy_dist.scripts import Fence, scripts_for
 from scrapy_dist.seeds import SeedQueue
-from scrapy_dist.settings import check_frontier
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,11 +69,11 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
+    from scrapy_dist.config.core import Config
     from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend
     from scrapy_dist.scripts import ScriptCall
-    from scrapy_dist.settings import Config
 
 __all__ = [
     "DEAD_BECAUSE",
@@ -103,7 +103,7 @@ def recorded_shards(raw: object) -> int | None:
     """The shard count a ``<crawl>:shards`` value holds (``GET``'s reply), or ``None``
     if it holds no count from 1 to ``MAX_SHARDS`` (junk: never trusted, never parsed
     at any length)."""
-    from scrapy_dist.settings import MAX_SHARDS
+    from scrapy_dist.config.scheduling import MAX_SHARDS
 
     text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
     if not (0 < len(text) <= len(str(MAX_SHARDS)) and text.isdigit() and text.isascii()):

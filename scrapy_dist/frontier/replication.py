@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
+from scrapy_dist.config.topology import SINGLE
 from scrapy_dist.connection import describe, topology
-from scrapy_dist.settings import SINGLE
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -55,12 +55,12 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_dist.assembly import Parts
+    from scrapy_dist.config.scheduling import KeysConfig
     from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
     from scrapy_dist.frontier.leases import Lease
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend, RedisQueue
     from scrapy_dist.seeds import SeedQueue
-    from scrapy_dist.settings import KeysConfig
 
 #: Seconds a shard found empty is not asked again by a reserve (unless all were).
 EMPTY_SKIP = 1.0
