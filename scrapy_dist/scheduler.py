@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.statscollectors import StatsCollector
-    from twisted.internet.task import LoopingCall
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
@@ -308,7 +307,7 @@ class Scheduler(BaseScheduler):
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
         return scheduler
 
-    # -- scrapy-redis's attributes, and what tests reach into ------------------------
+    # -- scrapy-redis's attributes ---------------------------------------------------
 
     @property
     def persist(self) -> bool:
@@ -329,29 +328,6 @@ class Scheduler(BaseScheduler):
     @flush_on_start.setter
     def flush_on_start(self, flush_on_start: bool) -> None:
         self.membership.flush_on_start = flush_on_start
-
-    @property
-    def in_flight(self) -> Callable[[], Collection[Request]]:
-        """Returns the requests the engine is still working on (settable, for tests)."""
-        return self.deliveries.in_flight
-
-    @in_flight.setter
-    def in_flight(self, in_flight: Callable[[], Collection[Request]]) -> None:
-        self.deliveries.in_flight = in_flight
-
-    @property
-    def _ticker(self) -> LoopingCall | None:
-        return self.heartbeat.ticker
-
-    @property
-    def _out(self) -> dict[Request, str]:
-        return self.deliveries.out
-
-    def _settle(self) -> None:
-        self.deliveries.settle()
-
-    def _tick(self) -> None:
-        self.heartbeat.tick()
 
     # -- Scrapy's scheduler interface ----------------------------------------------
 

@@ -67,7 +67,7 @@ def worker(
 ) -> Iterator[Callable[..., tuple[Scheduler, set[Request]]]]:
     """Open a scheduler on the test's own server whose engine holds the returned set,
     flushing in the background unless ``settings`` say otherwise (the default); the
-    test drives its timer by hand (``scheduler._tick()``)."""
+    test drives its timer by hand (``scheduler.heartbeat.tick()``)."""
     opened: list[Scheduler] = []
 
     def make(
@@ -86,7 +86,7 @@ def worker(
         )
         scheduler = build_from_crawler(Scheduler, crawler)
         holding: set[Request] = set()
-        scheduler.in_flight = lambda: holding
+        scheduler.deliveries.in_flight = lambda: holding
         assert crawler.spider is not None
         scheduler.open(crawler.spider)
         scheduler.control.watcher._next_read = float("inf")  # no control read due
@@ -158,7 +158,7 @@ def test_the_timer_flush_does_not_block_on_a_slow_redis(
     with server.client() as slow:
         _pause(slow)
         start = time.monotonic()
-        scheduler._tick()
+        scheduler.heartbeat.tick()
         ticked = time.monotonic() - start
         if not background:  # the tick waited for Redis, on the reactor thread
             assert ticked >= PAUSE_MS / 1000 / 2
@@ -176,7 +176,7 @@ def test_the_timer_flush_does_not_block_on_a_slow_redis(
         assert time.monotonic() - start < PAUSE_MS / 1000 / 4
         assert scheduler.frontier.pending_writes == 1  # the child, in flight
         before = scheduler.stats.get_value("scheduler/redis/round_trips")
-        scheduler._tick()  # a tick with a flush in flight sends nothing more
+        scheduler.heartbeat.tick()  # a tick with a flush in flight sends nothing more
         assert scheduler.stats.get_value("scheduler/redis/round_trips") == before
         arrive(landing)
         assert not scheduler.frontier.flying
@@ -199,10 +199,10 @@ def test_a_parent_settled_during_a_flush_waits_for_its_children(
         scheduler.enqueue_request(Request(f"{URL}child{i}"))
     with server.client() as slow:
         _pause(slow)
-        scheduler._tick()  # the children go, in flight
+        scheduler.heartbeat.tick()  # the children go, in flight
         assert scheduler.frontier.flying
         holding.clear()  # their parent leaves the engine while they are in flight
-        scheduler._tick()  # its acknowledgement waits behind them
+        scheduler.heartbeat.tick()  # its acknowledgement waits behind them
         assert outbox.ready == []
         assert scheduler.frontier.pending_settlements == 1
         # a synchronous flush (here: the heartbeat's, or a starved engine's reserve)
@@ -228,7 +228,7 @@ def test_an_outage_during_a_flush_in_flight_loses_nothing(
         scheduler.enqueue_request(Request(f"{URL}child{i}"))
     with server.client() as slow:
         _pause(slow, 5000)
-        scheduler._tick()  # children and a top-up in flight
+        scheduler.heartbeat.tick()  # children and a top-up in flight
         assert scheduler.frontier.flying
     server.kill()  # the server goes before running any of it
     arrive(landing)
@@ -238,7 +238,8 @@ def test_an_outage_during_a_flush_in_flight_loses_nothing(
     assert frontier.outbox.pending_items == 3  # back in the outbox
     assert len(scheduler.deliveries.buffer) == 3  # the top-up brought nothing
     holding.clear()  # the parent finishes during the outage
-    scheduler._tick()  # within the backoff: nothing sent, its ack waits behind the children
+    # within the backoff: nothing sent, its ack waits behind the children
+    scheduler.heartbeat.tick()
     assert frontier.outbox.ready == []
     server.restart()
     time.sleep(0.6)  # the first backoff pause
@@ -266,7 +267,7 @@ def test_close_waits_for_the_flush_in_flight_and_hands_its_top_up_back(
     scheduler.enqueue_request(Request(f"{URL}child"))
     with server.client() as slow:
         _pause(slow)
-        scheduler._tick()  # the child and a top-up of 5 in flight
+        scheduler.heartbeat.tick()  # the child and a top-up of 5 in flight
         assert scheduler.frontier.reserving == 5
         held = 3 + 1 + 5  # buffered, in the engine, and the top-up's: counted as held
         assert scheduler.deliveries.room() == scheduler.deliveries.max_held - held
@@ -293,7 +294,7 @@ def test_a_starved_engine_does_not_wait_for_the_top_up_in_flight(
     _emptied(scheduler)
     with server.client() as slow:
         _pause(slow)
-        scheduler._tick()  # their acknowledgements and a top-up in flight
+        scheduler.heartbeat.tick()  # their acknowledgements and a top-up in flight
         assert scheduler.frontier.reserving > 0
         start = time.monotonic()
         assert scheduler.next_request() is None  # not waited for on the reactor thread
@@ -358,7 +359,7 @@ def test_a_busy_engine_on_an_empty_queue_does_not_ask_redis_in_a_loop(
     # the timer's next flush tops up; work pushed meanwhile is found and the engine woken
     scheduler.enqueue_request(Request(f"{URL}later"))
     woken.clear()
-    scheduler._tick()
+    scheduler.heartbeat.tick()
     arrive(landing)
     assert woken
     later = scheduler.next_request()
@@ -424,7 +425,7 @@ def test_a_sharded_crawl_flushes_on_the_reactor_thread(
     _started(scheduler, holding)
     scheduler.enqueue_request(Request(f"{URL}child"))
     assert not scheduler.frontier.can_flush_later()
-    scheduler._tick()
+    scheduler.heartbeat.tick()
     assert not scheduler.frontier.flying
     assert not landing
     assert scheduler.frontier.pending_writes == 0

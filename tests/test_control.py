@@ -583,7 +583,7 @@ def test_a_paused_scheduler_hands_out_nothing_and_hands_back_its_buffer(
     first = scheduler.next_request()
     assert first is not None
     assert len(scheduler.deliveries.buffer) == 2
-    scheduler.in_flight = lambda: {first}
+    scheduler.deliveries.in_flight = lambda: {first}
     set_state(client, keys, PAUSED)
     scheduler.control.watcher._next_read = 0  # as if the poll interval had passed
     assert scheduler.next_request() is None
@@ -597,7 +597,7 @@ def test_a_paused_scheduler_hands_out_nothing_and_hands_back_its_buffer(
     assert queued_count(client, keys.requests) == 5
     with pytest.raises(DontCloseSpider):
         scheduler.close_if_failed()
-    scheduler.in_flight = set
+    scheduler.deliveries.in_flight = set
     scheduler.heartbeat.tick()  # settles the one in flight: acknowledged while paused
     scheduler.frontier.flush()
     assert leased_count(client, keys.crawl) == 0
@@ -655,7 +655,7 @@ def test_a_paused_crawl_is_never_marked_finished(
     keys = scheduler.frontier.keys
     scheduler.enqueue_request(Request("https://example.com/a"))
     request = scheduler.next_request()
-    scheduler.in_flight = set
+    scheduler.deliveries.in_flight = set
     assert request is not None
     scheduler.heartbeat.tick()
     set_state(client, keys, PAUSED)
@@ -677,12 +677,12 @@ def test_a_draining_worker_closes_once_it_holds_nothing(
     keys = scheduler.frontier.keys
     scheduler.enqueue_request(Request("https://example.com/a"))
     request = scheduler.next_request()
-    scheduler.in_flight = lambda: {request}
+    scheduler.deliveries.in_flight = lambda: {request}
     set_state(client, keys, DRAINING)
     scheduler.control.watcher._next_read = 0
     scheduler.heartbeat.tick()
     assert closed == []  # one request still in flight
-    scheduler.in_flight = set
+    scheduler.deliveries.in_flight = set
     scheduler.heartbeat.tick()
     assert closed == ["drained"]
     scheduler.heartbeat.tick()

@@ -579,11 +579,11 @@ def _scheduler(make_crawler: Callable[..., Crawler], **settings: Any) -> Schedul
     crawler = make_crawler({**UNIT, **settings})
     scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
     held: set[Request] = set()
-    scheduler.in_flight = lambda: held
+    scheduler.deliveries.in_flight = lambda: held
     assert crawler.spider is not None
     scheduler.open(crawler.spider)
-    if scheduler._ticker is not None:
-        scheduler._ticker.stop()
+    if scheduler.heartbeat.ticker is not None:
+        scheduler.heartbeat.ticker.stop()
     return scheduler
 
 
@@ -623,7 +623,7 @@ def test_a_lease_taken_over_and_granted_back_to_its_worker_is_settled(
         Response(parent.url, request=parent), [Request("https://example.com/child")]
     ):
         paused.enqueue_request(child)
-    paused._settle()  # the parent is done: its ack waits behind its child
+    paused.deliveries.settle()  # the parent is done: its ack waits behind its child
     # the worker is paused past its lease: another worker's reserve takes it back
     client.zadd(frontier.keys.holders, {frontier.worker_id: 0})
     other = _scheduler(make_crawler)
@@ -634,7 +634,7 @@ def test_a_lease_taken_over_and_granted_back_to_its_worker_is_settled(
     again = paused.next_request()  # the parent, granted back to the same worker
     assert again is not None
     assert again.url == parent.url
-    paused._settle()
+    paused.deliveries.settle()
     frontier.flush()
     assert leases.leased_count(client, frontier.keys.crawl) == 0  # settled, not kept for good
     assert frontier.totals() == {"done": 1}
@@ -671,7 +671,7 @@ def test_a_finished_crawl_unlinks_its_keys(
     scheduler.frontier.flush()
     request = scheduler.next_request()
     assert request is not None
-    scheduler._settle()
+    scheduler.deliveries.settle()
     scheduler.frontier.flush()
     before = client.info("commandstats")
     progress = scheduler.frontier.progress(grace=0, clear=True)
@@ -695,7 +695,7 @@ def test_the_timer_survives_any_redis_error(make_crawler: Callable[..., Crawler]
         raise redis.ResponseError("ERR something unexpected")
 
     scheduler.frontier.flush = broken  # type: ignore[method-assign]
-    scheduler._tick()  # logged and counted, not raised (a LoopingCall would stop)
+    scheduler.heartbeat.tick()  # logged and counted, not raised (a LoopingCall would stop)
     assert scheduler.stats.get_value("scheduler/timer/errors") == 1
 
 
@@ -734,7 +734,7 @@ def test_a_full_bloom_filter_dead_letters_the_children_and_fails_the_parent(
     children = [Request(f"https://example.com/child/{i}") for i in range(150)]
     for child in links.process_spider_output(response, children):  # more than it takes
         scheduler.enqueue_request(child)
-    scheduler._settle()  # the parent is done: its ack waits behind its children
+    scheduler.deliveries.settle()  # the parent is done: its ack waits behind its children
     frontier.flush()  # refused for good: the children are dead-lettered
     frontier.flush()  # and the parent settled as failed (returned for another try)
     records = client.lrange(frontier.keys.dead, 0, -1)

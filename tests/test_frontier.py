@@ -81,7 +81,7 @@ def test_taking_a_request_leases_it(worker: Callable[..., Worker], client: redis
     assert queued_count(client, w.scheduler.queue.key) == 0
     assert client.hlen(keys.holding(me)) == 1  # held, with a deadline, until Scrapy is done
     assert deadline(client, keys.crawl, me) is not None
-    w.scheduler._settle()
+    w.scheduler.deliveries.settle()
     assert client.hlen(keys.holding(me)) == 1  # still in the engine
     w.finish(request)
     assert client.exists(keys.holding(me)) == 0
@@ -97,8 +97,8 @@ def test_a_dead_workers_requests_come_back(
         killed.scheduler.enqueue_request(Request(URL + c))
     taken = [killed.take(), killed.take()]
     assert all(taken)
-    assert killed.scheduler._ticker is not None
-    killed.scheduler._ticker.stop()  # the worker dies: no renewal, no settlement
+    assert killed.scheduler.heartbeat.ticker is not None
+    killed.scheduler.heartbeat.ticker.stop()  # the worker dies: no renewal, no settlement
     assert survivor.take() is not None  # "c", the one left in the queue
     assert survivor.take() is None  # the dead worker's two are still leased
     time.sleep(0.7)
@@ -114,7 +114,7 @@ def test_renewal_keeps_a_slow_request(worker: Callable[..., Worker]) -> None:
     assert slow.take() is not None
     for _ in range(14):  # 4.2 s, twice the lease timeout, renewed on each tick
         time.sleep(0.3)
-        slow.scheduler._tick()
+        slow.scheduler.heartbeat.tick()
     assert other.take() is None
 
 
@@ -128,7 +128,7 @@ def test_poison_page_goes_to_dead_letters_after_max_deliveries(
         assert w.take() is not None
         w.close()
         w.holding.clear()
-        w.scheduler._out.clear()
+        w.scheduler.deliveries.out.clear()
         time.sleep(0.7)
     last = worker()
     assert last.take() is None  # the reserve reclaimed it to the dead-letter list
@@ -548,7 +548,7 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     crawler = make_crawler(persist)
     second = build_from_crawler(Scheduler, crawler)
     second.registry.started = time.monotonic()
-    second.in_flight = tuple
+    second.deliveries.in_flight = tuple
     assert crawler.spider is not None
     second.open(crawler.spider)
     g = second.frontier
@@ -556,7 +556,7 @@ def test_a_new_run_of_a_finished_persisted_crawl_starts_fresh(
     assert g.totals() == {"done": 1}  # the persisted counters stay
     second.enqueue_request(Request(URL + "2"))
     assert second.next_request() is not None
-    second._settle()
+    second.deliveries.settle()
     second.frontier.flush()
     assert _progress(g.progress(grace=0, clear=False)).state == "finished"
     second.close("finished")
@@ -715,8 +715,8 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     assert killed.take() is not None
     assert live.take() is not None  # "c"
     assert survivor.take() is not None  # "d": the survivor's own lease is never counted
-    assert killed.scheduler._ticker is not None
-    killed.scheduler._ticker.stop()  # killed: no heartbeat, no renewal
+    assert killed.scheduler.heartbeat.ticker is not None
+    killed.scheduler.heartbeat.ticker.stop()  # killed: no heartbeat, no renewal
 
     def beat() -> None:  # what the live worker's timer does (no reactor runs here)
         live.scheduler.registry.heartbeat()

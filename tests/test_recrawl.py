@@ -528,11 +528,11 @@ def test_a_volatile_eviction_policy_is_refused_with_a_window(
         for kind in ("set", "bitmap"):
             crawler = make_crawler({"DUPEFILTER_BACKEND": kind, "DUPEFILTER_RECRAWL_AFTER": 60})
             scheduler: Scheduler = build_from_crawler(Scheduler, crawler)
-            scheduler.in_flight = set
+            scheduler.deliveries.in_flight = set
             assert crawler.spider is not None
             scheduler.open(crawler.spider)
-            if scheduler._ticker is not None:
-                scheduler._ticker.stop()
+            if scheduler.heartbeat.ticker is not None:
+                scheduler.heartbeat.ticker.stop()
             failure = start_failure(crawler)
             assert failure is not None, kind
             assert "maxmemory-policy volatile-lru" in failure.message

@@ -28,14 +28,14 @@ def worker(
     make_crawler: Callable[..., Crawler],
 ) -> Iterator[Callable[..., tuple[Scheduler, set[Request]]]]:
     """Open a scheduler with batched flushes whose engine holds the returned set; the
-    test drives its timer by hand (``scheduler._tick()``)."""
+    test drives its timer by hand (``scheduler.heartbeat.tick()``)."""
     opened: list[Scheduler] = []
 
     def make(settings: dict[str, Any] | None = None) -> tuple[Scheduler, set[Request]]:
         crawler = make_crawler({"SCHEDULER_PERSIST": True, **(settings or {})})
         scheduler = build_from_crawler(Scheduler, crawler)
         holding: set[Request] = set()
-        scheduler.in_flight = lambda: holding
+        scheduler.deliveries.in_flight = lambda: holding
         assert crawler.spider is not None
         scheduler.open(crawler.spider)
         opened.append(scheduler)
@@ -63,14 +63,14 @@ def test_the_timer_tops_up_a_low_buffer_with_its_flush(
     assert len(scheduler.deliveries.buffer) == 3
     scheduler.enqueue_request(Request(f"{URL}child"))  # a write the next tick sends
     before = _round_trips(scheduler)
-    scheduler._tick()
+    scheduler.heartbeat.tick()
     # one round trip sent the child and filled the buffer up to 2 x prefetch
     assert _round_trips(scheduler) == before + 1
     assert len(scheduler.deliveries.buffer) == 8
     assert scheduler.stats.get_value("scheduler/refill/timer") == 1
     # a full buffer is not topped up: the next tick is a plain flush
     scheduler.enqueue_request(Request(f"{URL}child2"))
-    scheduler._tick()
+    scheduler.heartbeat.tick()
     assert len(scheduler.deliveries.buffer) == 8
     assert scheduler.stats.get_value("scheduler/refill/timer") == 1
 
@@ -86,7 +86,7 @@ def test_no_top_up_without_writes_to_carry_it(
     holding.add(first)
     scheduler.control.watcher._next_read = float("inf")  # no control read due either
     before = _round_trips(scheduler)
-    scheduler._tick()  # nothing to send: the timer makes no round trip of its own
+    scheduler.heartbeat.tick()  # nothing to send: the timer makes no round trip of its own
     assert _round_trips(scheduler) == before
     assert len(scheduler.deliveries.buffer) == 3
 
@@ -105,7 +105,7 @@ def test_no_top_up_while_paused(
     assert scheduler.next_request() is None  # paused: the buffer was handed back
     assert not scheduler.deliveries.buffer
     scheduler.enqueue_request(Request(f"{URL}child"))
-    scheduler._tick()
+    scheduler.heartbeat.tick()
     assert not scheduler.deliveries.buffer
     assert scheduler.stats.get_value("scheduler/refill/timer") is None
     resume(client, scheduler.frontier.keys)
@@ -126,7 +126,7 @@ def test_a_top_up_wakes_an_engine_told_there_was_nothing(
         other.enqueue_request(Request(f"{URL}{i}"))
     other.frontier.flush()  # another worker's requests arrive
     scheduler.enqueue_request(Request(f"{URL}mine"))  # and this worker has a write
-    scheduler._tick()
+    scheduler.heartbeat.tick()
     assert len(scheduler.deliveries.buffer) == 6
     assert woken == [engine]  # without it, the engine would wait for its heartbeat
 
@@ -144,7 +144,7 @@ def test_the_control_read_rides_the_timers_flush(
     scheduler.control.watcher._next_read = 0.0  # a read is due
     scheduler.enqueue_request(Request(f"{URL}child"))
     before = _round_trips(scheduler)
-    scheduler._tick()
+    scheduler.heartbeat.tick()
     # the flush carried the read: no round trip of its own, and the pause is applied
     assert _round_trips(scheduler) == before + 1
     assert scheduler.stats.get_value("control/reads/carried") == 1
@@ -207,14 +207,14 @@ def test_an_empty_buffer_waits_for_the_timer_while_the_engine_is_busy(
     second = scheduler.next_request()
     assert second is not None
     holding.add(second)
-    scheduler._tick()  # the timer ticks (nothing to send: no round trip)
+    scheduler.heartbeat.tick()  # the timer ticks (nothing to send: no round trip)
     # the engine holds prefetch requests and the buffer is empty: no round trip now
     before = _round_trips(scheduler)
     assert scheduler.next_request() is None
     assert _round_trips(scheduler) == before
     assert scheduler.stats.get_value("scheduler/refill/deferred") == 1
     holding.clear()  # the engine finished both: their acknowledgements wait
-    scheduler._tick()  # the timer leases with its flush and wakes the engine
+    scheduler.heartbeat.tick()  # the timer leases with its flush and wakes the engine
     assert _round_trips(scheduler) == before + 1
     assert len(scheduler.deliveries.buffer) == 4
     assert woken == [engine]
@@ -250,7 +250,7 @@ def test_a_prefetch_of_one_leases_when_asked_never_ahead(
     holding.add(first)
     for i in (2, 3):
         scheduler.enqueue_request(Request(f"{URL}{i}"))
-    scheduler._tick()  # sends them; leases nothing ahead
+    scheduler.heartbeat.tick()  # sends them; leases nothing ahead
     assert not scheduler.deliveries.buffer
     assert scheduler.stats.get_value("scheduler/refill/timer") is None
     nxt = scheduler.next_request()  # asked while the engine still holds one: leased now

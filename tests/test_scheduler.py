@@ -67,8 +67,8 @@ def open_scheduler(
 
     yield make
     for scheduler in opened:
-        assert scheduler._ticker is not None
-        if scheduler._ticker.running:
+        assert scheduler.heartbeat.ticker is not None
+        if scheduler.heartbeat.ticker.running:
             scheduler.close("finished")
 
 
@@ -481,7 +481,7 @@ def test_children_travel_in_one_round_trip_and_their_parents_ack_follows(
     crawler = make_crawler({"SCHEDULER_PREFETCH": 4})  # the default, batched flushing
     scheduler = build_from_crawler(Scheduler, crawler)
     holding: set[Request] = set()
-    scheduler.in_flight = lambda: holding
+    scheduler.deliveries.in_flight = lambda: holding
     assert crawler.spider is not None
     scheduler.open(crawler.spider)
     stats = scheduler.stats
@@ -517,7 +517,7 @@ def test_a_worker_holding_nothing_forgets_its_seen_cache(
     crawler = make_crawler({"SCHEDULER_FLUSH_INTERVAL": 0})
     scheduler = build_from_crawler(Scheduler, crawler)
     holding: set[Request] = set()
-    scheduler.in_flight = lambda: holding
+    scheduler.deliveries.in_flight = lambda: holding
     assert crawler.spider is not None
     scheduler.open(crawler.spider)
     assert scheduler.enqueue_request(Request(URL))

@@ -50,7 +50,7 @@ class HeldRequests:
         if started is not None:
             self.scheduler.registry.started = started
         self.holding: set[Request] = set() if holding is None else holding
-        self.scheduler.in_flight = lambda: self.holding
+        self.scheduler.deliveries.in_flight = lambda: self.holding
         assert crawler.spider is not None
         self.scheduler.open(crawler.spider)
 
@@ -71,7 +71,7 @@ class HeldRequests:
     def finish(self, request: Request) -> None:
         """The engine is done with ``request``: the scheduler settles what it can."""
         self.holding.discard(request)
-        self.scheduler._settle()
+        self.scheduler.deliveries.settle()
 
     @property
     def frontier(self) -> Frontier:
@@ -79,6 +79,6 @@ class HeldRequests:
 
     def close(self) -> None:
         """Stop the scheduler's timer (the scheduler itself stays open)."""
-        ticker = self.scheduler._ticker
+        ticker = self.scheduler.heartbeat.ticker
         if ticker is not None and ticker.running:
             ticker.stop()
