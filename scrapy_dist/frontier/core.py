@@ -729,17 +729,17 @@ class Frontier:
         called).
         """
         if not self.refuses(parent):
-            self.add(item, dupefilter, on_reply, parent)
+            self.place(item, dupefilter, on_reply, parent)
 
-    def add(
+    def place(
         self,
         item: tuple[bytes, float, bytes],
         dupefilter: FilterBackend | None,
         on_reply: Callable[[bool], None],
         parent: str = "",
     ) -> None:
-        """Add one item to this frontier's own outbox, as :meth:`enqueue` does once it
-        accepted it (``parent``: a lease id of this frontier's keys, or ``""``), and
+        """Place one item in this frontier's own outbox, as :meth:`enqueue` does once
+        it accepted it (``parent``: a lease id of this frontier's keys, or ``""``), and
         flush when the outbox is full or writes are ``eager``."""
         if self.outbox.add(item, dupefilter, on_reply, parent) or self.eager:
             self.flush()

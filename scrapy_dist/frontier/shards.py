@@ -346,7 +346,9 @@ class ShardedFrontier(Frontier):
         origin, raw = split_id(parent)
         self._adds[index] += 1
         target = self.shard(index)
-        target.add(item, self._filter(index, dupefilter), on_reply, raw if origin == index else "")
+        target.place(
+            item, self._filter(index, dupefilter), on_reply, raw if origin == index else ""
+        )
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
         """Hold settlements until every other shard confirmed the requests added before
