@@ -390,6 +390,37 @@ def test_a_shard_finding_the_crawl_finished_names_the_crawl(
 
 
 @pytest.mark.redis_server
+def test_children_of_a_lease_taken_over_in_another_shard_are_refused(
+    sharded: Callable[..., Worker], client: redis.Redis
+) -> None:
+    """A page leased from shard 1 is taken over while its worker is paused: Redis
+    refuses its children in shard 1, and the worker marks the page taken by the lease
+    id its engine knows (``#1:...``), so its later children, whatever their shard, are
+    dropped before they are sent."""
+    w, other = sharded(), sharded()
+    f = w.frontier
+    assert isinstance(f, ShardedFrontier)
+    w.scheduler.enqueue_request(Request(_url(1, "parent")))
+    parent = w.take()
+    assert parent is not None
+    lease_id = w.scheduler.deliveries.lease_of(parent)
+    assert split_id(lease_id)[0] == 1
+    shard = f.others[0]  # shard 1
+    client.zadd(shard.keys.holders, {f.worker_id: 0})  # its lease expired
+    taken = other.take()
+    assert taken is not None
+    assert taken.url == parent.url
+    w.returns(parent, Request(_url(1, "child/1")))  # refused by shard 1
+    assert lease_id in f.leases.taken
+    w.returns(parent, Request(_url(2, "child/2")))  # known taken over: not even sent
+    stats = w.scheduler.stats
+    assert stats.get_value("scheduler/leases/taken_over") == 1
+    assert stats.get_value("scheduler/leases/children_refused") == 2
+    assert f.pending_writes == 0
+    assert queued_count(client, f.others[1].keys.requests) == 0
+
+
+@pytest.mark.redis_server
 def test_a_parents_ack_waits_for_its_childs_shard(
     sharded: Callable[..., Worker], client: redis.Redis
 ) -> None:

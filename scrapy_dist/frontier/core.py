@@ -162,8 +162,9 @@ class Elsewhere(NamedTuple):
 
 
 class OtherShards(NamedTuple):
-    """What shards ``1..N-1`` of a sharded crawl hold and counted, together
-    (``lua/census.lua``), for shard 0's ``lua/progress.lua``."""
+    """What shards of a sharded crawl hold and counted (``lua/census.lua``): one
+    shard's (:meth:`Frontier.census`), or shards ``1..N-1`` together, for shard 0's
+    ``lua/progress.lua``."""
 
     #: Entries queued or leased.
     busy: int
@@ -293,6 +294,15 @@ class Frontier:
         replication: replica confirmations and master checks (``None``: none).
         background: the scheduler's timer may send its flushes from the I/O thread
             (:meth:`flush_later`), off the reactor thread.
+        shard_count: the crawl's shards (``SCHEDULER_SHARDS``,
+            :mod:`scrapy_dist.frontier.shards`), which shard 0 records.
+        index: the shard of its crawl whose keys ``keys`` are (0: the crawl's own keys,
+            where its shard count, seeds and completion are recorded; a frontier of
+            shard ``i > 0`` neither checks nor records the shard count).
+        label: how log lines name this frontier's crawl (default: its keys' crawl name).
+        judge: why the crawl's epoch is one found rather than the one joined (default:
+            :meth:`why_gone` on this frontier's own keys); a shard ``i > 0`` is judged
+            by shard 0, where its crawl's completion is recorded.
     """
 
     def __init__(
@@ -312,6 +322,10 @@ class Frontier:
         clear_keys: Iterable[str] = (),
         replication: Replication | None = None,
         background: bool = False,
+        shard_count: int = 1,
+        index: int = 0,
+        label: str = "",
+        judge: Callable[[str], str] | None = None,
     ) -> None:
         check_frontier(eviction_check, lease_timeout, max_deliveries)
         if not getattr(queue, "take", None):
@@ -367,7 +381,15 @@ class Frontier:
         #: Children confirmed on replicas, the master watched (scrapy_dist.frontier.replication).
         self.replication = replication
         #: Shards of the crawl (``SCHEDULER_SHARDS``, :mod:`scrapy_dist.frontier.shards`).
-        self.shard_count = 1
+        self.shard_count = shard_count
+        #: The shard of its crawl this frontier is on (0: the crawl's own keys).
+        self.index = index
+        #: How log lines name this frontier's crawl.
+        self.crawl_label = label or keys.crawl
+        self._judge = judge
+        #: Called with the parent leases :meth:`taken_over` marks taken (their ids in
+        #: this frontier's keys), after it marked them.
+        self.on_taken: list[Callable[[set[str]], None]] = []
         #: Asked at each flush of this frontier's own keys for a :class:`Read` to carry
         #: in its pipeline (``None``: nothing due): a read that is due anyway then costs
         #: no round trip of its own (the crawl control state, :mod:`scrapy_dist.control`).
@@ -411,8 +433,10 @@ class Frontier:
         client: redis.Redis,
         keys: RedisKeys,
         worker_id: str = "",
+        **extra: Any,
     ) -> Self:
-        """A frontier of ``keys`` on ``client`` from the crawler's settings (no I/O)."""
+        """A frontier of ``keys`` on ``client`` from the crawler's settings (no I/O);
+        ``extra``: more keyword arguments of the class (a shard's ``index``, ...)."""
         queue_cls = config.queue.cls
         requests_key = keys.requests
         if unleased_queue(queue_cls):  # that queue runs in the scheduler, unleased
@@ -440,6 +464,7 @@ class Frontier:
                 crawl=keys.crawl,
                 stats=lambda: crawler.stats,
             ),
+            **extra,
         )
 
     @property
@@ -524,7 +549,7 @@ class Frontier:
 
     def join_epoch(self) -> str:
         """Join the crawl's epoch, creating it if the crawl has none; clear :attr:`lost`."""
-        if not self.epoch:  # at open: the crawl's shard count is this worker's
+        if not self.epoch and self.index == 0:  # at open: the crawl's shard count is this worker's
             self.check_shards(self.shard_count)
         self.epoch = join(self.client, self.keys.epoch)
         self.lost = None
@@ -532,14 +557,11 @@ class Frontier:
             self.replication.remember(self.keys.epoch)
         return self.epoch
 
-    @property
-    def crawl_label(self) -> str:
-        """How log lines name this frontier's crawl."""
-        return self.keys.crawl
-
     def why_gone(self, found: str) -> str:
         """Why the crawl's epoch is ``found`` rather than the one joined (see
-        :func:`scrapy_dist.frontier.epoch.why_gone`)."""
+        :func:`scrapy_dist.frontier.epoch.why_gone`), as ``judge`` says if given."""
+        if self._judge is not None:
+            return self._judge(found)
         return why_gone(self.client, self.keys, found, self.epoch)
 
     def check_shards(self, count: int = 1) -> None:
@@ -622,6 +644,13 @@ class Frontier:
                     continue
                 return
 
+    def delete_shard(self) -> bool:
+        """Delete the keys of this shard ``i > 0`` of a finished crawl that does not
+        persist, its progress hash with them (its counters were added to shard 0's
+        when the crawl was marked finished, ``lua/progress.lua``); returns ``True``."""
+        self.delete_keys(self.keys.progress)
+        return True
+
     def _gone(self, error: BaseException) -> bool:
         """If ``error`` is a script's refusal of another epoch, drop this worker's writes
         (they belong to a crawl that is gone), record why and tell the listeners.
@@ -635,9 +664,7 @@ class Frontier:
         if self.lost is not None:
             return True
         state = self.why_gone(found)
-        dropped = self.outbox.drop()
-        self.leases.forget_all()
-        self.lost = state
+        dropped = self.drop(state)
         log_gone(
             state,
             {
@@ -653,7 +680,34 @@ class Frontier:
             listener(state)
         return True
 
+    def drop(self, state: str) -> int:
+        """Drop this frontier's pending writes and forget its leases: its crawl is gone
+        (``state``, recorded as :attr:`lost` unless a state is already). Nothing is
+        logged and no listener told (the caller's part).
+
+        Returns:
+            How many pending writes were dropped.
+        """
+        dropped = self.outbox.drop()
+        self.leases.forget_all()
+        if self.lost is None:
+            self.lost = state
+        return dropped
+
     # -- writes (the outbox) ----------------------------------------------------------
+
+    def refuses(self, parent: str = "", writes: int = 1) -> bool:
+        """Whether ``writes`` new writes (requests of ``parent``, a lease id; or
+        settlements) are dropped here, each counted: the crawl is :attr:`lost`, or
+        this worker no longer holds ``parent`` (:attr:`LeaseClient.taken`)."""
+        if self.lost is not None:
+            if writes:
+                self.stats.inc_value("scheduler/crawl_lost/dropped_writes", writes)
+            return True
+        if parent and parent in self.leases.taken:
+            self.stats.inc_value("scheduler/leases/children_refused", writes)
+            return True
+        return False
 
     def enqueue(
         self,
@@ -674,12 +728,19 @@ class Frontier:
         Redis refuses it and the lease is :meth:`taken_over` (``on_reply`` is not
         called).
         """
-        if self.lost is not None:
-            self.stats.inc_value("scheduler/crawl_lost/dropped_writes")
-            return
-        if parent and parent in self.leases.taken:
-            self.stats.inc_value("scheduler/leases/children_refused")
-            return
+        if not self.refuses(parent):
+            self.place(item, dupefilter, on_reply, parent)
+
+    def place(
+        self,
+        item: tuple[bytes, float, bytes],
+        dupefilter: FilterBackend | None,
+        on_reply: Callable[[bool], None],
+        parent: str = "",
+    ) -> None:
+        """Place one item in this frontier's own outbox, as :meth:`enqueue` does once
+        it accepted it (``parent``: a lease id of this frontier's keys, or ``""``), and
+        flush when the outbox is full or writes are ``eager``."""
         if self.outbox.add(item, dupefilter, on_reply, parent) or self.eager:
             self.flush()
 
@@ -694,9 +755,7 @@ class Frontier:
         so an acknowledgement sent with a refused enqueue would outlive the children it
         vouches for): with the same flush when nothing is pending before it, else with
         the next one."""
-        if self.lost is not None:
-            if outcomes:
-                self.stats.inc_value("scheduler/crawl_lost/dropped_writes", len(outcomes))
+        if self.refuses(writes=len(outcomes)):
             return
         self.outbox.add_settlements(outcomes)
         if self.eager and outcomes:
@@ -842,10 +901,7 @@ class Frontier:
         if self.lost is not None:
             return None
         outbox = self.outbox
-        if self._finished_seen and (outbox.pending_writes or reserve):
-            # this worker saw its crawl finish (and its keys go); new work starts a new one
-            self._finished_seen = False
-            self.join_epoch()
+        self._rejoin_if_finished(reserve)
         outbox.promote()  # nothing unconfirmed before them any more?
         if self.leases.reply_lost and outbox.can_try():
             self._release_unknown()
@@ -891,6 +947,13 @@ class Frontier:
             return None
         outbox.promote()  # every request added before these settlements is confirmed?
         return leases
+
+    def _rejoin_if_finished(self, reserve: int) -> None:
+        """This worker saw its crawl finish (and its keys go): new work (pending writes,
+        or a reserve of ``reserve`` entries) joins the new run's epoch."""
+        if self._finished_seen and (self.pending_writes or reserve):
+            self._finished_seen = False
+            self.join_epoch()
 
     def _calls(self, reserve: int, *, seeds: bool | SeedQueue) -> list[_Call]:
         """The calls of one flush: enqueue, settle, reserve (each if needed)."""
@@ -954,6 +1017,8 @@ class Frontier:
         )
         self.stats.inc_value("scheduler/leases/children_refused", n)
         self.stats.inc_value("scheduler/leases/taken_over", len(ids))
+        for listener in self.on_taken:
+            listener(running)
         return running
 
     def _reserve_call(self, count: int, *, seeds: bool | SeedQueue) -> _Call:
@@ -1090,6 +1155,30 @@ class Frontier:
         """The frontiers of the crawl's shards: this one alone (see
         :class:`~scrapy_dist.frontier.shards.ShardedFrontier`)."""
         return [self]
+
+    def census(self) -> OtherShards | None:
+        """What this frontier's keys hold and counted (``lua/census.lua``, fenced; one
+        round trip): a shard's part of its crawl's progress (:meth:`progress`).
+
+        Returns:
+            Its entries queued or leased and its counters, or ``None`` if Redis is
+            unreachable, refuses, or the crawl is gone.
+        """
+        k = self.keys
+        call = self._scripts.census(
+            queue=self.queue.key,
+            holders=k.holders,
+            previous=k.leases,
+            progress=k.progress,
+            epoch_key=k.epoch,
+            queue_kind=self.queue.kind,
+            epoch=self.epoch,
+        )
+        reply = self.call(call.run)
+        if reply is None:
+            return None
+        queued, leased, done, dead, retried = (int(x) for x in reply)
+        return OtherShards(queued + leased, done, dead, retried)
 
     def held_elsewhere(self) -> Elsewhere | None:
         """The leases other workers hold, in every shard, their heartbeats, and the

@@ -10,8 +10,10 @@ spreads over N masters.
 - **One frontier per shard**: each shard is a :class:`~scrapy_dist.frontier.core.Frontier`
   on its own keys (and, under Cluster, on a client pinned to its node): its own epoch
   (every script is fenced by its shard's copy), outbox, leases, renewals
-  and hand-backs, replica ``WAIT``. A lease id of shard ``i > 0`` is ``#<i>:<id>`` for
-  the worker's engine and is routed back to its shard.
+  and hand-backs, replica ``WAIT``. :class:`ShardedFrontier` is shard 0's and routes
+  to the others through their public methods, listening to them (a crawl found gone,
+  leases taken over, a master changed). A lease id of shard ``i > 0`` is ``#<i>:<id>``
+  for the worker's engine and is routed back to its shard.
 - **Acknowledgements across shards**: a settlement is held until every other shard has
   confirmed every request added before it (the children of that page, whatever shard
   they went to); then it joins its own shard's outbox, which sends it after that
@@ -30,6 +32,7 @@ spreads over N masters.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import mmh3
@@ -45,6 +48,7 @@ from scrapy_dist.frontier.core import (
     recorded_shards,
     shared_filter,
 )
+from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.keys import crawl_slot, shard_keys
 from scrapy_dist.queue import unleased_queue
 
@@ -118,61 +122,57 @@ class AllShards:
         return getattr(self._first, name)
 
 
-class Shard(Frontier):
-    """Shard ``index > 0`` of a sharded crawl: a frontier on its own keys whose crawl,
-    when its epoch is gone, is judged by shard 0 (where completion is recorded)."""
-
-    main: ShardedFrontier
-    index: int
-    #: Its dupefilter backend before it is opened (``None``: no shared dupefilter).
-    unopened: UnopenedBackend | None = None
-
-    def why_gone(self, found: str) -> str:
-        return self.main.why_gone(found)
-
-    @property
-    def crawl_label(self) -> str:
-        """The crawl's name and this shard's (its keys' crawl name is the shard's)."""
-        return f"{self.main.keys.crawl} (shard {self.index})"
-
-    def check_shards(self, count: int = 1) -> None:
-        """Shard 0 keeps the crawl's shard count."""
-
-    def delete_all(self) -> bool:
-        """Delete this shard's keys, its progress hash with them (when a crawl that
-        does not persist finishes; its counters are in shard 0's); returns ``True``."""
-        self.delete_keys(self.keys.progress)
-        return True
-
-    def taken_over(self, refused: dict[str, int]) -> set[str]:
-        running = super().taken_over(refused)
-        self.main.leases.taken.update(join_id(self.index, i) for i in running)
-        return running
-
-
 class ShardedFrontier(Frontier):
     """Shard 0 of a sharded crawl and the worker's gateway to all its shards (see the
-    module docstring): the scheduler and the spider use it like a :class:`Frontier`."""
+    module docstring): the scheduler and the spider use it like a :class:`Frontier`.
+    Shards ``1..N-1`` are plain frontiers on their own keys (``others``), which it
+    routes to and listens to; nothing else uses them.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    Args:
+        others: the frontiers of shards ``1..N-1``, in order (built with their
+            ``index``, and judged by this one: see :meth:`build`).
+        filters: their shared dupefilters' backends before they are opened (``None``:
+            no shared dupefilter), opened when the crawl is joined.
+        flush_on_start: at open, a worker that finds shard 0 flushed flushes the
+            other shards too.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        others: Sequence[Frontier] = (),
+        filters: Sequence[UnopenedBackend | None] = (),
+        flush_on_start: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         #: Shards ``1..N-1``.
-        self.others: list[Shard] = []
+        self.others: list[Frontier] = list(others)
+        self.flush_on_start = flush_on_start
+        #: Unopened dupefilter backends of shards ``1..``, by shard.
+        self._unopened = dict(enumerate(filters, 1))
+        #: Opened dupefilter backends of shards ``1..``, by shard.
+        self._filters: dict[int, DupefilterBackend] = {}
         #: Requests added per shard (for the acknowledgement barrier).
-        self._adds: list[int] = [0]
+        self._adds: list[int] = [0] * self.shard_count
         #: Settlements waiting for other shards: (requests added per shard when it was
         #: settled, its shard, its (raw id, outcome) pairs).
         self._held: list[tuple[list[int], int, list[tuple[str, str]]]] = []
-        #: Opened dupefilter backends of shards ``1..``, by shard.
-        self._filters: dict[int, DupefilterBackend] = {}
         self._next = 0
-        self._empty_at: list[float] = [-EMPTY_SKIP]
-        self.flush_on_start = False
+        self._empty_at: list[float] = [-EMPTY_SKIP] * self.shard_count
+        for shard in self.others:
+            shard.on_lost.append(self._shard_lost)
+            shard.on_taken.append(partial(self._taken, shard.index))
+            if shard.replication is not None:  # a shard's master changed: so did the crawl's
+                shard.replication.on_change.append(self._master_changed)
+        # what the scheduler asks the queue (its length) is every shard's
+        self.queue = cast("RedisQueue", AllShards(self.queue, [s.queue for s in self.others]))
 
     @classmethod
     def build(cls, crawler: Crawler, parts: Parts) -> ShardedFrontier:
         """The sharded frontier of a crawler (no I/O): shard 0 on the crawl's client,
-        each other shard on a client for its own slot."""
+        each other shard a :class:`Frontier` on a client for its own slot, whose
+        crawl, when its epoch is gone, shard 0 judges (where completion is recorded)."""
         config = parts.config
         count = config.frontier.shards
         if unleased_queue(config.queue.cls):
@@ -182,22 +182,34 @@ class ShardedFrontier(Frontier):
                 "from one key"
             )
         every = shard_keys(parts.keys, config.keys, count)
-        main = cls.build_one(crawler, config, parts.client, parts.keys)
-        main.shard_count = count
-        main.flush_on_start = config.scheduler.flush_on_start
+        worker_id = new_worker_id()
+        main: ShardedFrontier
+
+        def judge(found: str) -> str:  # called once the crawl runs: ``main`` is built
+            return main.why_gone(found)
+
+        others: list[Frontier] = []
+        filters: list[UnopenedBackend | None] = []
         for index, keys in enumerate(every[1:], 1):
             client = crawl_client(parts.topology_client, keys)
-            shard = Shard.build_one(crawler, config, client, keys, worker_id=main.worker_id)
-            shard.main, shard.index = main, index
-            shard.unopened = shared_filter(config, client, keys)
-            shard.on_lost.append(main._shard_lost)
-            if shard.replication is not None:  # a shard's master changed: so did the crawl's
-                shard.replication.on_change.append(main._master_changed)
-            main.others.append(shard)
-        main._adds = [0] * count
-        main._empty_at = [-EMPTY_SKIP] * count
-        # what the scheduler asks the queue (its length) is every shard's
-        main.queue = cast("RedisQueue", AllShards(main.queue, [s.queue for s in main.others]))
+            label = f"{parts.keys.crawl} (shard {index})"  # its keys' crawl name is the shard's
+            others.append(
+                Frontier.build_one(
+                    crawler, config, client, keys, worker_id, index=index, label=label, judge=judge
+                )
+            )
+            filters.append(shared_filter(config, client, keys))
+        main = cls.build_one(
+            crawler,
+            config,
+            parts.client,
+            parts.keys,
+            worker_id,
+            shard_count=count,
+            others=others,
+            filters=filters,
+            flush_on_start=config.scheduler.flush_on_start,
+        )
         return main
 
     def shard(self, index: int) -> Frontier:
@@ -233,10 +245,14 @@ class ShardedFrontier(Frontier):
         """Another shard found the crawl gone: so is this worker's crawl."""
         if self.lost is not None:
             return
-        self.lost = state
-        self._drop_all()
+        self._drop_all(state)
         for listener in self.on_lost:
             listener(state)
+
+    def _taken(self, index: int, running: set[str]) -> None:
+        """Shard ``index`` marked these parent leases taken: so does the worker, by
+        their ids (:func:`join_id`), which its requests carry."""
+        self.leases.taken.update(join_id(index, raw) for raw in running)
 
     def _master_changed(self) -> None:
         """A shard's master changed (it may have lost writes): tell shard 0's listeners
@@ -245,18 +261,17 @@ class ShardedFrontier(Frontier):
             for listener in self.replication.on_change:
                 listener()
 
-    def _drop_all(self) -> None:
+    def _drop_all(self, state: str) -> None:
+        """The crawl is gone (``state``): drop every shard's writes and leases, and
+        the settlements held."""
         self._held = []
         for shard in self.shards:
-            shard.outbox.drop()
-            shard.leases.forget_all()
-            if shard.lost is None:
-                shard.lost = self.lost
+            shard.drop(state)
 
     def _gone(self, error: BaseException) -> bool:
         gone = super()._gone(error)
         if gone:
-            self._drop_all()
+            self._drop_all(cast("str", self.lost))
         return gone
 
     # -- open ------------------------------------------------------------------------
@@ -277,8 +292,7 @@ class ShardedFrontier(Frontier):
         epoch = super().join_epoch()
         for shard in self.others:
             shard.join_epoch()
-            if shard.unopened is not None and shard.index not in self._filters:
-                self._filters[shard.index] = shard.unopened.open()
+            self._opened(shard.index)
         return epoch
 
     def delete_keys(self, *also: str) -> None:
@@ -297,7 +311,7 @@ class ShardedFrontier(Frontier):
         """Shard ``index``'s dupefilter backend, opened on first use."""
         found = self._filters.get(index)
         if found is None:  # not opened yet (opened when the crawl is joined)
-            unopened = self.others[index - 1].unopened
+            unopened = self._unopened.get(index)
             if unopened is None:
                 return None
             found = self._filters[index] = unopened.open()
@@ -326,26 +340,20 @@ class ShardedFrontier(Frontier):
     ) -> None:
         """Add a request to the outbox of its host's shard (see :meth:`Frontier.enqueue`;
         its parent lease fences it only when the parent is in the same shard)."""
-        if self.lost is not None:
-            self.stats.inc_value("scheduler/crawl_lost/dropped_writes")
-            return
-        if parent and parent in self.leases.taken:
-            self.stats.inc_value("scheduler/leases/children_refused")
+        if self.refuses(parent):
             return
         index = shard_of(host, self.shard_count)
         origin, raw = split_id(parent)
         self._adds[index] += 1
         target = self.shard(index)
-        Frontier.enqueue(
-            target, item, self._filter(index, dupefilter), on_reply, raw if origin == index else ""
+        target.place(
+            item, self._filter(index, dupefilter), on_reply, raw if origin == index else ""
         )
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
         """Hold settlements until every other shard confirmed the requests added before
         them, then add them to their shard's outbox (see the module docstring)."""
-        if self.lost is not None:
-            if outcomes:
-                self.stats.inc_value("scheduler/crawl_lost/dropped_writes", len(outcomes))
+        if self.refuses(writes=len(outcomes)):
             return
         groups: dict[int, list[tuple[str, str]]] = {}
         for lease_id, outcome in outcomes:
@@ -386,23 +394,30 @@ class ShardedFrontier(Frontier):
         """
         if self.lost is not None:
             return None
-        if self._finished_seen and (self.pending_writes or reserve):
-            self._finished_seen = False  # new work after the crawl finished: a new run
-            self.join_epoch()
+        self._rejoin_if_finished(reserve)
         reserving = reserve > 0 and seeds is False
         ask = self._reserve_order() if reserving else [0]
-        for shard in self.shards:  # the first shard asked carries its own writes
-            if shard is not self.shard(ask[0]) and shard.outbox.pending_writes:
+        for index, shard in enumerate(self.shards):  # the first asked carries its own writes
+            if index != ask[0] and shard.outbox.pending_writes:
                 self._release()
-                Frontier.flush(shard)
+                self._flush_one(index)
                 if self.lost is not None:
                     return None
         self._release()
         if not reserving:
-            leases = Frontier.flush(self, reserve=reserve, seeds=seeds)
+            leases = self._flush_one(0, reserve=reserve, seeds=seeds)
             self._release()
             return leases
         return self._reserve_in_turn(reserve, ask)
+
+    def _flush_one(
+        self, index: int, *, reserve: int = 0, seeds: bool | SeedQueue = False
+    ) -> list[Lease] | None:
+        """:meth:`Frontier.flush` of shard ``index`` alone (its keys' writes, and its
+        reserve)."""
+        if index == 0:
+            return super().flush(reserve=reserve, seeds=seeds)
+        return self.others[index - 1].flush(reserve=reserve, seeds=seeds)
 
     def _reserve_order(self) -> list[int]:
         """The shards to ask for requests, in turn from the one after the last that had
@@ -419,7 +434,7 @@ class ShardedFrontier(Frontier):
         sends its pending writes)."""
         answered = False
         for index in ask:
-            got = Frontier.flush(self.shard(index), reserve=count)
+            got = self._flush_one(index, reserve=count)
             self._release()
             if self.lost is not None:
                 return None
@@ -446,7 +461,7 @@ class ShardedFrontier(Frontier):
         lost: list[str] = []
         failed = False
         for index, raws in sorted(groups.items()):
-            reply = Frontier.renew(self.shard(index), raws)
+            reply = super().renew(raws) if index == 0 else self.others[index - 1].renew(raws)
             if reply is None:
                 failed = True
             else:
@@ -455,26 +470,16 @@ class ShardedFrontier(Frontier):
 
     # -- reads ----------------------------------------------------------------------
 
-    def census(self) -> OtherShards | None:
+    def others_census(self) -> OtherShards | None:
         """What shards ``1..N-1`` hold and counted, together (one call each), or
         ``None`` if one cannot be read (unreachable, refusing, or its crawl gone)."""
         busy = done = dead = retried = 0
         for shard in self.others:
-            call = shard._scripts.census(
-                queue=shard.queue.key,
-                holders=shard.keys.holders,
-                previous=shard.keys.leases,
-                progress=shard.keys.progress,
-                epoch_key=shard.keys.epoch,
-                queue_kind=shard.queue.kind,
-                epoch=shard.epoch,
-            )
-            reply = shard.call(call.run)
-            if reply is None:
+            counted = shard.census()
+            if counted is None:
                 return None
-            queued, leased, shard_done, shard_dead, shard_retried = (int(x) for x in reply)
-            busy += queued + leased
-            done, dead, retried = done + shard_done, dead + shard_dead, retried + shard_retried
+            busy, done = busy + counted.busy, done + counted.done
+            dead, retried = dead + counted.dead, retried + counted.retried
         return OtherShards(busy, done, dead, retried)
 
     def progress(
@@ -494,12 +499,12 @@ class ShardedFrontier(Frontier):
         own."""
         if self.lost is not None:
             return None
-        counted = self.census()
+        counted = self.others_census()
         if counted is None:
             return None
         progress = super().progress(grace=grace, clear=clear, keep_for=keep_for, others=counted)
         if progress is not None and progress.state == "finished" and clear:
-            deleted = [shard.call(shard.delete_all) for shard in self.others]  # each tried
+            deleted = [shard.call(shard.delete_shard) for shard in self.others]  # each tried
             if all(deleted):
                 self.call(self._others_deleted)
         return progress
@@ -520,7 +525,7 @@ class ShardedFrontier(Frontier):
     def totals(self) -> dict[str, int]:
         totals = super().totals()
         for shard in self.others:
-            for name, value in Frontier.totals(shard).items():
+            for name, value in shard.totals().items():
                 totals[name] = totals.get(name, 0) + value
         return totals
 
