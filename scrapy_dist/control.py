@@ -47,7 +47,7 @@ from weakref import WeakKeyDictionary
 import redis
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.replication import Command
+from scrapy_dist.frontier.outbox import Command
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.commands.core import Script
 
-    from scrapy_dist.frontier.core import OtherShards
-
 # -- constants shared with the Lua side -------------------------------------------------
 
 #: Length of the zero-padded decimal id that starts every queue entry
@@ -293,6 +291,18 @@ class Fence(NamedTuple):
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :meth:`Scripts.enqueue` this fence sets."""
         return self._asdict()
+
+
+class OtherShards(NamedTuple):
+    """What shards ``1..N-1`` of a sharded crawl hold and counted, together
+    (``lua/census.lua``), for shard 0's ``lua/progress.lua``."""
+
+    #: Entries queued or leased.
+    busy: int
+    #: Their counters: settled (``done`` + ``dead``), and ``retried``.
+    done: int
+    dead: int
+    retried: int
 
 
 class ScriptCall(NamedTuple):

@@ -52,7 +52,8 @@ from scrapy_dist.exceptions import (
     InvalidSeed,
     InvalidSpiderAttribute,
 )
-from scrapy_dist.frontier.core import DEAD_NOW, DONE, Frontier, Lease
+from scrapy_dist.frontier.choice import frontier_for
+from scrapy_dist.frontier.core import DEAD_NOW, DONE, Lease
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.settings import check_seed_batch_size
@@ -197,7 +198,7 @@ class RedisSpiderMixin(Spider):
             return
         crawler = self.crawler
         config = assemble(crawler).config
-        self.frontier = Frontier.for_crawler(crawler)
+        self.frontier = frontier_for(crawler)
         self.seeds = self.frontier.seeds
         #: One seed queue per key of ``redis_key``, in priority order (the frontier's
         #: own seeds key first).

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import redis
 
 from scrapy_dist.connection import describe, topology
+from scrapy_dist.frontier.outbox import Command, refusal
 from scrapy_dist.settings import SINGLE
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECK_INTERVAL",
     "OUTAGE_CHECK_INTERVAL",
-    "Command",
     "Identity",
     "Replication",
 ]
@@ -65,12 +65,6 @@ CHECK_INTERVAL = 5.0
 #: Seconds between checks of the master's identity during an outage (at most one per
 #: attempt to reach Redis).
 OUTAGE_CHECK_INTERVAL = 0.5
-
-
-class Command(NamedTuple):
-    """A plain command sent in a flush's pipeline among the script calls (``WAIT``)."""
-
-    args: tuple[str | int, ...]
 
 
 class Identity(NamedTuple):
@@ -317,6 +311,4 @@ def _told(_queued: bool) -> None:
 
 
 def _refused_for_now(error: redis.exceptions.ResponseError) -> bool:
-    from scrapy_dist.frontier.outbox import refusal
-
     return refusal(error) is not None
