@@ -800,6 +800,6 @@ class WorkerControl:
             extra={"spider": self.spider},
         )
         if self.crawler is not None:
-            from scrapy_dist.worker.membership import close_spider
+            from scrapy_dist.worker import engine as _engine
 
-            close_spider(self.crawler, DRAINED)
+            _engine.close_spider(self.crawler, DRAINED)
