@@ -772,7 +772,7 @@ class WorkerControl:
 
     def _hand_back(self) -> int:
         """Hand the buffered leases back to the queue (through the outbox)."""
-        from scrapy_dist.frontier.core import HAND_BACK
+        from scrapy_dist.frontier.wire import HAND_BACK
 
         buffer = self.deliveries.buffer
         handed = [(lease.id, HAND_BACK) for lease, _ in buffer]

@@ -38,8 +38,8 @@ from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
 from scrapy_dist.frontier.choice import frontier_for
-from scrapy_dist.frontier.core import DEAD_NOW, HAND_BACK, Frontier, Lease
 from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
+from scrapy_dist.frontier.wire import DEAD_NOW, HAND_BACK
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     from twisted.internet.task import LoopingCall
     from twisted.python.failure import Failure
     from typing_extensions import Self
+
+    from scrapy_dist.frontier.core import Frontier, Lease
 
 __all__ = ["FailedScheduler", "Scheduler"]
 

@@ -53,7 +53,7 @@ from scrapy_dist.exceptions import (
     InvalidSpiderAttribute,
 )
 from scrapy_dist.frontier.choice import frontier_for
-from scrapy_dist.frontier.core import DEAD_NOW, DONE, Lease
+from scrapy_dist.frontier.wire import DEAD_NOW, DONE
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.settings import check_seed_batch_size
@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
+
+    from scrapy_dist.frontier.core import Lease
 
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from scrapy import Request
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import SetBackend
 from scrapy_dist.frontier.choice import frontier_for
-from scrapy_dist.frontier.core import HAND_BACK, Frontier
+from scrapy_dist.frontier.wire import HAND_BACK
 from scrapy_dist.keys import (
     LEVELS_MARKER,
     RedisKeys,
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy.crawler import Crawler
+
+    from scrapy_dist.frontier.core import Frontier
 
 pytestmark = pytest.mark.redis_server
 

@@ -42,16 +42,7 @@ from scrapy_dist.frontier.epoch import (
     why_gone,
 )
 from scrapy_dist.frontier.eviction import check_eviction_policy
-from scrapy_dist.frontier.leases import (
-    DEAD_BECAUSE,
-    DEAD_NOW,
-    DONE,
-    HAND_BACK,
-    Held,
-    Lease,
-    LeaseClient,
-    held_by_others,
-)
+from scrapy_dist.frontier.leases import Held, Lease, LeaseClient, held_by_others
 from scrapy_dist.frontier.outbox import UNREACHABLE, Batch, Command, Outbox, refusal
 from scrapy_dist.frontier.registry import heartbeats, new_worker_id
 from scrapy_dist.frontier.replication import Replication
@@ -75,11 +66,7 @@ if TYPE_CHECKING:
     from scrapy_dist.settings import Config
 
 __all__ = [
-    "DEAD_BECAUSE",
-    "DEAD_NOW",
-    "DONE",
     "FINISHED",
-    "HAND_BACK",
     "REPLACED",
     "VANISHED",
     "Frontier",
@@ -648,9 +635,9 @@ class Frontier:
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
         """Add lease settlements to the outbox: ``(lease id, outcome)`` with outcome
-        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a dead-letter record,
-        :data:`DEAD_BECAUSE` + a reason (the held entry dead-lettered with it), or a
-        failure reason.
+        ``DONE``, ``HAND_BACK``, ``DEAD_NOW`` + a dead-letter record, ``DEAD_BECAUSE`` +
+        a reason (the held entry dead-lettered with it; the four are
+        :mod:`scrapy_dist.frontier.wire`'s), or a failure reason.
 
         A settlement is sent only once Redis has confirmed the enqueue of every request
         added before it (a pipeline runs its calls whatever the previous one answered,

@@ -26,7 +26,7 @@ from scrapy_dist import deadletter
 from scrapy_dist.connection import describe
 from scrapy_dist.exceptions import StaleFilterView, redis_error_text
 from scrapy_dist.filters import filter_error
-from scrapy_dist.scripts import DONE, Fence
+from scrapy_dist.frontier.wire import DONE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.deadletter import DeadLetters
     from scrapy_dist.queue import FilterBackend, RedisQueue
-    from scrapy_dist.scripts import ScriptCall, Scripts
+    from scrapy_dist.scripts import Fence, ScriptCall, Scripts
 
 logger = logging.getLogger(__name__)
 

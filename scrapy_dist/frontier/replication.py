@@ -42,6 +42,7 @@ import redis
 
 from scrapy_dist.connection import describe, topology
 from scrapy_dist.frontier.outbox import Command, refusal
+from scrapy_dist.frontier.wire import EPOCH_REFUSAL, NO_EPOCH
 from scrapy_dist.settings import SINGLE
 
 if TYPE_CHECKING:
@@ -269,7 +270,8 @@ class Replication:
             },
         )
         if gone:
-            return redis.exceptions.ResponseError(f"EPOCH {found or 'none'} expected {epoch}")
+            message = f"{EPOCH_REFUSAL} {found or NO_EPOCH} expected {epoch}"
+            return redis.exceptions.ResponseError(message)
         return None
 
     def _learn(self, server: dict[str, Any], replication: dict[str, Any], *, joined: bool) -> bool:
