@@ -58,7 +58,8 @@ from typing import TYPE_CHECKING, Any
 
 from bench_lua import Frontier, library, url67, write_result
 
-from scrapy_dist.testing.redis_server import RedisServer, find_redis_server
+from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.server_kinds import find_redis_server
 
 if TYPE_CHECKING:
     from collections.abc import Callable

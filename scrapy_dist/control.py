@@ -47,7 +47,7 @@ from weakref import WeakKeyDictionary
 import redis
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.replication import Command
+from scrapy_dist.frontier.outbox import Command
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -772,7 +772,7 @@ class WorkerControl:
 
     def _hand_back(self) -> int:
         """Hand the buffered leases back to the queue (through the outbox)."""
-        from scrapy_dist.frontier.core import HAND_BACK
+        from scrapy_dist.frontier.wire import HAND_BACK
 
         buffer = self.deliveries.buffer
         handed = [(lease.id, HAND_BACK) for lease, _ in buffer]
@@ -800,6 +800,6 @@ class WorkerControl:
             extra={"spider": self.spider},
         )
         if self.crawler is not None:
-            from scrapy_dist.worker.membership import close_spider
+            from scrapy_dist.worker import engine as _engine
 
-            close_spider(self.crawler, DRAINED)
+            _engine.close_spider(self.crawler, DRAINED)

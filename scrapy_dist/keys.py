@@ -562,6 +562,40 @@ def expect_type(
         raise ConfigurationError(explain(actual))
 
 
+_HINTS = {
+    "seeds": {
+        "set": "set REDIS_START_URLS_AS_SET = True",
+        "zset": "set REDIS_START_URLS_AS_ZSET = True",
+        "list": "unset REDIS_START_URLS_AS_SET and REDIS_START_URLS_AS_ZSET",
+    },
+    "queue": {
+        "string": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.PriorityQueue'",
+        "zset": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.PriorityQueue'",
+        "list": "SCHEDULER_QUEUE_CLASS = 'scrapy_dist.queue.FifoQueue' (or LifoQueue)",
+    },
+}
+
+
+def check_type(key: str, actual: str, expected: str | tuple[str, ...], role: str) -> None:
+    """Make sure ``key`` is absent or of the ``expected`` type (or one of them).
+
+    Raises:
+        ConfigurationError: it holds another type; the message names the key, both
+            types and, for the seeds and the queue, the setting that fits what it holds.
+    """
+
+    def explain(actual: str) -> str:
+        hint = _HINTS.get(role, {}).get(actual)
+        advice = f"; if that is right, {hint}" if hint else ""
+        wanted = expected if isinstance(expected, str) else " or ".join(expected)
+        return (
+            f"Redis key {key!r} ({role}) holds a {actual}, but these settings expect a "
+            f"{wanted}{advice}"
+        )
+
+    expect_type(key, actual, expected, explain)
+
+
 #: Slots of a Redis Cluster.
 SLOTS = 16384
 

@@ -21,8 +21,9 @@ from scrapy import Request as _Request
 
 from scrapy_dist.exceptions import ConfigurationError, redis_error_text
 from scrapy_dist.frontier.registry import previous_version_running
+from scrapy_dist.frontier.wire import ENTRY_ID_LEN
 from scrapy_dist.keys import LEVELS_MARKER, expect_type, key_type, level_key, levels_key
-from scrapy_dist.scripts import ENTRY_ID_LEN, Fence, ScriptCall, scripts_for
+from scrapy_dist.scripts import Fence, ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 
 if TYPE_CHECKING:

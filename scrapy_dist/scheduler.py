@@ -38,8 +38,9 @@ from scrapy_dist.control import ControlWatcher, WorkerControl
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
-from scrapy_dist.frontier.core import DEAD_NOW, HAND_BACK, Frontier, Lease
+from scrapy_dist.frontier.choice import frontier_for
 from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
+from scrapy_dist.frontier.wire import DEAD_NOW, HAND_BACK
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from twisted.python.failure import Failure
     from typing_extensions import Self
+
+    from scrapy_dist.frontier.core import Frontier, Lease
 
 __all__ = ["FailedScheduler", "Scheduler"]
 
@@ -256,7 +259,7 @@ class Scheduler(BaseScheduler):
         # (not issubclass: Scrapy's scheduler metaclass answers it by duck typing)
         if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
             return cast("Self", UnleasedScheduler.from_crawler(crawler))
-        frontier = Frontier.for_crawler(crawler)
+        frontier = frontier_for(crawler)
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(config.components.dupefilter), crawler
         )

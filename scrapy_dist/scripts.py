@@ -1,5 +1,5 @@
-"""The Lua scripts in ``scrapy_dist/lua/``: their text, their shared constants, and one
-typed call per script.
+"""The Lua scripts in ``scrapy_dist/lua/``: their text, the constants written into them,
+and one typed call per script.
 
 Each ``.lua`` file opens with a header naming its ``KEYS`` and ``ARGV``; the method of
 :class:`Scripts` named after the script is the one place in Python that builds them, in
@@ -13,9 +13,9 @@ Redis scripts cannot import each other, so code two scripts share lives in a lib
 file (``_name.lua``, functions only) that :func:`source` prepends to every script whose
 header has a line ``-- uses: _name`` (the definitions the script reaches, only: Lua
 builds each anew on every call). Values both sides must agree on (the entry id
-length, the settlement outcomes, the origins of a leased entry) are defined once, here,
-and :func:`source` writes their values into every script where it names them
-(:data:`LUA_CONSTANTS`).
+length, the settlement outcomes, the origins of a leased entry) are defined once, in
+:mod:`scrapy_dist.frontier.wire`, and :func:`source` writes their values into every
+script where it names them (:data:`~scrapy_dist.frontier.wire.LUA_CONSTANTS`).
 """
 
 from __future__ import annotations
@@ -27,14 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from weakref import WeakKeyDictionary
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import (
-    HOLDERS_SUFFIX,
-    LEVEL_FORMAT,
-    LEVEL_INFIX,
-    LEVELS_MARKER,
-    LEVELS_SUFFIX,
-    SLOT_PROBE_SUFFIX,
-)
+from scrapy_dist.frontier.wire import LUA_CONSTANTS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -42,51 +35,6 @@ if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
     from redis.commands.core import Script
-
-    from scrapy_dist.frontier.core import OtherShards
-
-# -- constants shared with the Lua side -------------------------------------------------
-
-#: Length of the zero-padded decimal id that starts every queue entry
-#: (``<id><payload>``, written by ``lua/enqueue.lua``; see :mod:`scrapy_dist.queue`).
-ENTRY_ID_LEN = 16
-#: Outcome of a lease: Scrapy is done with it.
-DONE = ""
-#: Outcome of a lease: give it back untouched (not counted as a delivery).
-HAND_BACK = "~"
-#: Outcome prefix of a lease: dead-letter it now, with the JSON record that follows.
-DEAD_NOW = "!"
-#: Outcome prefix of a lease: dead-letter its entry now (as held in Redis), with the
-#: reason that follows (a callback that raised, ``SCHEDULER_CALLBACK_ERRORS = "dead"``).
-DEAD_BECAUSE = "#"
-#: Origin of a leased entry: the request queue (its lease id is its entry id).
-FROM_QUEUE = "q"
-#: Origin of a leased entry: the seeds key (its lease id starts with this letter).
-FROM_SEEDS = "s"
-
-#: A Lua pattern that every worker id matches (``<host>:<pid>:<6 hex digits>``,
-#: :func:`scrapy_dist.frontier.registry.new_worker_id`): what ``lua/_leases.lua`` takes for a
-#: holding's worker when it rebuilds the holders zset (a key of a job named ``holders``,
-#: ``<crawl>:holders:requests``, is not a holding).
-WORKER_ID_PATTERN = "^[^:]*:%d+:%x%x%x%x%x%x$"
-
-#: The constants every script may name (written as values by :func:`inline_constants`).
-LUA_CONSTANTS: dict[str, int | str] = {
-    "ENTRY_ID_LEN": ENTRY_ID_LEN,
-    "DONE": DONE,
-    "HAND_BACK": HAND_BACK,
-    "DEAD_NOW": DEAD_NOW,
-    "DEAD_BECAUSE": DEAD_BECAUSE,
-    "FROM_QUEUE": FROM_QUEUE,
-    "FROM_SEEDS": FROM_SEEDS,
-    "LEVELS_MARKER": LEVELS_MARKER,
-    "LEVELS_SUFFIX": LEVELS_SUFFIX,
-    "LEVEL_INFIX": LEVEL_INFIX,
-    "LEVEL_FORMAT": LEVEL_FORMAT,
-    "HOLDERS_SUFFIX": HOLDERS_SUFFIX,
-    "WORKER_ID_PATTERN": WORKER_ID_PATTERN,
-    "SLOT_PROBE_SUFFIX": SLOT_PROBE_SUFFIX,
-}
 
 #: A script argument.
 Arg = bytes | str | int | float
@@ -131,7 +79,7 @@ def _lua_literal(value: int | str) -> str:
 def constants() -> str:
     """The Lua text that defines :data:`LUA_CONSTANTS` as locals of the same names (for a
     script assembled by hand; :func:`source` writes the values in instead)."""
-    lines = ["-- Constants shared with Python (scrapy_dist/scripts.py, LUA_CONSTANTS)."]
+    lines = ["-- Constants shared with Python (scrapy_dist/frontier/wire.py, LUA_CONSTANTS)."]
     lines += [f"local {name} = {_lua_literal(v)}" for name, v in LUA_CONSTANTS.items()]
     return "\n".join(lines)
 
@@ -293,6 +241,19 @@ class Fence(NamedTuple):
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :meth:`Scripts.enqueue` this fence sets."""
         return self._asdict()
+
+
+class OtherShards(NamedTuple):
+    """What shards of a sharded crawl hold and counted (``lua/census.lua``): one
+    shard's (``Frontier.census``), or shards ``1..N-1`` together, for shard 0's
+    ``lua/progress.lua``."""
+
+    #: Entries queued or leased.
+    busy: int
+    #: Their counters: settled (``done`` + ``dead``), and ``retried``.
+    done: int
+    dead: int
+    retried: int
 
 
 class ScriptCall(NamedTuple):

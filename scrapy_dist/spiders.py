@@ -53,7 +53,8 @@ from scrapy_dist.exceptions import (
     InvalidSeed,
     InvalidSpiderAttribute,
 )
-from scrapy_dist.frontier.core import DEAD_NOW, DONE, Frontier, Lease
+from scrapy_dist.frontier.choice import frontier_for
+from scrapy_dist.frontier.wire import DEAD_NOW, DONE
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.worker import engine as _engine
@@ -66,6 +67,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
+
+    from scrapy_dist.frontier.core import Lease
 
 
 logger = logging.getLogger(__name__)
@@ -197,7 +200,7 @@ class RedisSpiderMixin(Spider):
             return
         crawler = self.crawler
         config = assemble(crawler).config
-        self.frontier = Frontier.for_crawler(crawler)
+        self.frontier = frontier_for(crawler)
         self.seeds = self.frontier.seeds
         #: One seed queue per key of ``redis_key``, in priority order (the frontier's
         #: own seeds key first).

@@ -33,7 +33,7 @@ import redis
 
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError
 from scrapy_dist.frontier.outbox import BACKOFF_MAX, BACKOFF_MIN, UNREACHABLE, refusal
-from scrapy_dist.keys import stream_dead_key
+from scrapy_dist.keys import check_type, key_type, stream_dead_key
 from scrapy_dist.scripts import scripts_for
 
 if TYPE_CHECKING:
@@ -303,9 +303,6 @@ def stream_state(client: redis.Redis, stream: str, *, consumers: bool = True) ->
     Raises:
         ConfigurationError: the key holds something other than a stream.
     """
-    from scrapy_dist.keys import key_type
-    from scrapy_dist.status import check_type
-
     dead = stream_dead_key(stream)
     kind = key_type(client, stream)
     if kind == "none":

@@ -26,8 +26,14 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.testing.redis_cluster import ClusterServers
 from scrapy_dist.testing.redis_sentinel import SentinelServers
-from scrapy_dist.testing.redis_server import KIND_VARIABLE, RedisServer, RedisServerNotFound
-from scrapy_dist.testing.server_kinds import KINDS, ServerKind, server_kind
+from scrapy_dist.testing.redis_server import RedisServer
+from scrapy_dist.testing.server_kinds import (
+    KIND_VARIABLE,
+    KINDS,
+    RedisServerNotFound,
+    ServerKind,
+    server_kind,
+)
 
 if not hasattr(__import__("scrapy.crawler").crawler, "AsyncCrawlerProcess"):
     # Scrapy 2.13's get_crawler() asks which reactor is installed and raises when none

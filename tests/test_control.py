@@ -669,10 +669,10 @@ def test_a_draining_worker_closes_once_it_holds_nothing(
 ) -> None:
     from scrapy import Request
 
-    from scrapy_dist.worker import membership
+    from scrapy_dist.worker import engine
 
     closed: list[str] = []
-    monkeypatch.setattr(membership, "close_spider", lambda crawler, reason: closed.append(reason))
+    monkeypatch.setattr(engine, "close_spider", lambda crawler, reason: closed.append(reason))
     scheduler = crawler_of()
     keys = scheduler.frontier.keys
     scheduler.enqueue_request(Request("https://example.com/a"))
@@ -695,11 +695,11 @@ def test_a_drain_that_closes_the_scheduler_within_the_tick_leaves_the_registry(
     """Scrapy's engine may close the spider at once, inside the timer's tick: the tick
     then neither heartbeats nor renews (a heartbeat would register the worker again,
     and ``drain --wait`` would see it live until SCHEDULER_WORKER_TIMEOUT)."""
-    from scrapy_dist.worker import membership
+    from scrapy_dist.worker import engine
 
     scheduler = crawler_of()
     keys = scheduler.frontier.keys
-    monkeypatch.setattr(membership, "close_spider", lambda crawler, reason: scheduler.close(reason))
+    monkeypatch.setattr(engine, "close_spider", lambda crawler, reason: scheduler.close(reason))
     assert client.hexists(keys.workers, scheduler.frontier.worker_id)
     set_state(client, keys, DRAINING)
     scheduler.control.watcher._next_read = 0
@@ -716,10 +716,10 @@ def test_a_worker_opened_while_the_crawl_drains_closes_at_once(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from scrapy_dist.worker import membership
+    from scrapy_dist.worker import engine
 
     closed: list[str] = []
-    monkeypatch.setattr(membership, "close_spider", lambda crawler, reason: closed.append(reason))
+    monkeypatch.setattr(engine, "close_spider", lambda crawler, reason: closed.append(reason))
     set_state(client, RedisKeys.build(name), DRAINING)
     with caplog.at_level(logging.WARNING, logger="scrapy_dist.control"):
         scheduler = crawler_of()

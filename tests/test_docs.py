@@ -65,9 +65,9 @@ NOT_SETTINGS = {
     "STATS_KEY": "scrapy-redis's setting, which scrapy_dist does not read (docs/migration.md)",
     "DEMO_ARGS": "make variable of the demo",
     "SERVERS_WORKERS": "make variable of the test suite on other servers",
-    "LUA_CONSTANTS": "Python constant of scrapy_dist.scripts",
-    "ENTRY_ID_LEN": "Python constant of scrapy_dist.scripts",
-    "WORKER_ID_PATTERN": "Python constant of scrapy_dist.scripts",
+    "LUA_CONSTANTS": "Python constant of scrapy_dist.frontier.wire",
+    "ENTRY_ID_LEN": "Python constant of scrapy_dist.frontier.wire",
+    "WORKER_ID_PATTERN": "Python constant of scrapy_dist.frontier.wire",
     "KNOWN_FAILURES": "Python constant of scripts/compat.py",
     "DUPEFILTER_STALE": "the refusal a dupefilter script answers (lua/_filters.lua)",
 }

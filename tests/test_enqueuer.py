@@ -15,7 +15,7 @@ from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.frontier.core import Frontier
+from scrapy_dist.frontier.choice import frontier_for
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, load_serializer
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.worker.enqueuer import START_CLAIMED, Enqueuer
@@ -45,7 +45,7 @@ class Worker:
         assert crawler.stats is not None
         assert crawler.spider is not None
         self.stats = crawler.stats
-        self.frontier = Frontier.for_crawler(crawler)
+        self.frontier = frontier_for(crawler)
         self.frontier.join_epoch()
         if dupefilter is None:
             dupefilter = build_from_crawler(RFPDupeFilter, crawler)

@@ -20,9 +20,10 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.connection import topology
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import backend_from_config
-from scrapy_dist.frontier.core import DONE, VANISHED, Frontier
+from scrapy_dist.frontier.core import VANISHED, Frontier
 from scrapy_dist.frontier.epoch import FINISHED, why_gone
 from scrapy_dist.frontier.replication import Replication
+from scrapy_dist.frontier.wire import DONE
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.queue import FifoQueue
 from scrapy_dist.seeds import SeedQueue

@@ -27,8 +27,8 @@ from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import redis_error_text
-from scrapy_dist.frontier.core import DONE
 from scrapy_dist.frontier.outbox import refusal
+from scrapy_dist.frontier.wire import DONE
 from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing import leases

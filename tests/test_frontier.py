@@ -14,7 +14,7 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.python.failure import Failure
 
 from scrapy_dist.dupefilter import RFPDupeFilter
-from scrapy_dist.frontier.core import DEAD_NOW, DONE, HAND_BACK, Frontier
+from scrapy_dist.frontier.wire import DEAD_NOW, DONE, HAND_BACK
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing.engine import HeldRequests
 from scrapy_dist.testing.leases import deadline, holdings, leased_count
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.frontier.core import Progress
+    from scrapy_dist.frontier.core import Frontier, Progress
 
 URL = "https://example.com/"
 

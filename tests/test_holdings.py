@@ -17,16 +17,16 @@ import pytest
 import redis
 
 from scrapy_dist.frontier.epoch import stored_number
-from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
-from scrapy_dist.scripts import (
+from scrapy_dist.frontier.wire import (
     DEAD_BECAUSE,
     DEAD_NOW,
     DONE,
     FROM_QUEUE,
     FROM_SEEDS,
     HAND_BACK,
-    Scripts,
 )
+from scrapy_dist.keys import RedisKeys, crawl_slot, level_key, slot_of
+from scrapy_dist.scripts import Scripts
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_entries
 from scrapy_dist.testing.refusals import OOM_REFUSED
@@ -706,7 +706,7 @@ def test_every_worker_id_is_one_a_holders_rebuild_finds(client: redis.Redis) -> 
     """WORKER_ID_PATTERN (what lua/_leases.lua rebuild_holders takes for a worker)
     matches the ids workers give themselves, and not a job's key names."""
     from scrapy_dist.frontier.registry import new_worker_id
-    from scrapy_dist.scripts import WORKER_ID_PATTERN
+    from scrapy_dist.frontier.wire import WORKER_ID_PATTERN
 
     find = "return string.find(ARGV[1], ARGV[2]) and 1 or 0"
     assert client.eval(find, 0, new_worker_id(), WORKER_ID_PATTERN) == 1

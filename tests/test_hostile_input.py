@@ -236,9 +236,9 @@ def test_a_malformed_entry_does_not_take_its_batch_down(
 ) -> None:
     """A non-UTF-8 entry without an entry id, leased with good requests: it alone is
     dead-lettered (raw bytes kept), the good ones are leased and delivered."""
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.choice import frontier_for
 
-    frontier = Frontier.for_crawler(make_crawler())
+    frontier = frontier_for(make_crawler())
     keys = frontier.keys
     good = [b"%016d" % i + b'{"url": "https://a.example/%d"}' % i for i in (1, 2, 3)]
     bad = b"\xff\xfe\x00 pushed by hand"
@@ -637,14 +637,14 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
     """A non-UTF-8 seed and request dead-lettered by Lua (max deliveries) and by Python
     are listed and come back from ``scrapy-dist dead requeue`` byte for byte."""
     from scrapy_dist.cli import main
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.choice import frontier_for
 
     settings = {"SCHEDULER_MAX_DELIVERIES": 1, "SCHEDULER_LEASE_TIMEOUT": 0.2}
     crawler = make_crawler(settings)
     assert b"\x80" in NON_UTF8_PAYLOAD
     with pytest.raises(UnicodeDecodeError):
         NON_UTF8_SEED.decode()
-    frontier = Frontier.for_crawler(crawler)
+    frontier = frontier_for(crawler)
     keys = frontier.keys
     client.rpush(keys.start_urls, NON_UTF8_SEED)
     push_raw(client, keys.requests, {b"%016d" % 7 + NON_UTF8_PAYLOAD: 0})
@@ -652,7 +652,7 @@ def test_dead_letters_from_lua_and_python_are_listed_and_requeued_byte_exact(  #
     assert [lease.data for lease in frontier.reserve(5)] == [NON_UTF8_PAYLOAD]
     time.sleep(0.3)
     # another worker reclaims both past SCHEDULER_MAX_DELIVERIES (Lua)
-    heir = Frontier.for_crawler(make_crawler(settings))
+    heir = frontier_for(make_crawler(settings))
     assert heir.reserve(5) == []
     assert client.llen(keys.dead) == 2
     assert leased_count(client, keys.crawl) == 0

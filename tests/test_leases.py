@@ -11,16 +11,14 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.core import Frontier
+from scrapy_dist.frontier.choice import frontier_for
 from scrapy_dist.frontier.leases import (
-    DEAD_BECAUSE,
-    DONE,
-    HAND_BACK,
     LeaseClient,
     held_by_others,
     refuse_beside_previous,
 )
 from scrapy_dist.frontier.registry import new_worker_id
+from scrapy_dist.frontier.wire import DEAD_BECAUSE, DONE, HAND_BACK
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.testing.queues import queued_entries
 
@@ -36,7 +34,7 @@ class Crawl:
     """One crawl's keys on the test's Redis, and lease clients of its workers."""
 
     def __init__(self, crawler: Crawler) -> None:
-        frontier = Frontier.for_crawler(crawler)
+        frontier = frontier_for(crawler)
         self.client = frontier.client
         self.keys = frontier.keys
         self.queue = frontier.queue

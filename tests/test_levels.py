@@ -15,7 +15,8 @@ from scrapy import Request
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import SetBackend
-from scrapy_dist.frontier.core import HAND_BACK, Frontier
+from scrapy_dist.frontier.choice import frontier_for
+from scrapy_dist.frontier.wire import HAND_BACK
 from scrapy_dist.keys import (
     LEVELS_MARKER,
     RedisKeys,
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from scrapy.crawler import Crawler
+
+    from scrapy_dist.frontier.core import Frontier
 
 pytestmark = pytest.mark.redis_server
 
@@ -138,7 +141,7 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
     crawler = make_crawler(
         {"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5, **FIFO_TIES}
     )
-    frontier = Frontier.for_crawler(crawler)
+    frontier = frontier_for(crawler)
     assert isinstance(frontier.queue, PriorityQueue)
     return frontier
 
@@ -149,7 +152,7 @@ def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
     crawler = make_crawler(
         {"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5, **FIFO_TIES}
     )
-    other = Frontier.for_crawler(crawler)
+    other = frontier_for(crawler)
     assert other.worker_id != frontier.worker_id
     return other
 
@@ -439,7 +442,7 @@ def test_last_in_first_out_levels_and_first_in_first_out_start_levels(
     requests in levels of their own half a point lower, first in first out; an entry
     put back to a last-in-first-out level comes out last among its equals."""
     crawler = make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, "SCHEDULER_MAX_DELIVERIES": 5})
-    frontier = Frontier.for_crawler(crawler)
+    frontier = frontier_for(crawler)
     queue = cast("PriorityQueue", frontier.queue)
     assert queue.take == "levels:lf"
     starts = [Request(f"https://e.com/s{i}", meta={"is_start_request": True}) for i in (1, 2)]

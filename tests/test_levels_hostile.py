@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 import pytest
 from scrapy import Request
 
-from scrapy_dist.frontier.core import Frontier
+from scrapy_dist.frontier.choice import frontier_for
 from scrapy_dist.keys import level_key
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.scheduler import Scheduler
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
     import redis
     from scrapy.crawler import Crawler
+
+    from scrapy_dist.frontier.core import Frontier
 
 pytestmark = pytest.mark.redis_server
 
@@ -37,7 +39,7 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
             "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
         }
     )
-    frontier = Frontier.for_crawler(crawler)
+    frontier = frontier_for(crawler)
     assert isinstance(frontier.queue, PriorityQueue)
     return frontier
 
@@ -53,7 +55,7 @@ def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
             "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
         }
     )
-    other = Frontier.for_crawler(crawler)
+    other = frontier_for(crawler)
     assert other.worker_id != frontier.worker_id
     return other
 

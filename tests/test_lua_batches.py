@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from scrapy_dist.scripts import DONE, FROM_QUEUE, FROM_SEEDS, ScriptCall, Scripts
+from scrapy_dist.frontier.wire import DONE, FROM_QUEUE, FROM_SEEDS
+from scrapy_dist.scripts import ScriptCall, Scripts
 from scrapy_dist.testing.leases import deadline, leased_count
 from scrapy_dist.testing.queues import queued_count, queued_entries
 

@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from scrapy_dist import scripts
-from scrapy_dist.scripts import LUA_CONSTANTS, ScriptCall, Scripts, source
+from scrapy_dist.frontier.wire import ENTRY_ID_LEN, LUA_CONSTANTS
+from scrapy_dist.scripts import ScriptCall, Scripts, source
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -223,7 +224,7 @@ def test_consecutive_ids_are_written_as_the_entries_start(
         ]
     )
     texts = [t.decode() for t in client.eval(lua, 0, first, n)]
-    assert texts == [f"{i:0{scripts.ENTRY_ID_LEN}d}" for i in range(first, first + n)]
+    assert texts == [f"{i:0{ENTRY_ID_LEN}d}" for i in range(first, first + n)]
 
 
 @pytest.mark.parametrize("size", [0, 1, 7, 1000, 1001])

@@ -20,8 +20,9 @@ import redis
 from redis.exceptions import MovedError
 
 from scrapy_dist.testing.redis_cluster import NodeView
-from scrapy_dist.testing.redis_server import KIND_VARIABLE, RedisServer
+from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.server_kinds import (
+    KIND_VARIABLE,
     KINDS,
     default_kind,
     find_redisbloom_module,
@@ -74,7 +75,7 @@ def test_binaries_prefer_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert find_redisbloom_module() == "/opt/bloom/redisbloom.so"
     kind = server_kind("redisbloom")
     assert kind.extra_args == ("--loadmodule", "/opt/bloom/redisbloom.so")
-    assert kind.server(extra_args=["--maxmemory", "1mb"]).extra_args == (
+    assert RedisServer.of_kind(kind, extra_args=["--maxmemory", "1mb"]).extra_args == (
         "--loadmodule",
         "/opt/bloom/redisbloom.so",
         "--maxmemory",
@@ -93,7 +94,10 @@ def test_the_session_server_is_of_the_chosen_kind(redis_url: str, redis_kind: st
 
 
 def test_valkey_answers_info_server_as_valkey(kind_of: Callable[[str], ServerKind]) -> None:
-    with kind_of("valkey").server() as server, server.client(decode_responses=True) as client:
+    with (
+        RedisServer.of_kind(kind_of("valkey")) as server,
+        server.client(decode_responses=True) as client,
+    ):
         info = client.info("server")
         assert info["server_name"] == "valkey"
         assert "valkey_version" in info
@@ -101,7 +105,10 @@ def test_valkey_answers_info_server_as_valkey(kind_of: Callable[[str], ServerKin
 
 
 def test_redisbloom_module_answers_bf_add(kind_of: Callable[[str], ServerKind]) -> None:
-    with kind_of("redisbloom").server() as server, server.client(decode_responses=True) as client:
+    with (
+        RedisServer.of_kind(kind_of("redisbloom")) as server,
+        server.client(decode_responses=True) as client,
+    ):
         assert {module["name"] for module in client.module_list()} >= {"bf"}
         assert client.execute_command("BF.ADD", "bloom", "a") == 1
         assert client.execute_command("BF.ADD", "bloom", "a") == 0

@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from scrapy_dist.exceptions import redis_error_text
-from scrapy_dist.scripts import DONE, FROM_QUEUE, Scripts, source
+from scrapy_dist.frontier.wire import DONE, FROM_QUEUE
+from scrapy_dist.scripts import Scripts, source
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -20,6 +20,7 @@ from scrapy import Request
 
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier.choice import frontier_for
 from scrapy_dist.frontier.core import Frontier
 from scrapy_dist.frontier.shards import ShardedFrontier, host_of, join_id, shard_of, split_id
 from scrapy_dist.keys import RedisKeys, shard_crawl, shard_keys, slot_of
@@ -459,7 +460,7 @@ def test_another_shard_count_for_a_running_crawl_is_refused(
     w = sharded()
     assert client.get(w.frontier.keys.shards) == b"3"
     for count in (1, 2):
-        other = Frontier.for_crawler(make_crawler({"SCHEDULER_SHARDS": count}))
+        other = frontier_for(make_crawler({"SCHEDULER_SHARDS": count}))
         with pytest.raises(ConfigurationError, match="started with SCHEDULER_SHARDS = 3"):
             other.join_epoch()
 
@@ -693,7 +694,7 @@ def test_a_junk_recorded_shard_count_is_no_count(
     assert other_shards(client, keys, Config.from_settings(Settings()).keys) == []
     assert time.monotonic() - started < 1
     # a worker with shards is refused with one clear error naming the key, no traceback
-    frontier = Frontier.for_crawler(make_crawler({"SCHEDULER_SHARDS": 3}))
+    frontier = frontier_for(make_crawler({"SCHEDULER_SHARDS": 3}))
     with pytest.raises(ConfigurationError, match="not a shard count"):
         frontier.check_shards(3)
 

@@ -19,12 +19,8 @@ import redis
 
 from scrapy_dist.testing import redis_server
 from scrapy_dist.testing import site as site_module
-from scrapy_dist.testing.redis_server import (
-    RedisServer,
-    RedisServerNotFound,
-    find_redis_server,
-    free_port,
-)
+from scrapy_dist.testing.redis_server import RedisServer, free_port
+from scrapy_dist.testing.server_kinds import RedisServerNotFound, find_redis_server
 from scrapy_dist.testing.site import TestSite, bfs, links
 from scrapy_dist.testing.workers import worker_command
 

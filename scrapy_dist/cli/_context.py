@@ -346,8 +346,7 @@ def check_key(client: redis.Redis, key: str, expected: str | tuple[str, ...], ro
     Raises:
         ConfigurationError: it holds another type (exit status 2).
     """
-    from scrapy_dist.keys import key_type
-    from scrapy_dist.status import check_type
+    from scrapy_dist.keys import check_type, key_type
 
     check_type(key, key_type(client, key), expected, role)
 

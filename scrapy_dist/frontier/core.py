@@ -1,7 +1,8 @@
 """A worker's gateway to its crawl's shared state: the epoch it joined, its writes and
 leases, the crawl's progress and completion.
 
-One :class:`Frontier` per crawler, shared by the scheduler and the spider. It composes
+One :class:`Frontier` per crawler, shared by the scheduler and the spider
+(:func:`scrapy_dist.frontier.choice.frontier_for`). It composes
 the worker's :class:`~scrapy_dist.frontier.outbox.Outbox` (enqueues and settlements, sent in
 order, kept through an outage) and :class:`~scrapy_dist.frontier.leases.LeaseClient` (reserve,
 settle, renew, release), and sends what they build: one flush is one round trip that
@@ -23,12 +24,10 @@ import math
 import time
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
-from weakref import WeakKeyDictionary
 
 import redis
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.assembly import assemble
 from scrapy_dist.config.scheduling import check_frontier
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
@@ -44,21 +43,12 @@ from scrapy_dist.frontier.epoch import (
     why_gone,
 )
 from scrapy_dist.frontier.eviction import check_eviction_policy
-from scrapy_dist.frontier.leases import (
-    DEAD_BECAUSE,
-    DEAD_NOW,
-    DONE,
-    HAND_BACK,
-    Held,
-    Lease,
-    LeaseClient,
-    held_by_others,
-)
-from scrapy_dist.frontier.outbox import UNREACHABLE, Batch, Outbox, refusal
+from scrapy_dist.frontier.leases import Held, Lease, LeaseClient, held_by_others
+from scrapy_dist.frontier.outbox import UNREACHABLE, Batch, Command, Outbox, refusal
 from scrapy_dist.frontier.registry import heartbeats, new_worker_id
-from scrapy_dist.frontier.replication import Command, Replication
+from scrapy_dist.frontier.replication import Replication
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
-from scrapy_dist.scripts import Fence, scripts_for
+from scrapy_dist.scripts import Fence, OtherShards, scripts_for
 from scrapy_dist.seeds import SeedQueue
 
 if TYPE_CHECKING:
@@ -76,16 +66,11 @@ if TYPE_CHECKING:
     from scrapy_dist.scripts import ScriptCall
 
 __all__ = [
-    "DEAD_BECAUSE",
-    "DEAD_NOW",
-    "DONE",
     "FINISHED",
-    "HAND_BACK",
     "REPLACED",
     "VANISHED",
     "Frontier",
     "Lease",
-    "OtherShards",
     "Progress",
     "Read",
     "fenced",
@@ -134,8 +119,6 @@ def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> Unope
 #: registry) when a worker of it may still be paused: for it to learn the crawl finished.
 FINISHED_RECORD_TTL = 86400
 
-_by_crawler: WeakKeyDictionary[Crawler, Frontier] = WeakKeyDictionary()
-
 
 class Progress(NamedTuple):
     """Where the crawl as a whole stands (see ``lua/progress.lua``)."""
@@ -159,19 +142,6 @@ class Elsewhere(NamedTuple):
     now: float
     #: Requests queued (every shard's; a queue key of another type holds none).
     queued: int
-
-
-class OtherShards(NamedTuple):
-    """What shards of a sharded crawl hold and counted (``lua/census.lua``): one
-    shard's (:meth:`Frontier.census`), or shards ``1..N-1`` together, for shard 0's
-    ``lua/progress.lua``."""
-
-    #: Entries queued or leased.
-    busy: int
-    #: Their counters: settled (``done`` + ``dead``), and ``retried``.
-    done: int
-    dead: int
-    retried: int
 
 
 #: The counters of the progress hash, whole numbers as the scripts write them
@@ -403,27 +373,6 @@ class Frontier:
         #: or a lost reply), after its ``then``: the scheduler wakes an engine it left
         #: waiting for it.
         self.on_landed: list[Callable[[], None]] = []
-
-    @classmethod
-    def for_crawler(cls, crawler: Crawler) -> Frontier:
-        """The crawler's frontier, built on first use from its settings (no I/O), by
-        the scheduler or the spider, whichever asks first: nothing it needs comes from
-        either. It is ``eager`` when ``SCHEDULER_FLUSH_INTERVAL`` is 0, and a crawl that
-        does not persist deletes the crawl's shared dupefilter with it."""
-        try:
-            return _by_crawler[crawler]
-        except KeyError:
-            pass
-        parts = assemble(crawler)
-        client, keys, config = parts.client, parts.keys, parts.config
-        if config.frontier.shards > 1:
-            from scrapy_dist.frontier.shards import ShardedFrontier
-
-            sharded: Frontier = ShardedFrontier.build(crawler, parts)
-            _by_crawler[crawler] = sharded
-            return sharded
-        frontier = _by_crawler[crawler] = cls.build_one(crawler, config, client, keys)
-        return frontier
 
     @classmethod
     def build_one(
@@ -746,9 +695,9 @@ class Frontier:
 
     def settle(self, outcomes: Sequence[tuple[str, str]]) -> None:
         """Add lease settlements to the outbox: ``(lease id, outcome)`` with outcome
-        :data:`DONE`, :data:`HAND_BACK`, :data:`DEAD_NOW` + a dead-letter record,
-        :data:`DEAD_BECAUSE` + a reason (the held entry dead-lettered with it), or a
-        failure reason.
+        ``DONE``, ``HAND_BACK``, ``DEAD_NOW`` + a dead-letter record, ``DEAD_BECAUSE`` +
+        a reason (the held entry dead-lettered with it; the four are
+        :mod:`scrapy_dist.frontier.wire`'s), or a failure reason.
 
         A settlement is sent only once Redis has confirmed the enqueue of every request
         added before it (a pipeline runs its calls whatever the previous one answered,

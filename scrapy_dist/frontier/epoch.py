@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from scrapy_dist.frontier.wire import EPOCH_REFUSAL, NO_EPOCH
+
 if TYPE_CHECKING:
     from scrapy_dist.keys import RedisKeys
 
@@ -40,7 +42,7 @@ def fenced(error: BaseException) -> str | None:
     another epoch (``lua/_fence.lua``), else ``None``."""
     if isinstance(error, redis.exceptions.ResponseError):
         words = str(error).split()
-        if len(words) >= 2 and words[0] == "EPOCH":
+        if len(words) >= 2 and words[0] == EPOCH_REFUSAL:
             return words[1]
     return None
 
@@ -56,7 +58,7 @@ def why_gone(client: redis.Redis, keys: RedisKeys, found: str, joined: str = "")
         finished_at = finished_epoch = None
     if joined and finished_epoch in (joined, joined.encode()):
         return FINISHED
-    if found != "none":
+    if found != NO_EPOCH:
         return REPLACED
     return FINISHED if stored_number(finished_at) is not None else VANISHED
 

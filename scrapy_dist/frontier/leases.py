@@ -26,14 +26,10 @@ import redis
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.registry import previous_version_running
-from scrapy_dist.scripts import (
-    DEAD_BECAUSE,
-    DEAD_NOW,
-    DONE,
+from scrapy_dist.frontier.wire import (
     ENTRY_ID_LEN,
     FROM_QUEUE,
     FROM_SEEDS,
-    HAND_BACK,
 )
 
 if TYPE_CHECKING:
@@ -47,10 +43,6 @@ if TYPE_CHECKING:
     from scrapy_dist.seeds import SeedQueue
 
 __all__ = [
-    "DEAD_BECAUSE",
-    "DEAD_NOW",
-    "DONE",
-    "HAND_BACK",
     "RECLAIM_LIMIT",
     "Held",
     "Lease",

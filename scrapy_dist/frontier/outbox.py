@@ -26,8 +26,7 @@ from scrapy_dist import deadletter
 from scrapy_dist.connection import describe
 from scrapy_dist.exceptions import StaleFilterView, redis_error_text
 from scrapy_dist.filters import filter_error
-from scrapy_dist.frontier.replication import Command
-from scrapy_dist.scripts import DONE, Fence
+from scrapy_dist.frontier.wire import DONE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.deadletter import DeadLetters
     from scrapy_dist.queue import FilterBackend, RedisQueue
-    from scrapy_dist.scripts import ScriptCall, Scripts
+    from scrapy_dist.scripts import Fence, ScriptCall, Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +103,13 @@ def refusal(error: BaseException) -> str | None:
         if "attempted to access a non local key" in message:
             return "TRYAGAIN"
     return None
+
+
+class Command(NamedTuple):
+    """A plain command sent in a flush's pipeline among the script calls (``WAIT``,
+    :mod:`scrapy_dist.frontier.replication`)."""
+
+    args: tuple[str | int, ...]
 
 
 class Batch(NamedTuple):
@@ -330,7 +336,7 @@ class Outbox:
     def send(self, calls: Sequence[ScriptCall | Command]) -> list[Any]:
         """Run script calls in one pipeline with ``EVALSHA`` (redis-py's pipeline script
         support would add a ``SCRIPT EXISTS`` round trip to every flush), and any plain
-        command among them (:class:`~scrapy_dist.frontier.replication.Command`) as it is.
+        command among them (:class:`Command`) as it is.
 
         Returns:
             One answer per call, an exception for a call that failed.

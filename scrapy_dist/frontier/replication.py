@@ -42,6 +42,8 @@ import redis
 
 from scrapy_dist.config.topology import SINGLE
 from scrapy_dist.connection import describe, topology
+from scrapy_dist.frontier.outbox import Command, refusal
+from scrapy_dist.frontier.wire import EPOCH_REFUSAL, NO_EPOCH
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECK_INTERVAL",
     "OUTAGE_CHECK_INTERVAL",
-    "Command",
     "Identity",
     "Replication",
 ]
@@ -65,12 +66,6 @@ CHECK_INTERVAL = 5.0
 #: Seconds between checks of the master's identity during an outage (at most one per
 #: attempt to reach Redis).
 OUTAGE_CHECK_INTERVAL = 0.5
-
-
-class Command(NamedTuple):
-    """A plain command sent in a flush's pipeline among the script calls (``WAIT``)."""
-
-    args: tuple[str | int, ...]
 
 
 class Identity(NamedTuple):
@@ -275,7 +270,8 @@ class Replication:
             },
         )
         if gone:
-            return redis.exceptions.ResponseError(f"EPOCH {found or 'none'} expected {epoch}")
+            message = f"{EPOCH_REFUSAL} {found or NO_EPOCH} expected {epoch}"
+            return redis.exceptions.ResponseError(message)
         return None
 
     def _learn(self, server: dict[str, Any], replication: dict[str, Any], *, joined: bool) -> bool:
@@ -317,6 +313,4 @@ def _told(_queued: bool) -> None:
 
 
 def _refused_for_now(error: redis.exceptions.ResponseError) -> bool:
-    from scrapy_dist.frontier.outbox import refusal
-
     return refusal(error) is not None

@@ -41,16 +41,11 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.connection import ClusterClient, crawl_client
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.core import (
-    Frontier,
-    OtherShards,
-    Progress,
-    recorded_shards,
-    shared_filter,
-)
+from scrapy_dist.frontier.core import Frontier, Progress, recorded_shards, shared_filter
 from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.keys import crawl_slot, shard_keys
 from scrapy_dist.queue import unleased_queue
+from scrapy_dist.scripts import OtherShards
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -37,7 +37,7 @@ local function fence(key, expected)
   end
   local current = redis.call("GET", key)
   if current ~= expected then
-    return "EPOCH " .. (current or "none") .. " expected " .. expected
+    return EPOCH_REFUSAL .. " " .. (current or NO_EPOCH) .. " expected " .. expected
   end
   redis.call("SET", key, expected, "XX")
   return nil

@@ -7,7 +7,7 @@
 -- entry's ENTRY_ID_LEN-digit id), FROM_SEEDS ("s") for a raw seed (data = the seed).
 -- The holders zset "<holders>" gives each worker that holds leases their one deadline:
 -- a worker's leases last while it renews them (every reserve and renewal does), and
--- expire together. (The constants are written in by scrapy_dist/scripts.py.)
+-- expire together. (The constants are scrapy_dist/frontier/wire.py's.)
 --
 -- The deliveries hash counts deliveries of an entry from its second one: an entry
 -- leased with no count there is on its first delivery. The count is written when the

@@ -24,7 +24,7 @@
 --             request), DEAD_BECAUSE .. reason ("#<reason>") = dead-letter the held
 --             entry now with this reason, its delivery count kept (a callback that
 --             raised, SCHEDULER_CALLBACK_ERRORS = "dead"), anything else = the
---             failure's reason (the constants are scrapy_dist/scripts.py's)
+--             failure's reason (the constants are scrapy_dist/frontier/wire.py's)
 -- Returns: {done, retried, dead, handed back, not ours}; an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the
 --          crawl's epoch is not ARGV[5]
 -- uses: _deadletter, _leases, _fence, _batch

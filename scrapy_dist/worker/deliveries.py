@@ -28,7 +28,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from scrapy_dist.exceptions import SerializationError
-from scrapy_dist.frontier.core import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK, Frontier, Lease
+from scrapy_dist.frontier.wire import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK
 from scrapy_dist.worker.local import LocalRequests
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
+
+    from scrapy_dist.frontier.core import Frontier, Lease
 
 logger = logging.getLogger(__name__)
 

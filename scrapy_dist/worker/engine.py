@@ -20,6 +20,10 @@ site asks for is read from Scrapy's robots middleware's parsers
 (``RobotsTxtMiddleware._parsers``), checked the same way when politeness opens
 (:func:`check_robots`). Nothing else in the package reads a private attribute of
 Scrapy's.
+
+The engine is also asked for two things through its public API, here too: the
+crawler's engine if it has one (:func:`engine_of`) and closing the spider
+(:func:`close_spider`, which Scrapy 2.14 made a coroutine).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import scrapy
+from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_dist.exceptions import ConfigurationError
 
@@ -50,6 +55,17 @@ def engine_of(crawler: Crawler) -> Any:
         return crawler.engine
     except RuntimeError:
         return None
+
+
+def close_spider(crawler: Crawler, reason: str) -> None:
+    """Ask the crawler's engine to close its spider with ``reason``."""
+    engine = crawler.engine
+    closer = getattr(engine, "close_spider_async", None)  # Scrapy >= 2.14
+    if closer is not None:
+        deferred_from_coro(closer(reason=reason))
+    else:
+        assert crawler.spider is not None
+        engine.close_spider(crawler.spider, reason)
 
 
 def check(engine: Any) -> None:

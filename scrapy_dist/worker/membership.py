@@ -28,12 +28,12 @@ import time
 from typing import TYPE_CHECKING
 
 import redis
-from scrapy.utils.defer import deferred_from_coro
 
 from scrapy_dist.connection import check, describe
 from scrapy_dist.frontier.core import FINISHED
 from scrapy_dist.frontier.leases import refuse_beside_previous
 from scrapy_dist.seeds import similar_seed_keys
+from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -53,17 +53,6 @@ logger = logging.getLogger(__name__)
 CLOSE_FLUSHES = 5
 #: Close reason of a worker whose crawl's frontier vanished (see :attr:`Frontier.lost`).
 FRONTIER_LOST = "frontier_lost"
-
-
-def close_spider(crawler: Crawler, reason: str) -> None:
-    """Ask the crawler's engine to close its spider with ``reason``."""
-    engine = crawler.engine
-    closer = getattr(engine, "close_spider_async", None)  # Scrapy >= 2.14
-    if closer is not None:
-        deferred_from_coro(closer(reason=reason))
-    else:
-        assert crawler.spider is not None
-        engine.close_spider(crawler.spider, reason)
 
 
 def exit_with(status: int) -> None:
@@ -485,7 +474,7 @@ class Membership:
             return
         self._closing = True
         reason = "crawl_finished" if self.frontier.lost == FINISHED else FRONTIER_LOST
-        close_spider(self.crawler, reason)
+        _engine.close_spider(self.crawler, reason)
 
     # -- leave ----------------------------------------------------------------------
 
