@@ -460,6 +460,33 @@ def test_misconfiguration(
         Scheduler._build(make_crawler(settings))
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"prefetch": 0}, "SCHEDULER_PREFETCH must be at least 1"),
+        ({"idle_before_close": -1.0}, "SCHEDULER_IDLE_BEFORE_CLOSE cannot be negative"),
+        ({"heartbeat_interval": 60.0}, "SCHEDULER_WORKER_TIMEOUT"),
+    ],
+)
+def test_constructor_refuses_contradictory_options(
+    make_crawler: Callable[..., Crawler], options: dict[str, Any], message: str
+) -> None:
+    # a Scheduler built by its constructor (not from a crawler's checked settings) checks
+    # its own options, with the error naming the setting
+    built = build_from_crawler(Scheduler, make_crawler())
+    with pytest.raises(ConfigurationError, match=message):
+        Scheduler(
+            frontier=built.frontier,
+            dupefilter=built.df,
+            serializer=built.serializer,
+            registry=built.registry,
+            dead=built.dead,
+            stats=built.stats,
+            in_flight=tuple,
+            **options,
+        )
+
+
 def test_queue_key_of_the_wrong_type(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
