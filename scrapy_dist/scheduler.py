@@ -116,6 +116,8 @@ class Scheduler(BaseScheduler):
             dead-lettered at once (``"dead"``).
         local: where requests that cannot be stored in Redis are kept
             (:mod:`scrapy_dist.worker.local`; default: Scrapy's LIFO memory queues).
+        politeness: makes the cluster-wide politeness that gates the buffer, given the
+            deliveries (``None``, or a factory returning ``None``: not gated).
 
     Raises:
         ConfigurationError: the options contradict each other
@@ -151,6 +153,7 @@ class Scheduler(BaseScheduler):
         links: Links | None = None,
         callback_errors: str = "done",
         local: LocalRequests | None = None,
+        politeness: Callable[[Deliveries], Politeness | None] | None = None,
     ) -> None:
         check_scheduler(
             prefetch=prefetch,
@@ -234,7 +237,9 @@ class Scheduler(BaseScheduler):
         #: next_request left an empty buffer for the timer's top-up.
         self._deferred = False
         #: Cluster-wide politeness (SCHEDULER_POLITENESS), gating the buffer; or None.
-        self.politeness: Politeness | None = None
+        self.politeness: Politeness | None = (
+            politeness(self.deliveries) if politeness is not None else None
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -297,10 +302,14 @@ class Scheduler(BaseScheduler):
             links=links_for(crawler),
             callback_errors=settings.callback_errors,
             local=LocalRequests.for_crawler(crawler),
+            # (a scrapy-redis style queue pops in its own order: not gated)
+            politeness=(
+                (lambda deliveries: Politeness.for_crawler(crawler, frontier, deliveries))
+                if cls.leased
+                else None
+            ),
         )
-        if cls.leased:  # (a scrapy-redis style queue pops in its own order: not gated)
-            scheduler.politeness = Politeness.for_crawler(crawler, frontier, scheduler.deliveries)
-        elif config.politeness.enabled:
+        if not cls.leased and config.politeness.enabled:
             logger.warning(
                 "SCHEDULER_POLITENESS has no effect with the unleased queue %s: each worker "
                 "applies its own limits",
