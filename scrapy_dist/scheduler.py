@@ -34,7 +34,6 @@ from scrapy_dist import deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.config.scheduling import check_scheduler
 from scrapy_dist.connection import describe
-from scrapy_dist.control import ControlWatcher, WorkerControl
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
@@ -48,6 +47,7 @@ from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.control import ControlWatcher, WorkerControl
 from scrapy_dist.worker.deliveries import Deliveries
 from scrapy_dist.worker.enqueuer import Enqueuer
 from scrapy_dist.worker.heartbeat import Heartbeat
