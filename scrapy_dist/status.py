@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from scrapy_dist.filters import FilterState
-    from scrapy_dist.streams import StreamState
+    from scrapy_dist.stream_admin import StreamState
 
 
 @dataclass(frozen=True)
@@ -528,12 +528,12 @@ def read_status(
 
 def read_item_stream(client: redis.Redis, layout: CrawlLayout) -> StreamState | None:
     """The crawl's items stream with each consumer group's lag and pending count
-    (:func:`scrapy_dist.streams.stream_state`); ``None`` if the stream does not exist.
+    (:func:`scrapy_dist.stream_admin.stream_state`); ``None`` if the stream does not exist.
 
     Raises:
         ConfigurationError: the stream key holds another type.
     """
-    from scrapy_dist.streams import stream_state
+    from scrapy_dist.stream_admin import stream_state
 
     if not layout.items_stream:
         return None
