@@ -1,5 +1,13 @@
 """The Redis scheduler: Scrapy's scheduler interface over a shared frontier.
 
+Over ~600 lines on purpose: :class:`Scheduler` is one class, Scrapy's scheduler
+interface (``open``, ``close``, ``enqueue_request``, ``next_request``,
+``has_pending_requests``, ``__len__``) with scrapy-redis's attributes (``persist``,
+``flush_on_start``) and the hooks :class:`~scrapy_dist.unleased.UnleasedScheduler`
+overrides. Its parts already live in :mod:`scrapy_dist.worker`; what stays here is
+their assembly and the refill that each ``next_request`` decides on (the local buffer,
+a reserve now or from the timer, or waiting), which reads and sets the same state.
+
 Every worker of a crawl enqueues into and takes from the same Redis queue. Dedupe and
 enqueue are one atomic server-side step (``lua/enqueue.lua``), so a fingerprint is never
 recorded for a request that is not queued. Taking a request leases it

@@ -1,5 +1,12 @@
 """Read a crawl's state from Redis: what ``scrapy-dist status`` shows and the metrics export.
 
+Over ~600 lines on purpose: it is one concept, a crawl's state as read from Redis:
+where its data lives (:class:`CrawlLayout`), the one pipelined read
+(:func:`read_status`), what it found (:class:`CrawlStatus` and its JSON shape, which
+``scrapy-dist status --json`` and the metrics export rely on) and a sharded crawl's
+figures merged into one. What each part stores is decoded by that part's own module
+(progress, filters, stats, control, the items stream).
+
 :class:`CrawlLayout` names a crawl's keys and their Redis types from the same settings
 and the same code the workers use (:func:`~scrapy_dist.keys.keys_from_config`, the
 spider's ``redis_key``, the queue class and the seed mode). :func:`read_status` reads
