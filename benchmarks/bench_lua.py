@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, Spider
 
 from scrapy_dist.frontier.wire import FROM_QUEUE
+from scrapy_dist.lua_source import constants, parts
 from scrapy_dist.queue import PriorityQueue
-from scrapy_dist.scripts import ScriptCall, constants, parts, scripts_for
+from scrapy_dist.scripts import ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 from scrapy_dist.testing.redis_server import RedisServer
 

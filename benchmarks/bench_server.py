@@ -53,8 +53,9 @@ from bench_crawl import parse_args as crawl_args
 from scrapy import Request, Spider
 
 from scrapy_dist.frontier.wire import FROM_QUEUE
+from scrapy_dist.lua_source import NAMES, source
 from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue, RedisQueue
-from scrapy_dist.scripts import NAMES, scripts_for, source
+from scrapy_dist.scripts import scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 from scrapy_dist.testing.redis_server import RedisServer
 

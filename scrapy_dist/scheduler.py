@@ -1,5 +1,13 @@
 """The Redis scheduler: Scrapy's scheduler interface over a shared frontier.
 
+Over ~600 lines on purpose: :class:`Scheduler` is one class, Scrapy's scheduler
+interface (``open``, ``close``, ``enqueue_request``, ``next_request``,
+``has_pending_requests``, ``__len__``) with scrapy-redis's attributes (``persist``,
+``flush_on_start``) and the hooks :class:`~scrapy_dist.unleased.UnleasedScheduler`
+overrides. Its parts already live in :mod:`scrapy_dist.worker`; what stays here is
+their assembly and the refill that each ``next_request`` decides on (the local buffer,
+a reserve now or from the timer, or waiting), which reads and sets the same state.
+
 Every worker of a crawl enqueues into and takes from the same Redis queue. Dedupe and
 enqueue are one atomic server-side step (``lua/enqueue.lua``), so a fingerprint is never
 recorded for a request that is not queued. Taking a request leases it
@@ -34,7 +42,6 @@ from scrapy_dist import deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.config.scheduling import check_scheduler
 from scrapy_dist.connection import describe
-from scrapy_dist.control import ControlWatcher, WorkerControl
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
@@ -48,6 +55,7 @@ from scrapy_dist.queue import unleased_queue
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.control import ControlWatcher, WorkerControl
 from scrapy_dist.worker.deliveries import Deliveries
 from scrapy_dist.worker.enqueuer import Enqueuer
 from scrapy_dist.worker.heartbeat import Heartbeat

@@ -46,7 +46,6 @@ from scrapy.spiders import CrawlSpider
 from scrapy_dist import deadletter
 from scrapy_dist.assembly import assemble
 from scrapy_dist.config.components import check_seed_batch_size
-from scrapy_dist.control import ControlWatcher
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import (
     ConfigurationError,
@@ -58,6 +57,7 @@ from scrapy_dist.frontier.wire import DEAD_NOW, DONE
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.seeds import SeedQueue, parse_seed, request_from_seed
 from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.control import ControlWatcher
 from scrapy_dist.worker.membership import CloseWait
 from scrapy_dist.worker.startup import fail_start, raise_if_failed, start_failure
 

@@ -1,5 +1,12 @@
 """Read a crawl's state from Redis: what ``scrapy-dist status`` shows and the metrics export.
 
+Over ~600 lines on purpose: it is one concept, a crawl's state as read from Redis:
+where its data lives (:class:`CrawlLayout`), the one pipelined read
+(:func:`read_status`), what it found (:class:`CrawlStatus` and its JSON shape, which
+``scrapy-dist status --json`` and the metrics export rely on) and a sharded crawl's
+figures merged into one. What each part stores is decoded by that part's own module
+(progress, filters, stats, control, the items stream).
+
 :class:`CrawlLayout` names a crawl's keys and their Redis types from the same settings
 and the same code the workers use (:func:`~scrapy_dist.keys.keys_from_config`, the
 spider's ``redis_key``, the queue class and the seed mode). :func:`read_status` reads
@@ -49,7 +56,7 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
     from scrapy_dist.filters import FilterState
-    from scrapy_dist.streams import StreamState
+    from scrapy_dist.stream_admin import StreamState
 
 
 @dataclass(frozen=True)
@@ -528,12 +535,12 @@ def read_status(
 
 def read_item_stream(client: redis.Redis, layout: CrawlLayout) -> StreamState | None:
     """The crawl's items stream with each consumer group's lag and pending count
-    (:func:`scrapy_dist.streams.stream_state`); ``None`` if the stream does not exist.
+    (:func:`scrapy_dist.stream_admin.stream_state`); ``None`` if the stream does not exist.
 
     Raises:
         ConfigurationError: the stream key holds another type.
     """
-    from scrapy_dist.streams import stream_state
+    from scrapy_dist.stream_admin import stream_state
 
     if not layout.items_stream:
         return None

@@ -24,10 +24,8 @@ from scrapy_dist.cli import main
 from scrapy_dist.control import (
     DRAINING,
     PAUSED,
-    POLL_INTERVAL,
     RUNNING,
     ControlState,
-    ControlWatcher,
     CrawlControl,
     Settled,
     parse_state,
@@ -44,6 +42,7 @@ from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.testing.queues import queued_count
 from scrapy_dist.testing.site import TestSite
 from scrapy_dist.testing.workers import run_cli
+from scrapy_dist.worker.control import POLL_INTERVAL, ControlWatcher
 
 if TYPE_CHECKING:
     import subprocess
@@ -498,7 +497,7 @@ def test_a_failing_read_keeps_the_last_state(
     assert watcher.holds()
     flaky.error = error
     set_state(fake, keys, RUNNING)  # written, but this worker cannot read it
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.control"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.worker.control"):
         for _ in range(5):
             time.sleep(0.011)
             assert watcher.holds()  # still paused: a failed read resumes nothing
@@ -522,7 +521,7 @@ def test_garbage_pauses_a_worker_and_says_so_loudly(
     assert not watcher.holds()
     fake.hset(keys.control, "state", "banana")
     time.sleep(0.011)
-    with caplog.at_level(logging.ERROR, logger="scrapy_dist.control"):
+    with caplog.at_level(logging.ERROR, logger="scrapy_dist.worker.control"):
         assert watcher.holds()
         time.sleep(0.011)
         assert watcher.holds()
@@ -721,7 +720,7 @@ def test_a_worker_opened_while_the_crawl_drains_closes_at_once(
     closed: list[str] = []
     monkeypatch.setattr(engine, "close_spider", lambda crawler, reason: closed.append(reason))
     set_state(client, RedisKeys.build(name), DRAINING)
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.control"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.worker.control"):
         scheduler = crawler_of()
     assert f"scrapy-dist resume {name}" in caplog.text
     assert scheduler.next_request() is None

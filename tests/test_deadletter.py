@@ -11,7 +11,7 @@ import pytest
 
 from scrapy_dist import deadletter
 from scrapy_dist.cli import main
-from scrapy_dist.scripts import source
+from scrapy_dist.lua_source import source
 from scrapy_dist.testing.queues import queued_entries
 
 if TYPE_CHECKING:

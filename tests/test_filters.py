@@ -44,8 +44,8 @@ from scrapy_dist.filters import (
 )
 from scrapy_dist.filters.bitmap import GROWTH_GUARD
 from scrapy_dist.keys import RedisKeys
+from scrapy_dist.lua_source import source
 from scrapy_dist.queue import FifoQueue
-from scrapy_dist.scripts import source
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.control import WorkerControl
     from scrapy_dist.frontier.core import Frontier
     from scrapy_dist.frontier.registry import WorkerRegistry
+    from scrapy_dist.worker.control import WorkerControl
     from scrapy_dist.worker.deliveries import Deliveries
 
 URL = "https://example.com/"

@@ -418,7 +418,7 @@ NON_UTF8_PAYLOAD = pickle.dumps(
 @pytestmark_redis
 def test_lua_writes_the_python_record_format(client: redis.Redis, data: bytes) -> None:
     lua = scripts_for(client)
-    from scrapy_dist.scripts import source
+    from scrapy_dist.lua_source import source
 
     script = client.register_script(
         source("reserve").split("-- Lease up to COUNT", 1)[0]
@@ -729,7 +729,7 @@ def test_lua_utf8_check_agrees_with_python(client: redis.Redis) -> None:
     """Lua escapes exactly the data Python's strict UTF-8 decoder refuses."""
     import random
 
-    from scrapy_dist.scripts import source
+    from scrapy_dist.lua_source import source
 
     rng = random.Random(11)
     pieces = [

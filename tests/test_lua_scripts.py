@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
-from scrapy_dist import scripts
+from scrapy_dist import lua_source
 from scrapy_dist.frontier.wire import ENTRY_ID_LEN, LUA_CONSTANTS
-from scrapy_dist.scripts import ScriptCall, Scripts, source
+from scrapy_dist.lua_source import source
+from scrapy_dist.scripts import ScriptCall, Scripts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 def _header(name: str) -> str:
     """The comment lines that open ``lua/<name>.lua``."""
-    text = scripts._read(name)
+    text = lua_source._read(name)
     return "\n".join(line for line in text.splitlines() if line.startswith("--")).split(
         "\n-- uses:"
     )[0]
@@ -147,17 +148,17 @@ def test_each_typed_call_passes_the_keys_and_args_its_header_names(name: str) ->
 
 
 def test_every_script_has_the_constants_written_in_and_each_library_once() -> None:
-    for name in scripts.NAMES:
+    for name in lua_source.NAMES:
         text = source(name)
-        assert not scripts._names_in(text) & set(LUA_CONSTANTS), name  # written as values
+        assert not lua_source._names_in(text) & set(LUA_CONSTANTS), name  # written as values
         for library in ("_leases", "_fence", "_filters", "_batch"):
-            opening = scripts._read(library).splitlines()[0]
+            opening = lua_source._read(library).splitlines()[0]
             assert text.count(opening) <= 1, (name, library)
 
 
 def test_lua_and_python_agree_on_the_constants(client: redis.Redis) -> None:
     names = list(LUA_CONSTANTS)
-    lua = scripts.constants() + "\nreturn {" + ", ".join(f"tostring({n})" for n in names) + "}"
+    lua = lua_source.constants() + "\nreturn {" + ", ".join(f"tostring({n})" for n in names) + "}"
     values = [v.decode() for v in client.eval(lua, 0)]
     assert values == [str(LUA_CONSTANTS[n]) for n in names]
 
@@ -181,29 +182,29 @@ def test_a_script_keeps_the_library_definitions_it_reaches_and_drops_the_rest() 
             "end",
         ]
     )
-    kept = "\n".join(scripts.used_definitions([library], "return wanted(1)"))
+    kept = "\n".join(lua_source.used_definitions([library], "return wanted(1)"))
     assert "local LIMIT = 3" in kept
     assert "local a, b = 1, 2" in kept  # b is read
     assert "local function helper(x)" in kept
     assert "local function wanted(x)" in kept
     assert "-- used by the body" in kept
     assert "unused" not in kept
-    kept = "\n".join(scripts.used_definitions([library], '-- wanted\nreturn "wanted"'))
+    kept = "\n".join(lua_source.used_definitions([library], '-- wanted\nreturn "wanted"'))
     assert "wanted" not in kept.replace("-- A library.", "")
 
 
 def _definition_names(text: str) -> set[str]:
-    return {name for names, _ in scripts._definitions(text) for name in names}
+    return {name for names, _ in lua_source._definitions(text) for name in names}
 
 
 def test_every_script_defines_each_library_name_its_text_uses() -> None:
     """Every library definition a script's shaken text names (outside comments and
     strings) is in that text: none was dropped that the script can reach."""
-    for name in scripts.NAMES:
-        libraries, _ = scripts.parts(name)
+    for name in lua_source.NAMES:
+        libraries, _ = lua_source.parts(name)
         everything = set().union(*(_definition_names(lib) for lib in libraries))
         text = source(name)
-        used = scripts._names_in(text) & everything
+        used = lua_source._names_in(text) & everything
         assert used <= _definition_names(text), (name, used - _definition_names(text))
 
 
@@ -216,9 +217,9 @@ def test_consecutive_ids_are_written_as_the_entries_start(
 ) -> None:
     lua = "\n".join(
         [
-            scripts.constants(),
-            *scripts.used_definitions(
-                [scripts._read("_batch"), scripts._read("_sequence")], "id_texts"
+            lua_source.constants(),
+            *lua_source.used_definitions(
+                [lua_source._read("_batch"), lua_source._read("_sequence")], "id_texts"
             ),
             "return id_texts(tonumber(ARGV[1]), tonumber(ARGV[2]))",
         ]
@@ -233,7 +234,7 @@ def test_an_array_made_at_its_size_is_as_long_as_what_was_put_in_it(
 ) -> None:
     lua = "\n".join(
         [
-            *scripts.used_definitions([scripts._read("_batch")], "array_of"),
+            *lua_source.used_definitions([lua_source._read("_batch")], "array_of"),
             "local lengths, size = {}, tonumber(ARGV[1])",
             "for filled = 0, math.min(size, 12) do",
             "  local t = array_of(size)",
@@ -250,7 +251,7 @@ def test_an_array_made_at_its_size_is_as_long_as_what_was_put_in_it(
 
 
 def test_constants_are_written_as_values_where_code_names_them() -> None:
-    text = scripts.inline_constants(
+    text = lua_source.inline_constants(
         'x = a..ENTRY_ID_LEN .. t.DONE .. "ENTRY_ID_LEN" -- ENTRY_ID_LEN\n'
         "if ENTRY_ID_LEN == 2 then y = {ENTRY_ID_LEN = FROM_QUEUE} end t:FROM_QUEUE()"
     )

@@ -15,7 +15,8 @@ import redis
 
 from scrapy_dist.exceptions import redis_error_text
 from scrapy_dist.frontier.wire import DONE, FROM_QUEUE
-from scrapy_dist.scripts import Scripts, source
+from scrapy_dist.lua_source import source
+from scrapy_dist.scripts import Scripts
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -28,8 +28,7 @@ from scrapy_dist.metrics import CrawlMetrics
 from scrapy_dist.pipelines import RedisPipeline, RedisStreamPipeline
 from scrapy_dist.settings import Config
 from scrapy_dist.status import CrawlLayout, read_status
-from scrapy_dist.streams import (
-    ItemConsumer,
+from scrapy_dist.stream_admin import (
     count_after,
     create_group,
     group_states,
@@ -39,6 +38,7 @@ from scrapy_dist.streams import (
     stream_state,
     to_stream_id,
 )
+from scrapy_dist.streams import ItemConsumer
 from scrapy_dist.testing.crawl import WorkerCrawl
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite

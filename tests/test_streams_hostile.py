@@ -24,7 +24,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.cli import main
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.pipelines import RedisStreamPipeline
-from scrapy_dist.streams import ItemConsumer, StreamEntry, group_states, read_range, to_stream_id
+from scrapy_dist.stream_admin import group_states, read_range, to_stream_id
+from scrapy_dist.streams import ItemConsumer, StreamEntry
 
 if TYPE_CHECKING:
     from scrapy_dist.testing import ClusterServers

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.config.core import Config
     from scrapy_dist.status import CrawlLayout
-    from scrapy_dist.streams import StreamState
+    from scrapy_dist.stream_admin import StreamState
 
 
 def _count(text: str) -> int:
@@ -142,7 +142,7 @@ def _print(stream: str, entry_id: str, fields: dict[str, str]) -> bool:
 def cmd_tail(ctx: Context, args: argparse.Namespace) -> int:
     """Print new entries as they come (from ``--from``; default: only new ones), until
     ``--count`` entries, ``--timeout`` seconds without one, or Ctrl-C."""
-    from scrapy_dist.streams import COUNT_CHUNK, read_range, to_stream_id
+    from scrapy_dist.stream_admin import COUNT_CHUNK, read_range, to_stream_id
 
     client, layout, _ = _open(ctx, args)
     stream = layout.items_stream
@@ -181,7 +181,7 @@ def _t(value: Any) -> str:
 def cmd_replay(ctx: Context, args: argparse.Namespace) -> int:
     """Print the entries from ``--since`` to ``--until``; with ``--group``, move the
     group back to ``--since`` instead, so its consumers read them all again."""
-    from scrapy_dist.streams import read_range, set_group_position, to_stream_id
+    from scrapy_dist.stream_admin import read_range, set_group_position, to_stream_id
 
     client, layout, _ = _open(ctx, args)
     stream = layout.items_stream
@@ -216,7 +216,7 @@ def _groups(client: redis.Redis, stream: str) -> list[dict[str, Any]]:
 
 def cmd_lag(ctx: Context, args: argparse.Namespace) -> int:
     """Each group's lag, pending count, last delivered id and consumers (idle times)."""
-    from scrapy_dist.streams import stream_state
+    from scrapy_dist.stream_admin import stream_state
 
     client, layout, _ = _open(ctx, args)
     state = stream_state(client, layout.items_stream)
@@ -253,7 +253,7 @@ def cmd_lag(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_groups(ctx: Context, args: argparse.Namespace) -> int:
     """List the groups; or create one (``--create``), move one (``--set-id``), delete
     one (``--delete``)."""
-    from scrapy_dist.streams import create_group, set_group_position, to_stream_id
+    from scrapy_dist.stream_admin import create_group, set_group_position, to_stream_id
 
     client, layout, _ = _open(ctx, args)
     stream = layout.items_stream
@@ -293,7 +293,7 @@ def cmd_dead(ctx: Context, args: argparse.Namespace) -> int:
     ``--purge`` it."""
     from scrapy_dist.cli.dead import json_line
     from scrapy_dist.keys import stream_dead_key
-    from scrapy_dist.streams import check_id, dead_entries, requeue_dead
+    from scrapy_dist.stream_admin import check_id, dead_entries, requeue_dead
 
     client, layout, config = _open(ctx, args)
     stream = layout.items_stream

@@ -1,6 +1,6 @@
 """The values Python and the Lua scripts must agree on, defined once.
 
-:func:`scrapy_dist.scripts.source` writes each constant of :data:`LUA_CONSTANTS` into
+:func:`scrapy_dist.lua_source.source` writes each constant of :data:`LUA_CONSTANTS` into
 every script where it names it, as a literal; Python imports it from here. The key
 suffixes among them are :mod:`scrapy_dist.keys`'s, which spells every key name.
 """
@@ -68,7 +68,7 @@ EPOCH_REFUSAL = "EPOCH"
 NO_EPOCH = "none"
 
 #: The constants every script may name (written as values by
-#: :func:`scrapy_dist.scripts.inline_constants`).
+#: :func:`scrapy_dist.lua_source.inline_constants`).
 LUA_CONSTANTS: dict[str, int | str] = {
     "ENTRY_ID_LEN": ENTRY_ID_LEN,
     "DONE": DONE,

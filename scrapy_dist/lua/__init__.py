@@ -1,1 +1,1 @@
-"""The server-side scripts, as package data (``*.lua``), read by :mod:`scrapy_dist.scripts`."""
+"""The server-side scripts, as package data (``*.lua``), read by :mod:`scrapy_dist.lua_source`."""

@@ -3,13 +3,13 @@
 Every flush interval the timer settles what the engine finished and sends pending
 writes, with a reserve that tops up the scheduler's buffer when it runs low (so the
 engine rarely finds it empty and waits for a reserve of its own), and with the crawl's
-control state when its read is due (:class:`~scrapy_dist.control.ControlWatcher`): one
+control state when its read is due (:class:`~scrapy_dist.worker.control.ControlWatcher`): one
 round trip, sent from the worker's I/O thread when the scheduler can
 (``flush_later``, :mod:`scrapy_dist.frontier.background`: the reactor then goes on running the
 engine; a tick while that flush is in flight sends nothing more); every heartbeat
 interval it also heartbeats in the crawl's worker registry and
 renews the leases this worker holds. Each tick also reads the crawl's control state
-when due and acts on it (:class:`~scrapy_dist.control.WorkerControl`: pause, resume,
+when due and acts on it (:class:`~scrapy_dist.worker.control.WorkerControl`: pause, resume,
 drain). A timer that did not run for longer than a lease
 lasts (the process was paused) first checks which leases it still holds. No error
 ends the timer: each is logged (once in a row) and counted as
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from twisted.internet.task import LoopingCall
 
-    from scrapy_dist.control import WorkerControl
     from scrapy_dist.frontier.core import Frontier
     from scrapy_dist.frontier.registry import WorkerRegistry
+    from scrapy_dist.worker.control import WorkerControl
     from scrapy_dist.worker.deliveries import Deliveries
 
 logger = logging.getLogger(__name__)

@@ -62,7 +62,7 @@ def test_a_zipped_copy_without_its_lua_says_how_to_fix_it(tmp_path: Path) -> Non
         [
             sys.executable,
             "-c",
-            "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.scripts as s; "
+            "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.lua_source as s; "
             "assert s.__file__.startswith(sys.argv[1]), s.__file__; s.source('enqueue')",
             str(archive),
         ],
@@ -87,7 +87,7 @@ def test_a_zipped_copy_with_its_lua_loads_it(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.scripts as s; "
+            "import sys; sys.path.insert(0, sys.argv[1]); import scrapy_dist.lua_source as s; "
             "assert s.__file__.startswith(sys.argv[1]), s.__file__; "
             "print(len(s.source('enqueue')))",
             str(archive),
