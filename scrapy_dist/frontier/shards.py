@@ -263,8 +263,8 @@ class ShardedFrontier(Frontier):
         for shard in self.shards:
             shard.drop(state)
 
-    def _gone(self, error: BaseException) -> bool:
-        gone = super()._gone(error)
+    def gone(self, error: BaseException) -> bool:
+        gone = super().gone(error)
         if gone:
             self._drop_all(cast("str", self.lost))
         return gone
@@ -389,7 +389,7 @@ class ShardedFrontier(Frontier):
         """
         if self.lost is not None:
             return None
-        self._rejoin_if_finished(reserve)
+        self.rejoin_if_finished(reserve)
         reserving = reserve > 0 and seeds is False
         ask = self._reserve_order() if reserving else [0]
         for index, shard in enumerate(self.shards):  # the first asked carries its own writes
