@@ -18,8 +18,7 @@ flushed or evicted refuses the write, and the frontier reports the crawl
 from __future__ import annotations
 
 import logging
-import math
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from scrapy.utils.misc import load_object
@@ -35,13 +34,23 @@ from scrapy_dist.frontier.epoch import (
     fenced,
     join,
     log_gone,
-    stored_number,
     why_gone,
 )
 from scrapy_dist.frontier.eviction import check_eviction_policy
-from scrapy_dist.frontier.leases import Held, Lease, LeaseClient, held_by_others
+from scrapy_dist.frontier.leases import Lease, LeaseClient
 from scrapy_dist.frontier.outbox import Outbox
-from scrapy_dist.frontier.registry import heartbeats, new_worker_id
+from scrapy_dist.frontier.progress import (
+    FINISHED_RECORD_TTL,
+    Elsewhere,
+    Progress,
+    census_call,
+    census_of,
+    crawl_totals,
+    progress_call,
+    read_counters,
+    read_elsewhere,
+)
+from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.frontier.replication import Replication
 from scrapy_dist.frontier.trip import Trip
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
@@ -49,7 +58,7 @@ from scrapy_dist.scripts import OtherShards, scripts_for
 from scrapy_dist.seeds import SeedQueue
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -68,9 +77,7 @@ __all__ = [
     "VANISHED",
     "Frontier",
     "Lease",
-    "Progress",
     "fenced",
-    "progress_numbers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -109,94 +116,6 @@ def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> Unope
     if not config.components.dist_scheduler:
         return None
     return backend_from_config(config.dupefilter, client, keys)
-
-
-#: Seconds a finished crawl that does not persist keeps its progress record (and its
-#: registry) when a worker of it may still be paused: for it to learn the crawl finished.
-FINISHED_RECORD_TTL = 86400
-
-
-class Progress(NamedTuple):
-    """Where the crawl as a whole stands (see ``lua/progress.lua``)."""
-
-    #: ``"busy"``, ``"waiting"`` (nothing settled yet), ``"idle"`` or ``"finished"``.
-    state: str
-    queued: int
-    seeds: int
-    leased: int
-
-
-class Elsewhere(NamedTuple):
-    """What other workers of the crawl hold, and whether they beat
-    (:meth:`Frontier.held_elsewhere`)."""
-
-    #: Worker id -> the leases it holds (workers holding none left out).
-    held: dict[str, Held]
-    #: Worker id -> its last heartbeat in the crawl's registry (server time, seconds).
-    beats: dict[str, float]
-    #: The server's time when they were read.
-    now: float
-    #: Requests queued (every shard's; a queue key of another type holds none).
-    queued: int
-
-
-#: The counters of the progress hash, whole numbers as the scripts write them
-#: (``lua/_leases.lua`` ``integer_of``); its other numbers are times (``idle_since``,
-#: ``finished_at``).
-PROGRESS_COUNTERS = frozenset({"done", "retried", "dead", "run_base", "others_base"})
-
-#: ``(key, field, value)`` of the garbled progress values already warned about.
-_garbled: set[tuple[str, str, bytes]] = set()
-
-
-def _warn_once(key: str, field: str, value: bytes, message: str) -> None:
-    if (key, field, value) in _garbled:
-        return
-    if len(_garbled) < 1000:  # a bound: a long-running exporter reads it forever
-        _garbled.add((key, field, value))
-    logger.warning(message, {"key": key, "field": field, "value": value[:80]})
-
-
-def progress_numbers(raw: Mapping[bytes, bytes] | Exception | None, key: str) -> dict[str, float]:
-    """The numbers of the progress hash ``key`` as ``HGETALL`` read it (``raw``), by
-    field: its counters (:data:`PROGRESS_COUNTERS`) and times. A counter written by hand
-    that is not a whole number (``junk``, ``nan``, ``1.5``) reads as 0, as the scripts
-    read it, a time that is not a finite number as absent, and a key of another type
-    (``raw``, the ``WRONGTYPE`` error of the read; the next script that counts sets it
-    aside) as no numbers: each with one warning (once per value), never an error.
-
-    Raises:
-        redis.RedisError: ``raw`` is another error than ``WRONGTYPE``.
-    """
-    if isinstance(raw, Exception):
-        if not str(raw).startswith("WRONGTYPE"):
-            raise raw
-        _warn_once(
-            key,
-            "",
-            b"",
-            "Progress key %(key)s is not a hash (written by hand?): read as no counters; "
-            "the next script that counts renames it to %(key)s:wrongtype",
-        )
-        return {}
-    numbers: dict[str, float] = {}
-    for name, value in (raw or {}).items():
-        field = name.decode(errors="replace")
-        number = stored_number(value)
-        if number is None:
-            number = math.nan
-        if field in PROGRESS_COUNTERS and not number.is_integer():
-            _warn_once(
-                key,
-                field,
-                value,
-                "Progress counter %(field)s of %(key)s is not a whole number (%(value)r, "
-                "written by hand?): read as 0",
-            )
-            numbers[field] = 0
-        elif math.isfinite(number):
-            numbers[field] = number
-    return numbers
 
 
 class Frontier:
@@ -789,32 +708,28 @@ class Frontier:
         ``clear``, their counters join this shard's when it finishes).
 
         Returns:
-            The progress, or ``None`` if Redis is unreachable.
+            The progress (:func:`~scrapy_dist.frontier.progress.progress_call`), or
+            ``None`` if Redis is unreachable.
         """
-        k = self.keys
-        call = self._scripts.progress(
-            queue=self.queue.key,
-            seeds=self.seeds.key,
-            holders=k.holders,
-            previous=k.leases,
-            progress=k.progress,
-            epoch_key=k.epoch,
+        call = progress_call(
+            self._scripts,
+            self.keys,
+            self.queue,
+            self.seeds,
             clear_keys=self.clear_keys,
-            queue_kind=self.queue.kind,
-            seeds_kind=self.seeds.kind,
+            epoch=self.epoch,
             grace=grace,
             clear=clear,
-            keep_for=int(keep_for),
-            epoch=self.epoch,
+            keep_for=keep_for,
             others=others,
         )
         reply = self.call(call.run)
         if reply is None:
             return None
-        state, queued, seeds, leased, _ = reply
-        if state == b"finished":
+        progress = Progress.of(reply)
+        if progress.state == "finished":
             self._finished_seen = True
-        return Progress(state.decode(), int(queued), int(seeds), int(leased))
+        return progress
 
     @property
     def shards(self) -> list[Frontier]:
@@ -830,66 +745,28 @@ class Frontier:
             Its entries queued or leased and its counters, or ``None`` if Redis is
             unreachable, refuses, or the crawl is gone.
         """
-        k = self.keys
-        call = self._scripts.census(
-            queue=self.queue.key,
-            holders=k.holders,
-            previous=k.leases,
-            progress=k.progress,
-            epoch_key=k.epoch,
-            queue_kind=self.queue.kind,
-            epoch=self.epoch,
-        )
+        call = census_call(self._scripts, self.keys, self.queue, self.epoch)
         reply = self.call(call.run)
-        if reply is None:
-            return None
-        queued, leased, done, dead, retried = (int(x) for x in reply)
-        return OtherShards(queued + leased, done, dead, retried)
+        return None if reply is None else census_of(reply)
 
     def held_elsewhere(self) -> Elsewhere | None:
         """The leases other workers hold, in every shard, their heartbeats, and the
-        requests queued.
+        requests queued (:func:`~scrapy_dist.frontier.progress.read_elsewhere`).
 
         Returns:
             What was read, or ``None`` if Redis is unreachable.
         """
+        shards = [(shard.client, shard.keys) for shard in self.shards]
 
         def read() -> Elsewhere:
-            now, beats = heartbeats(self.client, self.keys.workers)
-            held: dict[str, Held] = {}
-            for shard in self.shards:
-                for worker, found in held_by_others(
-                    shard.client, shard.keys, {self.worker_id}
-                ).items():
-                    before = held.get(worker)
-                    held[worker] = (
-                        found
-                        if before is None
-                        else Held(before.leases + found.leases, max(before.until, found.until))
-                    )
-            try:
-                queued = len(self.queue)
-            except redis.ResponseError:  # another type (written by hand): a reserve sets it aside
-                queued = 0
-            return Elsewhere(held, beats, now, queued)
+            return read_elsewhere(self.client, self.keys, shards, self.worker_id, self.queue)
 
         return cast("Elsewhere | None", self.call(read))
 
     def totals(self) -> dict[str, int]:
         """The crawl-wide counters (``done``, ``retried``, ``dead``); one written by hand
-        reads as 0, a progress key of another type as none (:func:`progress_numbers`)."""
-
-        def read() -> Any:
-            try:
-                return self.client.hgetall(self.keys.progress)
-            except redis.exceptions.ResponseError as e:
-                if str(e).startswith("WRONGTYPE"):
-                    return e  # the key's content, not a refusal of the server: no backoff
-                raise
-
-        raw = cast("dict[bytes, bytes] | Exception | None", self.call(read))
-        return {
-            name: int(value)
-            for name, value in progress_numbers(raw, self.keys.progress).items()
-            if name in ("done", "retried", "dead")
-        }
+        reads as 0, a progress key of another type as none
+        (:func:`~scrapy_dist.frontier.progress.crawl_totals`)."""
+        key = self.keys.progress
+        raw = self.call(lambda: read_counters(self.client, key))
+        return crawl_totals(cast("dict[bytes, bytes] | Exception | None", raw), key)

@@ -41,7 +41,8 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.connection import ClusterClient, crawl_client
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.core import Frontier, Progress, recorded_shards, shared_filter
+from scrapy_dist.frontier.core import Frontier, recorded_shards, shared_filter
+from scrapy_dist.frontier.progress import FINISHED_RECORD_TTL, Progress
 from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.keys import crawl_slot, shard_keys
 from scrapy_dist.queue import unleased_queue
@@ -482,7 +483,7 @@ class ShardedFrontier(Frontier):
         *,
         grace: float,
         clear: bool,
-        keep_for: float = 86400,
+        keep_for: float = FINISHED_RECORD_TTL,
         others: OtherShards | None = None,
     ) -> Progress | None:
         """Where the crawl stands across every shard (see :meth:`Frontier.progress`):

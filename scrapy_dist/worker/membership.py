@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 
     from scrapy_dist.control import WorkerControl
     from scrapy_dist.dupefilter import RFPDupeFilter
-    from scrapy_dist.frontier.core import Frontier, Progress
+    from scrapy_dist.frontier.core import Frontier
     from scrapy_dist.frontier.leases import Held
+    from scrapy_dist.frontier.progress import Progress
     from scrapy_dist.frontier.registry import WorkerRegistry
     from scrapy_dist.worker.deliveries import Deliveries
 
