@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
-import redis
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.config.scheduling import check_frontier
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.background import reactor_running
+from scrapy_dist.frontier.deletion import delete_frontier, forget_finished
 from scrapy_dist.frontier.epoch import (
     FINISHED,
     REPLACED,
@@ -60,6 +60,7 @@ from scrapy_dist.seeds import SeedQueue
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
+    import redis
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
@@ -81,10 +82,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Transactions :meth:`Frontier.delete_keys` tries while workers add holdings under it;
-#: the last is sent unwatched.
-DELETE_ATTEMPTS = 10
 
 
 def recorded_shards(raw: object) -> int | None:
@@ -401,47 +398,16 @@ class Frontier:
         return [(backend, list(requests))] if requests else []
 
     def forget_finished(self, *, now: bool) -> None:
-        """Delete what a finished crawl that does not persist keeps for its workers: its
-        progress record (which tells a worker of that run that it finished rather than
-        was lost), the holders zset a leaving worker re-created and the worker registry.
-        ``now``: no worker of the run is left, so a crawl stopped cleanly leaves no key
-        behind, as scrapy-redis's does; else they expire with the progress record (a
-        day), a killed worker's registry entry with them."""
-        keys = (self.keys.progress, self.keys.holders, self.keys.workers)
-        if now:
-            self.client.unlink(*keys)
-            return
-        with self.client.pipeline(transaction=False) as pipe:
-            for key in keys[1:]:
-                pipe.expire(key, FINISHED_RECORD_TTL)
-            pipe.execute()
+        """Delete what a finished crawl that does not persist keeps for its workers
+        (now, or let it expire: :func:`~scrapy_dist.frontier.deletion.forget_finished`)."""
+        forget_finished(self.client, self.keys, now=now)
 
     def delete_keys(self, *also: str) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
         shard's in a sharded crawl, a priority queue's levels and every worker's
-        holding with it, and the keys ``also`` (in one transaction with the holders
-        zset, so a holding granted meanwhile goes too)."""
-        self.queue.clear()
-        holders = self.keys.holders
-        with self.client.pipeline() as pipe:
-            for attempt in range(DELETE_ATTEMPTS):
-                # the holders zset is watched: a worker's reserve that adds a holding
-                # after it was read makes the transaction fail, and it is read again
-                # (else its holding would stay, named by no holders zset)
-                if attempt < DELETE_ATTEMPTS - 1:
-                    pipe.watch(holders)  # type: ignore[no-untyped-call]
-                try:
-                    workers = cast("list[bytes]", self.client.zrange(holders, 0, -1))
-                except redis.ResponseError:  # not a zset (written by hand): no holders
-                    workers = []
-                pipe.multi()
-                holdings = (holders.encode() + b":" + w for w in workers)
-                pipe.unlink(*self.clear_keys, *also, *holdings)
-                try:
-                    pipe.execute()
-                except redis.WatchError:
-                    continue
-                return
+        holding with it, and the keys ``also``
+        (:func:`~scrapy_dist.frontier.deletion.delete_frontier`)."""
+        delete_frontier(self.client, self.queue, self.keys.holders, [*self.clear_keys, *also])
 
     def delete_shard(self) -> bool:
         """Delete the keys of this shard ``i > 0`` of a finished crawl that does not
