@@ -13,6 +13,15 @@ Faults (see docs/guarantees.md, "Delivery"): every frontier script carries the
 crawl's epoch (``<crawl>:epoch``, :mod:`scrapy_dist.frontier.epoch`): a crawl that finished, was
 flushed or evicted refuses the write, and the frontier reports the crawl
 :attr:`Frontier.lost` instead of re-creating its state.
+
+(Over 600 lines: what is left is one concept, the worker's membership of its crawl: the
+epoch joined and lost (:meth:`Frontier.gone`), the writes it accepts, and the short
+methods through which the scheduler, the spider and
+:class:`~scrapy_dist.frontier.shards.ShardedFrontier`'s overrides reach the parts it
+composes; its constructor and :meth:`Frontier.build_one` are a fifth of it. The round
+trip is :mod:`scrapy_dist.frontier.trip`, the crawl-wide reads
+:mod:`scrapy_dist.frontier.progress`, the deletion of keys
+:mod:`scrapy_dist.frontier.deletion`.)
 """
 
 from __future__ import annotations
