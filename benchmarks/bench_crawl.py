@@ -677,7 +677,7 @@ def print_round_trip_kinds(runs: Sequence[Run]) -> None:
 def print_flush_waits(runs: Sequence[Run]) -> None:
     """For the runs whose workers sent flushes from the I/O thread
     (``SCHEDULER_BACKGROUND_FLUSH``): how many, how many the reactor waited for
-    (``Frontier.land`` with one in flight), and by which call (the workers' record)."""
+    (``Trip.land`` with one in flight), and by which call (the workers' record)."""
     lines = []
     for r in runs:
         flushes = waited = 0
@@ -702,7 +702,7 @@ def print_flush_waits(runs: Sequence[Run]) -> None:
                 f"({arrived:.0f} already answered): {cause}"
             )
     if lines:
-        print("Flushes in flight waited for by the reactor (Frontier.land), by cause:")
+        print("Flushes in flight waited for by the reactor (Trip.land), by cause:")
         print("\n".join(lines))
 
 

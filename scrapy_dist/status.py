@@ -32,7 +32,7 @@ from scrapy_dist.control import ControlState, read_state
 from scrapy_dist.filters import BackendChoice, BitmapBloomBackend, backend_from_config
 from scrapy_dist.filters.exact import SetBackend, window_set_state
 from scrapy_dist.filters.window import split_window_signature
-from scrapy_dist.frontier.core import progress_numbers
+from scrapy_dist.frontier.progress import progress_numbers
 from scrapy_dist.frontier.registry import beats_of
 from scrapy_dist.keys import (
     SET_ASIDE_SUFFIX,

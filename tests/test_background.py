@@ -19,6 +19,7 @@ from scrapy import Request
 from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.frontier import core as frontier_module
+from scrapy_dist.frontier import trip as trip_module
 from scrapy_dist.frontier.background import IOThread
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisSpider
@@ -47,7 +48,7 @@ def landing(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[], None]]:
     hands to the reactor thread wait here until :func:`arrive` runs them."""
     calls: list[Callable[[], None]] = []
     monkeypatch.setattr(frontier_module, "reactor_running", lambda: True)
-    monkeypatch.setattr(frontier_module, "call_from_thread", calls.append)
+    monkeypatch.setattr(trip_module, "call_from_thread", calls.append)
     return calls
 
 

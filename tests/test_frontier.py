@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.frontier.core import Frontier, Progress
+    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.progress import Progress
 
 URL = "https://example.com/"
 
@@ -376,7 +377,7 @@ def test_totals_read_a_counter_written_by_hand_as_0_with_one_warning(
     OverflowError), or read "1.5" as 1 where the scripts read 0."""
     f = worker().frontier
     client.hset(f.keys.progress, mapping={"done": value, "dead": 2})
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier.core"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier.progress"):
         assert f.totals() == {"done": 0, "dead": 2}
         assert f.totals() == {"done": 0, "dead": 2}
     [warning] = [r.getMessage() for r in caplog.records if "Progress counter" in r.getMessage()]
@@ -390,7 +391,7 @@ def test_totals_read_a_progress_key_of_another_type_as_no_counters(
     Redis is refusing): at a crawl's close, right before its last writes."""
     f = worker().frontier
     client.set(f.keys.progress, b"junk")
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier.core"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier.progress"):
         assert f.totals() == {}
     assert f.reachable
     assert any("is not a hash" in r.getMessage() for r in caplog.records)

@@ -30,10 +30,6 @@ PACKAGE = ROOT / "scrapy_dist"
 ALLOWED = [frozenset({"scrapy_dist.scheduler", "scrapy_dist.unleased"})]
 #: Lines past which a module says in its docstring why it is that long ("on purpose").
 LONG = 600
-#: Long modules that do not say why yet.
-LONG_UNEXPLAINED = {
-    "scrapy_dist.frontier.core",  # being split
-}
 
 
 def modules() -> dict[str, Path]:
@@ -161,7 +157,7 @@ def test_a_long_module_says_why_on_purpose() -> None:
     for module, path in modules().items():
         text = path.read_text(encoding="utf-8")
         lines = len(text.splitlines())
-        if lines <= LONG or module in LONG_UNEXPLAINED:
+        if lines <= LONG:
             continue
         docstring = ast.get_docstring(ast.parse(text, str(path))) or ""
         if "on purpose" not in docstring:
@@ -171,13 +167,3 @@ def test_a_long_module_says_why_on_purpose() -> None:
         'concepts, or state the reason "on purpose" at the top of its docstring):\n'
         + "\n".join(silent)
     )
-
-
-def test_the_long_modules_not_explained_are_still_long() -> None:
-    """An entry of :data:`LONG_UNEXPLAINED` goes once its module is split or explained."""
-    known = modules()
-    for module in LONG_UNEXPLAINED:
-        assert module in known, f"{module} is gone: remove it"
-        text = known[module].read_text(encoding="utf-8")
-        assert len(text.splitlines()) > LONG, f"{module} is short now: remove it"
-        assert "on purpose" not in (ast.get_docstring(ast.parse(text)) or ""), module

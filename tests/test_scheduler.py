@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http.request import CallbackT as Callback
 
-    from scrapy_dist.frontier.core import Progress
+    from scrapy_dist.frontier.progress import Progress
 
 URL = "https://example.com/"
 FIFO = "scrapy.squeues.FifoMemoryQueue"

@@ -662,7 +662,7 @@ def test_the_scheduler_sees_work_in_any_shard(sharded: Callable[..., Worker]) ->
     w = sharded()
     w.scheduler.enqueue_request(Request(_url(2, "only")))
     w.frontier.flush()
-    w.frontier.found_empty_at = 0.0
+    w.frontier.trip.found_empty_at = 0.0
     assert len(w.frontier.queue) == 1
     assert w.scheduler.has_pending_requests()
 

@@ -6,7 +6,7 @@ that Scrapy's reactor keeps running the engine while the round trip is under way
 thread only runs the pipeline (:meth:`scrapy_dist.frontier.outbox.Outbox.send`); everything
 before it (building the batch) and after it (applying the reply: faults, refusals,
 fencing, taken-over leases) runs on the reactor thread, through the code a synchronous
-flush runs (:class:`scrapy_dist.frontier.core.Frontier`). At most one flush is in flight.
+flush runs (:class:`scrapy_dist.frontier.trip.Trip`). At most one flush is in flight.
 
 The thread is a daemon: a process that stops with a flush in flight loses nothing that
 a crash would not (its leases expire and return to the queue; its unconfirmed

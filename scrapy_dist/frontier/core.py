@@ -4,34 +4,38 @@ leases, the crawl's progress and completion.
 One :class:`Frontier` per crawler, shared by the scheduler and the spider
 (:func:`scrapy_dist.frontier.choice.frontier_for`). It composes
 the worker's :class:`~scrapy_dist.frontier.outbox.Outbox` (enqueues and settlements, sent in
-order, kept through an outage) and :class:`~scrapy_dist.frontier.leases.LeaseClient` (reserve,
-settle, renew, release), and sends what they build: one flush is one round trip that
-carries the pending enqueues, the settlements they confirm and a reserve.
+order, kept through an outage), :class:`~scrapy_dist.frontier.leases.LeaseClient` (reserve,
+settle, renew, release) and :class:`~scrapy_dist.frontier.trip.Trip`, which sends what they
+build: one flush is one round trip that carries the pending enqueues, the settlements
+they confirm and a reserve, and hands each reply back to the part that owns it.
 
 Faults (see docs/guarantees.md, "Delivery"): every frontier script carries the
 crawl's epoch (``<crawl>:epoch``, :mod:`scrapy_dist.frontier.epoch`): a crawl that finished, was
 flushed or evicted refuses the write, and the frontier reports the crawl
 :attr:`Frontier.lost` instead of re-creating its state.
 
-(Over 500 lines: :meth:`Frontier.flush` orders the outbox's writes, the lease client's
-calls and the epoch's fence into one round trip, and reads best with what it calls.)
+(Over 600 lines on purpose: what is left is one concept, the worker's membership of its crawl: the
+epoch joined and lost (:meth:`Frontier.gone`), the writes it accepts, and the short
+methods through which the scheduler, the spider and
+:class:`~scrapy_dist.frontier.shards.ShardedFrontier`'s overrides reach the parts it
+composes; its constructor and :meth:`Frontier.build_one` are a fifth of it. The round
+trip is :mod:`scrapy_dist.frontier.trip`, the crawl-wide reads
+:mod:`scrapy_dist.frontier.progress`, the deletion of keys
+:mod:`scrapy_dist.frontier.deletion`.)
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
-from concurrent.futures import Future, wait
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import redis
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.config.scheduling import check_frontier
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.background import IOThread, call_from_thread, reactor_running
+from scrapy_dist.frontier.background import reactor_running
+from scrapy_dist.frontier.deletion import delete_frontier, forget_finished
 from scrapy_dist.frontier.epoch import (
     FINISHED,
     REPLACED,
@@ -39,21 +43,33 @@ from scrapy_dist.frontier.epoch import (
     fenced,
     join,
     log_gone,
-    stored_number,
     why_gone,
 )
 from scrapy_dist.frontier.eviction import check_eviction_policy
-from scrapy_dist.frontier.leases import Held, Lease, LeaseClient, held_by_others
-from scrapy_dist.frontier.outbox import UNREACHABLE, Batch, Command, Outbox, refusal
-from scrapy_dist.frontier.registry import heartbeats, new_worker_id
+from scrapy_dist.frontier.leases import Lease, LeaseClient
+from scrapy_dist.frontier.outbox import Outbox
+from scrapy_dist.frontier.progress import (
+    FINISHED_RECORD_TTL,
+    Elsewhere,
+    Progress,
+    census_call,
+    census_of,
+    crawl_totals,
+    progress_call,
+    read_counters,
+    read_elsewhere,
+)
+from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.frontier.replication import Replication
+from scrapy_dist.frontier.trip import Trip
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
-from scrapy_dist.scripts import Fence, OtherShards, scripts_for
+from scrapy_dist.scripts import OtherShards, scripts_for
 from scrapy_dist.seeds import SeedQueue
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
+    import redis
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
@@ -61,9 +77,9 @@ if TYPE_CHECKING:
 
     from scrapy_dist.config.core import Config
     from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
+    from scrapy_dist.frontier.trip import Read
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend
-    from scrapy_dist.scripts import ScriptCall
 
 __all__ = [
     "FINISHED",
@@ -71,17 +87,10 @@ __all__ = [
     "VANISHED",
     "Frontier",
     "Lease",
-    "Progress",
-    "Read",
     "fenced",
-    "progress_numbers",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Transactions :meth:`Frontier.delete_keys` tries while workers add holdings under it;
-#: the last is sent unwatched.
-DELETE_ATTEMPTS = 10
 
 
 def recorded_shards(raw: object) -> int | None:
@@ -113,131 +122,6 @@ def shared_filter(config: Config, client: redis.Redis, keys: RedisKeys) -> Unope
     if not config.components.dist_scheduler:
         return None
     return backend_from_config(config.dupefilter, client, keys)
-
-
-#: Seconds a finished crawl that does not persist keeps its progress record (and its
-#: registry) when a worker of it may still be paused: for it to learn the crawl finished.
-FINISHED_RECORD_TTL = 86400
-
-
-class Progress(NamedTuple):
-    """Where the crawl as a whole stands (see ``lua/progress.lua``)."""
-
-    #: ``"busy"``, ``"waiting"`` (nothing settled yet), ``"idle"`` or ``"finished"``.
-    state: str
-    queued: int
-    seeds: int
-    leased: int
-
-
-class Elsewhere(NamedTuple):
-    """What other workers of the crawl hold, and whether they beat
-    (:meth:`Frontier.held_elsewhere`)."""
-
-    #: Worker id -> the leases it holds (workers holding none left out).
-    held: dict[str, Held]
-    #: Worker id -> its last heartbeat in the crawl's registry (server time, seconds).
-    beats: dict[str, float]
-    #: The server's time when they were read.
-    now: float
-    #: Requests queued (every shard's; a queue key of another type holds none).
-    queued: int
-
-
-#: The counters of the progress hash, whole numbers as the scripts write them
-#: (``lua/_leases.lua`` ``integer_of``); its other numbers are times (``idle_since``,
-#: ``finished_at``).
-PROGRESS_COUNTERS = frozenset({"done", "retried", "dead", "run_base", "others_base"})
-
-#: ``(key, field, value)`` of the garbled progress values already warned about.
-_garbled: set[tuple[str, str, bytes]] = set()
-
-
-def _warn_once(key: str, field: str, value: bytes, message: str) -> None:
-    if (key, field, value) in _garbled:
-        return
-    if len(_garbled) < 1000:  # a bound: a long-running exporter reads it forever
-        _garbled.add((key, field, value))
-    logger.warning(message, {"key": key, "field": field, "value": value[:80]})
-
-
-def progress_numbers(raw: Mapping[bytes, bytes] | Exception | None, key: str) -> dict[str, float]:
-    """The numbers of the progress hash ``key`` as ``HGETALL`` read it (``raw``), by
-    field: its counters (:data:`PROGRESS_COUNTERS`) and times. A counter written by hand
-    that is not a whole number (``junk``, ``nan``, ``1.5``) reads as 0, as the scripts
-    read it, a time that is not a finite number as absent, and a key of another type
-    (``raw``, the ``WRONGTYPE`` error of the read; the next script that counts sets it
-    aside) as no numbers: each with one warning (once per value), never an error.
-
-    Raises:
-        redis.RedisError: ``raw`` is another error than ``WRONGTYPE``.
-    """
-    if isinstance(raw, Exception):
-        if not str(raw).startswith("WRONGTYPE"):
-            raise raw
-        _warn_once(
-            key,
-            "",
-            b"",
-            "Progress key %(key)s is not a hash (written by hand?): read as no counters; "
-            "the next script that counts renames it to %(key)s:wrongtype",
-        )
-        return {}
-    numbers: dict[str, float] = {}
-    for name, value in (raw or {}).items():
-        field = name.decode(errors="replace")
-        number = stored_number(value)
-        if number is None:
-            number = math.nan
-        if field in PROGRESS_COUNTERS and not number.is_integer():
-            _warn_once(
-                key,
-                field,
-                value,
-                "Progress counter %(field)s of %(key)s is not a whole number (%(value)r, "
-                "written by hand?): read as 0",
-            )
-            numbers[field] = 0
-        elif math.isfinite(number):
-            numbers[field] = number
-    return numbers
-
-
-class Read(NamedTuple):
-    """A plain read another part of the worker has carried by the next flush's pipeline
-    (see :attr:`Frontier.riders`): ``on_reply`` gets its reply, or the exception it
-    answered with; it is not called when the flush is not sent or fails as a whole."""
-
-    command: Command
-    on_reply: Callable[[Any], None]
-
-
-class _Call(NamedTuple):
-    """One script call of a flush, which script it is (``"enqueue"``, ``"settle"``,
-    ``"reserve"``, ``"wait"``, ``"read"``), and what to do with its reply (a reserve's
-    returns leases)."""
-
-    kind: str
-    call: ScriptCall | Command
-    on_reply: Callable[[Any], list[Lease] | None]
-
-
-class _Prepared(NamedTuple):
-    """A flush ready to send: its calls, the outbox's batch they carry, and how many
-    entries its reserve asks for."""
-
-    calls: list[_Call]
-    batch: Batch
-    reserve: int
-
-
-class _Flight(NamedTuple):
-    """A flush sent by the I/O thread (:mod:`scrapy_dist.frontier.background`), not yet applied."""
-
-    prepared: _Prepared
-    future: Future[Any]
-    #: Gets the leases its reserve brought (empty: none), when it asked for any.
-    then: Callable[[list[Lease]], None] | None
 
 
 class Frontier:
@@ -334,9 +218,6 @@ class Frontier:
             stats=stats,
             wrongtype_timeout=wrongtype_timeout,
         )
-        #: When a reserve of requests last found the queue empty (and nothing was
-        #: pending); monotonic seconds; ``-inf`` once enqueues were sent since.
-        self.found_empty_at = -math.inf
         self.eviction_check = eviction_check
         #: The crawl's epoch this worker joined ("" before :meth:`open`).
         self.epoch = ""
@@ -360,19 +241,19 @@ class Frontier:
         #: Called with the parent leases :meth:`taken_over` marks taken (their ids in
         #: this frontier's keys), after it marked them.
         self.on_taken: list[Callable[[set[str]], None]] = []
-        #: Asked at each flush of this frontier's own keys for a :class:`Read` to carry
-        #: in its pipeline (``None``: nothing due): a read that is due anyway then costs
-        #: no round trip of its own (the crawl control state, :mod:`scrapy_dist.control`).
-        self.riders: list[Callable[[], Read | None]] = []
         #: The timer's flushes may go through the I/O thread (:meth:`flush_later`).
         self.background = background
-        self._io: IOThread | None = None
-        #: The flush the I/O thread sends, until its reply is applied (at most one).
-        self._flight: _Flight | None = None
-        #: Called on the reactor thread once a flush in flight was applied (its reply,
-        #: or a lost reply), after its ``then``: the scheduler wakes an engine it left
-        #: waiting for it.
-        self.on_landed: list[Callable[[], None]] = []
+        #: This frontier's round trips: each flush, and the replies it brings back.
+        self.trip = Trip(
+            self,
+            keys,
+            self.outbox,
+            self.leases,
+            seeds,
+            worker_id=worker_id,
+            stats=stats,
+            replication=replication,
+        )
 
     @classmethod
     def build_one(
@@ -458,32 +339,7 @@ class Frontier:
         """
         if self.flush() is None:
             return None
-        done, result = self._now(func)
-        if not done:
-            return None
-        self.outbox.recovered()
-        self.stats.inc_value("scheduler/redis/round_trips")
-        self.stats.inc_value("scheduler/redis/round_trips/call")
-        return result
-
-    def _now(self, func: Callable[[], Any]) -> tuple[bool, Any]:
-        """Run one call now: ``(True, its result)``, or ``(False, None)`` when Redis is
-        unreachable or refuses (noted for the backoff) or the crawl is gone.
-
-        Raises:
-            redis.RedisError: an error that is neither an outage nor a refusal.
-        """
-        try:
-            return True, func()
-        except UNREACHABLE as e:
-            self.outbox.failed(e)
-        except redis.exceptions.ResponseError as e:
-            if self._gone(e):
-                return False, None
-            if refusal(e) is None:
-                raise
-            self.outbox.failed(e)
-        return False, None
+        return self.trip.run(func)
 
     # -- the crawl's epoch ------------------------------------------------------------
 
@@ -551,47 +407,16 @@ class Frontier:
         return [(backend, list(requests))] if requests else []
 
     def forget_finished(self, *, now: bool) -> None:
-        """Delete what a finished crawl that does not persist keeps for its workers: its
-        progress record (which tells a worker of that run that it finished rather than
-        was lost), the holders zset a leaving worker re-created and the worker registry.
-        ``now``: no worker of the run is left, so a crawl stopped cleanly leaves no key
-        behind, as scrapy-redis's does; else they expire with the progress record (a
-        day), a killed worker's registry entry with them."""
-        keys = (self.keys.progress, self.keys.holders, self.keys.workers)
-        if now:
-            self.client.unlink(*keys)
-            return
-        with self.client.pipeline(transaction=False) as pipe:
-            for key in keys[1:]:
-                pipe.expire(key, FINISHED_RECORD_TTL)
-            pipe.execute()
+        """Delete what a finished crawl that does not persist keeps for its workers
+        (now, or let it expire: :func:`~scrapy_dist.frontier.deletion.forget_finished`)."""
+        forget_finished(self.client, self.keys, now=now)
 
     def delete_keys(self, *also: str) -> None:
         """Delete the crawl's frontier keys now (UNLINK: they may be large), every
         shard's in a sharded crawl, a priority queue's levels and every worker's
-        holding with it, and the keys ``also`` (in one transaction with the holders
-        zset, so a holding granted meanwhile goes too)."""
-        self.queue.clear()
-        holders = self.keys.holders
-        with self.client.pipeline() as pipe:
-            for attempt in range(DELETE_ATTEMPTS):
-                # the holders zset is watched: a worker's reserve that adds a holding
-                # after it was read makes the transaction fail, and it is read again
-                # (else its holding would stay, named by no holders zset)
-                if attempt < DELETE_ATTEMPTS - 1:
-                    pipe.watch(holders)  # type: ignore[no-untyped-call]
-                try:
-                    workers = cast("list[bytes]", self.client.zrange(holders, 0, -1))
-                except redis.ResponseError:  # not a zset (written by hand): no holders
-                    workers = []
-                pipe.multi()
-                holdings = (holders.encode() + b":" + w for w in workers)
-                pipe.unlink(*self.clear_keys, *also, *holdings)
-                try:
-                    pipe.execute()
-                except redis.WatchError:
-                    continue
-                return
+        holding with it, and the keys ``also``
+        (:func:`~scrapy_dist.frontier.deletion.delete_frontier`)."""
+        delete_frontier(self.client, self.queue, self.keys.holders, [*self.clear_keys, *also])
 
     def delete_shard(self) -> bool:
         """Delete the keys of this shard ``i > 0`` of a finished crawl that does not
@@ -600,7 +425,7 @@ class Frontier:
         self.delete_keys(self.keys.progress)
         return True
 
-    def _gone(self, error: BaseException) -> bool:
+    def gone(self, error: BaseException) -> bool:
         """If ``error`` is a script's refusal of another epoch, drop this worker's writes
         (they belong to a crawl that is gone), record why and tell the listeners.
 
@@ -712,228 +537,71 @@ class Frontier:
 
     def flush(self, *, reserve: int = 0, seeds: bool | SeedQueue = False) -> list[Lease] | None:
         """Send pending enqueues, then settlements whose requests are confirmed, then
-        (if ``reserve``) lease up to that many requests or seeds: one round trip, on
-        this thread, after the flush in flight (if any) has landed (:meth:`land`).
-
-        Args:
-            reserve: how many entries to lease (0: none).
-            seeds: lease seeds rather than requests: ``True`` from the crawl's seeds
-                key, or from this seed queue.
+        (if ``reserve``) lease up to that many requests or seeds: one round trip
+        (:meth:`Trip.flush`).
 
         Returns:
             The new leases (empty if none were asked for or there are none), or
             ``None`` if Redis is unreachable or refuses (the writes stay pending), or
             the crawl is :attr:`lost`.
         """
-        self.land()
-        prepared = self._prepare(reserve, seeds=seeds)
-        if not isinstance(prepared, _Prepared):
-            return prepared
-        try:
-            answers = self.outbox.send([c.call for c in prepared.calls])
-        except redis.RedisError as e:  # whatever it is, the work stays in the outbox
-            return self._apply(prepared, seeds, None, e)
-        except BaseException:
-            self.outbox.landed()
-            self.outbox.restore(prepared.batch)
-            raise
-        return self._apply(prepared, seeds, answers, None)
+        return self.trip.flush(reserve=reserve, seeds=seeds)
 
-    # -- flushes off the reactor thread (scrapy_dist.frontier.background) ---------------------
-
-    def can_flush_later(self) -> bool:
-        """Whether :meth:`flush_later` sends from the I/O thread: ``background`` is on,
-        writes are not ``eager``, and the reactor runs (the reply lands on it)."""
-        return self.background and not self.eager and reactor_running()
-
-    @property
-    def flying(self) -> bool:
-        """Whether a flush is in flight (sent by the I/O thread, reply not applied)."""
-        return self._flight is not None
-
-    @property
-    def reserving(self) -> int:
-        """Entries the reserve of the flush in flight may bring (0: none in flight):
-        room this worker counts as held until it lands."""
-        return 0 if self._flight is None else self._flight.prepared.reserve
-
-    def flush_later(
-        self, *, reserve: int = 0, then: Callable[[list[Lease]], None] | None = None
-    ) -> None:
-        """Start a flush (as :meth:`flush`, of requests only) on the I/O thread, unless
-        one is in flight already or there is nothing to send; its reply is applied on
-        the reactor thread when it arrives, or by :meth:`land`, whichever comes first.
-        Until then its batch is in flight (:attr:`Outbox.flying`): not resent, not
-        confirmed, its settlements' leases still held, and settlements added meanwhile
-        wait behind its enqueues. Call only where :meth:`can_flush_later`.
-
-        Args:
-            reserve: how many requests to lease (0: none).
-            then: gets the leases the reserve brought (empty: none or no reply), on
-                the reactor thread, when ``reserve`` is asked.
-        """
-        if self._flight is not None:
-            return
-        prepared = self._prepare(reserve, seeds=False)
-        if not isinstance(prepared, _Prepared):
-            if then is not None and reserve and prepared is not None:
-                then(prepared)
-            return
-        if self._io is None:
-            self._io = IOThread(f"scrapy-dist-io-{self.worker_id}")
-        calls = [c.call for c in prepared.calls]
-        future = self._io.submit(lambda: self.outbox.send(calls))
-        flight = self._flight = _Flight(prepared, future, then)
-        self.stats.inc_value("scheduler/redis/background_flushes")
-        future.add_done_callback(lambda _: call_from_thread(lambda: self._arrived(flight)))
-
-    def land(self, timeout: float = 60.0) -> None:
-        """Wait for the flush in flight (if any) and apply its reply now, on this
-        thread; a flush not answered within ``timeout`` seconds is taken as a lost
-        reply (its writes go back to the outbox, and leases its reserve may have
-        brought are handed back later: :meth:`_release_unknown`)."""
-        flight = self._flight
-        if flight is None:
-            return
-        self.stats.inc_value("scheduler/redis/flush_waited")
-        done, _ = wait([flight.future], timeout)
-        if not done:
-            self._landed(flight, redis.TimeoutError(f"no reply within {timeout:g}s"))
-            return
-        self._landed(flight)
-
-    def stop_io(self) -> None:
-        """Land the flush in flight, if any, and end the I/O thread (at close; a later
-        :meth:`flush_later` starts it again)."""
-        self.land()
-        if self._io is not None:
-            self._io.stop()
-
-    def _arrived(self, flight: _Flight) -> None:
-        """The I/O thread's reply to ``flight``, on the reactor thread: applied unless
-        :meth:`land` did it first; an error applying it is logged and counted as the
-        timer's (the reactor must not see it)."""
-        try:
-            self._landed(flight)
-        except Exception:
-            self.stats.inc_value("scheduler/timer/errors")
-            logger.exception("Scheduler timer: applying a flush's reply failed")
-
-    def _landed(self, flight: _Flight, error: Exception | None = None) -> None:
-        """Apply the reply of ``flight`` (once: a later call for it does nothing)."""
-        if self._flight is not flight:
-            return
-        self._flight = None
-        answers: list[Any] | None = None
-        if error is None:
-            error = cast("Exception | None", flight.future.exception())
-            if error is None:
-                answers = flight.future.result()
-        leases = self._apply(flight.prepared, False, answers, error)
-        if flight.then is not None and flight.prepared.reserve:
-            if leases == []:
-                self.found_empty_at = time.monotonic()
-            flight.then(leases or [])
-        for listener in self.on_landed:
-            listener()
-
-    # -- one flush, in three steps ----------------------------------------------------
-
-    def _prepare(self, reserve: int, *, seeds: bool | SeedQueue) -> _Prepared | list[Lease] | None:
-        """Everything before a flush's round trip: the calls, the batch taken out of
-        the outbox (now :attr:`Outbox.flying`).
-
-        Returns:
-            What to send, or the flush's result when nothing is sent (``[]``: nothing
-            to send; ``None``: the crawl is :attr:`lost`, or Redis within a backoff).
-        """
-        if self.lost is not None:
-            return None
-        outbox = self.outbox
-        self._rejoin_if_finished(reserve)
-        outbox.promote()  # nothing unconfirmed before them any more?
-        if self.leases.reply_lost and outbox.can_try():
-            self._release_unknown()
-            if self.lost is not None:
-                return None
-        if self.replication is not None and self.replication.due(outbox):
-            gone = self.replication.check(outbox, self.keys.epoch, self.epoch)
-            if gone is not None and self._gone(gone):  # the master changed, the crawl went
-                return None
-        calls = self._calls(reserve, seeds=seeds)
-        if not calls:
-            return []
-        if not outbox.can_try():
-            return None
-        return _Prepared(calls, outbox.take(), reserve)
-
-    def _apply(
-        self,
-        prepared: _Prepared,
-        seeds: bool | SeedQueue,
-        answers: list[Any] | None,
-        error: Exception | None,
-    ) -> list[Lease] | None:
-        """Everything after a flush's round trip: its batch is no longer in flight;
-        hand each answer to its call, or (``error``: the pipeline failed as a whole)
-        put the batch back and note the outage. Returns as :meth:`flush`."""
-        outbox = self.outbox
-        outbox.landed()
-        calls, batch, reserve = prepared
-        if self.lost is not None:  # found gone meanwhile: its writes were dropped
-            return None
-        if error is not None or answers is None:
-            outbox.restore(batch)
-            lost_reserve = reserve > 0 and isinstance(error, UNREACHABLE)
-            self.leases.reply_lost = self.leases.reply_lost or lost_reserve
-            outbox.failed(error or redis.RedisError("no reply"))
-            return None
-        self.stats.inc_value("scheduler/redis/round_trips")
-        kind = "flush" if not reserve else "reserve" if seeds is False else "seeds"
-        self.stats.inc_value(f"scheduler/redis/round_trips/{kind}")
-        leases = self._answered(calls, answers, batch)
-        if self.lost is not None:
-            return None
-        outbox.promote()  # every request added before these settlements is confirmed?
-        return leases
-
-    def _rejoin_if_finished(self, reserve: int) -> None:
+    def rejoin_if_finished(self, reserve: int) -> None:
         """This worker saw its crawl finish (and its keys go): new work (pending writes,
         or a reserve of ``reserve`` entries) joins the new run's epoch."""
         if self._finished_seen and (self.pending_writes or reserve):
             self._finished_seen = False
             self.join_epoch()
 
-    def _calls(self, reserve: int, *, seeds: bool | SeedQueue) -> list[_Call]:
-        """The calls of one flush: enqueue, settle, reserve (each if needed)."""
-        calls: list[_Call] = []
-        fence = Fence(self.keys.epoch, self.epoch, self.leases.holding)
-        enqueue = self.outbox.enqueue_call(fence)
-        if enqueue is not None:
-            # what a reserve found empty before these enqueues says nothing of now
-            self.found_empty_at = -math.inf
-            calls.append(_Call("enqueue", enqueue, self._enqueued))
-            wait = self.replication.wait_call() if self.replication is not None else None
-            if wait is not None:  # confirmed on replicas before the settlements behind it
-                calls.append(_Call("wait", wait, lambda reply: None))
-        ready = self.outbox.ready
-        if ready:
-            settle = self.leases.settle_call(ready, self.epoch)
-            calls.append(_Call("settle", settle, lambda reply: self.leases.settled(reply, ready)))
-        if reserve > 0:
-            calls.append(self._reserve_call(reserve, seeds=seeds))
-        for rider in self.riders:  # after the writes: the enqueue stays the first call
-            read = rider()
-            if read is not None:
-                calls.append(_Call("read", read.command, read.on_reply))
-        return calls
+    # -- flushes off the reactor thread (the trip's, scrapy_dist.frontier.background) --
 
-    def _enqueued(self, flags: Any) -> None:
-        """Hand an enqueue's reply to the outbox; requests refused because this worker
-        no longer holds their parents' leases make those leases :meth:`taken_over`."""
-        refused = self.outbox.enqueued(flags)
-        if refused:
-            self.taken_over(refused)
+    def can_flush_later(self) -> bool:
+        """Whether :meth:`flush_later` sends from the I/O thread: ``background`` is on,
+        writes are not ``eager``, and the reactor runs (the reply lands on it)."""
+        return self.background and not self.eager and reactor_running()
+
+    def flush_later(
+        self, *, reserve: int = 0, then: Callable[[list[Lease]], None] | None = None
+    ) -> None:
+        """Start a flush on the I/O thread (:meth:`Trip.flush_later`); call only where
+        :meth:`can_flush_later`."""
+        self.trip.flush_later(reserve=reserve, then=then)
+
+    def land(self, timeout: float = 60.0) -> None:
+        """Apply the flush in flight (if any) now (:meth:`Trip.land`)."""
+        self.trip.land(timeout)
+
+    def stop_io(self) -> None:
+        """Land the flush in flight and end the I/O thread (:meth:`Trip.stop_io`)."""
+        self.trip.stop_io()
+
+    @property
+    def flying(self) -> bool:
+        """Whether a flush is in flight (:attr:`Trip.flying`)."""
+        return self.trip.flying
+
+    @property
+    def reserving(self) -> int:
+        """Entries the flush in flight may bring (:attr:`Trip.reserving`): room this
+        worker counts as held until it lands."""
+        return self.trip.reserving
+
+    @property
+    def found_empty_at(self) -> float:
+        """When a reserve of requests last found the queue empty
+        (:attr:`Trip.found_empty_at`)."""
+        return self.trip.found_empty_at
+
+    @property
+    def riders(self) -> list[Callable[[], Read | None]]:
+        """The reads carried by each flush of this frontier's keys (:attr:`Trip.riders`)."""
+        return self.trip.riders
+
+    @property
+    def on_landed(self) -> list[Callable[[], None]]:
+        """Called once a flush in flight was applied (:attr:`Trip.on_landed`)."""
+        return self.trip.on_landed
 
     def taken_over(self, refused: dict[str, int]) -> set[str]:
         """Redis refused the requests of these parent leases (id -> how many requests):
@@ -970,63 +638,6 @@ class Frontier:
             listener(running)
         return running
 
-    def _reserve_call(self, count: int, *, seeds: bool | SeedQueue) -> _Call:
-        source = None if seeds is False else self.seeds if seeds is True else seeds
-        call = self.leases.reserve_call(count, self.epoch, source)
-
-        def leases(reply: Any) -> list[Lease]:
-            return self.leases.leases(reply, seeds=source is not None)
-
-        return _Call("reserve", call, leases)
-
-    def _answered(self, calls: list[_Call], answers: list[Any], batch: Batch) -> list[Lease] | None:
-        """Hand each reply to its call; note a refusal as an outage (its work goes back
-        to the outbox).
-
-        Returns:
-            The leases a reserve brought, or ``None`` if the reserve was refused.
-        """
-        leases: list[Lease] | None = []
-        problem: Exception | None = None
-        for call, answer in zip(calls, answers, strict=True):
-            if call.kind == "read":  # another part's read: its reply, or error, is its own
-                call.on_reply(answer)
-                continue
-            if call.kind == "wait" and self.replication is not None:  # replication.py
-                enqueued = not isinstance(answers[0], Exception)  # the enqueue precedes it
-                short = self.replication.waited(answer, batch if enqueued else None, self.outbox)
-                problem = short or problem
-                continue
-            if isinstance(answer, Exception):
-                if self._gone(answer):
-                    return None
-                if self.outbox.failed_call(call.kind, answer, batch):
-                    problem = answer
-                elif call.kind == "settle":  # rejected: that settlement will not be sent
-                    self.leases.forget(lease_id for lease_id, _ in batch.ready)
-                if call.kind == "reserve":
-                    leases = None
-            else:
-                result = call.on_reply(answer)
-                if result is not None:
-                    leases = result
-        if problem is not None:
-            self.outbox.failed(problem)
-        else:
-            self.outbox.recovered()
-        return leases
-
-    def _release_unknown(self) -> None:
-        """Hand back leases Redis granted in a call whose reply never arrived (run before
-        the next call, when every reply received so far has been handed over). Leases
-        this worker holds anywhere (buffer, engine, outbox) are not handed back."""
-        self.leases.reply_lost = False
-        done, reply = self._now(self.leases.release_call(self.epoch).run)
-        if done:
-            self.leases.released(reply)
-        elif self.lost is None:  # an outage: try again with the next call
-            self.leases.reply_lost = True
-
     # -- reads ----------------------------------------------------------------------
 
     def reserve(self, count: int, *, seeds: bool | SeedQueue = False) -> list[Lease]:
@@ -1040,7 +651,7 @@ class Frontier:
         """
         leases = self.flush(reserve=count, seeds=seeds)
         if leases == [] and seeds is False:
-            self.found_empty_at = time.monotonic()
+            self.trip.found_empty()
         return leases or []
 
     def renew(self, lease_ids: Sequence[str]) -> list[str] | None:
@@ -1072,32 +683,28 @@ class Frontier:
         ``clear``, their counters join this shard's when it finishes).
 
         Returns:
-            The progress, or ``None`` if Redis is unreachable.
+            The progress (:func:`~scrapy_dist.frontier.progress.progress_call`), or
+            ``None`` if Redis is unreachable.
         """
-        k = self.keys
-        call = self._scripts.progress(
-            queue=self.queue.key,
-            seeds=self.seeds.key,
-            holders=k.holders,
-            previous=k.leases,
-            progress=k.progress,
-            epoch_key=k.epoch,
+        call = progress_call(
+            self._scripts,
+            self.keys,
+            self.queue,
+            self.seeds,
             clear_keys=self.clear_keys,
-            queue_kind=self.queue.kind,
-            seeds_kind=self.seeds.kind,
+            epoch=self.epoch,
             grace=grace,
             clear=clear,
-            keep_for=int(keep_for),
-            epoch=self.epoch,
+            keep_for=keep_for,
             others=others,
         )
         reply = self.call(call.run)
         if reply is None:
             return None
-        state, queued, seeds, leased, _ = reply
-        if state == b"finished":
+        progress = Progress.of(reply)
+        if progress.state == "finished":
             self._finished_seen = True
-        return Progress(state.decode(), int(queued), int(seeds), int(leased))
+        return progress
 
     @property
     def shards(self) -> list[Frontier]:
@@ -1113,66 +720,28 @@ class Frontier:
             Its entries queued or leased and its counters, or ``None`` if Redis is
             unreachable, refuses, or the crawl is gone.
         """
-        k = self.keys
-        call = self._scripts.census(
-            queue=self.queue.key,
-            holders=k.holders,
-            previous=k.leases,
-            progress=k.progress,
-            epoch_key=k.epoch,
-            queue_kind=self.queue.kind,
-            epoch=self.epoch,
-        )
+        call = census_call(self._scripts, self.keys, self.queue, self.epoch)
         reply = self.call(call.run)
-        if reply is None:
-            return None
-        queued, leased, done, dead, retried = (int(x) for x in reply)
-        return OtherShards(queued + leased, done, dead, retried)
+        return None if reply is None else census_of(reply)
 
     def held_elsewhere(self) -> Elsewhere | None:
         """The leases other workers hold, in every shard, their heartbeats, and the
-        requests queued.
+        requests queued (:func:`~scrapy_dist.frontier.progress.read_elsewhere`).
 
         Returns:
             What was read, or ``None`` if Redis is unreachable.
         """
+        shards = [(shard.client, shard.keys) for shard in self.shards]
 
         def read() -> Elsewhere:
-            now, beats = heartbeats(self.client, self.keys.workers)
-            held: dict[str, Held] = {}
-            for shard in self.shards:
-                for worker, found in held_by_others(
-                    shard.client, shard.keys, {self.worker_id}
-                ).items():
-                    before = held.get(worker)
-                    held[worker] = (
-                        found
-                        if before is None
-                        else Held(before.leases + found.leases, max(before.until, found.until))
-                    )
-            try:
-                queued = len(self.queue)
-            except redis.ResponseError:  # another type (written by hand): a reserve sets it aside
-                queued = 0
-            return Elsewhere(held, beats, now, queued)
+            return read_elsewhere(self.client, self.keys, shards, self.worker_id, self.queue)
 
         return cast("Elsewhere | None", self.call(read))
 
     def totals(self) -> dict[str, int]:
         """The crawl-wide counters (``done``, ``retried``, ``dead``); one written by hand
-        reads as 0, a progress key of another type as none (:func:`progress_numbers`)."""
-
-        def read() -> Any:
-            try:
-                return self.client.hgetall(self.keys.progress)
-            except redis.exceptions.ResponseError as e:
-                if str(e).startswith("WRONGTYPE"):
-                    return e  # the key's content, not a refusal of the server: no backoff
-                raise
-
-        raw = cast("dict[bytes, bytes] | Exception | None", self.call(read))
-        return {
-            name: int(value)
-            for name, value in progress_numbers(raw, self.keys.progress).items()
-            if name in ("done", "retried", "dead")
-        }
+        reads as 0, a progress key of another type as none
+        (:func:`~scrapy_dist.frontier.progress.crawl_totals`)."""
+        key = self.keys.progress
+        raw = self.call(lambda: read_counters(self.client, key))
+        return crawl_totals(cast("dict[bytes, bytes] | Exception | None", raw), key)

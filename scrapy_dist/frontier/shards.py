@@ -41,7 +41,8 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.connection import ClusterClient, crawl_client
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.core import Frontier, Progress, recorded_shards, shared_filter
+from scrapy_dist.frontier.core import Frontier, recorded_shards, shared_filter
+from scrapy_dist.frontier.progress import FINISHED_RECORD_TTL, Progress
 from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.keys import crawl_slot, shard_keys
 from scrapy_dist.queue import unleased_queue
@@ -263,8 +264,8 @@ class ShardedFrontier(Frontier):
         for shard in self.shards:
             shard.drop(state)
 
-    def _gone(self, error: BaseException) -> bool:
-        gone = super()._gone(error)
+    def gone(self, error: BaseException) -> bool:
+        gone = super().gone(error)
         if gone:
             self._drop_all(cast("str", self.lost))
         return gone
@@ -389,7 +390,7 @@ class ShardedFrontier(Frontier):
         """
         if self.lost is not None:
             return None
-        self._rejoin_if_finished(reserve)
+        self.rejoin_if_finished(reserve)
         reserving = reserve > 0 and seeds is False
         ask = self._reserve_order() if reserving else [0]
         for index, shard in enumerate(self.shards):  # the first asked carries its own writes
@@ -482,7 +483,7 @@ class ShardedFrontier(Frontier):
         *,
         grace: float,
         clear: bool,
-        keep_for: float = 86400,
+        keep_for: float = FINISHED_RECORD_TTL,
         others: OtherShards | None = None,
     ) -> Progress | None:
         """Where the crawl stands across every shard (see :meth:`Frontier.progress`):

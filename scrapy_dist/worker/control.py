@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.frontier.core import Frontier, Read
+    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.trip import Read
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.worker.deliveries import Deliveries
 
@@ -129,7 +130,7 @@ class ControlWatcher:
     def rider(self) -> Read | None:
         """The read for a flush's pipeline to carry when one is due (``None``: not due,
         or reads are failing and backing off, which :meth:`poll` handles)."""
-        from scrapy_dist.frontier.core import Read
+        from scrapy_dist.frontier.trip import Read
 
         if self._failures or time.monotonic() < self._next_read:
             return None

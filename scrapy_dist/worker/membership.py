@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     from scrapy.dupefilters import BaseDupeFilter
 
     from scrapy_dist.dupefilter import RFPDupeFilter
-    from scrapy_dist.frontier.core import Frontier, Progress
+    from scrapy_dist.frontier.core import Frontier
     from scrapy_dist.frontier.leases import Held
+    from scrapy_dist.frontier.progress import Progress
     from scrapy_dist.frontier.registry import WorkerRegistry
     from scrapy_dist.worker.control import WorkerControl
     from scrapy_dist.worker.deliveries import Deliveries

@@ -35,10 +35,10 @@ logger = logging.getLogger(__name__)
 #: Round trips to Redis made by this process so far.
 ROUND_TRIPS = [0]
 #: Seconds the reactor thread spent waiting in synchronous Redis calls so far, and for
-#: a flush in flight (``Frontier.land``); the I/O thread's calls
+#: a flush in flight (``Trip.land``); the I/O thread's calls
 #: (``SCHEDULER_BACKGROUND_FLUSH``) block no one: not counted.
 WAIT = [0.0]
-#: The reactor's waits for a flush in flight (``Frontier.land`` called while one is in
+#: The reactor's waits for a flush in flight (``Trip.land`` called while one is in
 #: flight), by cause: the chain of scrapy_dist calls that landed it (outermost first)
 #: -> [waits, seconds waited, waits whose reply had already arrived].
 WAITED_BY: dict[str, list[float]] = {}
@@ -88,7 +88,7 @@ def _count_async(method: Any) -> Any:
 
 def _cause() -> str:
     """The scrapy_dist calls (outermost first, ``module.function``) on the stack above
-    ``Frontier.land``, with the first caller outside scrapy_dist before them."""
+    ``Trip.land``, with the first caller outside scrapy_dist before them."""
     import sys
 
     frame = sys._getframe(2)  # (skip _cause and the wrapper)
@@ -139,11 +139,11 @@ def _install() -> None:
     read = redis.connection.AbstractConnection.read_response
     if not getattr(read, "counting", False):
         redis.connection.AbstractConnection.read_response = _time_sync(read)  # type: ignore[method-assign]
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.trip import Trip
 
-    land = getattr(Frontier, "land", None)  # the reactor waiting for a flush in flight
+    land = getattr(Trip, "land", None)  # the reactor waiting for a flush in flight
     if land is not None and not getattr(land, "counting", False):
-        Frontier.land = _count_land(land)  # type: ignore[method-assign]
+        Trip.land = _count_land(land)  # type: ignore[method-assign]
 
 
 _install()
