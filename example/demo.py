@@ -30,6 +30,7 @@ from scrapy_dist.testing import (
     stop_workers,
     wait_ready,
 )
+from scrapy_dist.testing.queues import queued_count
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -46,20 +47,8 @@ REQUESTS_KEY = f"{SPIDER}:requests"
 
 
 def queued_requests(client: redis.Redis, key: str = REQUESTS_KEY) -> int:
-    """Number of requests waiting in ``key``: a sorted set by default, or a list.
-
-    Returns:
-        The size; 0 if the key does not exist.
-    """
-    kind = client.type(key)
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    if kind == "zset":
-        return int(client.zcard(key))
-    if kind == "list":
-        return int(client.llen(key))
-    if kind == "set":
-        return int(client.scard(key))
-    return 0
+    """Number of requests waiting in ``key`` (the priority queue's levels, or a list)."""
+    return queued_count(client, key)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

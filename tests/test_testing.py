@@ -19,6 +19,7 @@ import redis
 
 from scrapy_dist.testing import redis_server
 from scrapy_dist.testing import site as site_module
+from scrapy_dist.testing.queues import push_raw, queued_count, queued_entries
 from scrapy_dist.testing.redis_server import RedisServer, free_port
 from scrapy_dist.testing.server_kinds import RedisServerNotFound, find_redis_server
 from scrapy_dist.testing.site import TestSite, bfs, links
@@ -406,3 +407,16 @@ def test_worker_command() -> None:
         "-a",
         "a=1",
     ]
+
+
+@pytest.mark.redis_server
+def test_queued_count_counts_every_layout_without_reading_entries(client: redis.Redis) -> None:
+    # what the demo prints as "requests queued": a priority queue's levels, a list, and
+    # a previous version's zset still at the key, counted as queued_entries reads them
+    push_raw(client, "q:requests", {b"a": -1.0, b"b": -1.0, b"c": 0.0, b"d": 5.0})
+    assert queued_count(client, "q:requests") == len(queued_entries(client, "q:requests")) == 4
+    client.rpush("l:requests", b"x", b"y")
+    assert queued_count(client, "l:requests") == 2
+    client.zadd("z:requests", {b"old1": 0.0, b"old2": 1.0})
+    assert queued_count(client, "z:requests") == len(queued_entries(client, "z:requests")) == 2
+    assert queued_count(client, "none:requests") == 0

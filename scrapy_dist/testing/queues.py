@@ -39,8 +39,18 @@ def queued_entries(client: redis.Redis, key: str) -> list[bytes]:
 
 
 def queued_count(client: redis.Redis, key: str) -> int:
-    """How many entries queue ``key`` holds (see :func:`queued_entries`)."""
-    return len(queued_entries(client, key))
+    """How many entries queue ``key`` holds (those :func:`queued_entries` reads), counted
+    without reading them: one ``LLEN`` per priority level."""
+    kind = _type(client, key)
+    if kind == "list":
+        return int(client.llen(key))
+    names = cast("list[bytes]", client.zrange(levels_key(key), 0, -1))
+    count = 0
+    for raw in names:
+        count += int(client.llen(level_key(key, raw.decode())))
+    if kind == "zset":  # (a previous version's queue, being moved into levels)
+        count += int(client.zcard(key))
+    return count
 
 
 def push_raw(client: redis.Redis, key: str, entries: Mapping[bytes, float]) -> None:
