@@ -244,9 +244,15 @@ def test_replay_and_tail_print_every_good_item_around_a_hostile_entry(
     (dead,) = cast("list[Any]", client.xrange(f"{stream}:dead-letters"))
     assert dead[1][b"dead_reason"].startswith(b"malformed item: RecursionError")
 
-    # new entries as they come (the XREAD path)
+    # new entries as they come (the XREAD path): added once the command blocks in XREAD
+    # (a fixed pause lost the race on a loaded machine: added before the command read
+    # the stream's end, they were not new to it)
     def add_later() -> None:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+            c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in client.client_list()
+        ):
+            time.sleep(0.01)
         client.xadd(stream, {"item": "[" * 200_000})
         client.xadd(stream, {"item": json.dumps({"i": 3})})
 
