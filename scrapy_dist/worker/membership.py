@@ -488,11 +488,7 @@ class Membership:
             # nothing it holds belongs to a crawl that is there: leave, send nothing
             self.deliveries.drop_all()
             try:
-                left = self.registry.leave()
-                if left == (0, 0) and self.frontier.lost == FINISHED and not self.persist:
-                    # the last worker of a finished run, told by the fence: the record
-                    # of its completion is for nobody now
-                    self.frontier.forget_finished(now=True)
+                self.registry.leave()
             except redis.RedisError as e:
                 logger.warning("Could not leave the worker registry: %(error)s", {"error": e})
             self.df.close(reason)
