@@ -466,6 +466,26 @@ def test_another_shard_count_for_a_running_crawl_is_refused(
 
 
 @pytest.mark.redis_server
+def test_a_sharded_worker_checks_the_shard_count_once_as_it_joins(
+    make_crawler: Callable[..., Crawler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one SET NX and one GET at open, not twice (the sharded join and shard 0's)
+    frontier = frontier_for(make_crawler({**FAST, "SCHEDULER_SHARDS": 3}))
+    checked: list[int] = []
+    real = frontier.check_shards
+
+    def check_shards(count: int = 1) -> None:
+        checked.append(count)
+        real(count)
+
+    monkeypatch.setattr(frontier, "check_shards", check_shards)
+    frontier.join_epoch()
+    assert checked == [3]
+    frontier.join_epoch()  # joined already: no check
+    assert checked == [3]
+
+
+@pytest.mark.redis_server
 def test_a_one_shard_crawl_keeps_todays_frontier(
     worker: Callable[..., Worker], client: redis.Redis
 ) -> None:

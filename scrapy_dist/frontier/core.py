@@ -352,9 +352,11 @@ class Frontier:
         """
         check_eviction_policy(self.client, self.eviction_check, expiring)
 
-    def join_epoch(self) -> str:
-        """Join the crawl's epoch, creating it if the crawl has none; clear :attr:`lost`."""
-        if not self.epoch and self.index == 0:  # at open: the crawl's shard count is this worker's
+    def join_epoch(self, *, shards_checked: bool = False) -> str:
+        """Join the crawl's epoch, creating it if the crawl has none; clear :attr:`lost`.
+        At open, shard 0 first checks the crawl's shard count (:meth:`check_shards`),
+        unless the caller did (``shards_checked``)."""
+        if not self.epoch and self.index == 0 and not shards_checked:
             self.check_shards(self.shard_count)
         self.epoch = join(self.client, self.keys.epoch)
         self.lost = None

@@ -277,15 +277,17 @@ class ShardedFrontier(Frontier):
         for shard in self.others:
             shard.check_eviction_policy()
 
-    def join_epoch(self) -> str:
+    def join_epoch(self, *, shards_checked: bool = False) -> str:
         """Join the epoch of every shard (a worker that flushes at start and finds
-        shard 0 flushed flushes the others too), and open their dupefilters."""
+        shard 0 flushed flushes the others too, once the shard count is checked), and
+        open their dupefilters."""
         if not self.epoch:
-            self.check_shards(self.shard_count)
+            if not shards_checked:
+                self.check_shards(self.shard_count)
             if self.flush_on_start and not self.client.exists(self.keys.epoch):
                 for shard in self.others:
                     shard.delete_keys()
-        epoch = super().join_epoch()
+        epoch = super().join_epoch(shards_checked=True)
         for shard in self.others:
             shard.join_epoch()
             self._opened(shard.index)
