@@ -47,6 +47,9 @@ from scrapy_dist.control import (
     read_command,
 )
 from scrapy_dist.frontier.outbox import Command
+from scrapy_dist.frontier.trip import Read
+from scrapy_dist.frontier.wire import HAND_BACK
+from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,7 +58,6 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.frontier.core import Frontier
-    from scrapy_dist.frontier.trip import Read
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.worker.deliveries import Deliveries
 
@@ -130,8 +132,6 @@ class ControlWatcher:
     def rider(self) -> Read | None:
         """The read for a flush's pipeline to carry when one is due (``None``: not due,
         or reads are failing and backing off, which :meth:`poll` handles)."""
-        from scrapy_dist.frontier.trip import Read
-
         if self._failures or time.monotonic() < self._next_read:
             return None
         return Read(Command(read_command(self.keys)), self._carried_reply)
@@ -383,8 +383,6 @@ class WorkerControl:
 
     def _hand_back(self) -> int:
         """Hand the buffered leases back to the queue (through the outbox)."""
-        from scrapy_dist.frontier.wire import HAND_BACK
-
         buffer = self.deliveries.buffer
         handed = [(lease.id, HAND_BACK) for lease, _ in buffer]
         buffer.clear()
@@ -396,8 +394,6 @@ class WorkerControl:
     def _wake(self) -> None:
         if self.crawler is None:
             return
-        from scrapy_dist.worker import engine as _engine
-
         engine = _engine.engine_of(self.crawler)
         if engine is not None:
             _engine.wake(engine)
@@ -411,6 +407,4 @@ class WorkerControl:
             extra={"spider": self.spider},
         )
         if self.crawler is not None:
-            from scrapy_dist.worker import engine as _engine
-
             _engine.close_spider(self.crawler, DRAINED)
