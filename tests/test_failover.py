@@ -337,9 +337,13 @@ def test_a_sentinel_failover_loses_no_child_and_acknowledges_after_it(
 # -- from the user's side: scrapy crawl workers behind Sentinel --------------------------
 
 PAGES = 3000
-#: docs/guarantees.md's bound on pages fetched twice, per worker and stall (or failover):
+#: docs/guarantees.md's bound on pages fetched twice, per worker and stall:
 #: CONCURRENT_REQUESTS + 2 * SCHEDULER_PREFETCH of the example project (16, 8).
 BOUND = 16 + 2 * 8
+#: Its bound for a failover, which counts as an outage of every worker (its item 4): twice
+#: the stall bound per worker, for the crawl's 2 workers (the leases the old master granted
+#: and the settlements it took, after the replica's last write, are all handed out again).
+FAILOVER_BOUND = 2 * 2 * BOUND
 
 
 @pytest.fixture
@@ -387,7 +391,7 @@ def test_a_sentinel_failover_mid_crawl_loses_no_page(
     print("SENTINEL FAILOVER:", result.figures())
     assert result.statuses == [0, 0], result.figures()
     assert not result.missing, result.figures()
-    assert result.duplicates <= 2 * BOUND, result.figures()
+    assert result.duplicates <= FAILOVER_BOUND, result.figures()
     logs = "".join(w.log_file.read_text() for w in result.workers)
     assert "The Redis master of crawl pages changed" in logs, result.figures()
     assert "NOREPLICAS" in logs  # the old master's writes were never acknowledged on
@@ -442,7 +446,7 @@ def test_kill_9_of_the_crawls_cluster_master_loses_no_page(
     print("kill -9 (cluster):", result.figures())
     assert result.statuses == [0, 0], result.figures()
     assert not result.missing, result.figures()
-    assert result.duplicates <= 2 * BOUND, result.figures()
+    assert result.duplicates <= FAILOVER_BOUND, result.figures()
 
 
 def test_a_server_that_refuses_info_turns_the_checks_off_not_the_crawl(
