@@ -76,7 +76,8 @@ if TYPE_CHECKING:
 
     from scrapy_dist.config.scheduling import PolitenessConfig
     from scrapy_dist.exceptions import SerializationError
-    from scrapy_dist.frontier.core import Frontier, Lease
+    from scrapy_dist.frontier.gateway import CrawlFrontier
+    from scrapy_dist.frontier.leases import Lease
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.worker.deliveries import Deliveries
 
@@ -313,7 +314,7 @@ class Politeness:
 
     @classmethod
     def for_crawler(
-        cls, crawler: Crawler, frontier: Frontier, deliveries: Deliveries
+        cls, crawler: Crawler, frontier: CrawlFrontier, deliveries: Deliveries
     ) -> Politeness | None:
         """The crawler's politeness when ``SCHEDULER_POLITENESS`` is on, else ``None``
         (no I/O; the timer starts at :meth:`open`)."""

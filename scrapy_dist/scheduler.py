@@ -73,7 +73,8 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
-    from scrapy_dist.frontier.core import Frontier, Lease
+    from scrapy_dist.frontier.gateway import CrawlFrontier
+    from scrapy_dist.frontier.leases import Lease
 
 __all__ = ["FailedScheduler", "Scheduler"]
 
@@ -138,7 +139,7 @@ class Scheduler(BaseScheduler):
     def __init__(
         self,
         *,
-        frontier: Frontier,
+        frontier: CrawlFrontier,
         dupefilter: BaseDupeFilter,
         serializer: Serializer,
         registry: WorkerRegistry,

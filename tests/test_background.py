@@ -23,6 +23,7 @@ from scrapy_dist.frontier import trip as trip_module
 from scrapy_dist.frontier.background import IOThread
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.spiders import RedisSpider
+from scrapy_dist.testing.engine import one_shard
 from scrapy_dist.testing.leases import holdings, leased_count
 from scrapy_dist.worker import engine as _engine
 
@@ -195,7 +196,7 @@ def test_a_parent_settled_during_a_flush_waits_for_its_children(
 ) -> None:
     scheduler, holding = worker()
     _started(scheduler, holding)
-    outbox = scheduler.frontier.outbox
+    outbox = one_shard(scheduler.frontier).outbox
     for i in range(3):
         scheduler.enqueue_request(Request(f"{URL}child{i}"))
     with server.client() as slow:
@@ -233,7 +234,7 @@ def test_an_outage_during_a_flush_in_flight_loses_nothing(
         assert scheduler.frontier.flying
     server.kill()  # the server goes before running any of it
     arrive(landing)
-    frontier = scheduler.frontier
+    frontier = one_shard(scheduler.frontier)
     assert not frontier.flying
     assert not frontier.reachable
     assert frontier.outbox.pending_items == 3  # back in the outbox

@@ -33,6 +33,7 @@ from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.testing import leases
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
+from scrapy_dist.testing.engine import one_shard
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.refusals import refuse_noreplicas, refuse_oom, refuse_readonly
 from scrapy_dist.testing.site import TestSite
@@ -591,7 +592,7 @@ def test_a_lost_reply_hands_back_only_leases_the_worker_does_not_hold(
     make_crawler: Callable[..., Crawler], client: redis.Redis
 ) -> None:
     scheduler = _scheduler(make_crawler)
-    frontier = scheduler.frontier
+    frontier = one_shard(scheduler.frontier)
     frontier.eager = False
     for i in range(3):
         scheduler.enqueue_request(Request(f"https://example.com/{i}"))
@@ -627,7 +628,7 @@ def test_a_lease_taken_over_and_granted_back_to_its_worker_is_settled(
     # the worker is paused past its lease: another worker's reserve takes it back
     client.zadd(frontier.keys.holders, {frontier.worker_id: 0})
     other = _scheduler(make_crawler)
-    other.frontier.leases.reserve_call(0, other.frontier.epoch).run()  # only reclaims
+    one_shard(other.frontier).leases.reserve_call(0, other.frontier.epoch).run()  # only reclaims
     assert leases.holdings(client, frontier.keys.crawl) == {}
     frontier.flush()  # the child is refused: the parent's lease was taken over
     assert frontier.stats.get_value("scheduler/leases/taken_over") == 1
@@ -649,7 +650,7 @@ def test_release_reads_only_this_workers_leases(
     for _ in range(4):
         assert len(busy.frontier.reserve(5000)) == 5000
     idle = _scheduler(make_crawler)
-    idle.frontier.leases.reply_lost = True
+    one_shard(idle.frontier).leases.reply_lost = True
     client.config_set("slowlog-log-slower-than", 10000)  # 10 ms
     client.slowlog_reset()
     try:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import redis
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.gateway import CrawlFrontier
     from scrapy_dist.frontier.progress import Progress
 
 URL = "https://example.com/"
@@ -69,7 +69,7 @@ def worker(make_crawler: Callable[..., Crawler]) -> Iterator[Callable[..., Worke
         w.close()
 
 
-def dead_letters(client: redis.Redis, frontier: Frontier) -> list[dict[str, Any]]:
+def dead_letters(client: redis.Redis, frontier: CrawlFrontier) -> list[dict[str, Any]]:
     return [json.loads(d) for d in client.lrange(frontier.keys.dead, 0, -1)]
 
 
@@ -405,7 +405,7 @@ def test_leases_granted_in_a_lost_reply_are_handed_back(
         w.scheduler.enqueue_request(Request(URL + c))
     kept = w.take()  # one lease the worker knows about
     assert kept is not None
-    f = w.frontier
+    f = w.one_shard
     # Redis runs a reserve whose reply never reaches the worker (it timed out)
     lost = f.leases.reserve_call(2, f.epoch)
     client.evalsha(lost.script.sha, len(lost.keys), *lost.keys, *lost.args)
@@ -440,7 +440,7 @@ def test_an_ack_never_outlives_a_refused_enqueue_of_its_children(
     assert client.hlen(holding) == 1  # the ack was not sent with it
     assert w.frontier.pending_writes == 2  # a refusal is an outage: both wait
     client.delete(w.scheduler.queue.key)  # the operator fixes the key
-    w.frontier.outbox._retry_at = 0.0  # (skip the backoff pause)
+    w.one_shard.outbox._retry_at = 0.0  # (skip the backoff pause)
     w.frontier.flush()  # the child is confirmed, and its parent's ack goes next
     w.frontier.flush()
     assert w.frontier.pending_writes == 0

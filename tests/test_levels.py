@@ -30,6 +30,7 @@ from scrapy_dist.keys import (
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.settings import start_requests_first
+from scrapy_dist.testing.engine import one_shard
 from scrapy_dist.testing.queues import join_flushing, queued_entries
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
     )
     frontier = frontier_for(crawler)
     assert isinstance(frontier.queue, PriorityQueue)
-    return frontier
+    return one_shard(frontier)
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
     )
     other = frontier_for(crawler)
     assert other.worker_id != frontier.worker_id
-    return other
+    return one_shard(other)
 
 
 def lease(frontier: Frontier, count: int) -> list[tuple[str, bytes]]:

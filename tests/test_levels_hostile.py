@@ -15,6 +15,7 @@ from scrapy_dist.frontier.choice import frontier_for
 from scrapy_dist.keys import level_key
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.testing.engine import one_shard
 from scrapy_dist.testing.queues import join_flushing, queued_entries
 from scrapy_dist.worker.startup import start_failure
 
@@ -41,7 +42,7 @@ def frontier(make_crawler: Callable[..., Crawler]) -> Frontier:
     )
     frontier = frontier_for(crawler)
     assert isinstance(frontier.queue, PriorityQueue)
-    return frontier
+    return one_shard(frontier)
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def other(make_crawler: Callable[..., Crawler], frontier: Frontier) -> Frontier:
     )
     other = frontier_for(crawler)
     assert other.worker_id != frontier.worker_id
-    return other
+    return one_shard(other)
 
 
 def push(queue: PriorityQueue, *payloads: bytes, priority: int = 0) -> None:

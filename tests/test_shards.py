@@ -412,7 +412,7 @@ def test_children_of_a_lease_taken_over_in_another_shard_are_refused(
     assert taken is not None
     assert taken.url == parent.url
     w.returns(parent, Request(_url(1, "child/1")))  # refused by shard 1
-    assert lease_id in f.leases.taken
+    assert lease_id in f.taken
     w.returns(parent, Request(_url(2, "child/2")))  # known taken over: not even sent
     stats = w.scheduler.stats
     assert stats.get_value("scheduler/leases/taken_over") == 1
@@ -471,6 +471,7 @@ def test_a_sharded_worker_checks_the_shard_count_once_as_it_joins(
 ) -> None:
     # one SET NX and one GET at open, not twice (the sharded join and shard 0's)
     frontier = frontier_for(make_crawler({**FAST, "SCHEDULER_SHARDS": 3}))
+    assert isinstance(frontier, ShardedFrontier)
     checked: list[int] = []
     real = frontier.check_shards
 
@@ -682,7 +683,8 @@ def test_the_scheduler_sees_work_in_any_shard(sharded: Callable[..., Worker]) ->
     w = sharded()
     w.scheduler.enqueue_request(Request(_url(2, "only")))
     w.frontier.flush()
-    w.frontier.trip.found_empty_at = 0.0
+    assert isinstance(w.frontier, ShardedFrontier)
+    w.frontier.main.trip.found_empty_at = 0.0
     assert len(w.frontier.queue) == 1
     assert w.scheduler.has_pending_requests()
 
@@ -715,6 +717,7 @@ def test_a_junk_recorded_shard_count_is_no_count(
     assert time.monotonic() - started < 1
     # a worker with shards is refused with one clear error naming the key, no traceback
     frontier = frontier_for(make_crawler({"SCHEDULER_SHARDS": 3}))
+    assert isinstance(frontier, ShardedFrontier)
     with pytest.raises(ConfigurationError, match="not a shard count"):
         frontier.check_shards(3)
 

@@ -3,8 +3,8 @@
 ``SCHEDULER_SHARDS = N > 1`` a :class:`~scrapy_dist.frontier.shards.ShardedFrontier`
 over N of them.
 
-It sits above both so that neither the frontier nor its sharded subclass needs to know
-the other is there.
+It sits above both so that the frontier of one shard needs not know that sharded crawls
+exist; both are a :class:`~scrapy_dist.frontier.gateway.CrawlFrontier`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from scrapy_dist.frontier.shards import ShardedFrontier
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
+    from scrapy_dist.frontier.gateway import CrawlFrontier
+
 __all__ = ["frontier_for"]
 
-_by_crawler: WeakKeyDictionary[Crawler, Frontier] = WeakKeyDictionary()
+_by_crawler: WeakKeyDictionary[Crawler, CrawlFrontier] = WeakKeyDictionary()
 
 
-def frontier_for(crawler: Crawler) -> Frontier:
+def frontier_for(crawler: Crawler) -> CrawlFrontier:
     """The crawler's frontier, built on first use from its settings (no I/O), by the
     scheduler or the spider, whichever asks first: nothing it needs comes from either.
     It is ``eager`` when ``SCHEDULER_FLUSH_INTERVAL`` is 0, and a crawl that does not
@@ -34,7 +36,7 @@ def frontier_for(crawler: Crawler) -> Frontier:
     except KeyError:
         pass
     parts = assemble(crawler)
-    frontier: Frontier
+    frontier: CrawlFrontier
     if parts.config.frontier.shards > 1:
         frontier = ShardedFrontier.build(crawler, parts)
     else:

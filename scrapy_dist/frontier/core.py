@@ -1,8 +1,9 @@
 """A worker's gateway to its crawl's shared state: the epoch it joined, its writes and
 leases, the crawl's progress and completion.
 
-One :class:`Frontier` per crawler, shared by the scheduler and the spider
-(:func:`scrapy_dist.frontier.choice.frontier_for`). It composes
+One :class:`Frontier` per crawler (or per shard of a sharded crawl), shared by the
+scheduler and the spider (:func:`scrapy_dist.frontier.choice.frontier_for`), who use
+it as a :class:`~scrapy_dist.frontier.gateway.CrawlFrontier`. It composes
 the worker's :class:`~scrapy_dist.frontier.outbox.Outbox` (enqueues and settlements, sent in
 order, kept through an outage), :class:`~scrapy_dist.frontier.leases.LeaseClient` (reserve,
 settle, renew, release) and :class:`~scrapy_dist.frontier.trip.Trip`, which sends what they
@@ -17,8 +18,8 @@ flushed or evicted refuses the write, and the frontier reports the crawl
 (Over 600 lines on purpose: what is left is one concept, the worker's membership of its crawl: the
 epoch joined and lost (:meth:`Frontier.gone`), the writes it accepts, and the short
 methods through which the scheduler, the spider and
-:class:`~scrapy_dist.frontier.shards.ShardedFrontier`'s overrides reach the parts it
-composes; its constructor and :meth:`Frontier.build_one` are a fifth of it. The round
+:class:`~scrapy_dist.frontier.shards.ShardedFrontier` (which composes one per shard)
+reach the parts it composes; its constructor and :meth:`Frontier.build_one` are a fifth of it. The round
 trip is :mod:`scrapy_dist.frontier.trip`, the crawl-wide reads
 :mod:`scrapy_dist.frontier.progress`, the deletion of keys
 :mod:`scrapy_dist.frontier.deletion`.)
@@ -157,6 +158,9 @@ class Frontier:
         judge: why the crawl's epoch is one found rather than the one joined (default:
             :meth:`why_gone` on this frontier's own keys); a shard ``i > 0`` is judged
             by shard 0, where its crawl's completion is recorded.
+        rejoin: joins a new run of the crawl once this frontier saw it finished and
+            has new work (default: :meth:`join_epoch`; shard 0 of a sharded crawl
+            rejoins every shard).
     """
 
     def __init__(
@@ -180,6 +184,7 @@ class Frontier:
         index: int = 0,
         label: str = "",
         judge: Callable[[str], str] | None = None,
+        rejoin: Callable[[], object] | None = None,
     ) -> None:
         check_frontier(eviction_check, lease_timeout, max_deliveries)
         if not getattr(queue, "take", None):
@@ -238,6 +243,7 @@ class Frontier:
         #: How log lines name this frontier's crawl.
         self.crawl_label = label or keys.crawl
         self._judge = judge
+        self._rejoin = rejoin
         #: Called with the parent leases :meth:`taken_over` marks taken (their ids in
         #: this frontier's keys), after it marked them.
         self.on_taken: list[Callable[[set[str]], None]] = []
@@ -472,6 +478,14 @@ class Frontier:
 
     # -- writes (the outbox) ----------------------------------------------------------
 
+    @property
+    def taken(self) -> set[str]:
+        """Leases this worker was found no longer to hold while their requests were
+        still in the engine (:attr:`LeaseClient.taken`): their requests' children are
+        refused here, and they are not settled. The worker's deliveries mark and unmark
+        them in this set."""
+        return self.leases.taken
+
     def refuses(self, parent: str = "", writes: int = 1) -> bool:
         """Whether ``writes`` new writes (requests of ``parent``, a lease id; or
         settlements) are dropped here, each counted: the crawl is :attr:`lost`, or
@@ -549,12 +563,17 @@ class Frontier:
         """
         return self.trip.flush(reserve=reserve, seeds=seeds)
 
-    def rejoin_if_finished(self, reserve: int) -> None:
+    def rejoin_if_finished(self, reserve: int, pending: int | None = None) -> None:
         """This worker saw its crawl finish (and its keys go): new work (pending writes,
-        or a reserve of ``reserve`` entries) joins the new run's epoch."""
-        if self._finished_seen and (self.pending_writes or reserve):
+        ``pending`` if given, else this frontier's; or a reserve of ``reserve``
+        entries) joins the new run's epoch (``rejoin``)."""
+        pending = self.pending_writes if pending is None else pending
+        if self._finished_seen and (pending or reserve):
             self._finished_seen = False
-            self.join_epoch()
+            if self._rejoin is not None:
+                self._rejoin()
+            else:
+                self.join_epoch()
 
     # -- flushes off the reactor thread (the trip's, scrapy_dist.frontier.background) --
 

@@ -10,8 +10,8 @@ spreads over N masters.
 - **One frontier per shard**: each shard is a :class:`~scrapy_dist.frontier.core.Frontier`
   on its own keys (and, under Cluster, on a client pinned to its node): its own epoch
   (every script is fenced by its shard's copy), outbox, leases, renewals
-  and hand-backs, replica ``WAIT``. :class:`ShardedFrontier` is shard 0's and routes
-  to the others through their public methods, listening to them (a crawl found gone,
+  and hand-backs, replica ``WAIT``. :class:`ShardedFrontier` composes them (it is no
+  frontier itself) and routes to them through their public methods, listening to them (a crawl found gone,
   leases taken over, a master changed). A lease id of shard ``i > 0`` is ``#<i>:<id>``
   for the worker's engine and is routed back to its shard.
 - **Acknowledgements across shards**: a settlement is held until every other shard has
@@ -27,6 +27,10 @@ spreads over N masters.
   be read makes the answer unknown, never "finished".
 - **Shard count**: recorded in ``<crawl>:shards`` at open; a worker with another count
   refuses to start (:meth:`Frontier.check_shards`).
+
+(Over 600 lines on purpose: one concept, a crawl spread over shards, in two halves: the
+worker's :class:`ShardedFrontier`, a fifth of which is one-line properties naming what is
+shard 0's, and the reads of a sharded crawl that the command line and ``status`` share.)
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_dist.connection import ClusterClient, crawl_client
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.core import Frontier, recorded_shards, shared_filter
-from scrapy_dist.frontier.progress import FINISHED_RECORD_TTL, Progress
+from scrapy_dist.frontier.progress import FINISHED_RECORD_TTL, Elsewhere, Progress, read_elsewhere
 from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.keys import crawl_slot, shard_keys
 from scrapy_dist.queue import unleased_queue
@@ -53,11 +57,14 @@ if TYPE_CHECKING:
 
     from scrapy import Request
     from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.assembly import Parts
     from scrapy_dist.config.scheduling import KeysConfig
     from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
     from scrapy_dist.frontier.leases import Lease
+    from scrapy_dist.frontier.replication import Replication
+    from scrapy_dist.frontier.trip import Read
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend, RedisQueue
     from scrapy_dist.seeds import SeedQueue
@@ -118,33 +125,48 @@ class AllShards:
         return getattr(self._first, name)
 
 
-class ShardedFrontier(Frontier):
-    """Shard 0 of a sharded crawl and the worker's gateway to all its shards (see the
-    module docstring): the scheduler and the spider use it like a :class:`Frontier`.
-    Shards ``1..N-1`` are plain frontiers on their own keys (``others``), which it
-    routes to and listens to; nothing else uses them.
+class ShardedFrontier:
+    """The worker's gateway to every shard of a sharded crawl (see the module
+    docstring): the scheduler and the spider use it as a
+    :class:`~scrapy_dist.frontier.gateway.CrawlFrontier`, as they would one
+    :class:`Frontier`. It composes one :class:`Frontier` per shard (``shards[0]``
+    on the crawl's own keys), routes to them through their public methods and
+    listens to them (a crawl found gone, leases taken over, a master changed); what
+    is the crawl's alone (its keys, seeds, client, epoch, completion) is shard 0's.
 
     Args:
-        others: the frontiers of shards ``1..N-1``, in order (built with their
-            ``index``, and judged by this one: see :meth:`build`).
-        filters: their shared dupefilters' backends before they are opened (``None``:
-            no shared dupefilter), opened when the crawl is joined.
+        shards: the frontiers of shards ``0..N-1``, in order (built with their
+            ``index``; shard 0 with the shard count, the others judged by shard 0,
+            see :meth:`build`).
+        filters: the shared dupefilters' backends of shards ``1..N-1`` before they
+            are opened (``None``: no shared dupefilter), opened when the crawl is joined.
         flush_on_start: at open, a worker that finds shard 0 flushed flushes the
             other shards too.
     """
 
     def __init__(
         self,
-        *args: Any,
-        others: Sequence[Frontier] = (),
+        shards: Sequence[Frontier],
+        *,
         filters: Sequence[UnopenedBackend | None] = (),
         flush_on_start: bool = False,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        if len(shards) < 2:
+            raise ValueError("a sharded frontier needs at least two shards")
+        #: Shard 0: the crawl's own keys.
+        self.main = shards[0]
         #: Shards ``1..N-1``.
-        self.others: list[Frontier] = list(others)
+        self.others: list[Frontier] = list(shards[1:])
+        self.shard_count = len(shards)
         self.flush_on_start = flush_on_start
+        #: Why the crawl is gone (any shard found it gone), or ``None``.
+        self.lost: str | None = None
+        #: Called with :attr:`lost` when the crawl is found gone.
+        self.on_lost: list[Callable[[str], None]] = []
+        #: Send every write at once instead of with the next reserve or flush tick.
+        self.eager = self.main.eager
+        #: What the scheduler asks the queue (its length) is every shard's.
+        self.queue = cast("RedisQueue", AllShards(self.main.queue, [s.queue for s in self.others]))
         #: Unopened dupefilter backends of shards ``1..``, by shard.
         self._unopened = dict(enumerate(filters, 1))
         #: Opened dupefilter backends of shards ``1..``, by shard.
@@ -156,19 +178,19 @@ class ShardedFrontier(Frontier):
         self._held: list[tuple[list[int], int, list[tuple[str, str]]]] = []
         self._next = 0
         self._empty_at: list[float] = [-EMPTY_SKIP] * self.shard_count
-        for shard in self.others:
+        for shard in self.shards:
             shard.on_lost.append(self._shard_lost)
+        for shard in self.others:
             shard.on_taken.append(partial(self._taken, shard.index))
             if shard.replication is not None:  # a shard's master changed: so did the crawl's
                 shard.replication.on_change.append(self._master_changed)
-        # what the scheduler asks the queue (its length) is every shard's
-        self.queue = cast("RedisQueue", AllShards(self.queue, [s.queue for s in self.others]))
 
     @classmethod
     def build(cls, crawler: Crawler, parts: Parts) -> ShardedFrontier:
         """The sharded frontier of a crawler (no I/O): shard 0 on the crawl's client,
         each other shard a :class:`Frontier` on a client for its own slot, whose
-        crawl, when its epoch is gone, shard 0 judges (where completion is recorded)."""
+        crawl, when its epoch is gone, shard 0 judges (where completion is recorded);
+        shard 0, seeing the crawl finished and new work, rejoins every shard."""
         config = parts.config
         count = config.frontier.shards
         if unleased_queue(config.queue.cls):
@@ -179,42 +201,107 @@ class ShardedFrontier(Frontier):
             )
         every = shard_keys(parts.keys, config.keys, count)
         worker_id = new_worker_id()
-        main: ShardedFrontier
+        gateway: ShardedFrontier
 
         def judge(found: str) -> str:  # called once the crawl runs: ``main`` is built
             return main.why_gone(found)
 
-        others: list[Frontier] = []
-        filters: list[UnopenedBackend | None] = []
-        for index, keys in enumerate(every[1:], 1):
-            client = crawl_client(parts.topology_client, keys)
-            label = f"{parts.keys.crawl} (shard {index})"  # its keys' crawl name is the shard's
-            others.append(
-                Frontier.build_one(
-                    crawler, config, client, keys, worker_id, index=index, label=label, judge=judge
-                )
-            )
-            filters.append(shared_filter(config, client, keys))
-        main = cls.build_one(
+        def rejoin() -> str:  # called once the crawl runs: ``gateway`` is built
+            return gateway.join_epoch()
+
+        main = Frontier.build_one(
             crawler,
             config,
             parts.client,
             parts.keys,
             worker_id,
             shard_count=count,
-            others=others,
-            filters=filters,
-            flush_on_start=config.scheduler.flush_on_start,
+            rejoin=rejoin,
         )
-        return main
+        shards = [main]
+        filters: list[UnopenedBackend | None] = []
+        for index, keys in enumerate(every[1:], 1):
+            client = crawl_client(parts.topology_client, keys)
+            label = f"{parts.keys.crawl} (shard {index})"  # its keys' crawl name is the shard's
+            shards.append(
+                Frontier.build_one(
+                    crawler, config, client, keys, worker_id, index=index, label=label, judge=judge
+                )
+            )
+            filters.append(shared_filter(config, client, keys))
+        gateway = cls(shards, filters=filters, flush_on_start=config.scheduler.flush_on_start)
+        return gateway
 
     def shard(self, index: int) -> Frontier:
-        """Shard ``index`` (0: this frontier)."""
-        return self if index == 0 else self.others[index - 1]
+        """Shard ``index`` (0: :attr:`main`)."""
+        return self.main if index == 0 else self.others[index - 1]
 
     @property
     def shards(self) -> list[Frontier]:
-        return [self, *self.others]
+        """Every shard's frontier, shard 0 first."""
+        return [self.main, *self.others]
+
+    # -- what is the crawl's: shard 0's -----------------------------------------------
+
+    @property
+    def client(self) -> redis.Redis:
+        return self.main.client
+
+    @property
+    def keys(self) -> RedisKeys:
+        return self.main.keys
+
+    @property
+    def seeds(self) -> SeedQueue:
+        return self.main.seeds
+
+    @property
+    def worker_id(self) -> str:
+        return self.main.worker_id
+
+    @property
+    def lease_timeout(self) -> float:
+        return self.main.lease_timeout
+
+    @property
+    def max_deliveries(self) -> int:
+        return self.main.max_deliveries
+
+    @property
+    def clear_keys(self) -> list[str]:
+        return self.main.clear_keys
+
+    @property
+    def stats(self) -> StatsCollector:
+        return self.main.stats
+
+    @property
+    def epoch(self) -> str:
+        """Shard 0's epoch (every shard has its own copy, fencing its scripts)."""
+        return self.main.epoch
+
+    @property
+    def replication(self) -> Replication | None:
+        """Shard 0's; another shard's master that changed is told to its listeners."""
+        return self.main.replication
+
+    @property
+    def riders(self) -> list[Callable[[], Read | None]]:
+        """Reads carried by shard 0's flushes."""
+        return self.main.riders
+
+    @property
+    def on_landed(self) -> list[Callable[[], None]]:
+        """Never called: a sharded crawl sends no flush from the I/O thread."""
+        return self.main.on_landed
+
+    @property
+    def taken(self) -> set[str]:
+        """Leases taken over in any shard, by the ids the worker uses (:func:`join_id`)."""
+        return self.main.taken
+
+    def forget_finished(self, *, now: bool) -> None:
+        self.main.forget_finished(now=now)
 
     # -- state -----------------------------------------------------------------------
 
@@ -223,32 +310,65 @@ class ShardedFrontier(Frontier):
         acknowledgement barrier across shards is not kept for flushes in flight)."""
         return False
 
+    def flush_later(
+        self, *, reserve: int = 0, then: Callable[[list[Lease]], None] | None = None
+    ) -> None:
+        """Not available (:meth:`can_flush_later` is ``False``)."""
+        raise RuntimeError("a sharded crawl sends no flush from the I/O thread")
+
+    @property
+    def flying(self) -> bool:
+        return False
+
+    @property
+    def reserving(self) -> int:
+        return 0
+
+    @property
+    def found_empty_at(self) -> float:
+        """When a reserve last found every shard asked empty (shard 0's record)."""
+        return self.main.found_empty_at
+
+    def land(self, timeout: float = 60.0) -> None:
+        """Nothing to land (no flush is sent from the I/O thread)."""
+
+    def stop_io(self) -> None:
+        for shard in self.shards:
+            shard.stop_io()
+
     @property
     def reachable(self) -> bool:
-        return all(s.outbox.reachable for s in self.shards)
+        return all(s.reachable for s in self.shards)
 
     @property
     def pending_writes(self) -> int:
         held = sum(len(group) for _, _, group in self._held)
-        return held + sum(s.outbox.pending_writes for s in self.shards)
+        return held + sum(s.pending_writes for s in self.shards)
 
     @property
     def pending_settlements(self) -> int:
         held = sum(len(group) for _, _, group in self._held)
-        return held + sum(s.outbox.pending_settlements for s in self.shards)
+        return held + sum(s.pending_settlements for s in self.shards)
+
+    def settlements_after_flush(self) -> int:
+        """Settlements still unsent after the next flush: held for other shards, or
+        queued behind requests a shard has not confirmed yet."""
+        held = sum(len(group) for _, _, group in self._held)
+        return held + sum(s.settlements_after_flush() for s in self.shards)
 
     def _shard_lost(self, state: str) -> None:
-        """Another shard found the crawl gone: so is this worker's crawl."""
+        """A shard found the crawl gone: so is this worker's crawl."""
         if self.lost is not None:
             return
         self._drop_all(state)
+        self.lost = state
         for listener in self.on_lost:
             listener(state)
 
     def _taken(self, index: int, running: set[str]) -> None:
         """Shard ``index`` marked these parent leases taken: so does the worker, by
         their ids (:func:`join_id`), which its requests carry."""
-        self.leases.taken.update(join_id(index, raw) for raw in running)
+        self.taken.update(join_id(index, raw) for raw in running)
 
     def _master_changed(self) -> None:
         """A shard's master changed (it may have lost writes): tell shard 0's listeners
@@ -264,41 +384,49 @@ class ShardedFrontier(Frontier):
         for shard in self.shards:
             shard.drop(state)
 
-    def gone(self, error: BaseException) -> bool:
-        gone = super().gone(error)
-        if gone:
-            self._drop_all(cast("str", self.lost))
-        return gone
-
     # -- open ------------------------------------------------------------------------
 
     def check_eviction_policy(self, expiring: Sequence[str] = ()) -> None:
-        super().check_eviction_policy(expiring)
+        self.main.check_eviction_policy(expiring)
         for shard in self.others:
             shard.check_eviction_policy()
+
+    def check_shards(self, count: int) -> None:
+        """Make sure the crawl was started with ``count`` shards, recording it if it
+        has no count (shard 0's ``<crawl>:shards``, :meth:`Frontier.check_shards`)."""
+        self.main.check_shards(count)
 
     def join_epoch(self, *, shards_checked: bool = False) -> str:
         """Join the epoch of every shard (a worker that flushes at start and finds
         shard 0 flushed flushes the others too, once the shard count is checked), and
-        open their dupefilters."""
-        if not self.epoch:
+        open their dupefilters; clear :attr:`lost`."""
+        if not self.main.epoch:
             if not shards_checked:
                 self.check_shards(self.shard_count)
             if self.flush_on_start and not self.client.exists(self.keys.epoch):
                 for shard in self.others:
                     shard.delete_keys()
-        epoch = super().join_epoch(shards_checked=True)
+        epoch = self.main.join_epoch(shards_checked=True)
         for shard in self.others:
             shard.join_epoch()
             self._opened(shard.index)
+        self.lost = None
         return epoch
 
     def delete_keys(self, *also: str) -> None:
-        super().delete_keys(*also)
+        self.main.delete_keys(*also)
         for shard in self.others:
             shard.delete_keys()
 
     # -- writes ----------------------------------------------------------------------
+
+    def refuses(self, parent: str = "", writes: int = 1) -> bool:
+        """Whether these writes are dropped here (see :meth:`Frontier.refuses`)."""
+        if self.lost is not None:
+            if writes:
+                self.stats.inc_value("scheduler/crawl_lost/dropped_writes", writes)
+            return True
+        return self.main.refuses(parent, writes)
 
     def _filter(self, index: int, backend: FilterBackend | None) -> FilterBackend | None:
         if backend is None or index == 0:
@@ -392,30 +520,21 @@ class ShardedFrontier(Frontier):
         """
         if self.lost is not None:
             return None
-        self.rejoin_if_finished(reserve)
+        self.main.rejoin_if_finished(reserve, pending=self.pending_writes)
         reserving = reserve > 0 and seeds is False
         ask = self._reserve_order() if reserving else [0]
         for index, shard in enumerate(self.shards):  # the first asked carries its own writes
-            if index != ask[0] and shard.outbox.pending_writes:
+            if index != ask[0] and shard.pending_writes:
                 self._release()
-                self._flush_one(index)
+                shard.flush()
                 if self.lost is not None:
                     return None
         self._release()
         if not reserving:
-            leases = self._flush_one(0, reserve=reserve, seeds=seeds)
+            leases = self.main.flush(reserve=reserve, seeds=seeds)
             self._release()
             return leases
         return self._reserve_in_turn(reserve, ask)
-
-    def _flush_one(
-        self, index: int, *, reserve: int = 0, seeds: bool | SeedQueue = False
-    ) -> list[Lease] | None:
-        """:meth:`Frontier.flush` of shard ``index`` alone (its keys' writes, and its
-        reserve)."""
-        if index == 0:
-            return super().flush(reserve=reserve, seeds=seeds)
-        return self.others[index - 1].flush(reserve=reserve, seeds=seeds)
 
     def _reserve_order(self) -> list[int]:
         """The shards to ask for requests, in turn from the one after the last that had
@@ -432,7 +551,7 @@ class ShardedFrontier(Frontier):
         sends its pending writes)."""
         answered = False
         for index in ask:
-            got = self._flush_one(index, reserve=count)
+            got = self.shard(index).flush(reserve=count)
             self._release()
             if self.lost is not None:
                 return None
@@ -445,8 +564,24 @@ class ShardedFrontier(Frontier):
             self._empty_at[index] = time.monotonic()
         return [] if answered else None
 
+    def reserve(self, count: int, *, seeds: bool | SeedQueue = False) -> list[Lease]:
+        """Send pending writes and lease up to ``count`` requests from the shards in
+        turn (or seeds, from shard 0); see :meth:`Frontier.reserve`."""
+        leases = self.flush(reserve=count, seeds=seeds)
+        if leases == [] and seeds is False:
+            self.main.trip.found_empty()
+        return leases or []
+
+    def call(self, func: Callable[[], Any]) -> Any:
+        """Send every shard's pending writes, then run one call now on shard 0's
+        client (see :meth:`Frontier.call`)."""
+        if self.flush() is None:
+            return None
+        return self.main.trip.run(func)
+
     def renew(self, lease_ids: Sequence[str]) -> list[str] | None:
-        """Renew leases in each shard holding some (one call per such shard).
+        """Renew leases in each shard holding some (one call per such shard; shard 0's
+        after every shard's pending writes).
 
         Returns:
             The ids of leases no longer held, or ``None`` if a shard could not be asked.
@@ -459,7 +594,10 @@ class ShardedFrontier(Frontier):
         lost: list[str] = []
         failed = False
         for index, raws in sorted(groups.items()):
-            reply = super().renew(raws) if index == 0 else self.others[index - 1].renew(raws)
+            if index == 0 and self.flush() is None:
+                failed = True
+                continue
+            reply = self.shard(index).renew(raws)
             if reply is None:
                 failed = True
             else:
@@ -486,7 +624,6 @@ class ShardedFrontier(Frontier):
         grace: float,
         clear: bool,
         keep_for: float = FINISHED_RECORD_TTL,
-        others: OtherShards | None = None,
     ) -> Progress | None:
         """Where the crawl stands across every shard (see :meth:`Frontier.progress`):
         ``None`` if a shard cannot be read. A finished crawl that does not persist
@@ -498,9 +635,9 @@ class ShardedFrontier(Frontier):
         if self.lost is not None:
             return None
         counted = self.others_census()
-        if counted is None:
+        if counted is None or self.flush() is None:
             return None
-        progress = super().progress(grace=grace, clear=clear, keep_for=keep_for, others=counted)
+        progress = self.main.progress(grace=grace, clear=clear, keep_for=keep_for, others=counted)
         if progress is not None and progress.state == "finished" and clear:
             deleted = [shard.call(shard.delete_shard) for shard in self.others]  # each tried
             if all(deleted):
@@ -520,8 +657,20 @@ class ShardedFrontier(Frontier):
 
         self.client.transaction(forget, key)
 
+    def held_elsewhere(self) -> Elsewhere | None:
+        """The leases other workers hold in every shard, their heartbeats, and the
+        requests queued in every shard (see :meth:`Frontier.held_elsewhere`)."""
+        shards = [(shard.client, shard.keys) for shard in self.shards]
+
+        def read() -> Elsewhere:
+            return read_elsewhere(self.client, self.keys, shards, self.worker_id, self.queue)
+
+        return cast("Elsewhere | None", self.call(read))
+
     def totals(self) -> dict[str, int]:
-        totals = super().totals()
+        """The crawl-wide counters, every shard's added (see :meth:`Frontier.totals`)."""
+        self.flush()
+        totals = self.main.totals()
         for shard in self.others:
             for name, value in shard.totals().items():
                 totals[name] = totals.get(name, 0) + value

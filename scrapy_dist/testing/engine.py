@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from scrapy.http import Response
 from scrapy.utils.misc import build_from_crawler
 
+from scrapy_dist.frontier.core import Frontier
 from scrapy_dist.parents import ParentLinks
 from scrapy_dist.scheduler import Scheduler
 
@@ -21,9 +22,21 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.gateway import CrawlFrontier
 
 __all__ = ["HeldRequests"]
+
+
+def one_shard(frontier: CrawlFrontier) -> Frontier:
+    """``frontier`` as the one-shard :class:`Frontier` it is, for tests of the parts
+    below the gateway (its outbox, its leases).
+
+    Raises:
+        TypeError: it is a sharded crawl's.
+    """
+    if not isinstance(frontier, Frontier):
+        raise TypeError(f"the frontier is a {type(frontier).__name__}, not one shard's")
+    return frontier
 
 
 class HeldRequests:
@@ -74,8 +87,14 @@ class HeldRequests:
         self.scheduler.deliveries.settle()
 
     @property
-    def frontier(self) -> Frontier:
+    def frontier(self) -> CrawlFrontier:
         return self.scheduler.frontier
+
+    @property
+    def one_shard(self) -> Frontier:
+        """The worker's frontier as the one-shard :class:`Frontier` it is
+        (:func:`one_shard`)."""
+        return one_shard(self.scheduler.frontier)
 
     def close(self) -> None:
         """Stop the scheduler's timer (the scheduler itself stays open)."""

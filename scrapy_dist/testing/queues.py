@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.gateway import CrawlFrontier
 
 
 def _type(client: redis.Redis, key: str) -> str:
@@ -63,7 +63,7 @@ def push_raw(client: redis.Redis, key: str, entries: Mapping[bytes, float]) -> N
         client.zadd(levels_key(key), {name: score})
 
 
-def join_flushing(client: redis.Redis, frontier: Frontier, worker: str = "w") -> bool:
+def join_flushing(client: redis.Redis, frontier: CrawlFrontier, worker: str = "w") -> bool:
     """Join ``frontier``'s crawl as worker ``worker`` with ``SCHEDULER_FLUSH_ON_START``
     (``lua/join.lua``, no other worker alive within 10 s): whether it flushed."""
     keys = frontier.keys

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.gateway import CrawlFrontier
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.worker.deliveries import Deliveries
 
@@ -115,7 +115,7 @@ class ControlWatcher:
         self.carried = False
 
     @classmethod
-    def for_frontier(cls, frontier: Frontier) -> ControlWatcher:
+    def for_frontier(cls, frontier: CrawlFrontier) -> ControlWatcher:
         """The watcher of this frontier's crawl (made on first use, no I/O); the
         frontier's flushes carry its reads."""
         try:
@@ -224,7 +224,7 @@ class ControlWatcher:
             )
 
 
-_watchers: WeakKeyDictionary[Frontier, ControlWatcher] = WeakKeyDictionary()
+_watchers: WeakKeyDictionary[CrawlFrontier, ControlWatcher] = WeakKeyDictionary()
 
 
 class WorkerControl:
@@ -244,7 +244,7 @@ class WorkerControl:
     def __init__(
         self,
         watcher: ControlWatcher,
-        frontier: Frontier,
+        frontier: CrawlFrontier,
         deliveries: Deliveries,
         *,
         crawler: Crawler | None,

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.frontier.core import Frontier, Lease
+    from scrapy_dist.frontier.gateway import CrawlFrontier
+    from scrapy_dist.frontier.leases import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class Deliveries:
 
     def __init__(
         self,
-        frontier: Frontier,
+        frontier: CrawlFrontier,
         *,
         in_flight: Callable[[], Collection[Request]],
         stats: StatsCollector,
@@ -231,7 +232,7 @@ class Deliveries:
         if not finished and not local_done:
             return
         outcomes: list[tuple[str, str]] = []
-        taken = self.frontier.leases.taken
+        taken = self.frontier.taken
         for request in finished:
             for listener in self.on_finished:
                 listener(request)
@@ -390,7 +391,7 @@ class Deliveries:
         Returns:
             How many were buffered.
         """
-        taken = self.frontier.leases.taken
+        taken = self.frontier.taken
         started: set[str] = set()
         if taken:
             # a lease taken over and now granted to this worker again is its own once no
@@ -453,7 +454,7 @@ class Deliveries:
         started = [request for request, lease_id in self.out.items() if lease_id in gone]
         # kept in the engine's map until they leave it, never settled: what their
         # callbacks still produce is dropped (Redis would refuse it too)
-        self.frontier.leases.taken.update(self.out[request] for request in started)
+        self.frontier.taken.update(self.out[request] for request in started)
         logger.warning(
             "%(n)d lease(s) of this worker expired and were taken back (was it paused, "
             "e.g. a stopped process, a long GC or a network partition, for longer than "
@@ -494,7 +495,7 @@ class Deliveries:
         self.settle()
         handed = [(lease.id, HAND_BACK) for lease, _ in self.buffer]
         handed += [(lease.id, HAND_BACK) for w in self.deferred.values() for lease, _ in w]
-        taken = self.frontier.leases.taken  # another worker holds those now
+        taken = self.frontier.taken  # another worker holds those now
         handed += [(lease_id, HAND_BACK) for lease_id in self.out.values() if lease_id not in taken]
         handed += [(lease_id, HAND_BACK) for lease_id in self.waiting if lease_id not in taken]
         left = len(self.local) + len(self.local_out)

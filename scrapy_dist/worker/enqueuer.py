@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.deadletter import DeadLetters
     from scrapy_dist.dupefilter import RFPDupeFilter
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.gateway import CrawlFrontier
     from scrapy_dist.serializers import RequestCodec
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Enqueuer:
 
     def __init__(
         self,
-        frontier: Frontier,
+        frontier: CrawlFrontier,
         dupefilter: BaseDupeFilter,
         *,
         shared_df: RFPDupeFilter | None,

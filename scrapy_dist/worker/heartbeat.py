@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from twisted.internet.task import LoopingCall
 
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.gateway import CrawlFrontier
     from scrapy_dist.frontier.registry import WorkerRegistry
     from scrapy_dist.worker.control import WorkerControl
     from scrapy_dist.worker.deliveries import Deliveries
@@ -61,7 +61,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        frontier: Frontier,
+        frontier: CrawlFrontier,
         registry: WorkerRegistry,
         deliveries: Deliveries,
         stats: StatsCollector,

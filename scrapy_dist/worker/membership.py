@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from scrapy.dupefilters import BaseDupeFilter
 
     from scrapy_dist.dupefilter import RFPDupeFilter
-    from scrapy_dist.frontier.core import Frontier
+    from scrapy_dist.frontier.gateway import CrawlFrontier
     from scrapy_dist.frontier.leases import Held
     from scrapy_dist.frontier.progress import Progress
     from scrapy_dist.frontier.registry import WorkerRegistry
@@ -98,7 +98,7 @@ class CloseWait:
 
     def __init__(
         self,
-        frontier: Frontier,
+        frontier: CrawlFrontier,
         heartbeat_interval: float,
         *,
         live_too: bool,
@@ -298,7 +298,7 @@ class Membership:
 
     def __init__(
         self,
-        frontier: Frontier,
+        frontier: CrawlFrontier,
         registry: WorkerRegistry,
         deliveries: Deliveries,
         dupefilter: BaseDupeFilter,
@@ -343,12 +343,11 @@ class Membership:
         # (moves a previous version's priority queue into levels, if none of its workers runs)
         moved = queue.open(self.registry.alive)
         # (and refuses to run beside a previous version's worker that holds leases)
-        leases = self.frontier.leases
         refuse_beside_previous(
             queue.client,
             self.frontier.keys,
-            leases.worker_id,
-            leases.lease_timeout,
+            self.frontier.worker_id,
+            self.frontier.lease_timeout,
             self.registry.alive,
         )
         self.frontier.seeds.check_type()
