@@ -228,11 +228,11 @@ class Scheduler(BaseScheduler):
             refill=self._top_up if self.leased else None,
             flush_later=self._flush_later if self.leased else None,
         )
-        frontier.on_lost.append(self.membership.crawl_lost)
-        frontier.on_landed.append(self._wake)
-        if frontier.replication is not None and self._shared_df is not None:
+        frontier.events.on_crawl_lost(self.membership.crawl_lost)
+        frontier.events.on_flush_landed(self._wake)
+        if self._shared_df is not None:
             # a master that changed may have lost what the seen-cache vouches for
-            frontier.replication.on_change.append(self._shared_df.forget_local)
+            frontier.events.on_master_changed(self._shared_df.forget_local)
         self.spider: Spider | None = None
         self._codec: RequestCodec | None = None
         #: The way in for the spider's requests; created at open (it needs the spider).

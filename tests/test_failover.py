@@ -22,6 +22,7 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.filters import backend_from_config
 from scrapy_dist.frontier.core import VANISHED, Frontier
 from scrapy_dist.frontier.epoch import FINISHED, why_gone
+from scrapy_dist.frontier.events import FrontierEvents
 from scrapy_dist.frontier.replication import Replication
 from scrapy_dist.frontier.wire import DONE
 from scrapy_dist.keys import RedisKeys
@@ -61,16 +62,18 @@ class Worker:
     ) -> None:
         self.stats: StatsCollector = get_crawler().stats
         keys = RedisKeys.build(name)
+        events = FrontierEvents()
         self.replication = Replication(
             client,
             replicas=replicas,
             timeout=timeout,
             crawl=keys.crawl,
             stats=lambda: self.stats,
+            events=events,
             check_interval=check_interval,
         )
         self.changes: list[str] = []
-        self.replication.on_change.append(lambda: self.changes.append("changed"))
+        events.on_master_changed(lambda: self.changes.append("changed"))
         self.frontier = Frontier(
             client,
             keys,
@@ -81,6 +84,7 @@ class Worker:
             max_deliveries=3,
             stats=lambda: self.stats,
             replication=self.replication,
+            events=events,
         )
         config = Config.from_settings(Settings())
         self.backend: DupefilterBackend = backend_from_config(

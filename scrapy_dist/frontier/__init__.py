@@ -7,6 +7,7 @@ pipeline, each reply to its owner), ``outbox`` (writes batched into one pipeline
 flush), ``leases`` (what a worker holds), ``replication`` (waiting for replicas),
 ``progress`` (the crawl-wide reads), ``epoch`` (the crawl's generation), ``registry``
 (the workers' heartbeats), ``background`` (the I/O thread), ``eviction`` (the server's
-policy check), ``deletion`` and ``wire`` (the values shared with the Lua scripts). Above both ``core`` and ``shards``,
-``choice`` builds the one a crawler gets.
+policy check), ``deletion``, ``events`` (what the frontier tells the rest of the
+worker) and ``wire`` (the values shared with the Lua scripts). Above both ``core`` and
+``shards``, ``choice`` builds the one a crawler gets.
 """

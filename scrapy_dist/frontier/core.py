@@ -19,8 +19,8 @@ flushed or evicted refuses the write, and the frontier reports the crawl
 epoch joined and lost (:meth:`Frontier.gone`), the writes it accepts, and the short
 methods through which the scheduler, the spider and
 :class:`~scrapy_dist.frontier.shards.ShardedFrontier` (which composes one per shard)
-reach the parts it composes; its constructor and :meth:`Frontier.build_one` are a fifth of it. The round
-trip is :mod:`scrapy_dist.frontier.trip`, the crawl-wide reads
+reach the parts it composes; its constructor and :meth:`Frontier.build_one` are a
+fifth of it. The round trip is :mod:`scrapy_dist.frontier.trip`, the crawl-wide reads
 :mod:`scrapy_dist.frontier.progress`, the deletion of keys
 :mod:`scrapy_dist.frontier.deletion`.)
 """
@@ -46,6 +46,7 @@ from scrapy_dist.frontier.epoch import (
     log_gone,
     why_gone,
 )
+from scrapy_dist.frontier.events import FrontierEvents
 from scrapy_dist.frontier.eviction import check_eviction_policy
 from scrapy_dist.frontier.leases import Lease, LeaseClient
 from scrapy_dist.frontier.outbox import Outbox
@@ -78,7 +79,6 @@ if TYPE_CHECKING:
 
     from scrapy_dist.config.core import Config
     from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
-    from scrapy_dist.frontier.trip import Read
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend
 
@@ -161,6 +161,9 @@ class Frontier:
         rejoin: joins a new run of the crawl once this frontier saw it finished and
             has new work (default: :meth:`join_epoch`; shard 0 of a sharded crawl
             rejoins every shard).
+        events: this frontier's events (:mod:`scrapy_dist.frontier.events`; the same
+            its ``replication`` reports to), made by the caller so that the worker's
+            parts can subscribe; default: new ones.
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class Frontier:
         label: str = "",
         judge: Callable[[str], str] | None = None,
         rejoin: Callable[[], object] | None = None,
+        events: FrontierEvents | None = None,
     ) -> None:
         check_frontier(eviction_check, lease_timeout, max_deliveries)
         if not getattr(queue, "take", None):
@@ -229,9 +233,9 @@ class Frontier:
         #: Why this worker's crawl is gone (:data:`FINISHED`, :data:`VANISHED`,
         #: :data:`REPLACED`), or ``None`` while it is there.
         self.lost: str | None = None
-        #: Called with :attr:`lost` when the crawl is found gone (the scheduler drops
-        #: what it holds).
-        self.on_lost: list[Callable[[str], None]] = []
+        #: What this frontier tells the rest of the worker (the crawl lost, leases
+        #: taken over, a master changed, a flush landed) and the reads its flushes carry.
+        self.events = events or FrontierEvents()
         #: This worker saw its crawl finished, holding nothing (lua/progress.lua).
         self._finished_seen = False
         #: Children confirmed on replicas, the master watched (scrapy_dist.frontier.replication).
@@ -244,9 +248,6 @@ class Frontier:
         self.crawl_label = label or keys.crawl
         self._judge = judge
         self._rejoin = rejoin
-        #: Called with the parent leases :meth:`taken_over` marks taken (their ids in
-        #: this frontier's keys), after it marked them.
-        self.on_taken: list[Callable[[set[str]], None]] = []
         #: The timer's flushes may go through the I/O thread (:meth:`flush_later`).
         self.background = background
         #: This frontier's round trips: each flush, and the replies it brings back.
@@ -258,6 +259,7 @@ class Frontier:
             seeds,
             worker_id=worker_id,
             stats=stats,
+            events=self.events,
             replication=replication,
         )
 
@@ -269,16 +271,20 @@ class Frontier:
         client: redis.Redis,
         keys: RedisKeys,
         worker_id: str = "",
+        *,
+        events: FrontierEvents | None = None,
         **extra: Any,
     ) -> Self:
-        """A frontier of ``keys`` on ``client`` from the crawler's settings (no I/O);
-        ``extra``: more keyword arguments of the class (a shard's ``index``, ...)."""
+        """A frontier of ``keys`` on ``client`` from the crawler's settings (no I/O),
+        reporting to ``events`` (default: new ones); ``extra``: more keyword arguments
+        of the class (a shard's ``index``, ...)."""
         queue_cls = config.queue.cls
         requests_key = keys.requests
         if unleased_queue(queue_cls):  # that queue runs in the scheduler, unleased
             queue_cls, requests_key = PriorityQueue, keys.unleased
         queue_cls = leasable_queue(queue_cls, config.queue.path)
         shared = shared_filter(config, client, keys)  # its keys go with the frontier's
+        events = events or FrontierEvents()
         return cls(
             client,
             keys,
@@ -299,7 +305,9 @@ class Frontier:
                 timeout=config.replication.wait_timeout,
                 crawl=keys.crawl,
                 stats=lambda: crawler.stats,
+                events=events,
             ),
+            events=events,
             **extra,
         )
 
@@ -458,8 +466,7 @@ class Frontier:
             },
         )
         self.stats.inc_value(f"scheduler/crawl_lost/{state}")
-        for listener in self.on_lost:
-            listener(state)
+        self.events.crawl_lost(state)
         return True
 
     def drop(self, state: str) -> int:
@@ -614,16 +621,6 @@ class Frontier:
         (:attr:`Trip.found_empty_at`)."""
         return self.trip.found_empty_at
 
-    @property
-    def riders(self) -> list[Callable[[], Read | None]]:
-        """The reads carried by each flush of this frontier's keys (:attr:`Trip.riders`)."""
-        return self.trip.riders
-
-    @property
-    def on_landed(self) -> list[Callable[[], None]]:
-        """Called once a flush in flight was applied (:attr:`Trip.on_landed`)."""
-        return self.trip.on_landed
-
     def taken_over(self, refused: dict[str, int]) -> set[str]:
         """Redis refused the requests of these parent leases (id -> how many requests):
         this worker was paused past its lease and another holds them, or will. Log it
@@ -655,8 +652,7 @@ class Frontier:
         )
         self.stats.inc_value("scheduler/leases/children_refused", n)
         self.stats.inc_value("scheduler/leases/taken_over", len(ids))
-        for listener in self.on_taken:
-            listener(running)
+        self.events.leases_taken(running)
         return running
 
     # -- reads ----------------------------------------------------------------------

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
     from scrapy_dist.filters import DupefilterBackend
+    from scrapy_dist.frontier.events import FrontierEvents
     from scrapy_dist.frontier.leases import Lease
     from scrapy_dist.frontier.progress import Elsewhere, Progress
     from scrapy_dist.frontier.replication import Replication
-    from scrapy_dist.frontier.trip import Read
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend, RedisQueue
     from scrapy_dist.seeds import SeedQueue
@@ -43,8 +43,6 @@ class CrawlFrontier(Protocol):
     lost: str | None
     #: Send every write at once instead of with the next reserve or flush tick.
     eager: bool
-    #: Called with :attr:`lost` when the crawl is found gone.
-    on_lost: list[Callable[[str], None]]
 
     # -- identity ------------------------------------------------------------------
 
@@ -90,9 +88,7 @@ class CrawlFrontier(Protocol):
     @property
     def found_empty_at(self) -> float: ...
     @property
-    def riders(self) -> list[Callable[[], Read | None]]: ...
-    @property
-    def on_landed(self) -> list[Callable[[], None]]: ...
+    def events(self) -> FrontierEvents: ...
 
     def settlements_after_flush(self) -> int: ...
     def can_flush_later(self) -> bool: ...

@@ -22,7 +22,8 @@ replication id) when it joins the crawl and compares it after every outage and e
 :data:`CHECK_INTERVAL` seconds (one round trip: ``INFO server``, ``INFO replication``
 and the crawl's epoch). A new identity (a failover, or a restart, with or without its
 data) may mean lost writes: the worker logs one line saying so, drops what assumes the
-server's state (the dupefilter's seen-cache, through :attr:`Replication.on_change`),
+server's state (the dupefilter's seen-cache, through
+:meth:`~scrapy_dist.frontier.events.FrontierEvents.master_changed`),
 and sends the requests not yet confirmed again (they are still in the outbox). If the
 crawl's epoch key is gone with it, the frontier reports the crawl lost
 (:mod:`scrapy_dist.frontier.epoch`: the worker stops with ``frontier_lost``), never "finished".
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_dist.frontier.events import FrontierEvents
     from scrapy_dist.frontier.outbox import Batch, Outbox
 
 __all__ = [
@@ -102,6 +104,8 @@ class Replication:
         timeout: ``REDIS_WAIT_TIMEOUT``, seconds one ``WAIT`` may block.
         crawl: the crawl's name (for log messages).
         stats: returns the crawler's stats collector.
+        events: the frontier's events, told when the master changed
+            (:meth:`FrontierEvents.master_changed`: drop what assumes the server's state).
         check_interval: seconds between identity checks while Redis answers.
     """
 
@@ -113,6 +117,7 @@ class Replication:
         timeout: float,
         crawl: str,
         stats: Callable[[], StatsCollector],
+        events: FrontierEvents,
         check_interval: float = CHECK_INTERVAL,
     ) -> None:
         self.client = client
@@ -124,8 +129,7 @@ class Replication:
         self.topology = topology(client)
         #: Replicas each ``WAIT`` asks for now (0: none is sent).
         self.replicas = replicas or 0
-        #: Called when the master changed: drop what assumes the server's state.
-        self.on_change: list[Callable[[], None]] = []
+        self._events = events
         #: The master this worker writes to, once known.
         self.identity: Identity | None = None
         #: Requests sent whose ``WAIT`` answered short (back in the outbox).
@@ -247,8 +251,7 @@ class Replication:
             return None
         if self.identity == before:
             return None
-        for listener in self.on_change:
-            listener()
+        self._events.master_changed()
         self._stats().inc_value("scheduler/redis/master_changed")
         gone = found != epoch
         logger.warning(

@@ -11,9 +11,9 @@ spreads over N masters.
   on its own keys (and, under Cluster, on a client pinned to its node): its own epoch
   (every script is fenced by its shard's copy), outbox, leases, renewals
   and hand-backs, replica ``WAIT``. :class:`ShardedFrontier` composes them (it is no
-  frontier itself) and routes to them through their public methods, listening to them (a crawl found gone,
-  leases taken over, a master changed). A lease id of shard ``i > 0`` is ``#<i>:<id>``
-  for the worker's engine and is routed back to its shard.
+  frontier itself) and routes to them through their public methods, listening to their
+  events (a crawl found gone, leases taken over, a master changed). A lease id of shard
+  ``i > 0`` is ``#<i>:<id>`` for the worker's engine and is routed back to its shard.
 - **Acknowledgements across shards**: a settlement is held until every other shard has
   confirmed every request added before it (the children of that page, whatever shard
   they went to); then it joins its own shard's outbox, which sends it after that
@@ -46,6 +46,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_dist.connection import ClusterClient, crawl_client
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.core import Frontier, recorded_shards, shared_filter
+from scrapy_dist.frontier.events import FrontierEvents
 from scrapy_dist.frontier.progress import FINISHED_RECORD_TTL, Elsewhere, Progress, read_elsewhere
 from scrapy_dist.frontier.registry import new_worker_id
 from scrapy_dist.keys import crawl_slot, shard_keys
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
     from scrapy_dist.filters import DupefilterBackend, UnopenedBackend
     from scrapy_dist.frontier.leases import Lease
     from scrapy_dist.frontier.replication import Replication
-    from scrapy_dist.frontier.trip import Read
     from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import FilterBackend, RedisQueue
     from scrapy_dist.seeds import SeedQueue
@@ -161,8 +161,8 @@ class ShardedFrontier:
         self.flush_on_start = flush_on_start
         #: Why the crawl is gone (any shard found it gone), or ``None``.
         self.lost: str | None = None
-        #: Called with :attr:`lost` when the crawl is found gone.
-        self.on_lost: list[Callable[[str], None]] = []
+        #: The crawl's events: shard 0's, which the other shards' are told to.
+        self.events = self.main.events
         #: Send every write at once instead of with the next reserve or flush tick.
         self.eager = self.main.eager
         #: What the scheduler asks the queue (its length) is every shard's.
@@ -178,12 +178,12 @@ class ShardedFrontier:
         self._held: list[tuple[list[int], int, list[tuple[str, str]]]] = []
         self._next = 0
         self._empty_at: list[float] = [-EMPTY_SKIP] * self.shard_count
-        for shard in self.shards:
-            shard.on_lost.append(self._shard_lost)
+        self.events.on_crawl_lost(self._crawl_lost)  # first: before the worker's parts hear it
         for shard in self.others:
-            shard.on_taken.append(partial(self._taken, shard.index))
-            if shard.replication is not None:  # a shard's master changed: so did the crawl's
-                shard.replication.on_change.append(self._master_changed)
+            shard.events.on_crawl_lost(self._shard_lost)
+            shard.events.on_leases_taken(partial(self._taken, shard.index))
+            # a shard's master changed: so did the crawl's
+            shard.events.on_master_changed(self.events.master_changed)
 
     @classmethod
     def build(cls, crawler: Crawler, parts: Parts) -> ShardedFrontier:
@@ -215,6 +215,7 @@ class ShardedFrontier:
             parts.client,
             parts.keys,
             worker_id,
+            events=FrontierEvents(),  # the crawl's
             shard_count=count,
             rejoin=rejoin,
         )
@@ -282,18 +283,8 @@ class ShardedFrontier:
 
     @property
     def replication(self) -> Replication | None:
-        """Shard 0's; another shard's master that changed is told to its listeners."""
+        """Shard 0's (every shard's master that changed is told to :attr:`events`)."""
         return self.main.replication
-
-    @property
-    def riders(self) -> list[Callable[[], Read | None]]:
-        """Reads carried by shard 0's flushes."""
-        return self.main.riders
-
-    @property
-    def on_landed(self) -> list[Callable[[], None]]:
-        """Never called: a sharded crawl sends no flush from the I/O thread."""
-        return self.main.on_landed
 
     @property
     def taken(self) -> set[str]:
@@ -356,26 +347,22 @@ class ShardedFrontier:
         held = sum(len(group) for _, _, group in self._held)
         return held + sum(s.settlements_after_flush() for s in self.shards)
 
+    def _crawl_lost(self, state: str) -> None:
+        """Shard 0, or through :meth:`_shard_lost` another, found the crawl gone: drop
+        every shard's writes and leases (the worker's parts hear it next)."""
+        if self.lost is None:
+            self.lost = state
+            self._drop_all(state)
+
     def _shard_lost(self, state: str) -> None:
-        """A shard found the crawl gone: so is this worker's crawl."""
-        if self.lost is not None:
-            return
-        self._drop_all(state)
-        self.lost = state
-        for listener in self.on_lost:
-            listener(state)
+        """Shard ``i > 0`` found the crawl gone: so is this worker's crawl (told once)."""
+        if self.lost is None:
+            self.events.crawl_lost(state)
 
     def _taken(self, index: int, running: set[str]) -> None:
         """Shard ``index`` marked these parent leases taken: so does the worker, by
         their ids (:func:`join_id`), which its requests carry."""
         self.taken.update(join_id(index, raw) for raw in running)
-
-    def _master_changed(self) -> None:
-        """A shard's master changed (it may have lost writes): tell shard 0's listeners
-        (the dupefilter drops its seen-cache)."""
-        if self.replication is not None:
-            for listener in self.replication.on_change:
-                listener()
 
     def _drop_all(self, state: str) -> None:
         """The crawl is gone (``state``): drop every shard's writes and leases, and

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_dist.frontier.events import FrontierEvents
     from scrapy_dist.frontier.leases import Lease, LeaseClient
     from scrapy_dist.frontier.replication import Replication
     from scrapy_dist.keys import RedisKeys
@@ -74,7 +75,7 @@ class Owner(Protocol):
 
 class Read(NamedTuple):
     """A plain read another part of the worker has carried by the next flush's pipeline
-    (see :attr:`Trip.riders`): ``on_reply`` gets its reply, or the exception it
+    (see :meth:`FrontierEvents.carry`): ``on_reply`` gets its reply, or the exception it
     answered with; it is not called when the flush is not sent or fails as a whole."""
 
     command: Command
@@ -122,6 +123,9 @@ class Trip:
         seeds: the crawl's seeds key (a reserve of seeds with ``seeds=True``).
         worker_id: this worker's id (names its I/O thread).
         stats: returns the crawler's stats collector.
+        events: the frontier's events: each flush carries the reads due
+            (:meth:`FrontierEvents.reads`), and a flush in flight that was applied is
+            told (:meth:`FrontierEvents.flush_landed`).
         replication: replica confirmations and master checks (``None``: none).
     """
 
@@ -135,9 +139,11 @@ class Trip:
         *,
         worker_id: str,
         stats: Callable[[], StatsCollector],
+        events: FrontierEvents,
         replication: Replication | None = None,
     ) -> None:
         self._owner = owner
+        self._events = events
         self._keys = keys
         self._outbox = outbox
         self._leases = leases
@@ -148,14 +154,6 @@ class Trip:
         #: When a reserve of requests last found the queue empty (and nothing was
         #: pending); monotonic seconds; ``-inf`` once enqueues were sent since.
         self.found_empty_at = -math.inf
-        #: Asked at each flush for a :class:`Read` to carry in its pipeline (``None``:
-        #: nothing due): a read that is due anyway then costs no round trip of its own
-        #: (the crawl control state, :mod:`scrapy_dist.control`).
-        self.riders: list[Callable[[], Read | None]] = []
-        #: Called on the reactor thread once a flush in flight was applied (its reply,
-        #: or a lost reply), after its ``then``: the scheduler wakes an engine it left
-        #: waiting for it.
-        self.on_landed: list[Callable[[], None]] = []
         self._io: IOThread | None = None
         #: The flush the I/O thread sends, until its reply is applied (at most one).
         self._flight: _Flight | None = None
@@ -331,8 +329,7 @@ class Trip:
             if leases == []:
                 self.found_empty()
             flight.then(leases or [])
-        for listener in self.on_landed:
-            listener()
+        self._events.flush_landed()
 
     # -- one flush, in three steps ----------------------------------------------------
 
@@ -416,10 +413,8 @@ class Trip:
             calls.append(_Call("settle", settle, lambda reply: self._leases.settled(reply, ready)))
         if reserve > 0:
             calls.append(self._reserve_call(reserve, seeds=seeds))
-        for rider in self.riders:  # after the writes: the enqueue stays the first call
-            read = rider()
-            if read is not None:
-                calls.append(_Call("read", read.command, read.on_reply))
+        for read in self._events.reads():  # after the writes: the enqueue stays the first call
+            calls.append(_Call("read", read.command, read.on_reply))
         return calls
 
     def _enqueued(self, flags: Any) -> None:

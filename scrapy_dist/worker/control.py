@@ -125,7 +125,7 @@ class ControlWatcher:
         watcher = _watchers[frontier] = cls(
             frontier.client, frontier.keys, stats=lambda: frontier.stats
         )
-        frontier.riders.append(watcher.rider)
+        frontier.events.carry(watcher.rider)
         watcher.carried = True
         return watcher
 

@@ -436,7 +436,8 @@ class Membership:
     # -- a crawl that is gone --------------------------------------------------------
 
     def crawl_lost(self, state: str) -> None:
-        """The crawl is gone (a :attr:`Frontier.on_lost` listener): drop what this worker
+        """The crawl is gone (a listener of the frontier's
+        :meth:`~scrapy_dist.frontier.events.FrontierEvents.crawl_lost`): drop what this worker
         holds of it (buffer, seen-cache); what the engine still runs finishes, and the
         requests it produces are dropped."""
         started = len(self.deliveries.out)
