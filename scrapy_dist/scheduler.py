@@ -47,7 +47,7 @@ from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
 from scrapy_dist.frontier.choice import frontier_for
 from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
-from scrapy_dist.frontier.wire import DEAD_NOW, HAND_BACK
+from scrapy_dist.frontier.wire import DEAD_NOW
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
@@ -61,6 +61,7 @@ from scrapy_dist.worker.enqueuer import Enqueuer
 from scrapy_dist.worker.heartbeat import Heartbeat
 from scrapy_dist.worker.local import LocalRequests
 from scrapy_dist.worker.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
+from scrapy_dist.worker.refill import Refill
 from scrapy_dist.worker.startup import FailedScheduler, fail_start, raise_if_failed, start_failure
 
 if TYPE_CHECKING:
@@ -79,9 +80,6 @@ if TYPE_CHECKING:
 __all__ = ["FailedScheduler", "Scheduler"]
 
 logger = logging.getLogger(__name__)
-
-#: Seconds for which a reserve that found the queue empty answers "nothing pending".
-EMPTY_FRESH = 0.25
 
 
 class Scheduler(BaseScheduler):
@@ -225,8 +223,13 @@ class Scheduler(BaseScheduler):
             flush_interval=flush_interval,
             on_lost=self.membership.after_lost,
             control=self.control,
-            refill=self._top_up if self.leased else None,
-            flush_later=self._flush_later if self.leased else None,
+            # (late bound: the refill policy, built next, reads this timer)
+            refill=(lambda: self.refill.top_up()) if self.leased else None,  # noqa: PLW0108
+            flush_later=(lambda: self.refill.flush_later()) if self.leased else None,  # noqa: PLW0108
+        )
+        #: When and how the buffer is refilled (the refill policy).
+        self.refill = Refill(
+            frontier, self.deliveries, self.heartbeat, self.control, stats, wake=self._wake
         )
         frontier.events.on_crawl_lost(self.membership.crawl_lost)
         frontier.events.on_flush_landed(self._wake)
@@ -243,8 +246,6 @@ class Scheduler(BaseScheduler):
         #: When next_request first and last returned None, while it keeps doing so.
         self._empty_since: float | None = None
         self._last_empty = 0.0
-        #: next_request left an empty buffer for the timer's top-up.
-        self._deferred = False
         #: Cluster-wide politeness (SCHEDULER_POLITENESS), gating the buffer; or None.
         self.politeness: Politeness | None = (
             politeness(self.deliveries) if politeness is not None else None
@@ -415,6 +416,7 @@ class Scheduler(BaseScheduler):
             fail_start(self.crawler, reason, f"Cannot start: {message}", spider)
             self._not_started = FailedScheduler(self.crawler)
             return
+        self.refill.open(self._codec.decode, self._undecodable)
         self.heartbeat.start(spider)
         if self.politeness is not None:
             self.politeness.open(spider)
@@ -556,15 +558,8 @@ class Scheduler(BaseScheduler):
             time.monotonic() - deliveries.renewed_at > 2 * self.heartbeat.heartbeat_interval
         ):
             deliveries.renew(self.spider)  # paused? make sure the buffered leases are ours
-        if not deliveries.buffer:
-            assert self._codec is not None, "scheduler not open"
-            if self._refill_later():
-                self._deferred = True
-                self.stats.inc_value("scheduler/refill/deferred")
-            elif self._refill_in_flight():
-                self.stats.inc_value("scheduler/refill/in_flight")
-            elif deliveries.refill(self._codec.decode, self._undecodable):
-                self._last_work = time.monotonic()
+        if not deliveries.buffer and self.refill.refill():
+            self._last_work = time.monotonic()
         if self.politeness is None:
             request = deliveries.take()
         else:  # cluster-wide politeness: the first request whose slot has a token
@@ -580,105 +575,6 @@ class Scheduler(BaseScheduler):
         self.stats.inc_value("scheduler/dequeued/redis")
         self.stats.inc_value("scheduler/dequeued")
         return request
-
-    def _refill_later(self) -> bool:
-        """Whether an empty buffer may wait for the timer's top-up (at most one flush
-        interval; the timer then wakes the engine) rather than block the reactor on a
-        reserve now: the engine still holds at least ``prefetch`` requests, whose
-        responses keep this worker busy meanwhile, the timer ticks (it ran within two
-        flush intervals) and Redis is reachable. An engine holding fewer is never left
-        waiting: it reserves now."""
-        return (
-            self.heartbeat.flush_interval > 0
-            and self.heartbeat.ticking()
-            and self.deliveries.prefetch > 1  # (1: leased when asked, never ahead)
-            and len(self.deliveries.out) >= self.deliveries.prefetch
-            and self.frontier.reachable
-        )
-
-    def _refill_in_flight(self) -> bool:
-        """Whether an empty buffer may wait for a flush sent from the I/O thread
-        (``SCHEDULER_BACKGROUND_FLUSH``) rather than block the reactor: one is in
-        flight and its top-up may refill the buffer, or the engine still holds requests
-        (their responses keep this worker busy meanwhile; with no flush in flight, one
-        with a top-up is started now). Its reply's landing wakes the engine
-        (:meth:`_wake`). An engine that holds nothing, with no top-up in flight, has
-        nothing to do meanwhile: it reserves now, on the reactor thread.
-
-        A busy engine whose last reserve found the queue empty (within ``EMPTY_FRESH``
-        seconds, nothing of this worker's to enqueue since) starts no top-up: the
-        timer's next flush carries one. Each landing wakes the engine, which would ask
-        again at once: a round trip after another for as long as its downloads last."""
-        frontier, busy = self.frontier, bool(self.deliveries.out)
-        if not frontier.can_flush_later():
-            return False
-        if frontier.flying:
-            return busy or frontier.reserving > 0
-        count = self.deliveries.top_up_count() if busy else 0
-        if not count:
-            return False
-        if self._found_empty_lately():
-            self._deferred = True  # the timer's next flush tops up (and wakes the engine)
-            return True
-        frontier.flush_later(reserve=count, then=self._topped_up)
-        return frontier.flying
-
-    def _top_up(self) -> None:
-        """The timer, before its flush: lease more while the buffer runs low, riding the
-        flush the tick sends anyway (only when it has writes to send: never a round trip
-        of its own), so that :meth:`next_request` rarely finds the buffer empty and
-        blocks the reactor on a reserve; and wake the engine if it was last told there
-        was nothing (else it would wait for its own heartbeat). Nothing while the crawl
-        is paused or draining, lost, or this scheduler is not open."""
-        if not self._top_up_due():
-            return
-        assert self._codec is not None
-        self._woken(self.deliveries.top_up(self._codec.decode, self._undecodable))
-
-    def _top_up_due(self) -> bool:
-        """Whether the timer's flush should carry a top-up (see :meth:`_top_up`)."""
-        if self._codec is None or self._not_started is not None or self.frontier.lost is not None:
-            return False
-        if not self.control.running:
-            return False
-        deferred, self._deferred = self._deferred, False
-        return bool(self.frontier.pending_writes or deferred)
-
-    def _flush_later(self) -> bool:
-        """The timer's flush, with its top-up (:meth:`_top_up`), sent from the I/O
-        thread (:meth:`Frontier.flush_later`); nothing while one is in flight (its
-        reply lands first). ``False`` when the frontier cannot (the timer then flushes
-        on the reactor thread)."""
-        frontier = self.frontier
-        if not frontier.can_flush_later():
-            return False
-        if frontier.flying:
-            return True
-        count = self.deliveries.top_up_count() if self._top_up_due() else 0
-        if count:
-            self.stats.inc_value("scheduler/refill/timer")
-            self.stats.inc_value("scheduler/refill/background")
-        frontier.flush_later(reserve=count, then=self._topped_up if count else None)
-        return True
-
-    def _topped_up(self, leases: list[Lease]) -> None:
-        """The leases a top-up in flight brought: buffered, or handed back when the
-        scheduler closed, the crawl stopped running or was lost meanwhile."""
-        if (
-            self.heartbeat.stopped
-            or self._codec is None
-            or self.frontier.lost is not None
-            or not self.control.running
-        ):
-            self.frontier.settle([(lease.id, HAND_BACK) for lease in leases])
-            return
-        self._woken(self.deliveries.add(leases, self._codec.decode, self._undecodable))
-
-    def _woken(self, added: int) -> None:
-        """Wake the engine when ``added`` requests were buffered and it was last told
-        there was nothing."""
-        if added:
-            self._wake()
 
     def _wake(self) -> None:
         """Wake the engine if it was last told there was nothing (:meth:`next_request`
@@ -712,19 +608,13 @@ class Scheduler(BaseScheduler):
             return True
         # a reserve found the queue empty a moment ago: no need to ask (a call sends
         # the pending writes first)
-        size = 0 if self._found_empty_lately() else self.frontier.call(lambda: len(self.queue))
+        size = (
+            0 if self.refill.found_empty_lately() else self.frontier.call(lambda: len(self.queue))
+        )
         if size is None or size > 0:  # unreachable Redis: never let the crawl close
             self._last_work = time.monotonic()
             return True
         return time.monotonic() - self._last_work < self.idle_before_close
-
-    def _found_empty_lately(self) -> bool:
-        """Whether a reserve found the queue empty within ``EMPTY_FRESH`` seconds, with
-        nothing of this worker's to enqueue since."""
-        frontier = self.frontier
-        return (
-            not frontier.pending_writes and time.monotonic() - frontier.found_empty_at < EMPTY_FRESH
-        )
 
     def _len(self) -> int:
         size = self.frontier.call(lambda: len(self.queue))

@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from scrapy_dist.frontier.events import FrontierEvents
+from scrapy_dist.frontier.events import FrontierEvents, Read
 from scrapy_dist.frontier.outbox import Command
-from scrapy_dist.frontier.trip import Read
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -174,7 +174,7 @@ def test_a_reserve_counts_the_acknowledgements_its_flush_sends_as_room(
 ) -> None:
     # max_held = CONCURRENT_REQUESTS + 2 x prefetch = 6
     scheduler, holding = worker({"SCHEDULER_PREFETCH": 2, "CONCURRENT_REQUESTS": 2})
-    scheduler._refill_later = lambda: False  # type: ignore[method-assign]  # reserve now
+    scheduler.refill._later = lambda: False  # type: ignore[method-assign]  # reserve now
     for i in range(20):
         scheduler.enqueue_request(Request(f"{URL}{i}"))
     while len(holding) < 6:

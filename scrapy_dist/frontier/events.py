@@ -19,7 +19,7 @@ The events:
 - **flush landed**: a flush sent by the I/O thread was applied, on the reactor thread
   (the scheduler wakes an engine it left waiting);
 - **reads carried**: each flush asks for the reads due now
-  (:class:`~scrapy_dist.frontier.trip.Read`, such as the crawl control state) and
+  (:class:`Read`, such as the crawl control state) and
   carries them in its pipeline, after its writes.
 
 Listeners run in the order they subscribed, on the emitter's thread; an exception
@@ -28,14 +28,23 @@ propagates to the emitter, as a direct call's would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from scrapy_dist.frontier.trip import Read
+    from scrapy_dist.frontier.outbox import Command
 
-__all__ = ["FrontierEvents"]
+__all__ = ["FrontierEvents", "Read"]
+
+
+class Read(NamedTuple):
+    """A plain read another part of the worker has carried by the next flush's pipeline
+    (see :meth:`FrontierEvents.carry`): ``on_reply`` gets its reply, or the exception it
+    answered with; it is not called when the flush is not sent or fails as a whole."""
+
+    command: Command
+    on_reply: Callable[[Any], None]
 
 
 class FrontierEvents:

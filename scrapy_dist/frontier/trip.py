@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from scrapy_dist.scripts import ScriptCall
     from scrapy_dist.seeds import SeedQueue
 
-__all__ = ["Owner", "Read", "Trip"]
+__all__ = ["Owner", "Trip"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +71,6 @@ class Owner(Protocol):
     def taken_over(self, refused: dict[str, int]) -> set[str]:
         """Redis refused the requests of these parent leases (id -> how many)."""
         ...
-
-
-class Read(NamedTuple):
-    """A plain read another part of the worker has carried by the next flush's pipeline
-    (see :meth:`FrontierEvents.carry`): ``on_reply`` gets its reply, or the exception it
-    answered with; it is not called when the flush is not sent or fails as a whole."""
-
-    command: Command
-    on_reply: Callable[[Any], None]
 
 
 class _Call(NamedTuple):

@@ -46,8 +46,8 @@ from scrapy_dist.control import (
     parse_state,
     read_command,
 )
+from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
-from scrapy_dist.frontier.trip import Read
 from scrapy_dist.frontier.wire import HAND_BACK
 from scrapy_dist.worker import engine as _engine
 
