@@ -91,7 +91,9 @@ METRICS_HOST = "127.0.0.1"
 #: trip each); a scrape serves the last read and never waits for Redis.
 METRICS_INTERVAL = 5.0
 
-#: TCP port of the metrics server (``GET /metrics``); ``0`` picks a free port (logged).
+#: TCP port of the metrics server (``GET /metrics``): a worker takes the first free one of
+#: this and the next 15 (another worker on the host holds it), else any free port
+#: (logged); ``0`` picks a free port at once.
 METRICS_PORT = 9410
 
 #: Host of the Redis server, when ``REDIS_URL`` is not used. ``None`` means localhost.
