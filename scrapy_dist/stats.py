@@ -64,6 +64,9 @@ PAGES_STAT = "response_received_count"
 ITEMS_STAT = "item_scraped_count"
 #: Seconds over which crawl rates are measured.
 RATE_WINDOW = 60
+#: Seconds a crawl's first timeline sample is taken to cover (``STATS_FLUSH_INTERVAL``'s
+#: default: the first flush of a worker comes that long after its first page, at most).
+FIRST_SAMPLE_SPAN = 5
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
@@ -204,8 +207,8 @@ def rates(
         base = older[-1]
     elif len(samples) >= 2:
         base = samples[0]
-    elif samples:
-        base = (samples[0][0] - 1, 0.0, 0.0)
+    elif samples:  # its totals took up to a flush interval (the default) to gather
+        base = (samples[0][0] - FIRST_SAMPLE_SPAN, 0.0, 0.0)
     else:  # no sample yet: nothing observed
         return Rates(window=0.0, pages_per_second=0.0, items_per_second=0.0)
     span = max(1.0, now - base[0])
