@@ -349,7 +349,7 @@ SEED_ALLOWED_META: list[str] = []
 
 #: Seconds between the writes of a worker's stats to the crawl's shared stats hash by
 #: ``scrapy_dist.stats.RedisStatsCollector`` (one round trip each, and one at close).
-STATS_FLUSH_INTERVAL = 5.0
+STATS_FLUSH_INTERVAL = 1.0
 
 #: Seconds closing retries the last write of a worker's stats while Redis fails.
 STATS_CLOSE_TIMEOUT = 10.0

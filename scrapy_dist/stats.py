@@ -66,7 +66,7 @@ ITEMS_STAT = "item_scraped_count"
 RATE_WINDOW = 60
 #: Seconds a crawl's first timeline sample is taken to cover (``STATS_FLUSH_INTERVAL``'s
 #: default: the first flush of a worker comes that long after its first page, at most).
-FIRST_SAMPLE_SPAN = 5
+FIRST_SAMPLE_SPAN = 1
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _EPOCH_NAIVE = datetime(1970, 1, 1)

@@ -160,7 +160,9 @@ def _items_lines(status: CrawlStatus, row: str) -> list[str]:
     exist), items scraped (the shared stats, up to ``STATS_FLUSH_INTERVAL`` behind) and
     the items stream."""
     scraped = status.stats.get("item_scraped_count")
-    scraped_note = "" if scraped is None else f"{scraped} scraped"
+    # scraped: the shared stats, written every STATS_FLUSH_INTERVAL; stored: now (and
+    # what earlier runs left in the list)
+    scraped_note = "" if scraped is None else f"{scraped} scraped (at the last stats flush)"
     if status.items_exist:
         note = f"stored in {status.items_key}" + (f"; {scraped_note}" if scraped_note else "")
         lines = [row.format("items", status.items_stored, note)]
