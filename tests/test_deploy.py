@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import redis
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-DASHBOARD = DEPLOY / "grafana" / "scrapy_dist.json"
+DASHBOARD = DEPLOY / "grafana" / "scrapy-dist.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 METRIC = re.compile(r"\bscrapy_dist_[a-z_]+\b")
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
