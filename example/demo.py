@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from scrapy.settings import Settings
+
 from scrapy_dist.testing import (
     RedisServer,
     TestSite,
@@ -158,10 +160,24 @@ def _watch(
         hits = site.hits()
         print(
             f"[{time.time() - seeded:6.1f}s] fetched {len(hits):>6}/{site.pages} pages, "
-            f"{queued_requests(client):>6} requests queued in Redis, "
-            f"{len(alive(workers))}/{len(workers)} workers running",
+            f"{_progress(client)}, {len(alive(workers))}/{len(workers)} workers running",
             flush=True,
         )
+
+
+def _progress(client: redis.Redis) -> str:
+    """The crawl's figures as ``scrapy-dist status pages`` shows them (the same reader,
+    :func:`~scrapy_dist.status.read_status`): done, queued, leased, rate."""
+    from scrapy_dist.config.core import Config
+    from scrapy_dist.status import CrawlLayout, read_status
+
+    config = Config.from_settings(Settings())
+    status = read_status(client, CrawlLayout.from_config(config, SPIDER), config)
+    rate = "" if status.rates is None else f", {status.rates.pages_per_second:.0f} pages/s"
+    return (
+        f"status: {status.requests_done:>5} done, {status.queued:>5} queued, "
+        f"{status.leased:>3} leased{rate}"
+    )
 
 
 def _summary(

@@ -91,7 +91,9 @@ METRICS_HOST = "127.0.0.1"
 #: trip each); a scrape serves the last read and never waits for Redis.
 METRICS_INTERVAL = 5.0
 
-#: TCP port of the metrics server (``GET /metrics``); ``0`` picks a free port (logged).
+#: TCP port of the metrics server (``GET /metrics``): a worker takes the first free one of
+#: this and the next 15 (another worker on the host holds it), else any free port
+#: (logged); ``0`` picks a free port at once.
 METRICS_PORT = 9410
 
 #: Host of the Redis server, when ``REDIS_URL`` is not used. ``None`` means localhost.
@@ -347,7 +349,7 @@ SEED_ALLOWED_META: list[str] = []
 
 #: Seconds between the writes of a worker's stats to the crawl's shared stats hash by
 #: ``scrapy_dist.stats.RedisStatsCollector`` (one round trip each, and one at close).
-STATS_FLUSH_INTERVAL = 5.0
+STATS_FLUSH_INTERVAL = 1.0
 
 #: Seconds closing retries the last write of a worker's stats while Redis fails.
 STATS_CLOSE_TIMEOUT = 10.0

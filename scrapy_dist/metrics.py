@@ -341,6 +341,28 @@ class MetricsServer(ThreadingHTTPServer):
         self.server_close()
 
 
+#: Ports a worker tries from ``METRICS_PORT`` on (several workers on one host each take
+#: the next free one), before any free port.
+PORT_SPAN = 16
+
+
+def bind_first_free(host: str, port: int, render: Callable[[], str]) -> MetricsServer:
+    """A :class:`MetricsServer` on the first free port of ``port .. port + PORT_SPAN - 1``,
+    or on any free port if they are all taken (``port`` 0: any free port at once).
+
+    Raises:
+        OSError: the host cannot be listened on at all.
+    """
+    if port:
+        for candidate in range(port, min(port + PORT_SPAN, 65536)):
+            try:
+                return MetricsServer(host, candidate, render)
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+    return MetricsServer(host, 0, render)
+
+
 class PrometheusMetrics:
     """Serves the crawl's metrics over HTTP (see the module docstring).
 
@@ -401,24 +423,36 @@ class PrometheusMetrics:
         return self.metrics.render()
 
     def start(self) -> None:
-        """Listen on the port and start the refresh timer; a port that is taken is
-        logged as an error and the crawl goes on without metrics."""
+        """Listen on the first free port from ``METRICS_PORT`` on (:func:`bind_first_free`,
+        logged) and start the refresh timer; a host that cannot be listened on is logged
+        as an error and the crawl goes on without metrics."""
         from twisted.internet.task import LoopingCall
 
         try:
-            self._server = MetricsServer(self.host, self.requested_port, self.render)
+            self._server = bind_first_free(self.host, self.requested_port, self.render)
         except OSError as e:
             logger.error(
-                "Metrics: cannot listen on %(host)s:%(port)d (%(error)s); set METRICS_PORT "
-                "to a free port (0 picks one). Going on without metrics",
-                {"host": self.host, "port": self.requested_port, "error": e},
+                "Metrics: cannot listen on %(host)s (%(error)s). Going on without metrics",
+                {"host": self.host, "error": e},
             )
             return
         self._server.start()
         self.port = self._server.port
+        taken = (
+            ""
+            if self.port == self.requested_port or not self.requested_port
+            else f" (METRICS_PORT {self.requested_port} is taken, by another worker?)"
+        )
         logger.info(
-            "Metrics of crawl %(crawl)s on http://%(host)s:%(port)d/metrics",
-            {"crawl": self.metrics.crawl, "host": self.host, "port": self.port},
+            "Metrics of crawl %(crawl)s on http://%(host)s:%(port)d/metrics%(taken)s; "
+            "one endpoint per crawl, whichever workers run: scrapy-dist metrics %(spider)s",
+            {
+                "crawl": self.metrics.crawl,
+                "host": self.host,
+                "port": self.port,
+                "taken": taken,
+                "spider": self.metrics.crawl.partition(":")[0],
+            },
         )
         self._ticker = LoopingCall(self.refresh)
         self._ticker.start(self.interval, now=True)

@@ -22,7 +22,8 @@ back into Python values; :meth:`RedisStatsCollector.crawl_stats` and the
 
 Every flush that changes the page or item count also records the crawl's totals in
 ``<crawl>:timeline`` (one sample per second, trimmed to the last minute), from which
-:func:`rates` computes pages and items per second over the last minute.
+:func:`rates` computes pages and items per second over the last minute (or the time
+observed, while the crawl is younger).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ PAGES_STAT = "response_received_count"
 ITEMS_STAT = "item_scraped_count"
 #: Seconds over which crawl rates are measured.
 RATE_WINDOW = 60
+#: Seconds a crawl's first timeline sample is taken to cover (``STATS_FLUSH_INTERVAL``'s
+#: default: the first flush of a worker comes that long after its first page, at most).
+FIRST_SAMPLE_SPAN = 1
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
@@ -154,9 +158,10 @@ def decode_stats(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, An
 
 @dataclass(frozen=True)
 class Rates:
-    """Crawl-wide pages and items per second over the last :attr:`window` seconds."""
+    """Crawl-wide pages and items per second over the last :attr:`window` seconds (the
+    time actually observed: less than :data:`RATE_WINDOW` while the crawl is younger)."""
 
-    window: int
+    window: float
     pages_per_second: float
     items_per_second: float
 
@@ -181,29 +186,36 @@ def rates(
     now: float,
     window: int = RATE_WINDOW,
 ) -> Rates:
-    """Pages and items per second over the ``window`` seconds before ``now``.
+    """Pages and items per second over at most the ``window`` seconds before ``now``.
 
-    The totals now, minus the totals of the newest sample taken at least ``window``
-    seconds ago (zero if the crawl's first sample is more recent), divided by
-    ``window``: what the crawl did in the last minute, whatever the number of workers.
-    Samples are taken when workers flush their stats, so the rate trails by up to
-    ``STATS_FLUSH_INTERVAL``.
+    The totals now minus those of a base sample, divided by the seconds since that
+    sample: the newest sample taken at least ``window`` seconds ago; while the crawl is
+    younger than that, its oldest sample (a crawl 16 s old is measured over the
+    time since its first sample, not over ``window`` seconds it did not run); with one
+    sample only, everything since one second before it. Samples are taken when workers
+    flush their stats (every ``STATS_FLUSH_INTERVAL``), so the rate trails by up to that.
 
     Args:
         samples: ``(second, pages, items)``, as :func:`parse_samples` returns them.
         pages: The crawl's page count now (``response_received_count``).
         items: The crawl's item count now (``item_scraped_count``).
         now: The Redis server's time.
-        window: Seconds.
+        window: Seconds, at most.
     """
-    base_pages = base_items = 0.0
-    for second, sample_pages, sample_items in samples:
-        if second <= now - window:
-            base_pages, base_items = sample_pages, sample_items
+    older = [s for s in samples if s[0] <= now - window]
+    if older:
+        base = older[-1]
+    elif len(samples) >= 2:
+        base = samples[0]
+    elif samples:  # its totals took up to a flush interval (the default) to gather
+        base = (samples[0][0] - FIRST_SAMPLE_SPAN, 0.0, 0.0)
+    else:  # no sample yet: nothing observed
+        return Rates(window=0.0, pages_per_second=0.0, items_per_second=0.0)
+    span = max(1.0, now - base[0])
     return Rates(
-        window=window,
-        pages_per_second=max(0.0, pages - base_pages) / window,
-        items_per_second=max(0.0, items - base_items) / window,
+        window=round(span, 1),
+        pages_per_second=max(0.0, pages - base[1]) / span,
+        items_per_second=max(0.0, items - base[2]) / span,
     )
 
 

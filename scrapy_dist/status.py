@@ -83,6 +83,11 @@ class CrawlLayout:
     worker_timeout: float
     #: The items stream (``REDIS_ITEMS_STREAM_KEY``; ``RedisStreamPipeline``).
     items_stream: str = ""
+    #: Seconds between a worker's heartbeats (``SCHEDULER_HEARTBEAT_INTERVAL``): a
+    #: worker that missed two is shown silent.
+    heartbeat_interval: float = 5.0
+    #: ``SCHEDULER_LEASE_TIMEOUT``: how long a silent worker's leases last.
+    lease_timeout: float = 120.0
 
     @classmethod
     def _make(cls, config: Config, keys: RedisKeys, spidercls: type | None) -> CrawlLayout:
@@ -98,6 +103,8 @@ class CrawlLayout:
             items=keys.custom(config.keys.items, "REDIS_ITEMS_KEY"),
             worker_timeout=config.workers.worker_timeout,
             items_stream=keys.custom(config.items.stream_key, "REDIS_ITEMS_STREAM_KEY"),
+            heartbeat_interval=config.workers.heartbeat_interval,
+            lease_timeout=config.frontier.lease_timeout,
         )
 
     @classmethod
@@ -230,6 +237,70 @@ class CrawlStatus:
     #: by hand: for the operator to inspect, then delete.
     set_aside: list[str] = field(default_factory=list)
     set_aside_fields: dict[str, str] = field(default_factory=dict)
+    #: Worker id -> (the deadline of the leases it holds, server time; how many it
+    #: holds), from the holders zset and each holding (a worker holding none is absent).
+    holdings: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: ``SCHEDULER_HEARTBEAT_INTERVAL``: a worker that missed two beats is silent.
+    heartbeat_interval: float = 5.0
+    #: ``SCHEDULER_LEASE_TIMEOUT``: how long a silent worker's leases last.
+    lease_timeout: float = 120.0
+    #: Whether the items list exists (``False``: no pipeline stores items in it).
+    items_exist: bool = True
+
+    @property
+    def requests_done(self) -> int:
+        """Requests acknowledged (pages fetched, dropped or failed for good): the
+        ``done`` counter less the seeds counted in it (``seeds_done``: a seed's lease is
+        done once its request is queued, and that request is done again when fetched)."""
+        p = self.progress
+        return int(max(0.0, p.get("done", 0) - p.get("seeds_done", 0)))
+
+    @property
+    def shown_state(self) -> str:
+        """:attr:`state`, but ``"paused"`` or ``"draining"`` while the crawl control says
+        so and the crawl is not finished (what the header shows)."""
+        state = self.state
+        control = self.control
+        paused = control is not None and control.state in ("paused", "draining")
+        if control is not None and paused and state not in ("absent", "finished"):
+            return control.state
+        return state
+
+    def worker_rows(self) -> list[dict[str, Any]]:
+        """Every registered worker, by id: ``id``, ``heartbeat`` (server time), ``age``
+        (seconds since it), ``state`` (``"live"``; ``"silent"``: missed two heartbeats;
+        ``"gone"``: silent past ``SCHEDULER_WORKER_TIMEOUT``), ``live`` (as
+        :meth:`live_workers` counts it), ``leases`` (held now), ``leases_deadline``
+        (server time they expire, ``None`` if it holds none) and ``leases_return_in``
+        (seconds until then, 0 once expired: a live worker renews them, a silent one's
+        come back to the queue with the next reserve of any worker after that)."""
+        live = self.live_workers()
+        rows = []
+        for worker in sorted(set(self.workers) | set(self.holdings)):
+            beat = self.workers.get(worker)
+            age = None if beat is None else round(max(0.0, self.time - beat), 3)
+            if age is not None and age <= 2 * self.heartbeat_interval:
+                state = "live"
+            elif age is not None and age <= self.worker_timeout:
+                state = "silent"
+            else:
+                state = "gone"
+            deadline, held = self.holdings.get(worker, (None, 0))
+            rows.append(
+                {
+                    "id": worker,
+                    "heartbeat": beat,
+                    "age": age,
+                    "state": state,
+                    "live": worker in live,
+                    "leases": held,
+                    "leases_deadline": deadline,
+                    "leases_return_in": None
+                    if deadline is None
+                    else round(max(0.0, deadline - self.time), 1),
+                }
+            )
+        return rows
 
     @property
     def state(self) -> str:
@@ -269,12 +340,14 @@ class CrawlStatus:
             "redis": self.redis,
             "time": self.time,
             "state": self.state,
+            "shown_state": self.shown_state,
             "seeds": {"key": self.seeds_key, "type": self.seeds_kind, "waiting": self.seeds},
             "queue": {"key": self.queue_key, "type": self.queue_kind, "queued": self.queued},
             "leased": self.leased,
             "dead": {"key": self.dead_key, "records": self.dead},
             "progress": {
-                "done": int(self.progress.get("done", 0)),
+                "done": self.requests_done,
+                "seeds_done": int(self.progress.get("seeds_done", 0)),
                 "retried": int(self.progress.get("retried", 0)),
                 "dead": int(self.progress.get("dead", 0)),
                 "idle_since": self.progress.get("idle_since"),
@@ -298,19 +371,14 @@ class CrawlStatus:
                 "live": len(live),
                 "registered": len(self.workers),
                 "timeout": self.worker_timeout,
-                "list": [
-                    {
-                        "id": w,
-                        "heartbeat": beat,
-                        "age": round(max(0.0, self.time - beat), 3),
-                        "live": w in live,
-                    }
-                    for w, beat in sorted(self.workers.items())
-                ],
+                "heartbeat_interval": self.heartbeat_interval,
+                "lease_timeout": self.lease_timeout,
+                "leases_reclaimed": int(self.progress.get("reclaimed", 0)),
+                "list": self.worker_rows(),
             },
             "items": {
                 "key": self.items_key,
-                "stored": self.items_stored,
+                "stored": self.items_stored if self.items_exist else None,
                 "scraped": self.stats.get(ITEMS_STAT),
             },
             "rates": None
@@ -466,6 +534,7 @@ def read_status(
         pipe.llen(layout.items)
         pipe.hgetall(k.stats)
         pipe.zrange(k.timeline, 0, -1)
+        pipe.zrange(k.holders, 0, -1, withscores=True)
         replies = pipe.execute(raise_on_error=False)
     now_reply, df_type, *rest = replies
     for reply in (now_reply, df_type, *rest[: len(typed)]):
@@ -480,7 +549,7 @@ def read_status(
     for value in (now_reply, df_type, *values[:5], *values[6:]):
         if isinstance(value, Exception):
             raise value
-    seeds, queued, leased, dead, workers, _, items, stats_raw, timeline = values
+    seeds, queued, leased, dead, workers, _, items, stats_raw, timeline, holders = values
     seconds, micros = cast("tuple[int, int]", now_reply)
     now = seconds + micros / 1e6
     stats = decode_stats(stats_raw)
@@ -529,8 +598,31 @@ def read_status(
         item_stream=item_stream,
         set_aside=set_aside,
         set_aside_fields=_set_aside_fields(values[5]),
+        holdings=read_holdings(client, k, holders),
+        heartbeat_interval=layout.heartbeat_interval,
+        lease_timeout=layout.lease_timeout,
+        items_exist=types[7] != "none",
     )
     return with_shards(client, layout, config, status, dupefilter=dupefilter)
+
+
+def read_holdings(
+    client: redis.Redis, keys: RedisKeys, holders: Sequence[tuple[bytes, float]]
+) -> dict[str, tuple[float, int]]:
+    """Worker id -> (its leases' deadline, how many it holds), from the holders zset
+    (``ZRANGE ... WITHSCORES``, read) and one ``HLEN`` of each holding (one more round
+    trip when a worker holds leases)."""
+    deadlines = {_text(worker): float(deadline) for worker, deadline in holders}
+    if not deadlines:
+        return {}
+    with client.pipeline(transaction=False) as pipe:
+        for worker in deadlines:
+            pipe.hlen(keys.holding(worker))
+        sizes = pipe.execute(raise_on_error=False)
+    return {
+        worker: (deadline, size if isinstance(size, int) else 0)
+        for (worker, deadline), size in zip(deadlines.items(), sizes, strict=True)
+    }
 
 
 def read_item_stream(client: redis.Redis, layout: CrawlLayout) -> StreamState | None:

@@ -222,10 +222,22 @@ def test_timeline_samples_give_crawl_rates(client: redis.Redis, name: str) -> No
     # samples older than the window are trimmed, keeping the newest of them (the base)
     assert [(p, i) for _, p, i in samples] == [(15, 2), (16, 2)]
     now = samples[-1][0] + 0.5
-    assert rates(samples, 16, 2, now, window=1).pages_per_second == 1.0
+    # one page since the base sample, over the seconds since it
+    base = samples[0][0]
+    assert rates(samples, 16, 2, now, window=1).pages_per_second == 1.0 / max(1.0, now - base)
     assert rates(samples, 16, 2, now + 5, window=1).pages_per_second == 0.0
-    # a crawl younger than the window: everything counts
-    assert rates([(100, 3.0, 1.0)], 3.0, 1.0, 120.0, window=60).pages_per_second == 3.0 / 60
+    # a crawl younger than the window, one sample: everything since a flush before it (1 s)
+    assert rates([(100, 3.0, 1.0)], 3.0, 1.0, 120.0, window=60).pages_per_second == 3.0 / 21
+
+
+def test_a_young_crawl_is_measured_over_the_time_observed() -> None:
+    # 16 s into a crawl at 2 pages/s, samples every 5 s (STATS_FLUSH_INTERVAL): 2 pages/s
+    # over the 15 s since the first sample, not 32 pages over 60 s (0.5)
+    samples = [(1000 + t, 2.0 * t, 1.0 * t) for t in (1, 6, 11, 16)]
+    r = rates(samples, 32.0, 16.0, 1016.0, window=60)
+    assert (r.window, r.pages_per_second, r.items_per_second) == (15.0, 2.0, 1.0)
+    # no sample yet: nothing observed, not a rate over a minute
+    assert rates([], 0.0, 0.0, 1016.0).window == 0.0
 
 
 # -- Redis refusing writes: nothing lost, nothing counted twice, nothing raised -------

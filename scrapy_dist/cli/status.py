@@ -104,9 +104,14 @@ def _set_aside_lines(status: CrawlStatus) -> list[str]:
 
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     """The human-readable form of a crawl's status."""
-    lines = [f"crawl {status.crawl}  at {status.redis}  [{status.state}]"]
+    lines = [f"crawl {status.crawl}  at {status.redis}  [{status.shown_state}]"]
     if not status.exists:
         lines.append("  (no key of this crawl exists)")
+    elif status.state == "waiting" and not status.seeds:
+        lines.append(
+            f"  (waiting for seeds: push one with redis-cli lpush {status.seeds_key} URL, "
+            f"or scrapy-dist push {status.crawl.partition(':')[0]} URL)"
+        )
     elif status.state == "idle" and status.progress.get("finished_at"):
         lines.append(
             f"  (empty, marked finished {when(status.progress.get('finished_at'))}, but "
@@ -128,34 +133,18 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     lines.append(row.format("leased", status.leased, "held by workers"))
     lines.append(row.format("dead", status.dead, f"in {status.dead_key}"))
     p = status.progress
-    done_note = f"retried {int(p.get('retried', 0))}, dead-lettered {int(p.get('dead', 0))}"
+    done_note = "requests"
+    seeds_done = int(p.get("seeds_done", 0))
+    if seeds_done:
+        done_note += f" (and {seeds_done} seed(s) turned into requests)"
+    done_note += f"; retried {int(p.get('retried', 0))}, dead-lettered {int(p.get('dead', 0))}"
     if p.get("finished_at"):
         done_note += f"; finished {when(p.get('finished_at'))}"
-    lines.append(row.format("done", int(p.get("done", 0)), done_note))
+    lines.append(row.format("done", status.requests_done, done_note))
     lines += _dupefilter_lines(status, row)
-    scraped = status.stats.get("item_scraped_count")
-    items_note = f"stored in {status.items_key}"
-    if scraped is not None:
-        items_note += f"; {scraped} scraped"
-    lines.append(row.format("items", status.items_stored, items_note))
-    lines += stream_lines(status.item_stream)
-    if status.rates is None:
-        lines.append(
-            f"  {'rate':<11}{'n/a':>9}  (needs STATS_CLASS = "
-            "'scrapy_dist.stats.RedisStatsCollector')"
-        )
-    else:
-        r = status.rates
-        lines.append(
-            f"  {'rate':<11}{r.pages_per_second:>9.1f}  pages/s, "
-            f"{r.items_per_second:.1f} items/s over the last {r.window} s"
-        )
-    live = status.live_workers()
-    lines.append(row.format("workers", len(live), f"live (of {len(status.workers)} registered)"))
-    for worker, beat in sorted(status.workers.items()):
-        age = max(0.0, status.time - beat)
-        gone = "" if worker in live else " (gone)"
-        lines.append(f"  {'':<11}{'':>9}  {worker}  heartbeat {_ago(age)}{gone}")
+    lines += _items_lines(status, row)
+    lines += _rate_lines(status)
+    lines += _worker_lines(status, row)
     lines += _control_lines(status)
     lines += _shard_lines(status)
     lines += _set_aside_lines(status)
@@ -164,6 +153,75 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
         for name, value in status.stats.items():
             lines.append(f"    {name}: {value!r}")
     return "\n".join(lines)
+
+
+def _items_lines(status: CrawlStatus, row: str) -> list[str]:
+    """Items stored in the items list (or "not stored in Redis" when it does not
+    exist), items scraped (the shared stats, up to ``STATS_FLUSH_INTERVAL`` behind) and
+    the items stream."""
+    scraped = status.stats.get("item_scraped_count")
+    # scraped: the shared stats, written every STATS_FLUSH_INTERVAL; stored: now (and
+    # what earlier runs left in the list)
+    scraped_note = "" if scraped is None else f"{scraped} scraped (at the last stats flush)"
+    if status.items_exist:
+        note = f"stored in {status.items_key}" + (f"; {scraped_note}" if scraped_note else "")
+        lines = [row.format("items", status.items_stored, note)]
+    elif scraped is not None:
+        lines = [row.format("items", scraped, f"scraped (not stored in {status.items_key})")]
+    else:
+        lines = []
+    return lines + stream_lines(status.item_stream)
+
+
+def _rate_lines(status: CrawlStatus) -> list[str]:
+    """Pages and items per second over the time observed, or why there is no rate."""
+    r = status.rates
+    if r is None:
+        return [
+            f"  {'rate':<11}{'n/a':>9}  (the crawl's stats are not in Redis: set STATS_CLASS "
+            "= 'scrapy_dist.stats.RedisStatsCollector', or enable the add-on, which sets it)"
+        ]
+    if not r.window:
+        return [f"  {'rate':<11}{'-':>9}  (no page fetched yet)"]
+    return [
+        f"  {'rate':<11}{r.pages_per_second:>9.1f}  pages/s, "
+        f"{r.items_per_second:.1f} items/s over the last {r.window:g} s"
+    ]
+
+
+def _worker_lines(status: CrawlStatus, row: str) -> list[str]:
+    """The workers: live, silent (missed two heartbeats) with the countdown until the
+    leases they hold return (``SCHEDULER_LEASE_TIMEOUT``), gone; and how many leases of
+    silent workers came back."""
+    rows = status.worker_rows()
+    live = status.live_workers()
+    silent = sum(1 for r in rows if r["state"] == "silent")
+    note = "live" + (f", {silent} silent" if silent else "")
+    lines = [row.format("workers", len(live) - silent, f"{note} (of {len(rows)} registered)")]
+    pad = f"  {'':<11}{'':>9}  "
+    for r in rows:
+        heard = "no heartbeat" if r["age"] is None else f"heartbeat {_ago(r['age'])}"
+        held, left = r["leases"], r["leases_return_in"]
+        if r["state"] == "live":
+            text = f"{heard}, {held} lease(s)" if held else heard
+        else:
+            text = f"{r['state']}: {heard}"
+            if held and left:
+                text += (
+                    f"; its {held} lease(s) return to the queue in {left:.0f} s "
+                    "(SCHEDULER_LEASE_TIMEOUT after its last renewal)"
+                )
+            elif held:
+                text += (
+                    f"; its {held} lease(s) expired: the next reserve of any worker returns them"
+                )
+            else:
+                text += "; holds no lease"
+        lines.append(f"{pad}{r['id']}  {text}")
+    reclaimed = int(status.progress.get("reclaimed", 0))
+    if reclaimed:
+        lines.append(f"{pad}{reclaimed} expired lease(s) of silent workers came back to the queue")
+    return lines
 
 
 def _control_lines(status: CrawlStatus) -> list[str]:
@@ -346,7 +404,7 @@ def cmd_jobs(ctx: Context, args: argparse.Namespace) -> int:
                 leased=status.leased,
                 dead=status.dead,
                 workers=len(status.live_workers()),
-                done=int(status.progress.get("done", 0)),
+                done=status.requests_done,
                 items=status.items_stored,
             )
         rows.append(row)

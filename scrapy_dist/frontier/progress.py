@@ -87,7 +87,9 @@ class Elsewhere(NamedTuple):
 #: The counters of the progress hash, whole numbers as the scripts write them
 #: (``lua/_leases.lua`` ``integer_of``); its other numbers are times (``idle_since``,
 #: ``finished_at``).
-PROGRESS_COUNTERS = frozenset({"done", "retried", "dead", "run_base", "others_base"})
+PROGRESS_COUNTERS = frozenset(
+    {"done", "retried", "dead", "run_base", "others_base", "seeds_done", "reclaimed"}
+)
 
 #: ``(key, field, value)`` of the garbled progress values already warned about.
 _garbled: set[tuple[str, str, bytes]] = set()

@@ -11,7 +11,8 @@
 -- KEYS[6] = seeds key
 -- KEYS[7] = sequence counter (tells apart copies of one seed leased at the same time;
 --           one written by hand is set aside and restarted, lua/_sequence.lua)
--- KEYS[8] = crawl progress hash (counters: dead; idle_since and finished_at are removed
+-- KEYS[8] = crawl progress hash (counters: dead, reclaimed: expired leases put back;
+--            idle_since and finished_at are removed
 --            when the call leases something: the crawl is busy again)
 --            (a counter that is not an integer is restarted, and a key of another type
 --            set aside when the call counts, lua/_leases.lua add_counts)
@@ -124,6 +125,8 @@ end
 -- holds each id's count to keep (false: none), in the order first met (`recounted`), and
 -- is read before the hash meanwhile.
 local budget, counted, recounted = reclaim_limit, {}, {}
+-- expired leases put back where they came from (the progress counter "reclaimed")
+local returned = 0
 local function recount(id, times)
   if counted[id] == nil then
     recounted[#recounted + 1] = id
@@ -147,6 +150,7 @@ local function reclaim(id, origin, score, entry, times, holder)
     recount(id, false)
   else
     return_entry(origin, score, entry, queue, qback, seeds, sback)
+    returned = returned + 1
     -- a copy's id is not kept across deliveries
     recount(id, not string.find(id, ":", 1, true) and times)
   end
@@ -406,5 +410,5 @@ if #ids > 0 then
   end
 end
 -- a counter written by hand is restarted, not a failure after the pops (add_counts)
-add_counts(stats, dead, {"dead", buried}, worker)
+add_counts(stats, dead, {"dead", buried, "reclaimed", returned}, worker)
 return result

@@ -9,7 +9,9 @@
 --
 -- KEYS[1] = this worker's holding hash (lua/_leases.lua), KEYS[2] = deliveries hash
 -- KEYS[3] = dead-letter list, KEYS[4] = request queue, KEYS[5] = seeds key
--- KEYS[6] = crawl stats hash (counters: done, retried, dead)
+-- KEYS[6] = crawl stats hash (counters: done, retried, dead; seeds_done, the seeds among
+--            done: a seed's lease is done once its request is queued, and that request
+--            is done again when fetched)
 --            (a counter that is not an integer is restarted, and a key of another type
 --            set aside when the call counts, lua/_leases.lua add_counts)
 -- KEYS[7] = crawl epoch
@@ -63,16 +65,28 @@ if all_done and redis.call("EXISTS", deliveries) == 0 then
   for k = 1, n do
     ids[k] = ARGV[4 + 2 * k]
   end
-  local removed = 0
-  for i = 1, n, BATCH_ARGS do
-    local last = math.min(i + BATCH_ARGS - 1, n)
-    removed = removed + redis.call("HDEL", holding, unpack(ids, i, last))
+  -- seeds' leases (ids FROM_SEEDS..) are deleted apart, to count them as seeds_done
+  local seed_ids, request_ids = {}, {}
+  for k = 1, n do
+    local list = string.sub(ids[k], 1, 1) == FROM_SEEDS and seed_ids or request_ids
+    list[#list + 1] = ids[k]
   end
-  local buried = add_counts(stats, dead, {"done", removed}, worker)
+  local function hdel(list)
+    local count = 0
+    for i = 1, #list, BATCH_ARGS do
+      local last = math.min(i + BATCH_ARGS - 1, #list)
+      count = count + redis.call("HDEL", holding, unpack(list, i, last))
+    end
+    return count
+  end
+  local seeds_removed = hdel(seed_ids)
+  local removed = seeds_removed + hdel(request_ids)
+  local buried = add_counts(stats, dead, {"done", removed, "seeds_done", seeds_removed},
+    worker)
   return {removed, 0, buried, 0, n - removed}
 end
 
-local done, retried, buried, handed, lost = 0, 0, 0, 0, 0
+local done, retried, buried, handed, lost, seeds_done = 0, 0, 0, 0, 0, 0
 -- every dead-letter record goes through bury (a dead key of another type is set aside
 -- first, lua/_leases.lua push_dead), counted as dead at the end
 local function bury(record)
@@ -124,6 +138,9 @@ for k, id in ipairs(ids) do
     if outcome == DONE then
       cleared[#cleared + 1] = id
       done = done + 1
+      if origin == FROM_SEEDS then
+        seeds_done = seeds_done + 1
+      end
     elseif string.sub(outcome, 1, #DEAD_NOW) == DEAD_NOW then
       bury(string.sub(outcome, #DEAD_NOW + 1))
       cleared[#cleared + 1] = id
@@ -163,6 +180,6 @@ if #cleared > 0 and redis.call("EXISTS", deliveries) == 1 then
   batched({"HDEL", deliveries}, cleared)
 end
 -- a counter written by hand is restarted, not a failure after the writes (add_counts)
-buried = buried + add_counts(stats, dead, {"done", done, "retried", retried, "dead", buried},
-  worker)
+buried = buried + add_counts(stats, dead, {"done", done, "retried", retried, "dead", buried,
+  "seeds_done", seeds_done}, worker)
 return {done, retried, buried, handed, lost}
