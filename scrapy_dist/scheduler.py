@@ -46,7 +46,7 @@ from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
 from scrapy_dist.frontier.choice import frontier_for
-from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
+from scrapy_dist.frontier.registry import HistoryKeys, WorkerRegistry, crawl_started
 from scrapy_dist.frontier.wire import DEAD_NOW, HAND_BACK
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
@@ -290,6 +290,7 @@ class Scheduler(BaseScheduler):
                 progress=frontier.keys.progress,
                 starts=frontier.keys.starts,
                 started=crawl_started(),
+                history=HistoryKeys.of(frontier.keys, frontier.queue.kind),
             ),
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,

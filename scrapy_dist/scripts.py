@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.commands.core import Script
 
+    from scrapy_dist.frontier.registry import HistoryKeys
+
 __all__ = [
     "NAMES",
     "Arg",
@@ -350,9 +352,25 @@ class Scripts:
         keys = [workers, progress, starts, *flush_keys]
         return self._call("join", keys, [worker, timeout, int(flush), age])
 
-    def heartbeat(self, *, workers: str, worker: str) -> ScriptCall:
-        """``lua/heartbeat.lua``: stamp ``worker`` alive with the server's clock."""
-        return self._call("heartbeat", [workers], [worker])
+    def heartbeat(
+        self,
+        *,
+        workers: str,
+        worker: str,
+        history: HistoryKeys | None = None,
+        figures: tuple[int, int, int] = (0, 0, 0),
+    ) -> ScriptCall:
+        """``lua/heartbeat.lua``: stamp ``worker`` alive with the server's clock; with
+        ``history``, also record the worker's ``figures`` (pages, items, buffered) and
+        sample the crawl's history when a sample is due."""
+        if history is None:
+            return self._call("heartbeat", [workers], [worker])
+        h = history
+        keys = [workers, h.figures, h.history, h.stats, h.progress, h.queue, h.holders]
+        keys += [h.previous, h.dead]
+        args: list[Arg] = [worker, " ".join(str(int(n)) for n in figures), h.queue_kind]
+        args += [h.step, h.size]
+        return self._call("heartbeat", keys, args)
 
     def leave(self, *, workers: str, worker: str, timeout: float) -> ScriptCall:
         """``lua/leave.lua``: unregister ``worker``, pruning stale workers."""

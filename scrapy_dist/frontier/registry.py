@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from scrapy_dist.scripts import scripts_for
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     import redis
+
+    from scrapy_dist.keys import RedisKeys
 
 
 #: When this process started loading scrapy_dist (monotonic seconds).
@@ -94,6 +97,46 @@ def previous_version_running(running: list[str], then: str) -> str:
     )
 
 
+#: Seconds between two samples of a crawl's history (whichever worker heartbeats first).
+HISTORY_STEP = 5
+#: Samples a crawl's history keeps: a day at :data:`HISTORY_STEP` (about 1 MB of Redis).
+HISTORY_SIZE = 17_280
+
+
+@dataclass(frozen=True)
+class HistoryKeys:
+    """What a heartbeat samples into the crawl's history (``lua/heartbeat.lua``): the
+    keys it reads and writes, the queue's kind, the step and the size kept."""
+
+    figures: str
+    history: str
+    stats: str
+    progress: str
+    queue: str
+    holders: str
+    previous: str
+    dead: str
+    queue_kind: str
+    step: int = HISTORY_STEP
+    size: int = HISTORY_SIZE
+
+    @classmethod
+    def of(cls, keys: RedisKeys, queue_kind: str) -> HistoryKeys:
+        """The history keys of a crawl (shard 0: a sharded crawl's other shards are not
+        counted in its history)."""
+        return cls(
+            figures=keys.worker_figures,
+            history=keys.history,
+            stats=keys.stats,
+            progress=keys.progress,
+            queue=keys.requests,
+            holders=keys.holders,
+            previous=keys.leases,
+            dead=keys.dead,
+            queue_kind=queue_kind,
+        )
+
+
 class WorkerRegistry:
     """Join, heartbeat and leave one crawl's worker registry.
 
@@ -107,6 +150,7 @@ class WorkerRegistry:
         starts: the set of start requests queued in this run (cleared by a join that
             starts a new run or finds no other worker alive).
         started: when this worker's crawl started (monotonic seconds); default: now.
+        history: sample the crawl's history with each heartbeat (``None``: do not).
     """
 
     def __init__(
@@ -120,6 +164,7 @@ class WorkerRegistry:
         progress: str,
         starts: str,
         started: float | None = None,
+        history: HistoryKeys | None = None,
     ) -> None:
         self.client = client
         self.key = key
@@ -129,6 +174,7 @@ class WorkerRegistry:
         self.progress = progress
         self.starts = starts
         self.started = time.monotonic() if started is None else started
+        self.history = history
         self._scripts = scripts_for(client)
 
     def join(self, *, flush: bool = False) -> tuple[int, bool]:
@@ -155,9 +201,13 @@ class WorkerRegistry:
         )
         return int(others), bool(flushed)
 
-    def heartbeat(self) -> None:
-        """Tell the others this worker is alive."""
-        self._scripts.heartbeat(workers=self.key, worker=self.worker_id).run()
+    def heartbeat(self, figures: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """Tell the others this worker is alive; with :attr:`history`, also record its
+        ``figures`` (pages, items, requests buffered) and sample the crawl's history
+        when due (in the same script call)."""
+        self._scripts.heartbeat(
+            workers=self.key, worker=self.worker_id, history=self.history, figures=figures
+        ).run()
 
     def leave(self) -> tuple[int, int]:
         """Unregister this worker (shared state stays; see ``lua/leave.lua``).
