@@ -5,8 +5,9 @@ A crawl's control state lives in one small hash, ``<crawl>:control``
 ``state`` (``running``, ``paused`` or ``draining``), ``by`` (who set it), ``reason``
 (why) and ``since`` (the Redis server's clock when it was set, seconds). No key means
 ``running``. Each change is also recorded in the capped audit trail
-``<crawl>:control:log`` (:func:`read_log`). Operators write it with ``scrapy-dist pause|resume|drain SPIDER`` or with
-:class:`CrawlControl`; every worker reads it every
+``<crawl>:control:log`` (:func:`read_log`). Operators write it with
+``scrapy-dist pause|resume|drain SPIDER`` or with :class:`CrawlControl`; every worker
+reads it every
 :data:`~scrapy_dist.worker.control.POLL_INTERVAL` seconds (one ``HMGET`` of those four
 fields, :func:`read_command`; others are ignored) and acts on it
 (:mod:`scrapy_dist.worker.control`). Then:
