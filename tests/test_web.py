@@ -125,7 +125,7 @@ def test_dead_letters_paged_and_grouped_among_100000(
     assert page["total"] == 100_000
     assert [r["index"] for r in page["records"]] == list(range(99_990, 100_000))
     assert page["records"][0]["url"] == "https://example.com/99990"
-    assert page["groups"] == [{"reason": "bad seed", "count": GROUP_SAMPLE}]
+    assert page["groups"] == [{"reason": "bad seed: ## " + "x" * 60, "count": GROUP_SAMPLE}]
     assert page["sampled"] == GROUP_SAMPLE
 
 

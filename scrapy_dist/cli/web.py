@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,7 @@ def cmd_web(ctx: Context, args: argparse.Namespace) -> int:
     url = server.url + (f"#token={token}" if args.actions else "")
     mode = "actions enabled" if args.actions else "read-only (--actions to steer)"
     out(f"crawl {layout.keys.crawl}: {url}  ({mode}; Ctrl-C stops)")
+    sys.stdout.flush()  # (a pipe: whoever started it reads the address now)
     try:
         while True:
             time.sleep(3600)

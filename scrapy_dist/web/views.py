@@ -15,6 +15,7 @@ checks of ``scrapy-dist dead requeue``, and :func:`scrapy_dist.control.set_state
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -96,10 +97,11 @@ def hints(status: CrawlStatus, layout: CrawlLayout) -> list[str]:
             f"No seeds: push some to {layout.seeds!r} (scrapy-dist push SPIDER URL, or "
             f"redis-cli lpush {layout.seeds} URL); the spider's redis_key names that key."
         )
-    if status.rates is None:
+    if status.rates is None and done:
         found.append(
-            "Pages/s and items/s of 'status' need STATS_CLASS = "
-            "'scrapy_dist.stats.RedisStatsCollector' (the charts use the heartbeats' history)."
+            "No crawl-wide stats yet: pages/s and items/s need STATS_CLASS = "
+            "'scrapy_dist.stats.RedisStatsCollector' in the workers' settings (written "
+            "every STATS_FLUSH_INTERVAL seconds)."
         )
     for key in status.set_aside:
         found.append(f"Key {key!r} held the wrong type and was set aside: inspect, then delete it.")
@@ -425,7 +427,11 @@ class Dashboard:
 
 
 def _reason_group(reason: str) -> str:
-    """A reason with its details cut (after the first ``:`` past 60 characters), so that
-    the same failure on different URLs groups together."""
-    head = reason.split(": ", 1)[0] if len(reason) > 60 else reason
-    return head[:200]
+    """A reason with its particulars masked (URLs as ``<url>``, numbers as ``#``, cut
+    to 200 characters), so that one failure on many URLs groups together."""
+    masked = _URL.sub("<url>", reason)
+    return _NUMBER.sub("#", masked)[:200]
+
+
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")

@@ -113,9 +113,10 @@
     };
     line(L, H - B, W, H - B, "axis"); line(L, 4, L, H - B, "axis");
     const valid = points.filter((p) => p[1] !== null && p[1] !== undefined);
-    if (valid.length) {
+    if (valid.length > 1) {
       const t0 = valid[0][0], t1 = valid[valid.length - 1][0];
-      const max = Math.max(1e-9, ...valid.map((p) => p[1]));
+      const top = Math.max(...valid.map((p) => p[1]));
+      const max = top > 0 ? top : 1;
       const x = (t) => L + (t1 > t0 ? (t - t0) / (t1 - t0) : 1) * (W - L - 2);
       const y = (v) => H - B - (v / max) * (H - B - 6);
       const path = document.createElementNS(SVGNS, "polyline");
@@ -129,7 +130,7 @@
       text(L, H - 2, new Date(t0 * 1000).toLocaleTimeString());
       text(W - 2, H - 2, new Date(t1 * 1000).toLocaleTimeString(), "end");
     } else {
-      text(W / 2, H / 2, "no samples yet (workers write one every few seconds)", "middle");
+      text(W / 2, H / 2, valid.length ? "one sample so far" : "no samples yet (workers write one every few seconds)", "middle");
     }
     box.appendChild(svg);
     return box;
@@ -296,7 +297,7 @@
     busy = true;
     try {
       drawSummary(await get("/api/summary"));
-      if (view === "overview" && Date.now() - historyAt > 4000) { historyAt = Date.now(); await drawHistory(); }
+      if (view === "overview" && Date.now() - historyAt > 2000) { historyAt = Date.now(); await drawHistory(); }
       if (view === "workers") await drawWorkers();
       if (view === "frontier") await drawFrontier();
       if (view === "dead") await drawDead();
