@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
 from conftest import CLASSES_SETTINGS, Project, environment
+
 from scrapy_dist.deadletter import DeadLetters
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def test_the_page_follows_and_steers_a_crawl(
 
     # -- dead letters: "requeue all" puts them back
     with project.client() as client:
-        letters = DeadLetters(client, "books:dead", "test")  # type: ignore[arg-type]
+        letters = DeadLetters(client, "books:dead", "test")
         for i in (200, 201, 202):
             letters.add("seed", f"simulated failure <i>{i}</i>", project.page(i))
         seeds_before = client.llen("books:start_urls")
@@ -249,7 +249,9 @@ def test_the_page_follows_and_steers_a_crawl(
     shot("workers")
     time.sleep(1.5)
     later = countdown()
-    assert first is not None and later is not None and later < first, (first, later)
+    assert first is not None
+    assert later is not None
+    assert later < first, (first, later)
     with project.client() as client:
         _wait("its leases return", lambda: client.hlen(f"books:holders:{victim}") == 0, 20)
     _wait("no countdown", lambda: countdown() is None, 3)
