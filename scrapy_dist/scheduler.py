@@ -46,12 +46,13 @@ from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.dupefilter import RFPDupeFilter
 from scrapy_dist.exceptions import ConfigurationError, ScrapyDistError, SerializationError
 from scrapy_dist.frontier.choice import frontier_for
-from scrapy_dist.frontier.registry import HistoryKeys, WorkerRegistry, crawl_started
+from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
 from scrapy_dist.frontier.wire import DEAD_NOW, HAND_BACK
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
 from scrapy_dist.queue import unleased_queue
+from scrapy_dist.scripts import HistoryKeys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine

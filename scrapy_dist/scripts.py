@@ -17,6 +17,7 @@ are re-exported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from weakref import WeakKeyDictionary
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.commands.core import Script
 
-    from scrapy_dist.frontier.registry import HistoryKeys
+    from scrapy_dist.keys import RedisKeys
 
 __all__ = [
     "NAMES",
@@ -101,6 +102,46 @@ class ScriptCall(NamedTuple):
 
 
 _registered: WeakKeyDictionary[redis.Redis, Scripts] = WeakKeyDictionary()
+
+
+#: Seconds between two samples of a crawl's history (whichever worker heartbeats first).
+HISTORY_STEP = 5
+#: Samples a crawl's history keeps: a day at :data:`HISTORY_STEP` (about 1 MB of Redis).
+HISTORY_SIZE = 17_280
+
+
+@dataclass(frozen=True)
+class HistoryKeys:
+    """What a heartbeat samples into the crawl's history (``lua/heartbeat.lua``): the
+    keys it reads and writes, the queue's kind, the step and the size kept."""
+
+    figures: str
+    history: str
+    stats: str
+    progress: str
+    queue: str
+    holders: str
+    previous: str
+    dead: str
+    queue_kind: str
+    step: int = HISTORY_STEP
+    size: int = HISTORY_SIZE
+
+    @classmethod
+    def of(cls, keys: RedisKeys, queue_kind: str) -> HistoryKeys:
+        """The history keys of a crawl (shard 0: a sharded crawl's other shards are not
+        counted in its history)."""
+        return cls(
+            figures=keys.worker_figures,
+            history=keys.history,
+            stats=keys.stats,
+            progress=keys.progress,
+            queue=keys.requests,
+            holders=keys.holders,
+            previous=keys.leases,
+            dead=keys.dead,
+            queue_kind=queue_kind,
+        )
 
 
 class Scripts:

@@ -9,10 +9,9 @@ import pytest
 import redis
 
 from scrapy_dist import lua_source
-from scrapy_dist.frontier.registry import HistoryKeys
 from scrapy_dist.frontier.wire import ENTRY_ID_LEN, LUA_CONSTANTS
 from scrapy_dist.lua_source import source
-from scrapy_dist.scripts import ScriptCall, Scripts
+from scrapy_dist.scripts import HistoryKeys, ScriptCall, Scripts
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -20,7 +20,8 @@ from scrapy_dist.config.core import Config
 from scrapy_dist.control import PAUSED, read_log, set_state
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.registry import HistoryKeys, WorkerRegistry
+from scrapy_dist.frontier.registry import WorkerRegistry
+from scrapy_dist.scripts import HistoryKeys
 from scrapy_dist.status import CrawlLayout, read_status
 from scrapy_dist.web.server import TOKEN_HEADER, WebServer, check_bind
 from scrapy_dist.web.views import GROUP_SAMPLE, Dashboard

@@ -15,7 +15,6 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from scrapy_dist.scripts import scripts_for
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.scripts import HistoryKeys
 
 
 #: When this process started loading scrapy_dist (monotonic seconds).
@@ -95,46 +94,6 @@ def previous_version_running(running: list[str], then: str) -> str:
         "stopping counts as running for SCHEDULER_WORKER_TIMEOUT seconds after its last "
         "heartbeat"
     )
-
-
-#: Seconds between two samples of a crawl's history (whichever worker heartbeats first).
-HISTORY_STEP = 5
-#: Samples a crawl's history keeps: a day at :data:`HISTORY_STEP` (about 1 MB of Redis).
-HISTORY_SIZE = 17_280
-
-
-@dataclass(frozen=True)
-class HistoryKeys:
-    """What a heartbeat samples into the crawl's history (``lua/heartbeat.lua``): the
-    keys it reads and writes, the queue's kind, the step and the size kept."""
-
-    figures: str
-    history: str
-    stats: str
-    progress: str
-    queue: str
-    holders: str
-    previous: str
-    dead: str
-    queue_kind: str
-    step: int = HISTORY_STEP
-    size: int = HISTORY_SIZE
-
-    @classmethod
-    def of(cls, keys: RedisKeys, queue_kind: str) -> HistoryKeys:
-        """The history keys of a crawl (shard 0: a sharded crawl's other shards are not
-        counted in its history)."""
-        return cls(
-            figures=keys.worker_figures,
-            history=keys.history,
-            stats=keys.stats,
-            progress=keys.progress,
-            queue=keys.requests,
-            holders=keys.holders,
-            previous=keys.leases,
-            dead=keys.dead,
-            queue_kind=queue_kind,
-        )
 
 
 class WorkerRegistry:

@@ -75,7 +75,7 @@
       ["done", s.progress.done], ["dead", s.dead.records],
       ["workers live", s.workers.live + " / " + s.workers.registered],
       ["items scraped", s.items.scraped], ["items stored", s.items.stored],
-      ["pages/s", s.rates ? s.rates.pages_per_second : null],
+      ["pages/s (status, last 60 s)", s.rates ? s.rates.pages_per_second : null],
     ];
     $("figures").replaceChildren(...figures.map(([label, value]) => {
       const span = el("span");
