@@ -269,7 +269,7 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = ASSETS.get(name)
         if ctype is None:
             return self._error(HTTPStatus.NOT_FOUND, "no such asset")
-        body = files("scrapy_dist.web").joinpath("static").joinpath(name).read_bytes()
+        body = files("scrapy_dist.web.static").joinpath(name).read_bytes()
         self._send(HTTPStatus.OK, body, ctype)
         return None
 
