@@ -160,7 +160,7 @@
         el("td", k.id, "mono"),
         el("td", (k.live ? "" : "gone · ") + k.age.toFixed(1) + " s ago"),
         num(k.leases), num(k.buffered), num(k.pages), num(k.items),
-        num(k.pages_per_second === null ? null : k.pages_per_second.toFixed(2)),
+        num(k.pages_per_second === null || k.silent ? null : k.pages_per_second.toFixed(2)),
         k.silent && k.leases_return_in !== null
           ? el("td", `silent: ${k.leases} lease(s) return in ${Math.ceil(k.leases_return_in)} s`, "countdown")
           : el("td", k.silent ? "silent, holds no lease" : "–"),
