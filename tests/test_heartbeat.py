@@ -66,6 +66,10 @@ class Parts:
         self.later = False
         #: Run by ``control.tick``.
         self.on_control: Callable[[], None] = lambda: None
+        #: The deliveries' buffer (counted in the heartbeat's figures).
+        self.buffer: list[object] = []
+        #: The figures each heartbeat carried.
+        self.figures: list[tuple[int, int, int]] = []
 
     def _note(self, name: str) -> None:
         self.calls.append(name)
@@ -80,7 +84,8 @@ class Parts:
         return func()
 
     # the registry
-    def heartbeat(self) -> None:
+    def heartbeat(self, figures: tuple[int, int, int] = (0, 0, 0)) -> None:
+        self.figures.append(figures)
         self._note("heartbeat")
 
     # the deliveries

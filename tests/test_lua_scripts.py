@@ -11,7 +11,7 @@ import redis
 from scrapy_dist import lua_source
 from scrapy_dist.frontier.wire import ENTRY_ID_LEN, LUA_CONSTANTS
 from scrapy_dist.lua_source import source
-from scrapy_dist.scripts import ScriptCall, Scripts
+from scrapy_dist.scripts import HistoryKeys, ScriptCall, Scripts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -120,7 +120,12 @@ CALLS: dict[str, Callable[[Scripts], ScriptCall]] = {
         flush=False,
         age=0.0,
     ),
-    "heartbeat": lambda s: s.heartbeat(workers="w", worker="me"),
+    "heartbeat": lambda s: s.heartbeat(
+        workers="w",
+        worker="me",
+        history=HistoryKeys("f", "h", "s", "p", "q", "o", "l", "d", queue_kind="list"),
+        figures=(1, 2, 3),
+    ),
     "census": lambda s: s.census(
         queue="q",
         holders="h",

@@ -19,6 +19,7 @@ Commands (``scrapy-dist COMMAND --help`` describes each), one module each::
     export SPIDER --output FILE            write the items list as JSON lines      (data)
     pause|resume|drain SPIDER [--wait]     steer a running crawl                   (control)
     items tail|replay|lag|groups|dead SPIDER  the items stream and its groups     (items)
+    web SPIDER [--actions] [--port P]      a live page of the crawl, JSON views   (web)
 
 Exit codes: 0 success; 1 the command ran but did not do everything it was asked
 (invalid seed lines, dead records that cannot be requeued, a reset refused because
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from scrapy_dist.cli import control, data, dead, items, metrics, push, status
+from scrapy_dist.cli import control, data, dead, items, metrics, push, status, web
 from scrapy_dist.cli._context import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Seed, watch and repair scrapy_dist crawls in Redis. Inside a Scrapy "
         "project, its settings and spiders are used.",
         epilog="Commands: push, status, jobs, dead list|requeue|purge, reset, export, "
-        "metrics, pause, resume, drain, items; 'scrapy-dist COMMAND --help' describes "
+        "metrics, pause, resume, drain, items, web; 'scrapy-dist COMMAND --help' describes "
         "each. Exit codes: 0 ok; "
         "1 partly done, refused (also a destructive command without --yes when stdin is "
         "not a terminal), dead/reset/export of a crawl with no keys, an export that could "
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (push, status, metrics, dead, data, control, items):
+    for module in (push, status, metrics, dead, data, control, items, web):
         module.add_parsers(commands, common)
     return parser
 

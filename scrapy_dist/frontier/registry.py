@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     import redis
 
+    from scrapy_dist.scripts import HistoryKeys
+
 
 #: When this process started loading scrapy_dist (monotonic seconds).
 STARTED = time.monotonic()
@@ -107,6 +109,7 @@ class WorkerRegistry:
         starts: the set of start requests queued in this run (cleared by a join that
             starts a new run or finds no other worker alive).
         started: when this worker's crawl started (monotonic seconds); default: now.
+        history: sample the crawl's history with each heartbeat (``None``: do not).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class WorkerRegistry:
         progress: str,
         starts: str,
         started: float | None = None,
+        history: HistoryKeys | None = None,
     ) -> None:
         self.client = client
         self.key = key
@@ -129,6 +133,7 @@ class WorkerRegistry:
         self.progress = progress
         self.starts = starts
         self.started = time.monotonic() if started is None else started
+        self.history = history
         self._scripts = scripts_for(client)
 
     def join(self, *, flush: bool = False) -> tuple[int, bool]:
@@ -155,9 +160,13 @@ class WorkerRegistry:
         )
         return int(others), bool(flushed)
 
-    def heartbeat(self) -> None:
-        """Tell the others this worker is alive."""
-        self._scripts.heartbeat(workers=self.key, worker=self.worker_id).run()
+    def heartbeat(self, figures: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """Tell the others this worker is alive; with :attr:`history`, also record its
+        ``figures`` (pages, items, requests buffered) and sample the crawl's history
+        when due (in the same script call)."""
+        self._scripts.heartbeat(
+            workers=self.key, worker=self.worker_id, history=self.history, figures=figures
+        ).run()
 
     def leave(self) -> tuple[int, int]:
         """Unregister this worker (shared state stays; see ``lua/leave.lua``).

@@ -145,6 +145,16 @@ class Heartbeat:
             and time.monotonic() - self._ticked_at < 2 * period
         )
 
+    def _figures(self) -> tuple[int, int, int]:
+        """This worker's pages, items and buffered requests, for the crawl's history."""
+
+        def count(name: str) -> int:
+            value = self.stats.get_value(name, 0)
+            return int(value) if isinstance(value, (int, float)) else 0
+
+        pages = count("response_received_count")
+        return pages, count("item_scraped_count"), len(self.deliveries.buffer)
+
     def _tick(self) -> None:
         now = time.monotonic()
         self._ticks += 1
@@ -171,5 +181,5 @@ class Heartbeat:
                 return
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat_interval
-            self.frontier.call(self.registry.heartbeat)
+            self.frontier.call(lambda: self.registry.heartbeat(self._figures()))
             self.deliveries.renew(self.spider)

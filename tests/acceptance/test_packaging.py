@@ -50,6 +50,15 @@ def test_build_has_no_warning_and_holds_the_lua(tmp_path: Path) -> None:
         name for folder, name in names if folder == "scrapy_dist/lua" and name.endswith(".lua")
     }
     assert built_lua == {path.name for path in (PACKAGE / "lua").glob("*.lua")}
+    # the page of scrapy-dist web is served from the package (machines may be offline)
+    assets = ("html", "css", "js")
+    built_static = {
+        name
+        for folder, name in names
+        if folder == "scrapy_dist/web/static" and name.endswith(assets)
+    }
+    shipped = {p.name for p in (PACKAGE / "web" / "static").iterdir() if p.name.endswith(assets)}
+    assert built_static == shipped
 
 
 def test_a_zipped_copy_without_its_lua_says_how_to_fix_it(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""The page of ``scrapy-dist web`` (HTML, CSS and script), shipped as package data."""
