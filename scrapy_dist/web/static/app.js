@@ -291,17 +291,18 @@
     }
     tick();
   }
-  let historyAt = 0, busy = false;
+  let historyAt = 0, busy = false, again = false;
   async function tick() {
-    if (busy) return;
+    if (busy) { again = true; return; }
     busy = true;
+    const shown = view;  // the view of this tick: one switched to meanwhile waits for the next
     try {
       drawSummary(await get("/api/summary"));
-      if (view === "overview" && Date.now() - historyAt > 2000) { historyAt = Date.now(); await drawHistory(); }
-      if (view === "workers") await drawWorkers();
-      if (view === "frontier") await drawFrontier();
-      if (view === "dead") await drawDead();
-      if (view === "control") await drawControl();
+      if (shown === "overview" && Date.now() - historyAt > 2000) { historyAt = Date.now(); await drawHistory(); }
+      if (shown === "workers") await drawWorkers();
+      if (shown === "frontier") await drawFrontier();
+      if (shown === "dead") await drawDead();
+      if (shown === "control") await drawControl();
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       document.body.dataset.updated = String(Date.now());
       showError(null);
@@ -310,6 +311,7 @@
     } finally {
       busy = false;
     }
+    if (again) { again = false; tick(); }  // a view switched to during the tick: drawn now
   }
   async function start() {
     config = await get("/api/config");
