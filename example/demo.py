@@ -102,7 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"redis    {server.url} (pid {server.pid}, data in {server.directory})")
         print(f"site     {site.url}/page/0 .. /page/{args.pages - 1}")
         print(f"logs     {log_dir}")
-        settings: dict[str, object] = {"REDIS_URL": server.url}
+        settings: dict[str, object] = {
+            "REDIS_URL": server.url,
+            # the crawl's stats shared in Redis: its rate in `scrapy-dist status`
+            "STATS_CLASS": "scrapy_dist.stats.RedisStatsCollector",
+        }
         if args.max_idle is not None:
             settings["MAX_IDLE_TIME_BEFORE_CLOSE"] = args.max_idle
         workers = start_workers(

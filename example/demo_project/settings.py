@@ -19,8 +19,6 @@ DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
 SPIDER_MIDDLEWARES = {"scrapy_dist.parents.ParentLinks": 0}
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the demo always overrides it with -s REDIS_URL=...
 SCHEDULER_PERSIST = False
-# the crawl's stats shared in Redis: its rate in `scrapy-dist status` and the metrics
-STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"
 # A batch crawl: every worker exits by itself a few seconds after the crawl as a whole
 # is finished (nothing queued, leased or waiting as a seed, on any worker).
 CLOSE_WHEN_CRAWL_DONE = True
