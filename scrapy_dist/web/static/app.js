@@ -75,7 +75,8 @@
       ["done", s.progress.done], ["dead", s.dead.records],
       ["workers live", s.workers.live + " / " + s.workers.registered],
       ["items scraped", s.items.scraped], ["items stored", s.items.stored],
-      ["pages/s (status, last 60 s)", s.rates ? s.rates.pages_per_second : null],
+      [s.rates ? `pages/s over the last ${Math.round(s.rates.window)} s` : "pages/s",
+        s.rates ? s.rates.pages_per_second : null],
     ];
     $("figures").replaceChildren(...figures.map(([label, value]) => {
       const span = el("span");
