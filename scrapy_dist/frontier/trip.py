@@ -12,11 +12,14 @@ and settlements, :mod:`scrapy_dist.frontier.outbox`), the lease client (reserves
   order (enqueue, ``WAIT``, settle, reserve, the riders' reads) and sends them in one
   pipeline through the outbox. At most one flush is in flight; every synchronous flush
   first lands it (:meth:`Trip.land`).
-- **One route up**: each reply goes to the call that asked for it: the outbox learns
-  what was queued, filtered or refused, the lease client what was settled or leased,
-  a rider its read. A whole pipeline that failed puts its batch back in the outbox (an
-  outage, with its backoff). A fenced reply (the crawl's epoch is gone) is the
-  frontier's to judge (:meth:`Owner.gone`).
+- **One route up**: the pipeline's answers come back as one typed result,
+  :class:`Landing` (one field per call of :class:`Calls`), and
+  :meth:`Trip._hand_over` hands each to the part that owns it: the outbox learns what
+  was queued, filtered or refused (and the frontier which parents' leases were taken
+  over), the replication what the ``WAIT`` confirmed, the lease client what was
+  settled or leased, a carried read its reply. A whole pipeline that failed puts its
+  batch back in the outbox (an outage, with its backoff). A fenced reply (the crawl's
+  epoch is gone) is the frontier's to judge (:meth:`Owner.gone`).
 - The trip never changes the frontier's state; it reads the epoch joined and whether
   the crawl is lost (:class:`Owner`), and tells it what a reply means.
 """
@@ -36,11 +39,11 @@ from scrapy_dist.frontier.outbox import UNREACHABLE, Batch, Command, Outbox, ref
 from scrapy_dist.scripts import Fence
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from scrapy.statscollectors import StatsCollector
 
-    from scrapy_dist.frontier.events import FrontierEvents
+    from scrapy_dist.frontier.events import FrontierEvents, Read
     from scrapy_dist.frontier.leases import Lease, LeaseClient
     from scrapy_dist.frontier.replication import Replication
     from scrapy_dist.keys import RedisKeys
@@ -73,21 +76,67 @@ class Owner(Protocol):
         ...
 
 
-class _Call(NamedTuple):
-    """One script call of a flush, which script it is (``"enqueue"``, ``"settle"``,
-    ``"reserve"``, ``"wait"``, ``"read"``), and what to do with its reply (a reserve's
-    returns leases)."""
+class Calls(NamedTuple):
+    """The calls of one flush, in pipeline order: the enqueue, the ``WAIT`` that
+    confirms it on replicas, the settlements (with the outcomes they carry), the
+    reserve (of seeds or requests), then the reads other parts have carried. Each is
+    ``None`` (or empty) when the flush does not send it."""
 
-    kind: str
-    call: ScriptCall | Command
-    on_reply: Callable[[Any], list[Lease] | None]
+    enqueue: ScriptCall | None = None
+    wait: Command | None = None
+    settle: ScriptCall | None = None
+    outcomes: Sequence[tuple[str, str]] = ()
+    reserve: ScriptCall | None = None
+    seeds: bool = False
+    reads: Sequence[Read] = ()
+
+    def __bool__(self) -> bool:
+        return any(c is not None for c in (self.enqueue, self.settle, self.reserve)) or bool(
+            self.reads
+        )
+
+    def pipeline(self) -> list[ScriptCall | Command]:
+        """What the pipeline sends, in order."""
+        first = [self.enqueue, self.wait, self.settle, self.reserve]
+        return [c for c in first if c is not None] + [read.command for read in self.reads]
+
+
+class Landing(NamedTuple):
+    """What one flush brought back, by call (see :class:`Calls`): each the reply, the
+    exception that call answered with, or ``None`` when it was not sent. The trip
+    hands each to the part that owns it (:meth:`Trip._hand_over`): the enqueue's flags
+    to the outbox (queued, filtered, or refused because the parent's lease was taken
+    over), the ``WAIT`` to the replication, the settlement's counts and the reserve's
+    leases to the lease client, each read to the part that carried it."""
+
+    enqueued: Any = None
+    waited: Any = None
+    settled: Any = None
+    reserved: Any = None
+    reads: Sequence[Any] = ()
+
+    @classmethod
+    def of(cls, calls: Calls, answers: list[Any]) -> Landing:
+        """The answers of ``calls``' pipeline, one per call in order, by call."""
+        it = iter(answers)
+        return cls(
+            enqueued=None if calls.enqueue is None else next(it),
+            waited=None if calls.wait is None else next(it),
+            settled=None if calls.settle is None else next(it),
+            reserved=None if calls.reserve is None else next(it),
+            reads=tuple(it),
+        )
+
+
+class _Gone(Exception):
+    """A fenced answer: the crawl is gone, nothing more of the flush is handed over."""
 
 
 class _Prepared(NamedTuple):
     """A flush ready to send: its calls, the outbox's batch they carry, and how many
     entries its reserve asks for."""
 
-    calls: list[_Call]
+    calls: Calls
     batch: Batch
     reserve: int
 
@@ -220,7 +269,7 @@ class Trip:
         if not isinstance(prepared, _Prepared):
             return prepared
         try:
-            answers = self._outbox.send([c.call for c in prepared.calls])
+            answers = self._outbox.send(prepared.calls.pipeline())
         except redis.RedisError as e:  # whatever it is, the work stays in the outbox
             return self._apply(prepared, seeds, None, e)
         except BaseException:
@@ -266,7 +315,7 @@ class Trip:
             return
         if self._io is None:
             self._io = IOThread(f"scrapy-dist-io-{self._worker_id}")
-        calls = [c.call for c in prepared.calls]
+        calls = prepared.calls.pipeline()
         outbox = self._outbox
         future = self._io.submit(lambda: outbox.send(calls))
         flight = self._flight = _Flight(prepared, future, then)
@@ -378,90 +427,110 @@ class Trip:
         self.stats.inc_value("scheduler/redis/round_trips")
         kind = "flush" if not reserve else "reserve" if seeds is False else "seeds"
         self.stats.inc_value(f"scheduler/redis/round_trips/{kind}")
-        leases = self._answered(calls, answers, batch)
+        leases = self._hand_over(calls, Landing.of(calls, answers), batch)
         if self._owner.lost is not None:
             return None
         outbox.promote()  # every request added before these settlements is confirmed?
         return leases
 
-    def _calls(self, reserve: int, *, seeds: bool | SeedQueue) -> list[_Call]:
-        """The calls of one flush: enqueue, settle, reserve (each if needed)."""
-        calls: list[_Call] = []
+    def _calls(self, reserve: int, *, seeds: bool | SeedQueue) -> Calls:
+        """The calls of one flush: enqueue (and its ``WAIT``), settle, reserve (each if
+        needed), then the reads due."""
         epoch = self._owner.epoch
         fence = Fence(self._keys.epoch, epoch, self._leases.holding)
         enqueue = self._outbox.enqueue_call(fence)
+        wait = None
         if enqueue is not None:
             # what a reserve found empty before these enqueues says nothing of now
             self.found_empty_at = -math.inf
-            calls.append(_Call("enqueue", enqueue, self._enqueued))
             replication = self._replication
+            # confirmed on replicas before the settlements behind it
             wait = replication.wait_call() if replication is not None else None
-            if wait is not None:  # confirmed on replicas before the settlements behind it
-                calls.append(_Call("wait", wait, lambda reply: None))
         ready = self._outbox.ready
-        if ready:
-            settle = self._leases.settle_call(ready, epoch)
-            calls.append(_Call("settle", settle, lambda reply: self._leases.settled(reply, ready)))
-        if reserve > 0:
-            calls.append(self._reserve_call(reserve, seeds=seeds))
-        for read in self._events.reads():  # after the writes: the enqueue stays the first call
-            calls.append(_Call("read", read.command, read.on_reply))
-        return calls
-
-    def _enqueued(self, flags: Any) -> None:
-        """Hand an enqueue's reply to the outbox; requests refused because this worker
-        no longer holds their parents' leases make those leases taken over
-        (:meth:`Owner.taken_over`)."""
-        refused = self._outbox.enqueued(flags)
-        if refused:
-            self._owner.taken_over(refused)
-
-    def _reserve_call(self, count: int, *, seeds: bool | SeedQueue) -> _Call:
+        settle = self._leases.settle_call(ready, epoch) if ready else None
+        reserve_call = None
         source = None if seeds is False else self._seeds if seeds is True else seeds
-        call = self._leases.reserve_call(count, self._owner.epoch, source)
+        if reserve > 0:
+            reserve_call = self._leases.reserve_call(reserve, epoch, source)
+        return Calls(
+            enqueue=enqueue,
+            wait=wait,
+            settle=settle,
+            outcomes=ready,
+            reserve=reserve_call,
+            seeds=source is not None,
+            # after the writes: the enqueue stays the first call
+            reads=self._events.reads(),
+        )
 
-        def leases(reply: Any) -> list[Lease]:
-            return self._leases.leases(reply, seeds=source is not None)
-
-        return _Call("reserve", call, leases)
-
-    def _answered(self, calls: list[_Call], answers: list[Any], batch: Batch) -> list[Lease] | None:
-        """Hand each reply to its call; note a refusal as an outage (its work goes back
-        to the outbox).
+    def _hand_over(self, calls: Calls, landing: Landing, batch: Batch) -> list[Lease] | None:
+        """Hand each answer of ``landing`` to the part that owns it, in pipeline order;
+        a refusal is an outage (its work goes back to the outbox), a fenced answer the
+        owner's to judge (the crawl gone: nothing more is handed over).
 
         Returns:
-            The leases a reserve brought, or ``None`` if the reserve was refused.
+            The leases the reserve brought (empty: none asked or none), or ``None`` if
+            the reserve was refused or the crawl is gone.
         """
-        outbox = self._outbox
-        leases: list[Lease] | None = []
-        problem: Exception | None = None
-        for call, answer in zip(calls, answers, strict=True):
-            if call.kind == "read":  # another part's read: its reply, or error, is its own
-                call.on_reply(answer)
-                continue
-            if call.kind == "wait" and self._replication is not None:  # replication.py
-                enqueued = not isinstance(answers[0], Exception)  # the enqueue precedes it
-                short = self._replication.waited(answer, batch if enqueued else None, outbox)
-                problem = short or problem
-                continue
-            if isinstance(answer, Exception):
-                if self._owner.gone(answer):
-                    return None
-                if outbox.failed_call(call.kind, answer, batch):
-                    problem = answer
-                elif call.kind == "settle":  # rejected: that settlement will not be sent
-                    self._leases.forget(lease_id for lease_id, _ in batch.ready)
-                if call.kind == "reserve":
-                    leases = None
-            else:
-                result = call.on_reply(answer)
-                if result is not None:
-                    leases = result
+        outbox, leases = self._outbox, self._leases
+        problems: list[Exception | None] = []
+        got: list[Lease] | None = []
+        try:
+            if calls.enqueue is not None:
+                problems.append(self._enqueue_landed(landing.enqueued, batch))
+            if calls.wait is not None and self._replication is not None:  # replication.py
+                enqueued = not isinstance(landing.enqueued, Exception)
+                batch_waited = batch if enqueued else None
+                problems.append(self._replication.waited(landing.waited, batch_waited, outbox))
+            if calls.settle is not None:
+                if isinstance(landing.settled, Exception):
+                    problems.append(self._failed("settle", landing.settled, batch))
+                else:
+                    leases.settled(landing.settled, calls.outcomes)
+            if calls.reserve is not None:
+                if isinstance(landing.reserved, Exception):
+                    problems.append(self._failed("reserve", landing.reserved, batch))
+                    got = None
+                else:
+                    got = leases.leases(landing.reserved, seeds=calls.seeds)
+        except _Gone:
+            return None
+        for read, reply in zip(calls.reads, landing.reads, strict=True):
+            read.on_reply(reply)  # another part's read: its reply, or error, is its own
+        problem = next((p for p in reversed(problems) if p is not None), None)
         if problem is not None:
             outbox.failed(problem)
         else:
             outbox.recovered()
-        return leases
+        return got
+
+    def _enqueue_landed(self, flags: Any, batch: Batch) -> Exception | None:
+        """The enqueue's answer to the outbox (which requests were queued, filtered or
+        refused); requests refused because this worker no longer holds their parents'
+        leases make those leases taken over (:meth:`Owner.taken_over`).
+
+        Returns:
+            The outage it was, if one (see :meth:`_failed`).
+        """
+        if isinstance(flags, Exception):
+            return self._failed("enqueue", flags, batch)
+        refused = self._outbox.enqueued(flags)
+        if refused:
+            self._owner.taken_over(refused)
+        return None
+
+    def _failed(self, kind: str, error: Exception, batch: Batch) -> Exception | None:
+        """Call ``kind`` answered ``error``: a fenced answer ends the hand-over (the
+        crawl is gone, :class:`_Gone`); a refusal for now is an outage, returned for
+        the backoff; anything else the outbox rejects (a rejected settlement will not
+        be sent: its leases are forgotten)."""
+        if self._owner.gone(error):
+            raise _Gone
+        if self._outbox.failed_call(kind, error, batch):
+            return error
+        if kind == "settle":
+            self._leases.forget(lease_id for lease_id, _ in batch.ready)
+        return None
 
     def _release_unknown(self) -> None:
         """Hand back leases Redis granted in a call whose reply never arrived (run before
