@@ -413,9 +413,13 @@ class Scripts:
         args += [h.step, h.size]
         return self._call("heartbeat", keys, args)
 
-    def leave(self, *, workers: str, worker: str, timeout: float) -> ScriptCall:
-        """``lua/leave.lua``: unregister ``worker``, pruning stale workers."""
-        return self._call("leave", [workers], [worker, timeout])
+    def leave(
+        self, *, workers: str, worker: str, timeout: float, figures: str | None = None
+    ) -> ScriptCall:
+        """``lua/leave.lua``: unregister ``worker``, pruning stale workers (and their
+        ``figures``, if given)."""
+        keys = [workers] if figures is None else [workers, figures]
+        return self._call("leave", keys, [worker, timeout])
 
     # -- the dupefilter and stats (lua/dupefilter, stats) --------------------------------
 

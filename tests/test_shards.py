@@ -86,9 +86,11 @@ def test_two_workers_with_three_shards_on_one_server_crawl_every_page_once(
     left = [k.decode() for k in client.scan_iter(match=f"{crawl}*")]
     frontier = (":requests", ":epoch", ":holders")
     assert not [k for k in left if k.endswith(frontier) or ":holders:" in k], left
-    # what is left is the crawl's own progress record, which counts every shard's
-    # pages: the other shards' progress hashes went with their keys
-    assert left == [f"{crawl}:progress"], left
+    # what is left is the crawl's own record, which expires: its progress, which counts
+    # every shard's pages (the other shards' progress hashes went with their keys), and
+    # its history (the workers' figures went as they left)
+    assert sorted(left) == [f"{crawl}:history", f"{crawl}:progress"], left
+    assert all(client.ttl(key) > 0 for key in left), left
     assert int(client.hget(f"{crawl}:progress", "done") or 0) == PAGES + 1  # and the seed
     client.close()
 
@@ -124,7 +126,9 @@ def test_a_finished_sharded_crawl_reads_whole_resets_whole_and_runs_again_from_n
         assert result.statuses == [0, 0], result.figures()
         assert not result.missing, result.figures()
         first = status()
-        assert (first["state"], first["progress"]["done"]) == ("finished", 61), first
+        # 60 pages; the seed, done once its request was queued, is counted apart
+        assert (first["state"], first["progress"]["done"]) == ("finished", 60), first
+        assert first["progress"]["seeds_done"] == 1, first
         reset = run_cli("reset", "pages", "--yes", *cli, cwd=project)
         assert reset.returncode == 0, reset.stderr
         assert [k for k in client.scan_iter(match=f"{crawl}*")] == []
@@ -147,7 +151,7 @@ def test_a_finished_sharded_crawl_reads_whole_resets_whole_and_runs_again_from_n
         assert set(small.hits().values()) == {1}
         assert len(small.hits()) == 60
         again = status()
-        assert (again["state"], again["progress"]["done"]) == ("finished", 61), again
+        assert (again["state"], again["progress"]["done"]) == ("finished", 60), again
     client.close()
 
 
@@ -611,7 +615,7 @@ def test_a_finished_crawl_that_does_not_persist_leaves_one_record_the_cli_reads_
     status = json.loads(capsys.readouterr().out)
     assert status["state"] == "finished"
     assert status["progress"] | {"idle_since": 0, "finished_at": 0} == {
-        "done": 3, "retried": 2, "dead": 1, "idle_since": 0, "finished_at": 0,
+        "done": 3, "seeds_done": 0, "retried": 2, "dead": 1, "idle_since": 0, "finished_at": 0,
     }  # fmt: skip
     assert status["dead"]["records"] == 1
     assert main(["reset", name, "--yes", *common]) == 0

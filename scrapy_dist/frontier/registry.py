@@ -169,13 +169,17 @@ class WorkerRegistry:
         ).run()
 
     def leave(self) -> tuple[int, int]:
-        """Unregister this worker (shared state stays; see ``lua/leave.lua``).
+        """Unregister this worker, and its figures with it (shared state stays; see
+        ``lua/leave.lua``).
 
         Returns:
             The number of live workers remaining, and of those found gone (no heartbeat
             within the timeout: killed, or paused) and pruned.
         """
-        call = self._scripts.leave(workers=self.key, worker=self.worker_id, timeout=self.timeout)
+        figures = self.history.figures if self.history is not None else None
+        call = self._scripts.leave(
+            workers=self.key, worker=self.worker_id, timeout=self.timeout, figures=figures
+        )
         live, gone = cast("list[int]", call.run())
         return int(live), int(gone)
 
