@@ -358,7 +358,6 @@ class Politeness:
         from twisted.internet.task import LoopingCall
 
         self.spider = spider
-        self.deliveries.on_finished.append(self.finished)
         if self.config is not None:
             self.limits = Limits.build(self.config, spider)
             if self.config.per_ip:

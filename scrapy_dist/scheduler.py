@@ -190,6 +190,7 @@ class Scheduler(BaseScheduler):
             prefetch=prefetch,
             max_held=max_held if max_held is not None else 3 * prefetch,
             on_empty=self._shared_df.forget_local if self._shared_df else lambda: None,
+            on_finished=self._left_engine,
             callback_errors=callback_errors,
             local=local,
         )
@@ -577,6 +578,12 @@ class Scheduler(BaseScheduler):
         self.stats.inc_value("scheduler/dequeued/redis")
         self.stats.inc_value("scheduler/dequeued")
         return request
+
+    def _left_engine(self, request: Request) -> None:
+        """A request left the engine (before its lease is settled): cluster-wide
+        politeness, if on, releases its download token."""
+        if self.politeness is not None:
+            self.politeness.finished(request)
 
     def _wake(self) -> None:
         """Wake the engine if it was last told there was nothing (:meth:`next_request`

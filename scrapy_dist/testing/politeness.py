@@ -85,7 +85,6 @@ class GateBuffer:
     def __init__(self, urls: list[str]) -> None:
         self.buffer = deque((Lease(str(i), 1, b""), Request(u)) for i, u in enumerate(urls))
         self.out: list[Request] = []
-        self.on_finished: list[Any] = []
         self.frontier = SimpleNamespace(found_empty_at=0.0)
         self.more: list[str] = []
 

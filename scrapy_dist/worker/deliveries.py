@@ -73,6 +73,8 @@ class Deliveries:
             under the same epoch brought leases first (the crawl had not finished:
             Redis refuses a reserve of a finished crawl, whose epoch is deleted, and
             a worker holding leases keeps it from finishing).
+        on_finished: called with each request that left the engine, before its lease
+            is settled (cluster-wide politeness releases its download token).
         callback_errors: the settlement of a request whose callback raised:
             :data:`CALLBACK_DONE` (acknowledged, as on Scrapy's scheduler), :data:`RETRY`
             (returned for another try, up to ``SCHEDULER_MAX_DELIVERIES``) or
@@ -90,6 +92,7 @@ class Deliveries:
         prefetch: int,
         max_held: int,
         on_empty: Callable[[], None] = lambda: None,
+        on_finished: Callable[[Request], None] = lambda request: None,
         callback_errors: str = CALLBACK_DONE,
         local: LocalRequests | None = None,
     ) -> None:
@@ -117,7 +120,7 @@ class Deliveries:
         self.renewed_at = time.monotonic()
         #: Called with each request that left the engine, before its lease is settled
         #: (cluster-wide politeness releases its download token).
-        self.on_finished: list[Callable[[Request], None]] = []
+        self.on_finished = on_finished
         #: The crawl epoch when a settlement last left this worker holding nothing,
         #: until :attr:`on_empty` is called or a reserve under it brings leases.
         self._emptied: str | None = None
@@ -234,8 +237,7 @@ class Deliveries:
         outcomes: list[tuple[str, str]] = []
         taken = self.frontier.taken
         for request in finished:
-            for listener in self.on_finished:
-                listener(request)
+            self.on_finished(request)
             reason = self.failures.pop(request, DONE)
             lease_id = self.out.pop(request)
             if lease_id in taken:  # another worker holds it now: nothing to settle
