@@ -73,7 +73,8 @@
     const figures = [
       ["seeds", s.seeds.waiting], ["queued", s.queue.queued], ["leased", s.leased],
       ["done", s.progress.done], ["dead", s.dead.records],
-      ["workers live", s.workers.live + " / " + s.workers.registered],
+      [s.workers.silent ? `workers live (${s.workers.silent} silent)` : "workers live",
+        s.workers.live + " / " + s.workers.registered],
       ["items scraped", s.items.scraped], ["items stored", s.items.stored],
       [s.rates ? `pages/s over the last ${Math.round(s.rates.window)} s` : "pages/s",
         s.rates ? s.rates.pages_per_second : null],
