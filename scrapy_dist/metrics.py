@@ -73,8 +73,17 @@ GAUGES = {
     "scrapy_dist_leased": "Requests and seeds held by workers and not yet acknowledged.",
     "scrapy_dist_dead": "Records in the crawl's dead-letter list.",
     "scrapy_dist_workers": "Live workers (heartbeat within SCHEDULER_WORKER_TIMEOUT).",
-    "scrapy_dist_pages_per_second": "Pages the whole crawl fetched per second, last minute.",
-    "scrapy_dist_items_per_second": "Items the whole crawl scraped per second, last minute.",
+    "scrapy_dist_workers_silent": "Live workers that missed two heartbeats (their leases "
+    "return when they expire).",
+    "scrapy_dist_workers_registered": "Workers in the crawl's registry, live or not.",
+    "scrapy_dist_requests_done": "Requests acknowledged (fetched, dropped or failed for "
+    "good; seeds not counted): status's done.",
+    "scrapy_dist_pages_per_second": "Pages the whole crawl fetched per second over the last "
+    "scrapy_dist_rate_window_seconds.",
+    "scrapy_dist_items_per_second": "Items the whole crawl scraped per second over the last "
+    "scrapy_dist_rate_window_seconds.",
+    "scrapy_dist_rate_window_seconds": "Seconds the rates are measured over: a minute, or "
+    "less while the crawl is younger.",
     "scrapy_dist_items_stored": "Items in the crawl's items list.",
     "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
     "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
@@ -148,12 +157,16 @@ def gauges(status: CrawlStatus | None) -> dict[str, float]:
         "scrapy_dist_leased": status.leased,
         "scrapy_dist_dead": status.dead,
         "scrapy_dist_workers": len(status.live_workers()),
+        "scrapy_dist_workers_silent": status.silent_workers(),
+        "scrapy_dist_workers_registered": len(status.workers),
+        "scrapy_dist_requests_done": status.requests_done,
         "scrapy_dist_items_stored": status.items_stored,
         "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
     }
     if status.rates is not None:
         values["scrapy_dist_pages_per_second"] = status.rates.pages_per_second
         values["scrapy_dist_items_per_second"] = status.rates.items_per_second
+        values["scrapy_dist_rate_window_seconds"] = status.rates.window
     df = status.dupefilter
     if df is not None and df.capacity:
         values["scrapy_dist_bloom_fill"] = df.count / df.capacity

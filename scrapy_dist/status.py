@@ -323,6 +323,12 @@ class CrawlStatus:
             return "waiting"
         return "idle"
 
+    def silent_workers(self) -> int:
+        """The :meth:`live_workers` that missed two heartbeats (``"silent"`` in
+        :meth:`worker_rows`): counted live until ``SCHEDULER_WORKER_TIMEOUT``."""
+        limit = 2 * self.heartbeat_interval
+        return sum(1 for age in self.live_workers().values() if age > limit)
+
     def live_workers(self) -> dict[str, float]:
         """Live worker id -> seconds since its last heartbeat."""
         ages = {w: max(0.0, self.time - beat) for w, beat in self.workers.items()}
@@ -369,6 +375,7 @@ class CrawlStatus:
             },
             "workers": {
                 "live": len(live),
+                "silent": self.silent_workers(),
                 "registered": len(self.workers),
                 "timeout": self.worker_timeout,
                 "heartbeat_interval": self.heartbeat_interval,

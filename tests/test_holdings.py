@@ -105,7 +105,9 @@ class Crawl:
             reclaim_limit=reclaim_limit,
             epoch="",
         ).run()
-        return [(reply[i].decode(), reply[i + 1], reply[i + 2]) for i in range(0, len(reply), 3)]
+        # (a trailing count of expired leases put back, when there are some: dropped)
+        n = len(reply) - len(reply) % 3
+        return [(reply[i].decode(), reply[i + 1], reply[i + 2]) for i in range(0, n, 3)]
 
     def settle(self, worker: str, outcomes: Iterable[tuple[str, str]]) -> list[int]:
         k = self.keys

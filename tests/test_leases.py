@@ -186,6 +186,40 @@ def test_settling_a_lease_taken_back_meanwhile_warns_and_leaves_it_to_its_new_ho
     assert crawl.holding(other) == {lease.id}
 
 
+def test_a_reserve_that_takes_back_expired_leases_says_how_many_once(
+    crawl: Crawl, caplog: pytest.LogCaptureFixture
+) -> None:
+    crawl.push(b"a", b"b", b"c")
+    silent, survivor = crawl.worker(), crawl.worker()
+    assert len(crawl.reserve(silent, 2)) == 2
+    crawl.expire(silent)
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.frontier.leases"):
+        taken = crawl.reserve(survivor, 5)  # reclaims a and b, then leases all three
+    assert sorted(lease.data for lease in taken) == [b"a", b"b", b"c"]
+    assert survivor.held == {lease.id for lease in taken}
+    assert crawl.count("reclaimed") == 2
+    said = [r.getMessage() for r in caplog.records if "expired lease" in r.getMessage()]
+    assert said == [
+        "Took back 2 expired lease(s) of a silent worker: their requests went back to the "
+        "queue and their pages will be crawled again"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.frontier.leases"):
+        assert crawl.reserve(survivor, 1) == []  # nothing expired: nothing said
+    assert "expired lease" not in caplog.text
+    assert crawl.count("reclaimed") == 2
+
+
+def test_a_reserve_that_only_reclaims_grants_nothing_and_says_so(crawl: Crawl) -> None:
+    crawl.push(b"a")
+    silent, survivor = crawl.worker(), crawl.worker()
+    crawl.reserve(silent, 1)
+    crawl.expire(silent)
+    assert crawl.reserve(survivor, 0) == []  # the reply is the count alone
+    assert crawl.queued() == [b"a"]
+    assert crawl.count("reclaimed") == 1
+
+
 def test_a_renewal_extends_the_deadline(crawl: Crawl) -> None:
     crawl.push(b"a")
     leases = crawl.worker()

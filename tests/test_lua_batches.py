@@ -38,6 +38,8 @@ class Crawl:
         keys = ("queue", "seq", "epoch", "holders", "deliveries", "dead", "seeds", "progress")
         # "leases", "leased": the previous version's leases (only reclaimed and counted)
         self.key = {k: f"{name}:{k}" for k in (*keys, "filter", "leases", "leased")}
+        #: the expired leases the last reserve put back (its reply's trailing count)
+        self.returned = 0
 
     def holding(self, worker: str = "w") -> str:
         """The holding hash of worker ``worker`` (``RedisKeys.holding``)."""
@@ -99,7 +101,10 @@ class Crawl:
             reclaim_limit=100,
             epoch="",
         ).run()
-        return [reply[i : i + 3] for i in range(0, len(reply), 3)]
+        # the expired leases the call put back, when some: one trailing integer
+        end = len(reply) - len(reply) % 3
+        self.returned = reply[end] if end < len(reply) else 0
+        return [reply[i : i + 3] for i in range(0, end, 3)]
 
     def settle(self, outcomes: Iterable[tuple[str, str]], *, put_back: str = "level") -> list[int]:
         k = self.key
@@ -380,6 +385,7 @@ def test_a_previous_versions_expired_leases_are_counted_then_reclaimed(
     assert crawl.leased() == 4
 
     assert crawl.reserve(0, worker="w2") == []  # reclaims the two expired only
+    assert crawl.returned == 2  # the reply's trailing count
     assert crawl.leased() == 2
     assert client.zrange(k["leases"], 0, -1) == [b"0000000000000002"]
     assert client.hkeys(k["leased"]) == [b"0000000000000002"]

@@ -109,6 +109,7 @@ def test_cli_prints_the_crawls_metrics(  # noqa: PLR0917
     )
     assert 0 < pages <= 120
     assert items == pytest.approx(pages / 2)
+    assert 0 < values.pop("scrapy_dist_rate_window_seconds") <= 60
     assert values == {
         "scrapy_dist_up": 1,
         "scrapy_dist_queue_depth": 2,
@@ -116,6 +117,9 @@ def test_cli_prints_the_crawls_metrics(  # noqa: PLR0917
         "scrapy_dist_leased": 3,
         "scrapy_dist_dead": 2,
         "scrapy_dist_workers": 0,
+        "scrapy_dist_workers_silent": 0,
+        "scrapy_dist_workers_registered": 0,
+        "scrapy_dist_requests_done": 0,
         "scrapy_dist_items_stored": 1,
         "scrapy_dist_dupefilter_size": 3,
         "scrapy_dist_control_state": 0,

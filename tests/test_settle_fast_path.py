@@ -90,7 +90,7 @@ class Crawl:
             reclaim_limit=100,
             epoch="",
         ).run()
-        return [reply[i].decode() for i in range(0, len(reply), 3)]
+        return [reply[i].decode() for i in range(0, len(reply) - len(reply) % 3, 3)]
 
     def held(self, worker: str = "w") -> list[str]:
         keys = cast("list[bytes]", self.client.hkeys(self.holding(worker)))

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy.settings import Settings
@@ -21,8 +21,11 @@ from scrapy_dist.control import PAUSED, read_log, set_state
 from scrapy_dist.deadletter import DeadLetters
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.registry import WorkerRegistry
+from scrapy_dist.keys import level_key
 from scrapy_dist.scripts import HistoryKeys
+from scrapy_dist.stats import SharedStats
 from scrapy_dist.status import CrawlLayout, read_status
+from scrapy_dist.stream_admin import create_group
 from scrapy_dist.web.server import TOKEN_HEADER, WebServer, check_bind
 from scrapy_dist.web.views import GROUP_SAMPLE, Dashboard
 
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import redis
+
+    from scrapy_dist.testing import RedisServer
 
 pytestmark = pytest.mark.redis_server
 
@@ -202,6 +207,99 @@ def test_frontier_by_priority(client: redis.Redis, dashboard: Dashboard) -> None
     assert frontier["levels"] == [{"priority": 5, "queued": 2}, {"priority": 0, "queued": 1}]
 
 
+def test_frontier_shows_the_oldest_entry_of_the_most_and_least_urgent_levels(
+    client: redis.Redis, dashboard: Dashboard
+) -> None:
+    layout = dashboard.layout
+    keys = layout.keys
+    queue = layout.queue_cls(client, keys.requests, keys.seq)
+    queue.open(list)
+    assert dashboard.frontier()["oldest"] == []
+    for url, priority in (("low-1", 0), ("top-1", 5), ("low-2", 0), ("mid", 3), ("top-2", 5)):
+        payload = json.dumps({"url": f"https://example.com/{url}"}).encode()
+        queue.push([(payload, -float(priority), b"")])
+    queue.push([(b"\x80not json", -1.0, b"")])
+    oldest = dashboard.frontier()["oldest"]
+    assert [(o["priority"], o["url"]) for o in oldest] == [
+        (5, "https://example.com/top-1"),  # the next one a reserve takes
+        (0, "https://example.com/low-1"),  # the one waiting longest
+    ]
+    assert all(len(o["id"]) == 16 and o["raw"] is None for o in oldest)
+    # a level deleted behind the index's back (by hand): shown without it
+    [least] = cast("list[bytes]", client.zrange(keys.request_levels, -1, -1))
+    client.delete(level_key(keys.requests, least.decode()))
+    oldest = dashboard.frontier()["oldest"]
+    assert [o["url"] for o in oldest] == ["https://example.com/top-1"]
+
+
+def test_frontier_oldest_is_bounded_on_a_big_queue(
+    client: redis.Redis, dashboard: Dashboard
+) -> None:
+    layout = dashboard.layout
+    keys = layout.keys
+    queue = layout.queue_cls(client, keys.requests, keys.seq)
+    queue.open(list)
+    for start in range(0, 100_000, 10_000):
+        queue.push([(b"x" * 20, 0.0, b"") for _ in range(start, start + 10_000)])
+    started = time.monotonic()
+    oldest = dashboard.frontier()["oldest"]
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0, f"{elapsed:.2f} s for the frontier of 100,000 queued"
+    assert [o["raw"] for o in oldest] == ["x" * 20]
+
+
+def test_redis_view_memory_refusals_and_stream_lag(
+    client: redis.Redis, dashboard: Dashboard
+) -> None:
+    layout = dashboard.layout
+    view = dashboard.server()
+    memory = view["memory"]
+    assert memory["error"] is None
+    assert memory["used"] > 0
+    assert memory["policy"] == "noeviction"
+    assert memory["warning"] is None
+    assert (view["stats_shared"], view["refusals"], view["item_stream"]) == (False, {}, None)
+
+    SharedStats(client, layout.keys.stats, layout.keys.timeline).apply(
+        [
+            ("inc", "response_received_count", "10", "0"),
+            ("inc", "scheduler/redis/refused/OOM", "3", "0"),
+            ("inc", "scheduler/leases/children_refused", "2", "0"),
+        ]
+    )
+    stream = layout.items_stream
+    for i in range(5):
+        client.xadd(stream, {"item": f"{i}"})
+    assert create_group(client, stream, "export", "0")
+    client.xreadgroup("export", "c1", {stream: ">"}, count=2)
+    dashboard.status(fresh=True)
+    view = dashboard.server()
+    assert view["stats_shared"] is True
+    assert view["refusals"] == {
+        "scheduler/leases/children_refused": 2,
+        "scheduler/redis/refused/OOM": 3,
+    }
+    [group] = view["item_stream"]["groups"]
+    assert (group["name"], group["lag"], group["pending"]) == ("export", 3, 2)
+
+
+def test_redis_view_warns_of_a_policy_that_evicts_the_crawls_keys(server: RedisServer) -> None:
+    config = _config(server.url)
+    with server.client() as own:
+        dashboard = Dashboard(own, CrawlLayout.from_config(config, "evicted"), config)
+        own.config_set("maxmemory", "1gb")
+        own.config_set("maxmemory-policy", "allkeys-lru")
+        memory = dashboard.server()["memory"]
+        assert memory["max"] == 1 << 30
+        assert 0 < memory["fill"] < 1
+        assert memory["warning"] == (
+            "maxmemory-policy allkeys-lru: at maxmemory it evicts frontier keys (queue, "
+            "leases, dupefilter) and requests are lost or crawled again"
+        )
+        own.config_set("maxmemory-policy", "volatile-lru")  # no key of the crawl expires
+        assert dashboard.server()["memory"]["warning"] is None
+
+
 # -- the server --------------------------------------------------------------------------
 
 
@@ -235,7 +333,8 @@ def _call(
 
 
 def test_every_view_has_a_json_twin(served: WebServer, dashboard: Dashboard) -> None:
-    for view in ("summary", "workers", "frontier", "dead", "history", "control", "config"):
+    views = ("summary", "workers", "frontier", "redis", "dead", "history", "control", "config")
+    for view in views:
         code, value = _call(served, f"/api/{view}")
         assert code == 200, (view, value)
     code, page = _call(served, "/")

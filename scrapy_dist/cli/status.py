@@ -194,10 +194,13 @@ def _worker_lines(status: CrawlStatus, row: str) -> list[str]:
     leases they hold return (``SCHEDULER_LEASE_TIMEOUT``), gone; and how many leases of
     silent workers came back."""
     rows = status.worker_rows()
-    live = status.live_workers()
-    silent = sum(1 for r in rows if r["state"] == "silent")
-    note = "live" + (f", {silent} silent" if silent else "")
-    lines = [row.format("workers", len(live) - silent, f"{note} (of {len(rows)} registered)")]
+    # live as --json, the page and the metrics count them (heartbeat within
+    # SCHEDULER_WORKER_TIMEOUT), the silent ones among them named: the text used to count
+    # only the others, and said "0 live" of a crawl whose metrics said 2 workers
+    silent = status.silent_workers()
+    note = "live" + (f", {silent} of them silent" if silent else "")
+    registered = f"(of {len(status.workers)} registered)"
+    lines = [row.format("workers", len(status.live_workers()), f"{note} {registered}")]
     pad = f"  {'':<11}{'':>9}  "
     for r in rows:
         heard = "no heartbeat" if r["age"] is None else f"heartbeat {_ago(r['age'])}"

@@ -26,6 +26,22 @@ logger = logging.getLogger(__name__)
 EVICTING = ("allkeys-",)
 
 
+def eviction_risk(policy: str, expiring: Sequence[str] = ()) -> str | None:
+    """What ``maxmemory-policy`` ``policy`` may evict of a crawl whose keys ``expiring``
+    have an expiry, in words (``None``: nothing of the frontier). What a worker says
+    when it opens, and the page shows."""
+    if policy.startswith(EVICTING):
+        what = "frontier keys (queue, leases, dupefilter)"
+    elif policy.startswith("volatile-") and expiring:
+        what = f"the keys with an expiry ({', '.join(expiring)})"
+    else:
+        return None
+    return (
+        f"maxmemory-policy {policy}: at maxmemory it evicts {what} and requests are "
+        "lost or crawled again"
+    )
+
+
 def check_eviction_policy(client: redis.Redis, check: str, expiring: Sequence[str] = ()) -> None:
     """Refuse (or warn about) a ``maxmemory-policy`` that may delete frontier keys:
     ``allkeys-*``, or ``volatile-*`` when some of them expire (``expiring``, e.g.
@@ -53,16 +69,12 @@ def check_eviction_policy(client: redis.Redis, check: str, expiring: Sequence[st
         return
     policy = next(iter(reply.values()), "")
     policy = policy.decode() if isinstance(policy, bytes) else str(policy)
-    if policy.startswith(EVICTING):
-        what = "frontier keys (queue, leases, dupefilter)"
-    elif policy.startswith("volatile-") and expiring:
-        what = f"the keys with an expiry ({', '.join(expiring)})"
-    else:
+    risk = eviction_risk(policy, expiring)
+    if risk is None:
         return
     message = (
-        f"Redis at {describe(client)} has maxmemory-policy {policy}: at maxmemory "
-        f"it evicts {what} and requests are lost or crawled again. Set it to "
-        f"noeviction (a full server then refuses writes and the crawl waits), or set "
+        f"Redis at {describe(client)} has {risk}. Set it to noeviction (a full server "
+        f"then refuses writes and the crawl waits), or set "
         f"REDIS_EVICTION_POLICY_CHECK = 'warn' to run anyway"
     )
     if check == "refuse":

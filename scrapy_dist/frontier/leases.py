@@ -224,14 +224,29 @@ class LeaseClient:
 
     def leases(self, reply: Any, *, seeds: bool) -> list[Lease]:
         """The leases in a reserve's reply (a request's data is its payload, without
-        the entry id), now :attr:`held`."""
+        the entry id), now :attr:`held`. A reply that ends with one element more (one
+        more than a multiple of three) names how many expired leases of silent workers
+        the call put back: said once, and counted as ``scheduler/leases/reclaimed``."""
         out = []
-        for i in range(0, len(reply), 3):
+        end = len(reply) - len(reply) % 3
+        if end < len(reply):
+            self._reclaimed(int(reply[end]))
+        for i in range(0, end, 3):
             entry: bytes = reply[i + 2]
             data = entry if seeds else entry[ENTRY_ID_LEN:]
             out.append(Lease(reply[i].decode(), int(reply[i + 1]), data))
         self.held.update(lease.id for lease in out)
         return out
+
+    def _reclaimed(self, n: int) -> None:
+        """A reserve of this worker put back ``n`` expired leases (a worker went silent,
+        or this one let its own lapse): say so, and count them."""
+        self._stats().inc_value("scheduler/leases/reclaimed", n)
+        logger.info(
+            "Took back %(n)d expired lease(s) of a silent worker: their requests went back "
+            "to the queue and their pages will be crawled again",
+            {"n": n},
+        )
 
     def forget(self, lease_ids: Iterable[str]) -> None:
         """These leases are no longer this worker's (settled, or taken back)."""

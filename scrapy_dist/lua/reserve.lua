@@ -33,7 +33,9 @@
 -- ARGV[9] = maximum expired leases to reclaim in this call
 -- ARGV[10] = the crawl epoch this worker joined ("" = unfenced)
 -- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw
--- seed); an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[10]
+-- seed), then, only when the call put expired leases back where they came from, one
+-- integer more: how many (so the worker that ran it can say so; its length is then one
+-- more than a multiple of three, LeaseClient.leases); an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[10]
 --
 -- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
@@ -411,4 +413,8 @@ if #ids > 0 then
 end
 -- a counter written by hand is restarted, not a failure after the pops (add_counts)
 add_counts(stats, dead, {"dead", buried, "reclaimed", returned}, worker)
+-- the expired leases put back, after the leases: the worker logs them (no call of its own)
+if returned > 0 then
+  result[3 * #ids + 1] = returned
+end
 return result

@@ -4,7 +4,7 @@ Standard library only (:class:`http.server.ThreadingHTTPServer` on a thread), as
 read from the package (``scrapy_dist/web/static``), so it runs offline.
 
 Routes: ``GET /`` the page; ``GET /static/<name>`` its assets; ``GET /api/<view>`` one
-view as JSON (``summary``, ``workers``, ``frontier``, ``dead``, ``history``,
+view as JSON (``summary``, ``workers``, ``frontier``, ``redis``, ``dead``, ``history``,
 ``control``, ``config``); ``POST /api/control`` (pause, resume, drain with a reason),
 ``POST /api/dead/requeue`` (all, or some indexes), ``POST /api/dead/purge`` (with the
 count confirmed).
@@ -250,6 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
             return d.workers(offset, int(limit or 100))
         if view == "frontier":
             return d.frontier()
+        if view == "redis":
+            return d.server()
         if view == "dead":
             return d.dead(offset, int(limit or 50))
         if view == "history":

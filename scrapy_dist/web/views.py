@@ -3,8 +3,10 @@
 Every figure ``status`` also shows is read through :func:`scrapy_dist.status.read_status`
 (the same numbers on the page and in ``status``); this module adds what ``status`` does
 not read: the answer in words, the history samples heartbeats keep (``<crawl>:history``),
-each worker's own figures and its leases' deadline, the queue by priority level, a page
-of dead letters grouped by reason, and the control audit trail. Every read is bounded
+each worker's own figures and its leases' deadline, the queue by priority level and its
+oldest entries, the Redis server's memory, eviction policy and the refusals workers
+counted (:mod:`scrapy_dist.web.health`), a page of dead letters grouped by reason, and the
+control audit trail. Every read is bounded
 (``LRANGE`` of a page, one ``HLEN`` per worker shown), so a crawl with 100,000 dead
 letters or 1,000 workers costs the page a few round trips, never a full read.
 
@@ -25,6 +27,7 @@ from scrapy_dist import deadletter
 from scrapy_dist.control import DRAINING, PAUSED, read_log, set_state
 from scrapy_dist.keys import level_key
 from scrapy_dist.status import json_safe, read_status
+from scrapy_dist.web import health
 
 if TYPE_CHECKING:
     import redis
@@ -259,10 +262,27 @@ class Dashboard:
             "seeds": {"key": status.seeds_key, "type": status.seeds_kind, "waiting": status.seeds},
             "queue": {"key": queue, "type": status.queue_kind, "queued": status.queued},
             "levels": levels,
+            "oldest": health.oldest_entries(self.client, self.layout),
             "leased": status.leased,
             "shards": status.shards,
             "hints": hints(status, self.layout),
             "set_aside": status.set_aside,
+        }
+
+    def server(self) -> dict[str, Any]:
+        """The Redis server and what the workers met there: memory used and
+        ``maxmemory``, the eviction policy and what it may evict of the crawl, the
+        refusals counted in the crawl's shared stats (``stats_shared``: whether there
+        are any, ``RedisStatsCollector``), and the items stream's lag and pending count
+        per consumer group (``None`` without a stream). One ``INFO`` beside the summary."""
+        status = self.status()
+        stream = status.item_stream
+        return {
+            "redis": status.redis,
+            "memory": health.memory(self.client, health.expiring_keys(status)),
+            "stats_shared": bool(status.stats),
+            "refusals": health.refusals(status.stats),
+            "item_stream": None if stream is None else json_safe(stream.as_dict()),
         }
 
     def dead(self, offset: int = 0, limit: int = 50) -> dict[str, Any]:

@@ -225,6 +225,10 @@ def test_the_page_follows_and_steers_a_crawl(
     show("control")
     browser.find_element(By.ID, "btn-resume").click()
     _wait("running again", lambda: text("state") == "running", 2)
+    show("frontier")  # work queued: the oldest entry of each end of the levels, its URL
+    _wait("frontier drawn", lambda: "queued in" in text("frontier-figures"), 3)
+    _wait("oldest entries drawn", lambda: "/page/" in text("oldest-table"), 5)
+    shot("frontier")
     with project.client() as client:
         _wait(
             "a worker holding leases",
@@ -257,9 +261,14 @@ def test_the_page_follows_and_steers_a_crawl(
         _wait("its leases return", lambda: client.hlen(f"books:holders:{victim}") == 0, 20)
     _wait("no countdown", lambda: countdown() is None, 3)
     assert time.monotonic() - killed < 30
-    show("frontier")
-    _wait("frontier drawn", lambda: "queued in" in text("frontier-figures"), 3)
-    shot("frontier")
+    # the survivor that took them back says so, with the count
+    [survivor] = [w for w in workers if w.process.pid != pid]
+    said = re.compile(r"Took back (\d+) expired lease\(s\) of a silent worker")
+    _wait("the survivor says so", lambda: said.search(survivor.text()), 5)
+    show("redis")
+    _wait("redis drawn", lambda: "maxmemory-policy" in text("redis-figures"), 3)
+    assert "noeviction" in text("redis-figures")
+    shot("redis")
     for worker in workers:
         if worker.process.poll() is None:
             worker.process.send_signal(signal.SIGTERM)

@@ -3,7 +3,7 @@
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
-  const VIEWS = ["overview", "workers", "frontier", "dead", "control"];
+  const VIEWS = ["overview", "workers", "frontier", "redis", "dead", "control"];
   const SVGNS = "http://www.w3.org/2000/svg";
   let config = { actions: false, refresh: 1, token_header: "X-Scrapy-Dist-Token" };
   let token = sessionStorage.getItem("scrapy-dist-token") || "";
@@ -73,7 +73,8 @@
     const figures = [
       ["seeds", s.seeds.waiting], ["queued", s.queue.queued], ["leased", s.leased],
       ["done", s.progress.done], ["dead", s.dead.records],
-      ["workers live", s.workers.live + " / " + s.workers.registered],
+      [s.workers.silent ? `workers live (${s.workers.silent} silent)` : "workers live",
+        s.workers.live + " / " + s.workers.registered],
       ["items scraped", s.items.scraped], ["items stored", s.items.stored],
       [s.rates ? `pages/s over the last ${Math.round(s.rates.window)} s` : "pages/s",
         s.rates ? s.rates.pages_per_second : null],
@@ -195,7 +196,38 @@
       const td = el("td"); td.appendChild(bar);
       return row([num(l.priority), num(l.queued), td]);
     }) : [row([el("td", f.queue.type === "levels" ? "nothing queued" : "a FIFO/LIFO queue has no priority levels"), el("td"), el("td")])]);
+    fill($("oldest-table").tBodies[0], f.oldest.length ? f.oldest.map((o) => row([
+      num(o.priority === null ? "–" : o.priority), el("td", o.id, "mono"), el("td", o.url || o.raw, "mono"),
+    ])) : [row([el("td", "nothing queued"), el("td"), el("td")])]);
     $("frontier-hints").replaceChildren(...f.hints.map((h) => el("div", h)));
+  }
+
+  // -- redis ---------------------------------------------------------------------------------
+  function bytes(n) {
+    if (n === null || n === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return (i ? n.toFixed(1) : String(n)) + " " + units[i];
+  }
+  async function drawRedis() {
+    const r = await get("/api/redis");
+    const m = r.memory;
+    const card = (value, label) => { const c = el("div", null, "card"); c.appendChild(el("b", value)); c.appendChild(el("span", label)); return c; };
+    $("redis-figures").replaceChildren(...(m.error ? [card("?", `memory not read: ${m.error}`)] : [
+      card(bytes(m.used), `used of ${m.max ? bytes(m.max) + " maxmemory" : "no maxmemory limit"}` + (m.fill === null ? "" : ` (${(m.fill * 100).toFixed(1)}%)`)),
+      card(m.policy || "–", "maxmemory-policy"),
+    ]));
+    const warning = m.warning ? [el("div", `${m.warning}: set it to noeviction (a full server then refuses writes and the crawl waits).`, "warn")] : [];
+    $("redis-warning").replaceChildren(...warning);
+    const names = Object.keys(r.refusals);
+    fill($("refusals-table").tBodies[0], names.length ? names.map((n) => row([el("td", n, "mono"), num(r.refusals[n])]))
+      : [row([el("td", r.stats_shared ? "none: Redis refused nothing the workers wrote" : "not known: the workers' stats are not shared (STATS_CLASS = 'scrapy_dist.stats.RedisStatsCollector')"), el("td")])]);
+    const s = r.item_stream;
+    fill($("groups-lag-table").tBodies[0], s && s.groups.length ? s.groups.map((g) => row([
+      el("td", g.name, "mono"), num(g.lag === null ? "too many to count" : g.lag), num(g.pending), num(g.consumers.length),
+    ])) : [row([el("td", s ? "no consumer group" : "no items stream"), el("td"), el("td"), el("td")])]);
+    $("stream-note").textContent = s ? `${s.key}: ${s.length} item(s), ${s.dead} in ${s.dead_key}` : "";
   }
 
   // -- dead letters ------------------------------------------------------------------------
@@ -302,6 +334,7 @@
       if (shown === "overview" && Date.now() - historyAt > 2000) { historyAt = Date.now(); await drawHistory(); }
       if (shown === "workers") await drawWorkers();
       if (shown === "frontier") await drawFrontier();
+      if (shown === "redis") await drawRedis();
       if (shown === "dead") await drawDead();
       if (shown === "control") await drawControl();
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
