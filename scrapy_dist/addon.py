@@ -27,9 +27,6 @@ SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
 METRICS_EXTENSION = "scrapy_dist.metrics.PrometheusMetrics"
 PARENT_LINKS = "scrapy_dist.parents.ParentLinks"
-#: The stats collector the add-on installs: the crawl's stats (and so its rates) shared
-#: in Redis.
-STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"
 
 
 class DistAddon:
@@ -39,13 +36,12 @@ class DistAddon:
         """Install the components and defaults; project settings still override them.
 
         The metrics extension is enabled too; it stays off until ``METRICS_ENABLED``.
-        So is :class:`~scrapy_dist.parents.ParentLinks` (a spider middleware), and
-        :class:`~scrapy_dist.stats.RedisStatsCollector` (``STATS_CLASS``: the crawl's
-        stats and rates, for ``scrapy-dist status`` and the metrics).
+        So is :class:`~scrapy_dist.parents.ParentLinks` (a spider middleware). The
+        stats collector stays the project's: ``STATS_CLASS =
+        "scrapy_dist.stats.RedisStatsCollector"`` shares the crawl's stats and rates.
         """
         settings.set("SCHEDULER", SCHEDULER, "addon")
         settings.set("DUPEFILTER_CLASS", DUPEFILTER_CLASS, "addon")
-        settings.set("STATS_CLASS", STATS_CLASS, "addon")
         settings.setmodule(default_settings, "addon")
         # the class, not its path: Scrapy finds a project's own entry for it by class
         settings.set_in_component_priority_dict("EXTENSIONS", load_object(METRICS_EXTENSION), 500)

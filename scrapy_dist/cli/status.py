@@ -179,7 +179,7 @@ def _rate_lines(status: CrawlStatus) -> list[str]:
     if r is None:
         return [
             f"  {'rate':<11}{'n/a':>9}  (the crawl's stats are not in Redis: set STATS_CLASS "
-            "= 'scrapy_dist.stats.RedisStatsCollector', or enable the add-on, which sets it)"
+            "= 'scrapy_dist.stats.RedisStatsCollector' in the workers' settings)"
         ]
     if not r.window:
         return [f"  {'rate':<11}{'-':>9}  (no page fetched yet)"]

@@ -298,7 +298,9 @@ class Frontier:
             wrongtype_timeout=config.frontier.wrongtype_timeout,
             eager=config.frontier.eager,
             background=config.frontier.background,
-            clear_keys=[] if shared is None else shared.keys(),
+            # the crawl's history (lua/heartbeat.lua) goes with the frontier, as does the
+            # crawl's shared dupefilter
+            clear_keys=[keys.history, *([] if shared is None else shared.keys())],
             replication=Replication(
                 client,
                 replicas=config.replication.wait_replicas,

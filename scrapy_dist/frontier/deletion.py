@@ -61,14 +61,13 @@ def delete_frontier(
 
 
 def forget_finished(client: redis.Redis, keys: RedisKeys, *, now: bool) -> None:
-    """Delete what a finished crawl that does not persist keeps for its workers and
-    watchers: its progress record (which tells a worker of that run that it finished
-    rather than was lost), its history (``scrapy-dist web``'s charts), the holders zset
-    a leaving worker re-created and the worker registry.
+    """Delete what a finished crawl that does not persist keeps for its workers: its
+    progress record (which tells a worker of that run that it finished rather than
+    was lost), the holders zset a leaving worker re-created and the worker registry.
     ``now``: no worker of the run is left, so a crawl stopped cleanly leaves no key
     behind, as scrapy-redis's does; else they expire with the progress record (a
     day), a killed worker's registry entry with them."""
-    records = (keys.progress, keys.history, keys.holders, keys.workers)
+    records = (keys.progress, keys.holders, keys.workers)
     if now:
         client.unlink(*records)
         return

@@ -16,7 +16,9 @@
 -- ARGV[3] = queue kind ("list" or "levels"), ARGV[4] = seconds between samples,
 -- ARGV[5] = samples kept
 -- KEYS[2..9] and ARGV[2..5] are optional (all or none). The history is best effort: a
--- key of another type there skips it, never the heartbeat.
+-- key of another type there skips it, never the heartbeat; a crawl marked finished
+-- (KEYS[5]'s finished_at) takes no more samples (a crawl that does not persist deletes
+-- its history with its frontier when it finishes, lua/progress.lua).
 -- A KEYS[1] of another type (written by hand) is renamed to "<KEYS[1]>:wrongtype" (named in
 -- the server log, lua/_registry.lua) and the heartbeat written to a fresh hash, so that
 -- the worker is known alive again within one heartbeat.
@@ -37,6 +39,9 @@ end
 
 local function sample()
   redis.call("HSET", KEYS[2], ARGV[1], second .. " " .. ARGV[2])
+  if redis.call("HEXISTS", KEYS[5], "finished_at") == 1 then
+    return -- a finished crawl's history is closed (deleted with its frontier, unless kept)
+  end
   local newest = redis.call("LINDEX", KEYS[3], 0)
   local last = newest and tonumber(string.match(newest, "^(%d+)")) or 0
   if second - last < tonumber(ARGV[4]) then
