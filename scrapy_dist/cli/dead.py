@@ -28,11 +28,14 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    import redis
     from scrapy import Request, Spider
 
     from scrapy_dist.config.core import Config
+    from scrapy_dist.keys import RedisKeys
     from scrapy_dist.queue import RedisQueue
     from scrapy_dist.serializers import RequestPolicy, Serializer
+    from scrapy_dist.status import CrawlLayout
 
 
 def cmd_dead_list(ctx: Context, args: argparse.Namespace) -> int:
@@ -187,14 +190,50 @@ class RecordChecks:
         return None
 
 
+def shard_requeuer(
+    client: redis.Redis,
+    node: redis.Redis,
+    keys: RedisKeys,
+    *,
+    layout: CrawlLayout,
+    config: Config,
+    spidercls: type[Spider] | None,
+    kind: str | None = None,
+) -> deadletter.Requeuer:
+    """The requeuer of one shard's dead letters (``keys`` on ``node``; ``client``: the
+    crawl's, where its seeds and workers are), as ``requeue`` and ``scrapy-dist web``
+    run it: the shard's dead-letter list and queue checked for their types, its queue
+    opened (a previous version's priority queue moved into levels first, if none of the
+    crawl's workers runs), each record checked (:class:`RecordChecks`).
+
+    Raises:
+        ConfigurationError: the list or the queue holds another type.
+    """
+    from scrapy_dist.frontier.registry import live_workers
+    from scrapy_dist.seeds import SeedQueue
+
+    check_key(node, keys.dead, "list", "dead letters")
+    check_key(node, keys.requests, layout.queue_cls.key_types, "queue")
+    queue = layout.queue_cls(node, keys.requests, keys.seq)
+    queue.open(lambda: live_workers(client, layout.keys.workers, layout.worker_timeout))
+    checks = RecordChecks.from_config(config, spidercls, queue)
+    return deadletter.Requeuer(
+        node,
+        keys.dead,
+        queue=queue,
+        seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
+        check_seed=checks.seed,
+        check_request=checks.request,
+        kind=kind,
+    )
+
+
 def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     """Requeue records (``--all`` or ``--index``, of shard ``--shard``); exit 1 if some
     stay in the list or the crawl has no keys, 2 for an index past the end or a shard
     the crawl does not have. A sharded crawl's records go back to their own shard's
     queue (``--all``: every shard's)."""
-    from scrapy_dist.frontier.registry import live_workers
     from scrapy_dist.frontier.shards import other_shards
-    from scrapy_dist.seeds import SeedQueue
 
     layout, config, spidercls = ctx.layout(args.spider)
     client = ctx.crawl_client(config, layout)
@@ -214,21 +253,8 @@ def cmd_dead_requeue(ctx: Context, args: argparse.Namespace) -> int:
     requests = seeds = left = 0
     skipped: list[tuple[int, str]] = []
     for node, keys in shards:
-        check_key(node, keys.dead, "list", "dead letters")
-        check_key(node, keys.requests, layout.queue_cls.key_types, "queue")
-        queue = layout.queue_cls(node, keys.requests, keys.seq)
-        # (moves a previous version's priority queue into levels first, if none of the
-        # crawl's workers runs)
-        queue.open(lambda: live_workers(client, layout.keys.workers, layout.worker_timeout))
-        checks = RecordChecks.from_config(config, spidercls, queue)
-        requeuer = deadletter.Requeuer(
-            node,
-            keys.dead,
-            queue=queue,
-            seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
-            check_seed=checks.seed,
-            check_request=checks.request,
-            kind=args.kind,
+        requeuer = shard_requeuer(
+            client, node, keys, layout=layout, config=config, spidercls=spidercls, kind=args.kind
         )
         try:
             if args.all:

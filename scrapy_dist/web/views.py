@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+import redis
+
 from scrapy_dist import deadletter
 from scrapy_dist.control import DRAINING, PAUSED, read_log, set_state
 from scrapy_dist.keys import level_key
@@ -30,7 +32,6 @@ from scrapy_dist.status import json_safe, read_status
 from scrapy_dist.web import health
 
 if TYPE_CHECKING:
-    import redis
     from scrapy import Spider
 
     from scrapy_dist.config.core import Config
@@ -160,31 +161,26 @@ class Dashboard:
         """A page of the registered workers (sorted by id): heartbeat age, leases held,
         own pages and items, pages/s since the last read, and for a silent worker the
         seconds until its leases return to the queue (their deadline in ``holders``).
-        One pipelined round trip for the page."""
+        The rows are :meth:`CrawlStatus.worker_rows`' (what ``status`` read), the
+        page's figures one more round trip."""
         status = self.status()
         limit = max(1, min(limit, PAGE_MAX))
-        ids = sorted(status.workers)
-        shown = ids[max(0, offset) : max(0, offset) + limit]
-        keys = self.layout.keys
-        with self.client.pipeline(transaction=False) as pipe:
-            for worker in shown:
-                pipe.hlen(keys.holding(worker))
-            pipe.zmscore(keys.holders, shown) if shown else pipe.time()
-            if shown:
-                pipe.hmget(keys.worker_figures, shown)
-            replies = pipe.execute(raise_on_error=False)
-        held = [r if isinstance(r, int) else 0 for r in replies[: len(shown)]]
-        deadlines = replies[len(shown)] if shown else []
-        figures = replies[len(shown) + 1] if shown else []
-        if isinstance(deadlines, Exception) or not isinstance(deadlines, list):
-            deadlines = [None] * len(shown)
-        if isinstance(figures, Exception) or not isinstance(figures, list):
-            figures = [None] * len(shown)
+        # (status read every worker's leases and their deadline: the rows are its own)
+        registered = [row for row in status.worker_rows() if row["heartbeat"] is not None]
+        ids = [row["id"] for row in registered]
+        page = registered[max(0, offset) : max(0, offset) + limit]
+        figures: Any = []
+        if page:  # the page's own figures (lua/heartbeat.lua): one round trip
+            try:
+                figures = self.client.hmget(
+                    self.layout.keys.worker_figures, [row["id"] for row in page]
+                )
+            except redis.ResponseError:  # a key of another type: no figures shown
+                figures = None
+        if not isinstance(figures, list):
+            figures = [None] * len(page)
         rows = []
-        for worker, leases, deadline, raw in zip(shown, held, deadlines, figures, strict=True):
-            beat = status.workers[worker]
-            age = max(0.0, status.time - beat)
-            live = age <= status.worker_timeout
+        for row, raw in zip(page, figures, strict=True):
             pages = items = buffered = None
             rate = None
             if raw is not None:
@@ -194,23 +190,20 @@ class Dashboard:
                 except ValueError:
                     at = 0.0
                 if pages is not None:
-                    rate = self._rate(worker, at, pages)
-            returns_in = None
-            if deadline is not None and leases:
-                returns_in = round(max(0.0, float(deadline) - status.time), 1)
+                    rate = self._rate(row["id"], at, pages)
             rows.append(
                 {
-                    "id": worker,
-                    "heartbeat": beat,
-                    "age": round(age, 1),
-                    "live": live,
-                    "silent": age > 2 * self.config.workers.heartbeat_interval,
-                    "leases": leases,
+                    "id": row["id"],
+                    "heartbeat": row["heartbeat"],
+                    "age": round(row["age"], 1),
+                    "live": row["live"],
+                    "silent": row["state"] != "live",
+                    "leases": row["leases"],
                     "buffered": None if buffered is None else int(buffered),
                     "pages": None if pages is None else int(pages),
                     "items": None if items is None else int(items),
                     "pages_per_second": rate,
-                    "leases_return_in": returns_in,
+                    "leases_return_in": row["leases_return_in"] if row["leases"] else None,
                 }
             )
         return {
@@ -383,10 +376,8 @@ class Dashboard:
             deadletter.NoSuchRecord: an index past the end.
             deadletter.ListContended: the list kept changing under the requeue.
         """
-        from scrapy_dist.cli.dead import RecordChecks
-        from scrapy_dist.frontier.registry import live_workers
+        from scrapy_dist.cli.dead import shard_requeuer
         from scrapy_dist.frontier.shards import other_shards
-        from scrapy_dist.seeds import SeedQueue
 
         layout, config, client = self.layout, self.config, self.client
         shards = [
@@ -398,16 +389,8 @@ class Dashboard:
         requests = seeds = left = 0
         skipped: list[dict[str, Any]] = []
         for node, keys in shards:
-            queue = layout.queue_cls(node, keys.requests, keys.seq)
-            queue.open(lambda: live_workers(client, layout.keys.workers, layout.worker_timeout))
-            checks = RecordChecks.from_config(config, self.spidercls, queue)
-            requeuer = deadletter.Requeuer(
-                node,
-                keys.dead,
-                queue=queue,
-                seeds=SeedQueue(client, layout.seeds, layout.seeds_kind),
-                check_seed=checks.seed,
-                check_request=checks.request,
+            requeuer = shard_requeuer(
+                client, node, keys, layout=layout, config=config, spidercls=self.spidercls
             )
             if indexes is None:
                 requeuer.all()
