@@ -332,20 +332,22 @@ class ShardedFrontier:
         return all(s.reachable for s in self.shards)
 
     @property
+    def _held_count(self) -> int:
+        """Settlements held until other shards confirm the requests before them."""
+        return sum(len(group) for _, _, group in self._held)
+
+    @property
     def pending_writes(self) -> int:
-        held = sum(len(group) for _, _, group in self._held)
-        return held + sum(s.pending_writes for s in self.shards)
+        return self._held_count + sum(s.pending_writes for s in self.shards)
 
     @property
     def pending_settlements(self) -> int:
-        held = sum(len(group) for _, _, group in self._held)
-        return held + sum(s.pending_settlements for s in self.shards)
+        return self._held_count + sum(s.pending_settlements for s in self.shards)
 
     def settlements_after_flush(self) -> int:
         """Settlements still unsent after the next flush: held for other shards, or
         queued behind requests a shard has not confirmed yet."""
-        held = sum(len(group) for _, _, group in self._held)
-        return held + sum(s.settlements_after_flush() for s in self.shards)
+        return self._held_count + sum(s.settlements_after_flush() for s in self.shards)
 
     def _crawl_lost(self, state: str) -> None:
         """Shard 0, or through :meth:`_shard_lost` another, found the crawl gone: drop

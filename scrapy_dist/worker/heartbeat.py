@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from scrapy_dist.stats import ITEMS_STAT, PAGES_STAT
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -152,8 +154,7 @@ class Heartbeat:
             value = self.stats.get_value(name, 0)
             return int(value) if isinstance(value, (int, float)) else 0
 
-        pages = count("response_received_count")
-        return pages, count("item_scraped_count"), len(self.deliveries.buffer)
+        return count(PAGES_STAT), count(ITEMS_STAT), len(self.deliveries.buffer)
 
     def _tick(self) -> None:
         now = time.monotonic()
