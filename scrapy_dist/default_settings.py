@@ -309,6 +309,13 @@ SCHEDULER_POLITENESS_TIMEOUT = 60.0
 #: half of ``CONCURRENT_REQUESTS``.
 SCHEDULER_PREFETCH = 0
 
+#: Seconds within which Scrapy's downloader must be able to start a leased request for
+#: this worker to keep it: a request whose download slot would hold it longer (its
+#: ``DOWNLOAD_DELAY`` since the slot's last send, and the requests queued before it)
+#: goes back to the queue, where another worker can send it now; ``0`` keeps every
+#: request leased. Not used with ``SCHEDULER_POLITENESS``.
+SCHEDULER_START_HORIZON = 1.0
+
 #: Request queue class: ``scrapy_dist.queue.PriorityQueue``, ``FifoQueue`` or ``LifoQueue``.
 SCHEDULER_QUEUE_CLASS = "scrapy_dist.queue.PriorityQueue"
 

@@ -60,6 +60,7 @@ from scrapy_dist.worker.control import ControlWatcher, WorkerControl
 from scrapy_dist.worker.deliveries import Deliveries
 from scrapy_dist.worker.enqueuer import Enqueuer
 from scrapy_dist.worker.heartbeat import Heartbeat
+from scrapy_dist.worker.horizon import StartHorizon
 from scrapy_dist.worker.local import LocalRequests
 from scrapy_dist.worker.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
 from scrapy_dist.worker.refill import Refill
@@ -162,6 +163,7 @@ class Scheduler(BaseScheduler):
         callback_errors: str = "done",
         local: LocalRequests | None = None,
         politeness: Callable[[Deliveries], Politeness | None] | None = None,
+        horizon: StartHorizon | None = None,
     ) -> None:
         check_scheduler(
             prefetch=prefetch,
@@ -230,8 +232,17 @@ class Scheduler(BaseScheduler):
             flush_later=(lambda: self.refill.flush_later()) if self.leased else None,  # noqa: PLW0108
         )
         #: When and how the buffer is refilled (the refill policy).
+        #: The start horizon (SCHEDULER_START_HORIZON): which buffered requests go
+        #: to the engine and which back to the queue; or None.
+        self.horizon = horizon
         self.refill = Refill(
-            frontier, self.deliveries, self.heartbeat, self.control, stats, wake=self._wake
+            frontier,
+            self.deliveries,
+            self.heartbeat,
+            self.control,
+            stats,
+            wake=self._wake,
+            waiting=horizon.waiting if horizon is not None else lambda: False,
         )
         frontier.events.on_crawl_lost(self.membership.crawl_lost)
         frontier.events.on_flush_landed(self._wake)
@@ -277,6 +288,11 @@ class Scheduler(BaseScheduler):
         if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
             return cast("Self", UnleasedScheduler.from_crawler(crawler))
         frontier = frontier_for(crawler)
+        horizon = (
+            StartHorizon.for_crawler(crawler, config.scheduler.start_horizon, config.politeness)
+            if cls.leased and config.scheduler.start_horizon > 0 and not config.politeness.enabled
+            else None
+        )
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(config.components.dupefilter), crawler
         )
@@ -308,7 +324,7 @@ class Scheduler(BaseScheduler):
             start_once=settings.start_once,
             crawler=crawler,
             policy=RequestPolicy.build(config.requests.classes, config.requests.schemes),
-            check_engine=lambda: _engine.check_crawler(crawler),
+            check_engine=lambda: _engine.check_crawler(crawler, downloader=horizon is not None),
             close_when_done=settings.close_when_done,
             fault_exit_code=settings.fault_exit_code,
             max_held=settings.max_held,
@@ -321,6 +337,7 @@ class Scheduler(BaseScheduler):
                 if cls.leased
                 else None
             ),
+            horizon=horizon,
         )
         if not cls.leased and config.politeness.enabled:
             logger.warning(
@@ -564,7 +581,7 @@ class Scheduler(BaseScheduler):
         if not deliveries.buffer and self.refill.refill():
             self._last_work = time.monotonic()
         if self.politeness is None:
-            request = deliveries.take()
+            request = deliveries.take() if self.horizon is None else self._take_soon()
         else:  # cluster-wide politeness: the first request whose slot has a token
             assert self._codec is not None, "scheduler not open"
             request = self.politeness.take(self._codec.decode, self._undecodable)
@@ -579,11 +596,33 @@ class Scheduler(BaseScheduler):
         self.stats.inc_value("scheduler/dequeued")
         return request
 
+    def _take_soon(self) -> Request | None:
+        """The first buffered request that Scrapy's downloader would start within the
+        start horizon; those before it go back to the queue (when none would start
+        soon, all of them, and this worker leases nothing until one could:
+        :mod:`scrapy_dist.worker.horizon`)."""
+        assert self.horizon is not None
+        deliveries = self.deliveries
+        index, back = self.horizon.pick([request for _, request in deliveries.buffer])
+        if back:
+            deliveries.hand_back_first(back)
+        if index is None:
+            if back:
+                self.refill.hold_off()
+            return None
+        request = deliveries.take()
+        if request is not None:
+            self.horizon.given(request)
+        return request
+
     def _left_engine(self, request: Request) -> None:
         """A request left the engine (before its lease is settled): cluster-wide
-        politeness, if on, releases its download token."""
+        politeness, if on, releases its download token; the start horizon stops
+        counting it as on its way to the downloader."""
         if self.politeness is not None:
             self.politeness.finished(request)
+        if self.horizon is not None:
+            self.horizon.reached(request)
 
     def _wake(self) -> None:
         """Wake the engine if it was last told there was nothing (:meth:`next_request`

@@ -296,6 +296,7 @@ class SchedulerConfig:
         max_held: most requests a worker holds (``CONCURRENT_REQUESTS + 2 * prefetch``).
         callback_errors: what a request whose callback raised becomes
             (``SCHEDULER_CALLBACK_ERRORS``, one of :data:`CALLBACK_ERRORS`).
+        start_horizon: ``SCHEDULER_START_HORIZON`` (0: off).
     """
 
     prefetch: int
@@ -308,6 +309,7 @@ class SchedulerConfig:
     close_when_done: bool
     fault_exit_code: int
     callback_errors: str = "done"
+    start_horizon: float = 0.0
 
 
 def check_scheduler(
@@ -360,6 +362,11 @@ def scheduler_config(
     idle_before_close = s.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE")
     flush_interval = s.getfloat("SCHEDULER_FLUSH_INTERVAL")
     callback_errors = s.get("SCHEDULER_CALLBACK_ERRORS")
+    start_horizon = s.getfloat("SCHEDULER_START_HORIZON")
+    if not start_horizon >= 0:  # (NaN too)
+        raise ConfigurationError(
+            f"SCHEDULER_START_HORIZON cannot be negative ({start_horizon}); 0 turns it off"
+        )
     if isinstance(callback_errors, str):  # (as other choices: "Dead" and " dead" too)
         callback_errors = callback_errors.strip().lower()
     check_scheduler(
@@ -382,6 +389,7 @@ def scheduler_config(
         close_when_done=s.getbool("CLOSE_WHEN_CRAWL_DONE"),
         fault_exit_code=s.getint("SCHEDULER_FAULT_EXIT_CODE"),
         callback_errors=str(callback_errors),
+        start_horizon=start_horizon,
     )
 
 

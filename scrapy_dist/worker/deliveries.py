@@ -430,6 +430,14 @@ class Deliveries:
         self.out[request] = lease.id
         return request
 
+    def hand_back_first(self, count: int) -> None:
+        """Hand the first ``count`` buffered requests back to the queue (their slots
+        would not start them soon: :mod:`scrapy_dist.worker.horizon`), with the next
+        flush; their delivery does not count."""
+        handed = [(self.buffer.popleft()[0].id, HAND_BACK) for _ in range(count)]
+        self.frontier.settle(handed)
+        self.stats.inc_value("scheduler/horizon/handed_back", count)
+
     def take_at(self, index: int) -> Request:
         """The buffered request at ``index`` (0: the next), now in the engine."""
         lease, request = self.buffer[index]

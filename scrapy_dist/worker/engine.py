@@ -15,6 +15,11 @@ The scheduler runs it when it opens and the Redis spiders when they open
 (``spider_opened``), each before it first reads the engine;
 ``tests/test_hostile_input.py`` pins the refusal.
 
+The start horizon (``SCHEDULER_START_HORIZON``, :mod:`scrapy_dist.worker.horizon`)
+reads the downloader's slots (``engine.downloader.slots``, ``get_slot_key``, and a
+slot's ``delay``, ``lastseen`` and ``queue``): public names of Scrapy's downloader, but
+not a documented API, so :func:`check_downloader` refuses to start without them too.
+
 With ``SCHEDULER_POLITENESS`` and ``ROBOTSTXT_OBEY``, the robots.txt ``Crawl-delay`` a
 site asks for is read from Scrapy's robots middleware's parsers
 (``RobotsTxtMiddleware._parsers``), checked the same way when politeness opens
@@ -28,6 +33,9 @@ crawler's engine if it has one (:func:`engine_of`) and closing the spider
 
 from __future__ import annotations
 
+import inspect
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import scrapy
@@ -47,6 +55,34 @@ REQUIRED = (
     ("_slot.inprogress", "a collection of the requests in progress"),
     ("_slot.nextcall.schedule", "a callable that wakes the engine"),
 )
+
+
+#: What a download slot of Scrapy's downloader must have for :func:`slot_state`.
+SLOT_ATTRIBUTES = ("delay", "lastseen", "queue")
+#: A slot's ``lastseen`` above this is a ``time.time()`` (Scrapy 2.13), else a
+#: ``time.monotonic()`` (2.14 and later; the host's uptime, far below it).
+_WALL_CLOCK_FROM = 1e9
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """What Scrapy's downloader knows of one request's download slot.
+
+    Attributes:
+        key: the slot's key (``get_slot_key``: ``download_slot`` meta, else the host).
+        exists: whether the downloader has the slot (it makes it on the slot's first
+            request).
+        delay: the slot's download delay (its mean, before any jitter); 0 when it does
+            not exist yet.
+        wait: seconds until the downloader would start a request that reached the slot
+            now: the rest of the delay since its last send, and one delay for each
+            request queued in it before.
+    """
+
+    key: str
+    exists: bool
+    delay: float
+    wait: float
 
 
 def engine_of(crawler: Crawler) -> Any:
@@ -97,8 +133,65 @@ def check(engine: Any) -> None:
             )
 
 
-def check_crawler(crawler: Crawler) -> None:
-    """:func:`check` the crawler's engine, if it has one open.
+def check_downloader(engine: Any) -> None:
+    """Make sure ``engine``'s downloader has what :func:`slot_state` reads.
+
+    Raises:
+        ConfigurationError: something is missing; the message names the Scrapy version.
+    """
+    from scrapy.core.downloader import Slot
+
+    downloader = getattr(engine, "downloader", None)
+    missing = ""
+    if not isinstance(getattr(downloader, "slots", None), dict):
+        missing = "engine.downloader.slots (a dict of download slots)"
+    elif not callable(getattr(downloader, "get_slot_key", None)):
+        missing = "engine.downloader.get_slot_key() (the download slot of a request)"
+    else:
+        params = inspect.signature(Slot.__init__).parameters
+        required = {"randomize_delay": False} if _required(params, "randomize_delay") else {}
+        slot = Slot(concurrency=1, delay=0.0, **required)
+        for name in SLOT_ATTRIBUTES:
+            if not hasattr(slot, name):
+                missing = f"scrapy.core.downloader.Slot.{name}"
+    if missing:
+        raise ConfigurationError(
+            f"Scrapy {scrapy.__version__} has no {missing}, which scrapy_dist reads to "
+            "lease only what a worker can start soon (SCHEDULER_START_HORIZON): this Scrapy "
+            "version is not supported with it yet; set SCHEDULER_START_HORIZON = 0 to "
+            "start without it"
+        )
+
+
+def _required(params: Any, name: str) -> bool:
+    param = params.get(name)
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def slot_state(crawler: Crawler, request: Request) -> SlotState:
+    """What the crawler's downloader knows of ``request``'s download slot (see
+    :class:`SlotState`; checked by :func:`check_downloader` at open). Before the
+    engine opens there is no slot: a request would start at once."""
+    engine = engine_of(crawler)
+    downloader = getattr(engine, "downloader", None)
+    if downloader is None:
+        return SlotState("", False, 0.0, 0.0)
+    key = downloader.get_slot_key(request)
+    slot = downloader.slots.get(key)
+    if slot is None:
+        return SlotState(key, False, 0.0, 0.0)
+    delay = float(slot.delay or 0.0)
+    if not delay:
+        return SlotState(key, True, 0.0, 0.0)
+    lastseen = float(slot.lastseen or 0.0)
+    now = time.time() if lastseen > _WALL_CLOCK_FROM else time.monotonic()
+    first = max(0.0, lastseen + delay - now) if lastseen else 0.0
+    return SlotState(key, True, delay, first + len(slot.queue) * delay)
+
+
+def check_crawler(crawler: Crawler, *, downloader: bool = False) -> None:
+    """:func:`check` the crawler's engine, if it has one open (and, with ``downloader``,
+    :func:`check_downloader`).
 
     Raises:
         ConfigurationError: the engine is open and lacks what this module reads (the
@@ -107,6 +200,8 @@ def check_crawler(crawler: Crawler) -> None:
     engine = engine_of(crawler)
     if engine is not None:
         check(engine)
+        if downloader:
+            check_downloader(engine)
 
 
 def in_flight(crawler: Crawler) -> Collection[Request]:

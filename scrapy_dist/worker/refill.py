@@ -64,6 +64,9 @@ class Refill:
         control: the worker's side of crawl control (top-ups only while running).
         stats: the crawler's stats collector.
         wake: wakes the engine if it was last told there was nothing.
+        waiting: whether this worker should lease nothing now, because nothing it
+            held could start soon (:meth:`scrapy_dist.worker.horizon.StartHorizon.waiting`);
+            the timer wakes the engine when that ends.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class Refill:
         stats: StatsCollector,
         *,
         wake: Callable[[], None],
+        waiting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.frontier = frontier
         self.deliveries = deliveries
@@ -82,6 +86,9 @@ class Refill:
         self.control = control
         self.stats = stats
         self._wake = wake
+        self._waiting = waiting
+        #: A refill was refused because of :attr:`_waiting`: wake the engine when it ends.
+        self._held_off = False
         #: How to rebuild a lease's request, and the settlement of one that cannot be
         #: rebuilt; set at :meth:`open` (``None``: not open, no top-up).
         self._decode: tuple[Decode, Reject] | None = None
@@ -103,6 +110,9 @@ class Refill:
         """
         if self._decode is None:
             raise RuntimeError("scheduler not open")
+        if self._waiting():
+            self.hold_off()
+            return False
         if self._later():
             self.deferred = True
             self.stats.inc_value("scheduler/refill/deferred")
@@ -172,6 +182,7 @@ class Refill:
         blocks the reactor on a reserve; and wake the engine if it was last told there
         was nothing (else it would wait for its own heartbeat). Nothing while the crawl
         is paused or draining, lost, or the scheduler is not open."""
+        self._wait_ended()
         if self._decode is None or not self._due():
             return
         self._woken(self.deliveries.top_up(*self._decode))
@@ -180,7 +191,7 @@ class Refill:
         """Whether the timer's flush should carry a top-up (see :meth:`top_up`)."""
         if self._decode is None or self.frontier.lost is not None:
             return False
-        if not self.control.running:
+        if not self.control.running or self._waiting():
             return False
         deferred, self.deferred = self.deferred, False
         return bool(self.frontier.pending_writes or deferred)
@@ -190,6 +201,7 @@ class Refill:
         thread (:meth:`~scrapy_dist.frontier.core.Frontier.flush_later`); nothing while
         one is in flight (its reply lands first). ``False`` when the frontier cannot
         (the timer then flushes on the reactor thread)."""
+        self._wait_ended()
         frontier = self.frontier
         if not frontier.can_flush_later():
             return False
@@ -214,6 +226,18 @@ class Refill:
             self.frontier.settle([(lease.id, HAND_BACK) for lease in leases])
             return
         self._woken(self.deliveries.add(leases, *self._decode))
+
+    def hold_off(self) -> None:
+        """Nothing held could start soon (``waiting``): the timer wakes the engine when
+        this worker may lease again."""
+        self._held_off = True
+
+    def _wait_ended(self) -> None:
+        """Wake the engine once a refill refused while nothing held could start soon
+        (``waiting``) may lease again: it asks for a request, and its refill leases."""
+        if self._held_off and not self._waiting():
+            self._held_off = False
+            self._wake()
 
     def _woken(self, added: int) -> None:
         """Wake the engine when ``added`` requests were buffered."""

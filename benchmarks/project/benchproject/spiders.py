@@ -7,7 +7,8 @@
   ``scrapy_redis`` is installed.
 
 ``-a gate=PATH`` makes a spider wait until ``PATH`` exists before it yields anything, so
-the benchmark can start several worker processes and release them together.
+the benchmark can start several worker processes and release them together;
+``-a follow=no`` makes it crawl its seeds only (``bench_hoarding.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ class PagesParser(Spider):
     """The callback every benchmark spider shares."""
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
-        """One small item, then a request for every link of the page."""
+        """One small item, then a request for every link of the page (none with
+        ``-a follow=no``)."""
         yield {"url": response.url}
+        if getattr(self, "follow", "yes") == "no":
+            return
         # the site's pages are HTML: Scrapy gives a TextResponse, which has css=
         yield from cast("TextResponse", response).follow_all(css="a", callback=self.parse)
 

@@ -1,0 +1,151 @@
+"""The start horizon: a worker keeps only the leased requests it can start soon.
+
+Scrapy's engine takes requests from the scheduler while its downloader has room, and the
+downloader holds a request of a slot with a download delay until the delay since the
+slot's last send has passed: one request per delay. A worker that hands its engine
+every request it leased keeps a delayed slot's requests to itself for many delays while
+another worker, whose own copy of the slot is free, could send them now (ten seeds of
+one host with ``DOWNLOAD_DELAY = 5``: one worker crawled all ten, 5 s apart, and the
+other idled).
+
+So the scheduler hands the engine a buffered request only when Scrapy's downloader would
+start it within ``SCHEDULER_START_HORIZON`` seconds (:meth:`StartHorizon.pick`): its
+slot's delay since the last send, the requests queued in the slot, and the requests of
+the slot this worker handed to the engine that have not reached the downloader yet.
+Buffered requests met before it whose slot would make them wait longer are handed back
+to the queue, where any worker leases them (this one too, once its slot is ready). When
+nothing buffered can start soon, the worker leases nothing until the first of those
+slots is within the horizon, and the engine is woken then (:attr:`StartHorizon.until`).
+
+A slot without a delay is never held back, nor are requests kept in memory or start
+requests (they are not leased). With cluster-wide politeness the shared gate spaces the
+slots instead (:mod:`scrapy_dist.politeness`), and this part is not built.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from scrapy import signals
+
+from scrapy_dist.worker import engine as _engine
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+    from scrapy_dist.config.scheduling import PolitenessConfig
+    from scrapy_dist.worker.engine import SlotState
+
+__all__ = ["StartHorizon"]
+
+
+class StartHorizon:
+    """Which buffered request the engine gets, and which go back (module docstring).
+
+    Args:
+        seconds: the horizon (``SCHEDULER_START_HORIZON``, > 0).
+        slot_of: what Scrapy's downloader knows of a request's slot
+            (:func:`scrapy_dist.worker.engine.slot_state`).
+        delay_of: the download delay of a slot key the downloader has no slot for yet
+            (the settings' and the spider's, as Scrapy will make it).
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        seconds: float,
+        slot_of: Callable[[Request], SlotState],
+        delay_of: Callable[[str], float],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if seconds <= 0:
+            raise ValueError(f"the start horizon must be positive, not {seconds}")
+        self.seconds = seconds
+        self.slot_of = slot_of
+        self.delay_of = delay_of
+        self.clock = clock
+        #: Monotonic time before which this worker leases nothing: nothing it held could
+        #: start soon (0: no such wait).
+        self.until = 0.0
+        #: Requests handed to the engine that have not reached the downloader -> slot.
+        self._on_way: dict[Request, str] = {}
+        self._on_way_by_slot: Counter[str] = Counter()
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler, seconds: float, slots: PolitenessConfig) -> Self:
+        """The horizon of a crawler's scheduler: reading its downloader's slots, with the
+        delays of slots not made yet from ``slots`` (Scrapy's settings of download slots
+        and the spider's ``download_delay``), counting a request as arrived when it
+        reaches the downloader."""
+        from scrapy_dist.politeness import Limits
+
+        limits: list[Limits] = []  # built once the spider is known
+
+        def delay_of(key: str) -> float:
+            if not limits:
+                limits.append(Limits.build(slots, crawler.spider))
+            return limits[0].of(key).delay
+
+        horizon = cls(seconds, lambda request: _engine.slot_state(crawler, request), delay_of)
+        crawler.signals.connect(horizon.reached, signal=signals.request_reached_downloader)
+        return horizon
+
+    def waiting(self) -> bool:
+        """Whether this worker should lease nothing now (see :attr:`until`)."""
+        return self.clock() < self.until
+
+    def start_in(self, request: Request) -> float:
+        """Seconds until Scrapy's downloader would start ``request`` if the engine took
+        it now (0 for a slot without a delay)."""
+        state = self.slot_of(request)
+        ahead = self._on_way_by_slot.get(state.key, 0)
+        if not ahead:
+            return state.wait
+        delay = state.delay if state.exists else self.delay_of(state.key)
+        return state.wait + ahead * delay
+
+    def pick(self, requests: Sequence[Request]) -> tuple[int | None, int]:
+        """The first of ``requests`` (the buffer, in order) that would start within the
+        horizon, and how many before it would not (those go back to the queue).
+
+        Returns:
+            ``(index or None, count to hand back)``. When no request would start soon,
+            :attr:`until` is set to when the first of them will be within the horizon.
+        """
+        soonest: float | None = None
+        checked: dict[str, float] = {}
+        for index, request in enumerate(requests):
+            key = self.slot_of(request).key
+            start = checked.get(key)
+            if start is None:
+                start = checked[key] = self.start_in(request)
+            if start <= self.seconds:
+                return index, index
+            soonest = start if soonest is None else min(soonest, start)
+        if soonest is None:
+            return None, 0
+        self.until = self.clock() + soonest - self.seconds
+        return None, len(requests)
+
+    def given(self, request: Request) -> None:
+        """``request`` was handed to the engine: until it reaches the downloader, it
+        counts as one more request ahead in its slot."""
+        key = self.slot_of(request).key
+        self._on_way[request] = key
+        self._on_way_by_slot[key] += 1
+
+    def reached(self, request: Request, spider: object = None) -> None:
+        """``request_reached_downloader`` (or ``request`` left the engine without): the
+        downloader's own slot counts it from now on."""
+        key = self._on_way.pop(request, None)
+        if key is not None:
+            self._on_way_by_slot[key] -= 1
+            if self._on_way_by_slot[key] <= 0:
+                del self._on_way_by_slot[key]
