@@ -433,9 +433,10 @@ class Deliveries:
     def hand_back_first(self, count: int) -> None:
         """Hand the first ``count`` buffered requests back to the queue (their slots
         would not start them soon: :mod:`scrapy_dist.worker.horizon`), with the next
-        flush; their delivery does not count."""
+        flush; their delivery does not count. They are settled last first: each goes
+        back to the end its queue is taken from, so they come out in their order again."""
         handed = [(self.buffer.popleft()[0].id, HAND_BACK) for _ in range(count)]
-        self.frontier.settle(handed)
+        self.frontier.settle(handed[::-1])
         self.stats.inc_value("scheduler/horizon/handed_back", count)
 
     def take_at(self, index: int) -> Request:
