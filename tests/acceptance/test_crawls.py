@@ -219,3 +219,50 @@ def test_spider_name_set_in_init(project: Project) -> None:
         keys = set(client.scan_iter(count=1000))
     assert "books_fr:dupefilter" in keys, keys
     assert not {k for k in keys if k.startswith("books:")}, keys
+
+
+SEEDS_SPIDER = '''
+from scrapy_dist.spiders import RedisSpider
+
+
+class SeedsSpider(RedisSpider):
+    name = "seeds"
+    redis_batch_size = 1
+
+    def parse(self, response):
+        yield {"url": response.url}
+'''
+
+
+def test_a_delayed_host_is_shared_not_hoarded(project: Project) -> None:
+    """Issue 36's tutorial project: seeds of one host, ``DOWNLOAD_DELAY = 2``, a worker
+    that starts alone. It keeps only what its downloader can start within the horizon,
+    so the seeds wait in Redis, and a second worker started later crawls its share."""
+    from scrapy_dist.testing import run_cli
+
+    seeds = 8
+    project.use_scrapy_dist()
+    project.add_settings("DOWNLOAD_DELAY = 2\n")
+    project.write("books/spiders/seeds.py", SEEDS_SPIDER)
+    project.seed(*(project.page(i) for i in range(seeds)), key="seeds:start_urls")
+    (first,) = project.crawl(1, "seeds")
+    deadline = time.monotonic() + 60
+    while sum(project.site.hits().values()) < 1:
+        assert time.monotonic() < deadline, first.tail()
+        time.sleep(0.1)
+    time.sleep(1.0)  # long enough to have leased every seed, and to send one more at most
+    status = run_cli("status", "seeds", "--json", cwd=project.root)
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)
+    fetched = sum(project.site.hits().values())
+    waiting = data["seeds"]["waiting"] + data["queue"]["queued"]
+    # the one in its downloader's slot, the next within the horizon, a seed being read
+    assert data["leased"] <= 3, data
+    assert waiting >= seeds - fetched - 3, data
+    (second,) = project.crawl(1, "seeds")
+    remaining = seeds - sum(project.site.hits().values())
+    project.assert_clean_exit([first, second])
+    assert project.site.hits() == {f"/page/{i}": 1 for i in range(seeds)}
+    if remaining >= 3:  # the second opened early enough to be given one
+        assert second.items() >= 1, second.tail()
+    assert first.items() + second.items() == seeds
