@@ -221,7 +221,7 @@ def test_spider_name_set_in_init(project: Project) -> None:
     assert not {k for k in keys if k.startswith("books:")}, keys
 
 
-SEEDS_SPIDER = '''
+SEEDS_SPIDER = """
 from scrapy_dist.spiders import RedisSpider
 
 
@@ -231,7 +231,7 @@ class SeedsSpider(RedisSpider):
 
     def parse(self, response):
         yield {"url": response.url}
-'''
+"""
 
 
 def test_a_delayed_host_is_shared_not_hoarded(project: Project) -> None:
