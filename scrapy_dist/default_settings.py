@@ -316,6 +316,19 @@ SCHEDULER_PREFETCH = 0
 #: request leased. Not used with ``SCHEDULER_POLITENESS``.
 SCHEDULER_START_HORIZON = 1.0
 
+#: Most seconds a ``429`` or ``503`` response pauses its download slot for every worker
+#: of the crawl: its ``Retry-After`` (seconds or a date), cut to this; ``0`` = no pauses.
+#: Needs ``SCHEDULER_START_HORIZON`` (not with ``SCHEDULER_POLITENESS``).
+SCHEDULER_SLOT_PAUSE_MAX = 300.0
+
+#: ``429``/``503`` responses without ``Retry-After`` in a row, from one download slot at
+#: one worker, that pause the slot for every worker; ``0`` = never.
+SCHEDULER_SLOT_BACKOFF_AFTER = 5
+
+#: Seconds the first such run pauses its slot, doubled for each run after it (up to
+#: ``SCHEDULER_SLOT_PAUSE_MAX``); any other response of the slot starts over.
+SCHEDULER_SLOT_BACKOFF = 10.0
+
 #: Request queue class: ``scrapy_dist.queue.PriorityQueue``, ``FifoQueue`` or ``LifoQueue``.
 SCHEDULER_QUEUE_CLASS = "scrapy_dist.queue.PriorityQueue"
 

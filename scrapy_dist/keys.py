@@ -96,6 +96,9 @@ key                        type         holds
                                         ``<sha1 of slot>:<u|s>|<token>|<slot>``)
 ``<crawl>:polite:next``    zset         download slot -> send time of its next turn
                                         (server ms)
+``<crawl>:slots:paused``   zset         download slot -> server ms its pause ends (a
+                                        Retry-After or a run of 429/503 responses,
+                                        :mod:`scrapy_dist.worker.pauses`)
 ``<key>:wrongtype``        (any)        a key of the crawl found holding another type
                                         (written by hand), renamed out of the way by a
                                         script (:func:`set_aside_key`): kept for the
@@ -351,6 +354,12 @@ class RedisKeys:
         every score 0, member ``<sha1 of slot>:<u|s>|<token>|<slot>`` (``u``: a turn not
         confirmed sent), so that ``ZLEXCOUNT`` counts a slot's tokens."""
         return f"{self.crawl}:polite:busy"
+
+    @property
+    def slot_pauses(self) -> str:
+        """Download slot -> server time (ms) its pause ends, for every worker
+        (:mod:`scrapy_dist.worker.pauses`)."""
+        return f"{self.crawl}:slots:paused"
 
     @property
     def politeness_next(self) -> str:

@@ -52,6 +52,7 @@ NAMES = (
     "stats",
     "item_stream",
     "politeness",
+    "slot_pauses",
 )
 
 

@@ -63,6 +63,7 @@ from scrapy_dist.worker.heartbeat import Heartbeat
 from scrapy_dist.worker.horizon import StartHorizon
 from scrapy_dist.worker.local import LocalRequests
 from scrapy_dist.worker.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
+from scrapy_dist.worker.pauses import SlotPauses
 from scrapy_dist.worker.refill import Refill
 from scrapy_dist.worker.startup import FailedScheduler, fail_start, raise_if_failed, start_failure
 
@@ -288,11 +289,26 @@ class Scheduler(BaseScheduler):
         if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
             return cast("Self", UnleasedScheduler.from_crawler(crawler))
         frontier = frontier_for(crawler)
-        horizon = (
-            StartHorizon.for_crawler(crawler, config.scheduler.start_horizon, config.politeness)
-            if cls.leased and config.scheduler.start_horizon > 0 and not config.politeness.enabled
-            else None
-        )
+        horizon = None
+        if cls.leased and config.scheduler.start_horizon > 0 and not config.politeness.enabled:
+            pauses = (
+                SlotPauses.for_crawler(
+                    crawler,
+                    frontier,
+                    lambda request: _engine.slot_state(crawler, request).key,
+                    longest=config.scheduler.slot_pause_max,
+                    backoff_after=config.scheduler.slot_backoff_after,
+                    backoff=config.scheduler.slot_backoff,
+                )
+                if config.scheduler.slot_pause_max > 0
+                else None
+            )
+            horizon = StartHorizon.for_crawler(
+                crawler,
+                config.scheduler.start_horizon,
+                config.politeness,
+                paused=pauses.left if pauses is not None else lambda key: 0.0,
+            )
         dupefilter: BaseDupeFilter = build_from_crawler(
             load_object(config.components.dupefilter), crawler
         )

@@ -524,6 +524,18 @@ class Scripts:
             args += (slot, want, concurrency, delay_ms)
         return self._call("politeness", [tokens, busy, next_send], args)
 
+    # -- slot pauses (lua/slot_pauses) -------------------------------------------------
+
+    def slot_pauses(
+        self, *, pauses: str, longest_ms: int, add: Iterable[tuple[str, int]] = ()
+    ) -> ScriptCall:
+        """``lua/slot_pauses.lua``: pause slots (``add``: ``(slot, ms)``), at most
+        ``longest_ms`` each, and read the pauses in force."""
+        args: list[Arg] = [longest_ms]
+        for slot, ms in add:
+            args += (slot, ms)
+        return self._call("slot_pauses", [pauses], args)
+
 
 def scripts_for(client: redis.Redis) -> Scripts:
     """Return the scripts registered on ``client``, registering them on first use (no I/O)."""

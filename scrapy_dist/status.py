@@ -166,7 +166,7 @@ class CrawlLayout:
         the holdings and priority levels (found by their own patterns)."""
         k = self.keys
         keys = [self.seeds, k.requests, k.deliveries, k.dead, k.seq, k.progress, k.workers]
-        keys += [k.politeness_tokens, k.politeness_busy, k.politeness_next]
+        keys += [k.politeness_tokens, k.politeness_busy, k.politeness_next, k.slot_pauses]
         if self.items_stream:  # (the items stream itself is never renamed)
             keys.append(stream_dead_key(self.items_stream))
         return list(dict.fromkeys(keys))

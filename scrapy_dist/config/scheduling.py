@@ -297,6 +297,8 @@ class SchedulerConfig:
         callback_errors: what a request whose callback raised becomes
             (``SCHEDULER_CALLBACK_ERRORS``, one of :data:`CALLBACK_ERRORS`).
         start_horizon: ``SCHEDULER_START_HORIZON`` (0: off).
+        slot_pause_max, slot_backoff_after, slot_backoff: ``SCHEDULER_SLOT_PAUSE_MAX``
+            (0: no pauses), ``SCHEDULER_SLOT_BACKOFF_AFTER``, ``SCHEDULER_SLOT_BACKOFF``.
     """
 
     prefetch: int
@@ -310,6 +312,9 @@ class SchedulerConfig:
     fault_exit_code: int
     callback_errors: str = "done"
     start_horizon: float = 0.0
+    slot_pause_max: float = 0.0
+    slot_backoff_after: int = 0
+    slot_backoff: float = 0.0
 
 
 def check_scheduler(
@@ -367,6 +372,16 @@ def scheduler_config(
         raise ConfigurationError(
             f"SCHEDULER_START_HORIZON cannot be negative ({start_horizon}); 0 turns it off"
         )
+    slot_pause_max = s.getfloat("SCHEDULER_SLOT_PAUSE_MAX")
+    slot_backoff_after = s.getint("SCHEDULER_SLOT_BACKOFF_AFTER")
+    slot_backoff = s.getfloat("SCHEDULER_SLOT_BACKOFF")
+    for name, value in (
+        ("SCHEDULER_SLOT_PAUSE_MAX", slot_pause_max),
+        ("SCHEDULER_SLOT_BACKOFF_AFTER", slot_backoff_after),
+        ("SCHEDULER_SLOT_BACKOFF", slot_backoff),
+    ):
+        if not value >= 0 or value == float("inf"):
+            raise ConfigurationError(f"{name} must be a finite number of 0 or more, not {value}")
     if isinstance(callback_errors, str):  # (as other choices: "Dead" and " dead" too)
         callback_errors = callback_errors.strip().lower()
     check_scheduler(
@@ -390,6 +405,9 @@ def scheduler_config(
         fault_exit_code=s.getint("SCHEDULER_FAULT_EXIT_CODE"),
         callback_errors=str(callback_errors),
         start_horizon=start_horizon,
+        slot_pause_max=slot_pause_max,
+        slot_backoff_after=slot_backoff_after,
+        slot_backoff=slot_backoff,
     )
 
 

@@ -54,6 +54,8 @@ class StartHorizon:
             (:func:`scrapy_dist.worker.engine.slot_state`).
         delay_of: the download delay of a slot key the downloader has no slot for yet
             (the settings' and the spider's, as Scrapy will make it).
+        paused: seconds left of a slot key's pause for every worker
+            (:meth:`scrapy_dist.worker.pauses.SlotPauses.left`; default: none).
         clock: monotonic seconds.
     """
 
@@ -63,6 +65,7 @@ class StartHorizon:
         slot_of: Callable[[Request], SlotState],
         delay_of: Callable[[str], float],
         *,
+        paused: Callable[[str], float] = lambda key: 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if seconds <= 0:
@@ -70,6 +73,7 @@ class StartHorizon:
         self.seconds = seconds
         self.slot_of = slot_of
         self.delay_of = delay_of
+        self.paused = paused
         self.clock = clock
         #: Monotonic time before which this worker leases nothing: nothing it held could
         #: start soon (0: no such wait).
@@ -79,11 +83,17 @@ class StartHorizon:
         self._on_way_by_slot: Counter[str] = Counter()
 
     @classmethod
-    def for_crawler(cls, crawler: Crawler, seconds: float, slots: PolitenessConfig) -> Self:
+    def for_crawler(
+        cls,
+        crawler: Crawler,
+        seconds: float,
+        slots: PolitenessConfig,
+        paused: Callable[[str], float] = lambda key: 0.0,
+    ) -> Self:
         """The horizon of a crawler's scheduler: reading its downloader's slots, with the
         delays of slots not made yet from ``slots`` (Scrapy's settings of download slots
         and the spider's ``download_delay``), counting a request as arrived when it
-        reaches the downloader."""
+        reaches the downloader; ``paused``: the slots' pauses."""
         from scrapy_dist.politeness import Limits
 
         limits: list[Limits] = []  # built once the spider is known
@@ -93,7 +103,12 @@ class StartHorizon:
                 limits.append(Limits.build(slots, crawler.spider))
             return limits[0].of(key).delay
 
-        horizon = cls(seconds, lambda request: _engine.slot_state(crawler, request), delay_of)
+        horizon = cls(
+            seconds,
+            lambda request: _engine.slot_state(crawler, request),
+            delay_of,
+            paused=paused,
+        )
         crawler.signals.connect(horizon.reached, signal=signals.request_reached_downloader)
         return horizon
 
@@ -108,8 +123,13 @@ class StartHorizon:
         ahead = self._on_way_by_slot.get(state.key, 0)
         if not ahead:
             return state.wait
-        delay = state.delay if state.exists else self.delay_of(state.key)
-        return state.wait + ahead * delay
+        return state.wait + ahead * (state.delay if state.exists else self.delay_of(state.key))
+
+    def hold(self, request: Request) -> float:
+        """Seconds before ``request`` may go to the engine (0 or less: now): until its
+        slot would start it within the horizon (the downloader holds it the rest of
+        the way) and its slot's pause has ended (the downloader knows nothing of it)."""
+        return max(self.start_in(request) - self.seconds, self.paused(self.slot_of(request).key))
 
     def pick(self, requests: Sequence[Request]) -> tuple[int | None, int]:
         """The first of ``requests`` (the buffer, in order) that would start within the
@@ -117,21 +137,21 @@ class StartHorizon:
 
         Returns:
             ``(index or None, count to hand back)``. When no request would start soon,
-            :attr:`until` is set to when the first of them will be within the horizon.
+            :attr:`until` is set to when the first of them may go (:meth:`hold`).
         """
         soonest: float | None = None
         checked: dict[str, float] = {}
         for index, request in enumerate(requests):
             key = self.slot_of(request).key
-            start = checked.get(key)
-            if start is None:
-                start = checked[key] = self.start_in(request)
-            if start <= self.seconds:
+            hold = checked.get(key)
+            if hold is None:
+                hold = checked[key] = self.hold(request)
+            if hold <= 0:
                 return index, index
-            soonest = start if soonest is None else min(soonest, start)
+            soonest = hold if soonest is None else min(soonest, hold)
         if soonest is None:
             return None, 0
-        self.until = self.clock() + soonest - self.seconds
+        self.until = self.clock() + soonest
         return None, len(requests)
 
     def given(self, request: Request) -> None:

@@ -11,7 +11,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import DONE_SETTINGS as DONE
@@ -266,3 +266,59 @@ def test_a_delayed_host_is_shared_not_hoarded(project: Project) -> None:
     if remaining >= 3:  # the second opened early enough to be given one
         assert second.items() >= 1, second.tail()
     assert first.items() + second.items() == seeds
+
+
+def _slow_down_site(retry_after: int) -> tuple[Any, list[tuple[float, str, int]]]:
+    """A site whose ``/p/0`` answers its first request with 429 and ``Retry-After``;
+    every other request gets a page. Returns the server and its log of hits."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hits: list[tuple[float, str, int]] = []
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with lock:
+                first = self.path == "/p/0" and not any(p == "/p/0" for _, p, _ in hits)
+                status = 429 if first else 200
+                hits.append((time.time(), self.path, status))
+            body = b"<html><title>p</title></html>"
+            self.send_response(status)
+            if first:
+                self.send_header("Retry-After", str(retry_after))
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, hits
+
+
+def test_a_retry_after_pauses_the_host(project: Project) -> None:
+    """A 429 with ``Retry-After: 3``: Scrapy retries the page (``RetryMiddleware``), and
+    the retry waits for the pause instead of going at once; the crawl does not count as
+    finished meanwhile."""
+    server, hits = _slow_down_site(3)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        project.use_scrapy_dist()
+        project.write("books/spiders/seeds.py", SEEDS_SPIDER)
+        project.seed(*(f"{base}/p/{i}" for i in range(4)), key="seeds:start_urls")
+        (worker,) = project.crawl(1, "seeds")
+        project.assert_clean_exit([worker])
+    finally:
+        server.shutdown()
+    first = [t for t, path, status in hits if path == "/p/0"]
+    assert [status for _, path, status in hits if path == "/p/0"] == [429, 200], hits
+    assert first[1] - first[0] >= 2.9, hits
+    assert sorted(path for _, path, status in hits if status == 200) == [
+        f"/p/{i}" for i in range(4)
+    ]
+    assert worker.items() == 4
+    assert "Pausing download slot 127.0.0.1 for 3.0s" in worker.text(), worker.tail()
