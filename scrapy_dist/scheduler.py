@@ -619,7 +619,7 @@ class Scheduler(BaseScheduler):
         :mod:`scrapy_dist.worker.horizon`)."""
         assert self.horizon is not None
         deliveries = self.deliveries
-        index, back = self.horizon.pick([request for _, request in deliveries.buffer])
+        index, back = self.horizon.pick(request for _, request in deliveries.buffer)
         if back:
             deliveries.hand_back_first(back)
         if index is None:

@@ -33,7 +33,7 @@ from scrapy import signals
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -131,7 +131,7 @@ class StartHorizon:
         the way) and its slot's pause has ended (the downloader knows nothing of it)."""
         return max(self.start_in(request) - self.seconds, self.paused(self.slot_of(request).key))
 
-    def pick(self, requests: Sequence[Request]) -> tuple[int | None, int]:
+    def pick(self, requests: Iterable[Request]) -> tuple[int | None, int]:
         """The first of ``requests`` (the buffer, in order) that would start within the
         horizon, and how many before it would not (those go back to the queue).
 
@@ -141,7 +141,9 @@ class StartHorizon:
         """
         soonest: float | None = None
         checked: dict[str, float] = {}
+        count = 0
         for index, request in enumerate(requests):
+            count += 1
             key = self.slot_of(request).key
             hold = checked.get(key)
             if hold is None:
@@ -152,7 +154,7 @@ class StartHorizon:
         if soonest is None:
             return None, 0
         self.until = self.clock() + soonest
-        return None, len(requests)
+        return None, count
 
     def given(self, request: Request) -> None:
         """``request`` was handed to the engine: until it reaches the downloader, it
