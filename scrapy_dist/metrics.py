@@ -85,6 +85,8 @@ GAUGES = {
     "scrapy_dist_rate_window_seconds": "Seconds the rates are measured over: a minute, or "
     "less while the crawl is younger.",
     "scrapy_dist_items_stored": "Items in the crawl's items list.",
+    "scrapy_dist_slots_paused": "Download slots paused for every worker (a Retry-After, or "
+    "a run of 429/503 responses).",
     "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
     "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
     "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
@@ -161,6 +163,7 @@ def gauges(status: CrawlStatus | None) -> dict[str, float]:
         "scrapy_dist_workers_registered": len(status.workers),
         "scrapy_dist_requests_done": status.requests_done,
         "scrapy_dist_items_stored": status.items_stored,
+        "scrapy_dist_slots_paused": len(status.paused_slots),
         "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
     }
     if status.rates is not None:

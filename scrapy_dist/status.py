@@ -246,6 +246,9 @@ class CrawlStatus:
     lease_timeout: float = 120.0
     #: Whether the items list exists (``False``: no pipeline stores items in it).
     items_exist: bool = True
+    #: Download slots paused for every worker (a Retry-After, a run of 429/503:
+    #: :mod:`scrapy_dist.worker.pauses`) -> seconds left.
+    paused_slots: dict[str, float] = field(default_factory=dict)
 
     @property
     def requests_done(self) -> int:
@@ -400,6 +403,7 @@ class CrawlStatus:
             "item_stream": None if self.item_stream is None else self.item_stream.as_dict(),
             "shards": self.shards,
             "set_aside": {"keys": self.set_aside, "progress_fields": self.set_aside_fields},
+            "paused_slots": self.paused_slots,
         }
 
     def to_json(self) -> str:
@@ -542,6 +546,7 @@ def read_status(
         pipe.hgetall(k.stats)
         pipe.zrange(k.timeline, 0, -1)
         pipe.zrange(k.holders, 0, -1, withscores=True)
+        pipe.zrange(k.slot_pauses, 0, -1, withscores=True)
         replies = pipe.execute(raise_on_error=False)
     now_reply, df_type, *rest = replies
     for reply in (now_reply, df_type, *rest[: len(typed)]):
@@ -552,6 +557,7 @@ def read_status(
         if role != "progress":  # read as no counters (progress_numbers), not refused
             check_type(key, actual, expected, role)
     values = rest[len(typed) :]
+    pauses = values.pop()  # (a key of another type: the next pause sets it aside)
     progress = progress_numbers(values[5], k.progress)
     for value in (now_reply, df_type, *values[:5], *values[6:]):
         if isinstance(value, Exception):
@@ -609,8 +615,23 @@ def read_status(
         heartbeat_interval=layout.heartbeat_interval,
         lease_timeout=layout.lease_timeout,
         items_exist=types[7] != "none",
+        paused_slots=paused_slots(pauses, now),
     )
     return with_shards(client, layout, config, status, dupefilter=dupefilter)
+
+
+def paused_slots(reply: object, now: float) -> dict[str, float]:
+    """Slot -> seconds left of its pause, from ``ZRANGE <crawl>:slots:paused 0 -1
+    WITHSCORES`` read at server time ``now`` (ended pauses and a key of another type:
+    none)."""
+    if not isinstance(reply, list):
+        return {}
+    found = {}
+    for member, score in reply:
+        left = float(score) / 1000 - now
+        if left > 0:
+            found[_text(member)] = round(left, 1)
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
 
 def read_holdings(

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -1549,3 +1550,32 @@ def test_jobs_lists_the_jobs_sharing_a_literal_redis_key_not_a_crawl_of_its_name
     rows = {row["crawl"]: row for row in json.loads(listed.stdout) if row["spider"] == name}
     assert set(rows) == {name}
     assert rows[name]["seeds"] == 2
+
+
+def test_status_and_metrics_show_the_paused_slots(
+    redis_url: str, client: redis.Redis, name: str, run: Any
+) -> None:
+    """A pause a worker wrote (``lua/slot_pauses.lua``) is in status, its JSON and the
+    metrics; one that ended is not; a key of another type reads as none."""
+    from scrapy_dist.keys import RedisKeys
+    from scrapy_dist.scripts import scripts_for
+
+    key = RedisKeys.build(name).slot_pauses
+    scripts_for(client).slot_pauses(
+        pauses=key, longest_ms=300_000, add=[("busy.example", 30_000)]
+    ).run()
+    client.zadd(key, {"over.example": 1})
+    code, out, _ = run("status", name, "--json", "--redis-url", redis_url)
+    assert code == 0
+    paused = json.loads(out)["paused_slots"]
+    assert list(paused) == ["busy.example"]
+    assert 25 < paused["busy.example"] <= 30
+    code, out, _ = run("status", name, "--redis-url", redis_url)
+    assert re.search(r"paused slots: busy\.example \((30|29)s left\)", out), out
+    code, out, _ = run("metrics", name, "--once", "--redis-url", redis_url)
+    assert f'scrapy_dist_slots_paused{{crawl="{name}"}} 1' in out, out
+    client.delete(key)
+    client.set(key, "junk")
+    code, out, err = run("status", name, "--json", "--redis-url", redis_url)
+    assert code == 0, err
+    assert json.loads(out)["paused_slots"] == {}

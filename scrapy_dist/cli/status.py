@@ -102,6 +102,23 @@ def _set_aside_lines(status: CrawlStatus) -> list[str]:
     return lines
 
 
+#: Paused slots named in the text (the JSON has them all).
+PAUSES_SHOWN = 5
+
+
+def _pause_lines(status: CrawlStatus) -> list[str]:
+    """The slots paused for every worker (a Retry-After, a run of 429/503), longest
+    first."""
+    pauses = status.paused_slots
+    if not pauses:
+        return []
+    shown = ", ".join(
+        f"{slot} ({left:.0f}s left)" for slot, left in list(pauses.items())[:PAUSES_SHOWN]
+    )
+    more = f", and {len(pauses) - PAUSES_SHOWN} more" if len(pauses) > PAUSES_SHOWN else ""
+    return [f"  paused slots: {shown}{more} (asked to slow down: 429/503)"]
+
+
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     """The human-readable form of a crawl's status."""
     lines = [f"crawl {status.crawl}  at {status.redis}  [{status.shown_state}]"]
@@ -146,6 +163,7 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     lines += _rate_lines(status)
     lines += _worker_lines(status, row)
     lines += _control_lines(status)
+    lines += _pause_lines(status)
     lines += _shard_lines(status)
     lines += _set_aside_lines(status)
     if all_stats and status.stats:
