@@ -322,3 +322,25 @@ def test_a_retry_after_pauses_the_host(project: Project) -> None:
     ]
     assert worker.items() == 4
     assert "Pausing download slot 127.0.0.1 for 3.0s" in worker.text(), worker.tail()
+
+
+def test_a_pause_another_worker_wrote_holds_this_worker_back(project: Project) -> None:
+    """A slot pause found in Redis (as another worker writes it on a Retry-After) keeps
+    this worker from sending to the host until it ends; then every seed is crawled."""
+    from scrapy_dist.keys import RedisKeys
+
+    pause = 4.0
+    project.use_scrapy_dist()
+    project.write("books/spiders/seeds.py", SEEDS_SPIDER)
+    with project.client() as client:
+        seconds, micros = client.time()
+        ends = seconds + micros / 1e6 + pause
+        client.zadd(RedisKeys.build("seeds").slot_pauses, {"127.0.0.1": ends * 1000})
+        started = time.time()
+        client.lpush("seeds:start_urls", *(project.page(i) for i in range(3)))
+    (worker,) = project.crawl(1, "seeds")
+    project.assert_clean_exit([worker])
+    assert project.site.hits() == {f"/page/{i}": 1 for i in range(3)}
+    first = project.site.first_hit_time()
+    assert first is not None
+    assert first >= started + pause - 0.5, (first - started, worker.tail())
