@@ -8,7 +8,8 @@ deleted); the seed pushed again for each run: every run must fetch every page ag
 
 Then, driven by hand: a worker that holds nothing while its crawl finishes and the
 next run starts before it looks again finds the crawl gone with its seen-cache, and
-rejoins the next run rather than closing.
+rejoins the next run rather than closing; and one left holding nothing by the start
+horizon's hand-back (not by a settlement) forgets its seen-cache too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from scrapy import Request
 from scrapy_dist.frontier.epoch import FINISHED
 from scrapy_dist.testing import TestSite, start_workers, stop_workers, wait_ready, wait_workers
 from scrapy_dist.testing.engine import HeldRequests
+from scrapy_dist.worker.engine import SlotState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -155,5 +157,48 @@ def test_an_idle_worker_rejoins_a_finished_crawl_whose_next_run_began_first(
     assert idle.frontier.epoch == starting.frontier.epoch
     assert idle.enqueue_request(Request(URL))  # the next run crawls it again
     assert idle.next_request() is not None
+    starting.close("finished")
+    idle.close("finished")
+
+
+def test_a_worker_the_start_horizon_left_holding_nothing_forgets_its_seen_cache(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    """The engine finished this worker's request while a second one stayed buffered;
+    its slot would hold it 5 s, so the start horizon hands it back and the worker holds
+    nothing. Another worker crawls it and finishes the crawl, and the next run begins:
+    a URL this worker cached in the run before is new again (a hand-back that empties
+    the worker counts as a settlement that does: the crawl may finish meanwhile)."""
+    settings = {"SCHEDULER_FLUSH_INTERVAL": 0, "SCHEDULER_PREFETCH": 2}
+    holding: set[Request] = set()
+    idle = _open(make_crawler(settings), holding)
+    assert idle.horizon is not None
+    later = "https://example.org/"
+    idle.horizon.slot_of = lambda request: (
+        SlotState("example.org", True, 5.0, 5.0)
+        if request.url == later
+        else SlotState("example.com", True, 0.0, 0.0)
+    )
+    assert idle.enqueue_request(Request(URL))
+    assert idle.enqueue_request(Request(later))
+    request = idle.next_request()
+    assert request is not None
+    assert request.url == URL
+    holding.add(request)
+    holding.clear()
+    idle.deliveries.settle()  # the engine is done with it; `later` is still buffered
+    assert idle.next_request() is None  # `later` would wait 5 s: handed back
+    assert not idle.deliveries.held()
+    idle.frontier.flush()
+    other = _open(make_crawler(settings), set())
+    taken = other.next_request()
+    assert taken is not None
+    assert taken.url == later
+    other.deliveries.settle()
+    other.close("finished")  # finds the crawl empty: finished, its keys deleted
+    assert client.hexists(other.frontier.keys.progress, "finished_at")
+    starting = _open(make_crawler(settings), set())  # the next run
+    assert starting.enqueue_request(Request(f"{URL}next"))
+    assert idle.enqueue_request(Request(URL))  # the next run crawls it again
     starting.close("finished")
     idle.close("finished")

@@ -68,11 +68,12 @@ class Deliveries:
         max_held: leases this worker may hold at once (see the module docstring).
         on_empty: forgets what this worker knows of the crawl's dupefilter (its
             seen-cache), which a crawl that finishes deletes: called before that
-            knowledge is next used (:meth:`before_lookup`) once a settlement left this
-            worker holding nothing (the crawl may then finish), unless a reserve
-            under the same epoch brought leases first (the crawl had not finished:
-            Redis refuses a reserve of a finished crawl, whose epoch is deleted, and
-            a worker holding leases keeps it from finishing).
+            knowledge is next used (:meth:`before_lookup`) once a settlement (or a
+            hand-back of the start horizon) left this worker holding nothing (the
+            crawl may then finish), unless a reserve under the same epoch brought
+            leases first (the crawl had not finished: Redis refuses a reserve of a
+            finished crawl, whose epoch is deleted, and a worker holding leases keeps
+            it from finishing).
         on_finished: called with each request that left the engine, before its lease
             is settled (cluster-wide politeness releases its download token).
         callback_errors: the settlement of a request whose callback raised:
@@ -257,11 +258,17 @@ class Deliveries:
             outcomes.append((lease_id, reason))
         for request in local_done:
             self._release(self.local_out.pop(request), outcomes)
+        self._note_if_empty()
+        self.frontier.settle(outcomes)
+
+    def _note_if_empty(self) -> None:
+        """After a settlement or a hand-back: if this worker holds nothing now, the
+        crawl may finish, so its seen-cache is forgotten before it is next used (see
+        ``on_empty``)."""
         if not self.out and not self.buffer and not self.waiting:
             self._emptied = self.frontier.epoch
             if self.frontier.shard_count > 1:  # a reserve vouches for its own shard only
                 self.before_lookup()
-        self.frontier.settle(outcomes)
 
     def _dead_now(self, reason: str) -> str:
         """The settlement of a request whose callback raised with ``reason``, under
@@ -436,6 +443,7 @@ class Deliveries:
         flush; their delivery does not count. They are settled last first: each goes
         back to the end its queue is taken from, so they come out in their order again."""
         handed = [(self.buffer.popleft()[0].id, HAND_BACK) for _ in range(count)]
+        self._note_if_empty()  # (as after a settlement: the crawl may finish now)
         self.frontier.settle(handed[::-1])
         self.stats.inc_value("scheduler/horizon/handed_back", count)
 
