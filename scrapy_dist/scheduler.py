@@ -622,6 +622,7 @@ class Scheduler(BaseScheduler):
         index, back = self.horizon.pick(request for _, request in deliveries.buffer)
         if back:
             deliveries.hand_back_first(back)
+            self.stats.inc_value("scheduler/horizon/handed_back", back)
         if index is None:
             if back:
                 self.refill.hold_off()

@@ -48,7 +48,6 @@ from scrapy_dist.control import (
 )
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
-from scrapy_dist.frontier.wire import HAND_BACK
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
@@ -383,13 +382,11 @@ class WorkerControl:
 
     def _hand_back(self) -> int:
         """Hand the buffered leases back to the queue (through the outbox)."""
-        buffer = self.deliveries.buffer
-        handed = [(lease.id, HAND_BACK) for lease, _ in buffer]
-        buffer.clear()
-        if handed:
-            self.frontier.settle(handed)
-            self.frontier.stats.inc_value("control/handed_back", len(handed))
-        return len(handed)
+        count = len(self.deliveries.buffer)
+        if count:
+            self.deliveries.hand_back_first(count)
+            self.frontier.stats.inc_value("control/handed_back", count)
+        return count
 
     def _wake(self) -> None:
         if self.crawler is None:

@@ -439,13 +439,13 @@ class Deliveries:
 
     def hand_back_first(self, count: int) -> None:
         """Hand the first ``count`` buffered requests back to the queue (their slots
-        would not start them soon: :mod:`scrapy_dist.worker.horizon`), with the next
-        flush; their delivery does not count. They are settled last first: each goes
-        back to the end its queue is taken from, so they come out in their order again."""
+        would not start them soon, :mod:`scrapy_dist.worker.horizon`; the crawl was
+        paused), with the next flush; their delivery does not count. They are settled
+        last first: each goes back to the end its queue is taken from, so they come out
+        in their order again."""
         handed = [(self.buffer.popleft()[0].id, HAND_BACK) for _ in range(count)]
         self._note_if_empty()  # (as after a settlement: the crawl may finish now)
         self.frontier.settle(handed[::-1])
-        self.stats.inc_value("scheduler/horizon/handed_back", count)
 
     def take_at(self, index: int) -> Request:
         """The buffered request at ``index`` (0: the next), now in the engine."""
