@@ -305,6 +305,7 @@ class Scheduler(BaseScheduler):
             )
             horizon = StartHorizon.for_crawler(
                 crawler,
+                frontier,
                 config.scheduler.start_horizon,
                 config.politeness,
                 paused=pauses.left if pauses is not None else lambda key: 0.0,
@@ -615,21 +616,31 @@ class Scheduler(BaseScheduler):
     def _take_soon(self) -> Request | None:
         """The first buffered request that Scrapy's downloader would start within the
         start horizon; those before it go back to the queue (when none would start
-        soon, all of them, and this worker leases nothing until one could:
-        :mod:`scrapy_dist.worker.horizon`)."""
-        assert self.horizon is not None
-        deliveries = self.deliveries
-        index, back = self.horizon.pick(request for _, request in deliveries.buffer)
-        if back:
-            deliveries.hand_back_first(back)
-            self.stats.inc_value("scheduler/horizon/handed_back", back)
-        if index is None:
+        soon, all of them, and this worker leases nothing until one could). A worker
+        alone in the crawl keeps them buffered instead, and leases more while none can
+        start soon (:mod:`scrapy_dist.worker.horizon`)."""
+        horizon, deliveries = self.horizon, self.deliveries
+        assert horizon is not None
+        assert self._codec is not None, "scheduler not open"
+        while True:
+            index, back = horizon.pick(request for _, request in deliveries.buffer)
+            if horizon.alone():
+                if index is not None:
+                    request = deliveries.take_at(index)
+                    break
+                if back and deliveries.refill_more(self._codec.decode, self._undecodable):
+                    continue  # other slots' requests may be queued behind these
+            else:
+                if back:
+                    deliveries.hand_back_first(back)
+                    self.stats.inc_value("scheduler/horizon/handed_back", back)
+                if index is not None:
+                    request = deliveries.take_at(0)
+                    break
             if back:
-                self.refill.hold_off()
+                self.refill.hold_off()  # the timer wakes the engine when one may go
             return None
-        request = deliveries.take()
-        if request is not None:
-            self.horizon.given(request)
+        horizon.given(request)
         return request
 
     def _left_engine(self, request: Request) -> None:

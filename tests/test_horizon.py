@@ -174,7 +174,9 @@ def worker(
     """An open scheduler whose horizon reads a fake downloader and clock."""
     opened: list[Scheduler] = []
 
-    def make(settings: dict[str, Any] | None = None) -> tuple[Scheduler, Slots, Clock]:
+    def make(
+        settings: dict[str, Any] | None = None, *, others: bool = True
+    ) -> tuple[Scheduler, Slots, Clock]:
         crawler = make_crawler(
             {
                 "SCHEDULER_PERSIST": True,
@@ -191,6 +193,8 @@ def worker(
         scheduler.horizon.clock = clock
         assert crawler.spider is not None
         scheduler.open(crawler.spider)
+        if others:  # another worker registered: requests that cannot start soon go back
+            scheduler.frontier.client.hset(scheduler.frontier.keys.workers, "other", time.time())
         opened.append(scheduler)
         return scheduler, slots, clock
 
@@ -262,10 +266,42 @@ def test_the_horizon_is_built_unless_off_or_under_politeness(
     assert (scheduler.horizon is not None) is built
 
 
-def test_a_negative_horizon_is_a_configuration_error(
-    make_crawler: Callable[..., Crawler],
+@pytest.mark.parametrize("value", [-1, "nan", "inf"])
+def test_a_horizon_that_is_not_a_finite_positive_number_is_refused(
+    make_crawler: Callable[..., Crawler], value: object
 ) -> None:
     from scrapy_dist.assembly import assemble
 
-    with pytest.raises(ConfigurationError, match="SCHEDULER_START_HORIZON"):
-        _ = assemble(make_crawler({"SCHEDULER_START_HORIZON": -1})).config.scheduler
+    with pytest.raises(ConfigurationError, match="SCHEDULER_START_HORIZON must be a finite"):
+        _ = assemble(make_crawler({"SCHEDULER_START_HORIZON": value})).config.scheduler
+
+
+def test_a_worker_alone_keeps_what_cannot_start_soon_and_finds_what_can(
+    worker: Callable[..., tuple[Scheduler, Slots, Clock]],
+) -> None:
+    """Alone, a worker hands nothing back (nobody would take it): it keeps a delayed
+    slot's requests buffered and leases more to find other slots' requests behind them;
+    once another worker registers, the held ones go back."""
+    scheduler, slots, clock = worker(
+        {"SCHEDULER_PREFETCH": 2, "CONCURRENT_REQUESTS": 4}, others=False
+    )
+    assert scheduler.horizon is not None
+    slots.known["slow.example"] = (5.0, 5.0)
+    for url in (f"{SLOW}1", f"{SLOW}2", f"{SLOW}3", f"{FAST}1"):
+        scheduler.enqueue_request(Request(url))
+    scheduler.frontier.flush()  # (its pipeline carries the registry read: alone)
+    assert scheduler.horizon.alone()
+    request = scheduler.next_request()
+    assert request is not None
+    assert request.url == f"{FAST}1"  # leased in more batches, behind the slow ones
+    assert not scheduler.stats.get_value("scheduler/horizon/handed_back")
+    assert [r.url for _, r in scheduler.deliveries.buffer] == [f"{SLOW}1", f"{SLOW}2", f"{SLOW}3"]
+    assert scheduler.next_request() is None  # nothing more can start soon
+    client = scheduler.frontier.client
+    client.hset(scheduler.frontier.keys.workers, "other", time.time())
+    clock.now += 1.0  # the next read is due
+    scheduler.frontier.flush()
+    assert not scheduler.horizon.alone()
+    assert not scheduler.horizon.waiting()  # the timer wakes the engine now
+    assert scheduler.next_request() is None
+    assert scheduler.stats.get_value("scheduler/horizon/handed_back") == 3

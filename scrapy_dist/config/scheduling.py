@@ -368,9 +368,10 @@ def scheduler_config(
     flush_interval = s.getfloat("SCHEDULER_FLUSH_INTERVAL")
     callback_errors = s.get("SCHEDULER_CALLBACK_ERRORS")
     start_horizon = s.getfloat("SCHEDULER_START_HORIZON")
-    if not start_horizon >= 0:  # (NaN too)
+    if not 0 <= start_horizon < float("inf"):  # (NaN too)
         raise ConfigurationError(
-            f"SCHEDULER_START_HORIZON cannot be negative ({start_horizon}); 0 turns it off"
+            "SCHEDULER_START_HORIZON must be a finite number of seconds, 0 or more (0 turns "
+            f"it off), not {start_horizon}"
         )
     slot_pause_max = s.getfloat("SCHEDULER_SLOT_PAUSE_MAX")
     slot_backoff_after = s.getint("SCHEDULER_SLOT_BACKOFF_AFTER")

@@ -17,6 +17,14 @@ to the queue, where any worker leases them (this one too, once its slot is ready
 nothing buffered can start soon, the worker leases nothing until the first of those
 slots is within the horizon, and the engine is woken then (:attr:`StartHorizon.until`).
 
+A worker alone in the crawl (the registry holds no other worker, read about once a
+second with a flush it sends anyway) has nobody to hand requests to: it keeps them
+buffered (leased, renewed) rather than in Scrapy's downloader, and when none of them
+can start soon it leases more, within its bound of held leases, so that other slots'
+requests queued behind them are found, as Scrapy's own scheduler would. Once another
+worker registers, the requests that cannot start soon go back at the engine's next
+request (the timer wakes it).
+
 A slot without a delay is never held back, nor are requests kept in memory or start
 requests (they are not leased). With cluster-wide politeness the shared gate spaces the
 slots instead (:mod:`scrapy_dist.politeness`), and this part is not built.
@@ -30,6 +38,8 @@ from typing import TYPE_CHECKING
 
 from scrapy import signals
 
+from scrapy_dist.frontier.events import Read
+from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
@@ -40,9 +50,13 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist.config.scheduling import PolitenessConfig
+    from scrapy_dist.frontier.gateway import CrawlFrontier
     from scrapy_dist.worker.engine import SlotState
 
 __all__ = ["StartHorizon"]
+
+#: Seconds between two reads of how many workers the crawl's registry holds.
+READ_EVERY = 1.0
 
 
 class StartHorizon:
@@ -78,6 +92,10 @@ class StartHorizon:
         #: Monotonic time before which this worker leases nothing: nothing it held could
         #: start soon (0: no such wait).
         self.until = 0.0
+        #: Whether other workers are registered in the crawl (until a read says none
+        #: is: requests that cannot start soon are handed back).
+        self.others = True
+        self._next_read = 0.0
         #: Requests handed to the engine that have not reached the downloader -> slot.
         self._on_way: dict[Request, str] = {}
         self._on_way_by_slot: Counter[str] = Counter()
@@ -86,6 +104,7 @@ class StartHorizon:
     def for_crawler(
         cls,
         crawler: Crawler,
+        frontier: CrawlFrontier,
         seconds: float,
         slots: PolitenessConfig,
         paused: Callable[[str], float] = lambda key: 0.0,
@@ -93,7 +112,8 @@ class StartHorizon:
         """The horizon of a crawler's scheduler: reading its downloader's slots, with the
         delays of slots not made yet from ``slots`` (Scrapy's settings of download slots
         and the spider's ``download_delay``), counting a request as arrived when it
-        reaches the downloader; ``paused``: the slots' pauses."""
+        reaches the downloader; ``paused``: the slots' pauses. The frontier's flushes
+        carry the reads of the crawl's registry."""
         from scrapy_dist.politeness import Limits
 
         limits: list[Limits] = []  # built once the spider is known
@@ -110,7 +130,29 @@ class StartHorizon:
             paused=paused,
         )
         crawler.signals.connect(horizon.reached, signal=signals.request_reached_downloader)
+        workers = frontier.keys.workers
+        frontier.events.carry(lambda: horizon.rider(workers))
         return horizon
+
+    def alone(self) -> bool:
+        """Whether the crawl's registry held no other worker at the last read."""
+        return not self.others
+
+    def rider(self, workers: str) -> Read | None:
+        """The read of the registry's size (``workers``: its key) for a flush to carry,
+        about once a second."""
+        now = self.clock()
+        if now < self._next_read:
+            return None
+        self._next_read = now + READ_EVERY
+        return Read(Command(("HLEN", workers)), self._registered)
+
+    def _registered(self, reply: object) -> None:
+        """The registry's size (an error: unknown, as if others were there)."""
+        others = not isinstance(reply, int) or reply > 1
+        if others and not self.others:
+            self.until = 0.0  # the engine is woken: what cannot start soon goes back
+        self.others = others
 
     def waiting(self) -> bool:
         """Whether this worker should lease nothing now (see :attr:`until`)."""
@@ -149,6 +191,7 @@ class StartHorizon:
             if hold is None:
                 hold = checked[key] = self.hold(request)
             if hold <= 0:
+                self.until = 0.0
                 return index, index
             soonest = hold if soonest is None else min(soonest, hold)
         if soonest is None:

@@ -236,11 +236,17 @@ class SeedsSpider(RedisSpider):
 
 def test_a_delayed_host_is_shared_not_hoarded(project: Project) -> None:
     """Issue 36's tutorial project: seeds of one host, ``DOWNLOAD_DELAY = 2``, a worker
-    that starts alone. It keeps only what its downloader can start within the horizon,
-    so the seeds wait in Redis, and a second worker started later crawls its share."""
+    that starts alone (it may keep what it leased: nobody else could send it). Once a
+    second worker registers, the first keeps only what its downloader can start within
+    the horizon and hands the rest back, so the second crawls its share."""
     from scrapy_dist.testing import run_cli
 
-    seeds = 8
+    def leased() -> dict[str, Any]:
+        status = run_cli("status", "seeds", "--json", cwd=project.root)
+        assert status.returncode == 0, status.stderr
+        return dict(json.loads(status.stdout))
+
+    seeds = 10
     project.use_scrapy_dist()
     project.add_settings("DOWNLOAD_DELAY = 2\n")
     project.write("books/spiders/seeds.py", SEEDS_SPIDER)
@@ -250,20 +256,16 @@ def test_a_delayed_host_is_shared_not_hoarded(project: Project) -> None:
     while sum(project.site.hits().values()) < 1:
         assert time.monotonic() < deadline, first.tail()
         time.sleep(0.1)
-    time.sleep(1.0)  # long enough to have leased every seed, and to send one more at most
-    status = run_cli("status", "seeds", "--json", cwd=project.root)
-    assert status.returncode == 0, status.stderr
-    data = json.loads(status.stdout)
-    fetched = sum(project.site.hits().values())
-    waiting = data["seeds"]["waiting"] + data["queue"]["queued"]
-    # the one in its downloader's slot, the next within the horizon, a seed being read
-    assert data["leased"] <= 3, data
-    assert waiting >= seeds - fetched - 3, data
     (second,) = project.crawl(1, "seeds")
     remaining = seeds - sum(project.site.hits().values())
+    # each keeps one in its downloader's slot and the next within the horizon at most
+    deadline = time.monotonic() + 20
+    while (data := leased())["leased"] > 5 and sum(project.site.hits().values()) < seeds:
+        assert time.monotonic() < deadline, (data, first.tail())
+        time.sleep(0.3)
     project.assert_clean_exit([first, second])
     assert project.site.hits() == {f"/page/{i}": 1 for i in range(seeds)}
-    if remaining >= 3:  # the second opened early enough to be given one
+    if remaining >= 4:  # the second opened early enough to be given some
         assert second.items() >= 1, second.tail()
     assert first.items() + second.items() == seeds
 
