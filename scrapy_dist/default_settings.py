@@ -318,7 +318,7 @@ SCHEDULER_START_HORIZON = 1.0
 
 #: Most seconds a ``429`` or ``503`` response pauses its download slot for every worker
 #: of the crawl: its ``Retry-After`` (seconds or a date), cut to this; ``0`` = no pauses.
-#: Needs ``SCHEDULER_START_HORIZON`` (not with ``SCHEDULER_POLITENESS``).
+#: Held by the start horizon, or by the shared gate with ``SCHEDULER_POLITENESS``.
 SCHEDULER_SLOT_PAUSE_MAX = 300.0
 
 #: ``429``/``503`` responses without ``Retry-After`` in a row, from one download slot at

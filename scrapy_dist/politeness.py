@@ -254,8 +254,12 @@ class Politeness:
         heartbeat_interval: float = 5.0,
         wake: Callable[[], None] = lambda: None,
         crawl_delay: Callable[[Request], float | None] = lambda request: None,
+        paused: Callable[[str], float] = lambda slot: 0.0,
     ) -> None:
         self.client, self.keys, self.deliveries = client, keys, deliveries
+        #: Seconds left of a slot's pause (:mod:`scrapy_dist.worker.pauses`): no request
+        #: of a paused slot is sent, even with a token this worker holds.
+        self.paused = paused
         self.limits, self.stats = limits, stats
         self.timeout = timeout
         self.flush_interval = flush_interval or 0.1
@@ -314,10 +318,14 @@ class Politeness:
 
     @classmethod
     def for_crawler(
-        cls, crawler: Crawler, frontier: CrawlFrontier, deliveries: Deliveries
+        cls,
+        crawler: Crawler,
+        frontier: CrawlFrontier,
+        deliveries: Deliveries,
+        paused: Callable[[str], float] = lambda slot: 0.0,
     ) -> Politeness | None:
         """The crawler's politeness when ``SCHEDULER_POLITENESS`` is on, else ``None``
-        (no I/O; the timer starts at :meth:`open`)."""
+        (no I/O; the timer starts at :meth:`open`); ``paused``: the slots' pauses."""
         from scrapy_dist.assembly import assemble
 
         config = assemble(crawler).config
@@ -343,6 +351,7 @@ class Politeness:
             crawl_delay=(lambda r: _engine.robots_crawl_delay(crawler, r))
             if settings.robots
             else (lambda r: None),
+            paused=paused,
         )
         politeness.crawler = crawler
         politeness.config = settings
@@ -454,7 +463,7 @@ class Politeness:
             slot = slot_of(request)
             if slot in waiting:
                 continue
-            token = self._usable(slot, now)
+            token = self._usable(slot, now) if self.paused(slot) <= 0 else None
             if token is None:
                 waiting.add(slot)
             else:
@@ -655,6 +664,7 @@ class Politeness:
             tokens=self.keys.politeness_tokens,
             busy=self.keys.politeness_busy,
             next_send=self.keys.politeness_next,
+            pauses=self.keys.slot_pauses,
             prefix=prefix,
             timeout_ms=int(self.timeout * 1000),
             recover_ms=int(self.recover * 1000),

@@ -50,7 +50,7 @@ from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
 from scrapy_dist.frontier.wire import DEAD_NOW
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
-from scrapy_dist.politeness import Politeness
+from scrapy_dist.politeness import Politeness, slot_of
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.scripts import HistoryKeys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
@@ -289,20 +289,21 @@ class Scheduler(BaseScheduler):
         if unleased_queue(queue_cls) and UnleasedScheduler not in cls.__mro__:
             return cast("Self", UnleasedScheduler.from_crawler(crawler))
         frontier = frontier_for(crawler)
-        horizon = None
-        if cls.leased and config.scheduler.start_horizon > 0 and not config.politeness.enabled:
-            pauses = (
-                SlotPauses.for_crawler(
-                    crawler,
-                    frontier,
-                    lambda request: _engine.slot_state(crawler, request).key,
-                    longest=config.scheduler.slot_pause_max,
-                    backoff_after=config.scheduler.slot_backoff_after,
-                    backoff=config.scheduler.slot_backoff,
-                )
-                if config.scheduler.slot_pause_max > 0
-                else None
+        polite, pause_max = config.politeness.enabled, config.scheduler.slot_pause_max
+        horizon_on = cls.leased and config.scheduler.start_horizon > 0 and not polite
+        pauses = None
+        if cls.leased and pause_max > 0 and (horizon_on or polite):
+            pauses = SlotPauses.for_crawler(
+                crawler,
+                frontier,
+                # the slot as the part that holds its requests back names it
+                slot_of if polite else (lambda request: _engine.slot_state(crawler, request).key),
+                longest=pause_max,
+                backoff_after=config.scheduler.slot_backoff_after,
+                backoff=config.scheduler.slot_backoff,
             )
+        horizon = None
+        if horizon_on:
             horizon = StartHorizon.for_crawler(
                 crawler,
                 frontier,
@@ -350,7 +351,14 @@ class Scheduler(BaseScheduler):
             local=LocalRequests.for_crawler(crawler),
             # (a scrapy-redis style queue pops in its own order: not gated)
             politeness=(
-                (lambda deliveries: Politeness.for_crawler(crawler, frontier, deliveries))
+                (
+                    lambda deliveries: Politeness.for_crawler(
+                        crawler,
+                        frontier,
+                        deliveries,
+                        paused=pauses.left if pauses is not None else lambda slot: 0.0,
+                    )
+                )
                 if cls.leased
                 else None
             ),

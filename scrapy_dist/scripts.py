@@ -495,6 +495,7 @@ class Scripts:
         tokens: str,
         busy: str,
         next_send: str,
+        pauses: str,
         prefix: str,
         timeout_ms: int,
         recover_ms: int,
@@ -512,7 +513,8 @@ class Scripts:
         per turn sent;
         ``turns``, ``waiting`` and ``holding`` the tokens held (turns in the engine not
         sent yet, granted and not used, sent); ``asks`` holds ``(slot, requests waiting,
-        concurrency, delay in ms)`` per slot."""
+        concurrency, delay in ms)`` per slot; a slot paused in ``pauses`` is granted
+        nothing before its pause ends."""
         confirmed = list(confirms)
         args: list[Arg] = [prefix, timeout_ms, recover_ms, idle_ms, lookahead_ms]
         args.append(len(confirmed))
@@ -522,7 +524,7 @@ class Scripts:
             args += [len(members), *members]
         for slot, want, concurrency, delay_ms in asks:
             args += (slot, want, concurrency, delay_ms)
-        return self._call("politeness", [tokens, busy, next_send], args)
+        return self._call("politeness", [tokens, busy, next_send, pauses], args)
 
     # -- slot pauses (lua/slot_pauses) -------------------------------------------------
 

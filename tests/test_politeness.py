@@ -320,6 +320,31 @@ def test_a_slot_with_delay_is_given_one_turn_at_a_time_spaced_from_its_last_send
     assert g[:2] == (1, 0)  # released unsent: no delay spent
 
 
+def test_a_paused_slot_is_granted_nothing_until_its_pause_ends(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """A slot paused for every worker (a Retry-After, scrapy_dist/worker/pauses.py) gets
+    no token, with or without delay, and the hint says when to ask again; other slots
+    are granted as usual, and a pauses key of another type pauses nothing."""
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    client.zadd(keys.slot_pauses, {"a.com": now_ms + 5000, "b.com": now_ms + 5000})
+    grants, _ = call(
+        client, keys, "w1:", [("a.com", 2, 2, 0), ("b.com", 1, 1, 200), ("c.com", 1, 1, 0)]
+    )
+    assert [g[0] for g in grants] == [0, 0, 1]
+    assert 4000 <= grants[0][2] <= 5000
+    assert 4000 <= grants[1][2] <= 5000
+    assert client.pttl(keys.slot_pauses) == -1  # the gate leaves the pauses' expiry alone
+    client.zadd(keys.slot_pauses, {"a.com": now_ms - 1})  # ended
+    (g,), _ = call(client, keys, "w1:", [("a.com", 2, 2, 0)])
+    assert g[0] == 2
+    client.delete(keys.slot_pauses)
+    client.set(keys.slot_pauses, "junk")
+    (g,), _ = call(client, keys, "w2:", [("b.com", 1, 1, 200)])
+    assert g[0] == 1
+
+
 def test_a_dead_workers_tokens_expire(client: redis.Redis, keys: RedisKeys) -> None:
     # a 1 s timeout: the second call must come before it, even on a loaded machine
     (g,), _ = call(client, keys, "dead:", [("a.com", 2, 2, 0)], timeout_ms=1000)

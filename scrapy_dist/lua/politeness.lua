@@ -25,6 +25,10 @@
 --           ARGV[2] ms after it passed), the member LIVE_MARK (present while the key
 --           was not lost) and, for ARGV[2] ms after the key was found lost, the member
 --           LOST_MARK -> when
+-- KEYS[4] = slot pauses zset (slot -> server ms its pause ends: a Retry-After, a run of
+--           429/503; written by lua/slot_pauses.lua, only read here): a paused slot is
+--           granted nothing before its pause ends (a key of another type: no pauses;
+--           slot_pauses.lua sets it aside)
 -- ARGV[1] = token name prefix of this call (unique per worker, no "|"); a granted token
 --           is named "<prefix><n>|<slot>", n counting from 0 over the call's grants
 -- ARGV[2] = token timeout in ms: the deadline of a token sent (or of a slot without
@@ -52,7 +56,7 @@
 --          lost = the turns and waiting tokens no longer held (stop using them);
 --          repairs = "<key>\n<what was wrong and what was done>", one per repair
 
-local tokens, busy, nextk = KEYS[1], KEYS[2], KEYS[3]
+local tokens, busy, nextk, pausek = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix = ARGV[1]
 local timeout, recover = tonumber(ARGV[2]), tonumber(ARGV[3])
 local idle, lookahead = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -103,9 +107,11 @@ local function drop(member)
   end
 end
 
--- a key of another type (written by hand) is renamed out of the way
+-- a key of another type (written by hand) is renamed out of the way (the pauses key,
+-- KEYS[4], by lua/slot_pauses.lua, which owns it)
 local lost_as, aside = {}, {}
-for _, key in ipairs(KEYS) do
+for k = 1, 3 do
+  local key = KEYS[k]
   local kind = redis.call("TYPE", key)["ok"]
   lost_as[key] = "was lost (deleted or evicted)"
   if kind ~= "zset" and kind ~= "none" then
@@ -342,49 +348,67 @@ local function answer(count, offset, retry)
   grants[#grants + 1] = tostring(retry)
 end
 
+-- the end of a slot's pause, or nil (not paused, or no readable pauses key)
+local pauses_readable = redis.call("TYPE", pausek)["ok"] == "zset"
+local function paused_until(slot)
+  if not pauses_readable then
+    return nil
+  end
+  local ends = tonumber(redis.call("ZSCORE", pausek, slot))
+  if ends and ends > now then
+    return ends
+  end
+  return nil
+end
+
 while i + 3 <= #ARGV do
   local slot, want = ARGV[i], tonumber(ARGV[i + 1])
   local concurrency, delay = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   i = i + 4
-  local h = index_of(slot)
-  local count = count_of(h)
-  local turns = delay > 0 and turns_of(h) or 0
-  local need = delay > 0 and 1 or want -- a slot with delay is given one turn at a time
-  if count > 0 and (count + need > concurrency or turns > 0) then
-    count = verify(h, slot)
-    turns = delay > 0 and turns_of(h) or 0
-  end
-  local free = concurrency - count
-  if delay > 0 then
-    local scheduled = tonumber(redis.call("ZSCORE", nextk, slot))
-    if not scheduled and (count > turns or (lost_at and now - lost_at < delay)) then
-      -- sent, or maybe sent before the key was lost, at a time not known: as if now
-      scheduled = count > turns and now + delay or lost_at + delay
-      redis.call("ZADD", nextk, scheduled, slot)
-    end
-    local at = math.max(now, scheduled or now)
-    if turns > 0 or free <= 0 then
-      answer(0, 0, 0) -- a turn not confirmed yet, or the slot full: ask again soon
-    elseif at - now > lookahead then
-      answer(0, 0, at - now - lookahead)
-    else
-      local member = prefix .. n .. "|" .. slot
-      n = n + 1
-      redis.call("ZADD", tokens, at + recover, member)
-      redis.call("ZADD", busy, 0, h .. "u|" .. member)
-      answer(1, at - now, 0)
-    end
-  elseif free <= 0 then
-    answer(0, 0, 0)
+  local pause_ends = paused_until(slot)
+  if pause_ends then
+    answer(0, 0, pause_ends - now) -- asked to slow down: nothing before the pause ends
   else
-    local count_granted = math.min(want, free)
-    for _ = 1, count_granted do
-      local member = prefix .. n .. "|" .. slot
-      n = n + 1
-      redis.call("ZADD", tokens, now + timeout, member)
-      redis.call("ZADD", busy, 0, h .. "s|" .. member)
+    local h = index_of(slot)
+    local count = count_of(h)
+    local turns = delay > 0 and turns_of(h) or 0
+    local need = delay > 0 and 1 or want -- a slot with delay is given one turn at a time
+    if count > 0 and (count + need > concurrency or turns > 0) then
+      count = verify(h, slot)
+      turns = delay > 0 and turns_of(h) or 0
     end
-    answer(count_granted, 0, 0)
+    local free = concurrency - count
+    if delay > 0 then
+      local scheduled = tonumber(redis.call("ZSCORE", nextk, slot))
+      if not scheduled and (count > turns or (lost_at and now - lost_at < delay)) then
+        -- sent, or maybe sent before the key was lost, at a time not known: as if now
+        scheduled = count > turns and now + delay or lost_at + delay
+        redis.call("ZADD", nextk, scheduled, slot)
+      end
+      local at = math.max(now, scheduled or now)
+      if turns > 0 or free <= 0 then
+        answer(0, 0, 0) -- a turn not confirmed yet, or the slot full: ask again soon
+      elseif at - now > lookahead then
+        answer(0, 0, at - now - lookahead)
+      else
+        local member = prefix .. n .. "|" .. slot
+        n = n + 1
+        redis.call("ZADD", tokens, at + recover, member)
+        redis.call("ZADD", busy, 0, h .. "u|" .. member)
+        answer(1, at - now, 0)
+      end
+    elseif free <= 0 then
+      answer(0, 0, 0)
+    else
+      local count_granted = math.min(want, free)
+      for _ = 1, count_granted do
+        local member = prefix .. n .. "|" .. slot
+        n = n + 1
+        redis.call("ZADD", tokens, now + timeout, member)
+        redis.call("ZADD", busy, 0, h .. "s|" .. member)
+      end
+      answer(count_granted, 0, 0)
+    end
   end
 end
 for _, key in ipairs(aside) do
@@ -392,7 +416,7 @@ for _, key in ipairs(aside) do
     repaired(key, lost_as[key] .. "; politeness goes on with a new one")
   end
 end
-for _, key in ipairs(KEYS) do
-  redis.call("PEXPIRE", key, idle)
+for k = 1, 3 do -- (the pauses key keeps its own expiry)
+  redis.call("PEXPIRE", KEYS[k], idle)
 end
 return { grants, lost, repairs }

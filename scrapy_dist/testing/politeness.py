@@ -49,6 +49,7 @@ def run_script(
             tokens=keys.politeness_tokens,
             busy=keys.politeness_busy,
             next_send=keys.politeness_next,
+            pauses=keys.slot_pauses,
             prefix=prefix,
             timeout_ms=timeout_ms,
             recover_ms=recover_ms,

@@ -11,10 +11,12 @@ sends anyway; the worker that saw the response pauses the slot at once.
 
 A paused slot's requests are not sent: the start horizon (:mod:`scrapy_dist.worker.horizon`)
 counts the pause as a wait, so a worker hands them back to the queue and takes other
-slots' requests, and they are leased again when the pause ends. Scrapy's own retries of
-those responses (``RetryMiddleware``) go through the queue like any request and wait
-too. Without the horizon (``SCHEDULER_START_HORIZON = 0``, or with
-``SCHEDULER_POLITENESS``) there are no pauses.
+slots' requests, and they are leased again when the pause ends; with
+``SCHEDULER_POLITENESS``, the shared gate (``lua/politeness.lua``) grants no token of a
+paused slot before its pause ends (a token granted before may still be used). Scrapy's
+own retries of those responses (``RetryMiddleware``) go through the queue like any
+request and wait too. With neither (``SCHEDULER_START_HORIZON = 0`` without politeness)
+there are no pauses.
 
 The slot name comes from the request (its host, or ``meta["download_slot"]``): it is
 only a member of the zset, never part of a key name, and a long one is named by its

@@ -302,14 +302,17 @@ def _slow_down_site(retry_after: int) -> tuple[Any, list[tuple[float, str, int]]
     return server, hits
 
 
-def test_a_retry_after_pauses_the_host(project: Project) -> None:
+@pytest.mark.parametrize("polite", [False, True], ids=["horizon", "politeness"])
+def test_a_retry_after_pauses_the_host(project: Project, polite: bool) -> None:
     """A 429 with ``Retry-After: 3``: Scrapy retries the page (``RetryMiddleware``), and
-    the retry waits for the pause instead of going at once; the crawl does not count as
-    finished meanwhile."""
+    the retry waits for the pause instead of going at once, held by the start horizon or
+    by cluster-wide politeness; the crawl does not count as finished meanwhile."""
     server, hits = _slow_down_site(3)
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         project.use_scrapy_dist()
+        if polite:
+            project.add_settings("SCHEDULER_POLITENESS = True")
         project.write("books/spiders/seeds.py", SEEDS_SPIDER)
         project.seed(*(f"{base}/p/{i}" for i in range(4)), key="seeds:start_urls")
         (worker,) = project.crawl(1, "seeds")
