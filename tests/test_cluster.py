@@ -594,3 +594,46 @@ def test_seeds_pushed_to_the_untagged_key_are_named_while_the_crawl_waits(
         assert sum(site.hits().values()) == 0
     finally:
         stop_workers([worker], timeout=5.0)
+
+
+def test_the_reads_a_flush_carries_for_pauses_and_the_horizon_reach_the_crawl_slot(
+    clean: ClusterServers,
+) -> None:
+    """The slot pauses' EVAL and the registry's HLEN are plain commands in a flush's
+    pipeline (scrapy_dist/worker/pauses.py, horizon.py): on a cluster they go to the
+    crawl slot's owner like the scripts."""
+    from types import SimpleNamespace
+
+    from scrapy.statscollectors import MemoryStatsCollector
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_dist.worker.horizon import StartHorizon
+    from scrapy_dist.worker.pauses import SlotPauses
+
+    client = cluster_client(clean)
+    keys = RedisKeys.build("pages", hash_tag=True)
+    crawl = crawl_client(client, keys)
+    frontier: Any = SimpleNamespace(keys=keys)
+    stats = MemoryStatsCollector(get_crawler())
+    pauses = SlotPauses(
+        frontier, lambda r: "busy.example", stats, longest=60, backoff_after=0, backoff=1
+    )
+    pauses.pause("busy.example", 30, "a test")
+    horizon = StartHorizon(1.0, lambda r: None, lambda key: 0.0)  # type: ignore[arg-type,return-value]
+    crawl.hset(keys.workers, mapping={"w1": 1, "w2": 2})
+    reads = [pauses.rider(), horizon.rider(keys.workers)]
+    with crawl.pipeline(transaction=False) as pipe:
+        for read in reads:
+            assert read is not None
+            pipe.execute_command(*read.command.args)
+        replies = pipe.execute(raise_on_error=False)
+    for read, reply in zip(reads, replies, strict=True):
+        assert read is not None
+        read.on_reply(reply)
+    assert 29 < pauses.left("busy.example") <= 30
+    assert not stats.get_value("scheduler/slots/read_errors")
+    assert not horizon.alone()
+    owner = clean.master_for(keys.requests)
+    with owner.client() as plain:
+        assert plain.zscore(keys.slot_pauses, "busy.example") is not None
+    client.close()
