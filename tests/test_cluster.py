@@ -625,7 +625,7 @@ def test_the_reads_a_flush_carries_for_pauses_and_the_horizon_reach_the_crawl_sl
     with crawl.pipeline(transaction=False) as pipe:
         for read in reads:
             assert read is not None
-            pipe.execute_command(*read.command.args)
+            pipe.execute_command(*read.command.args)  # type: ignore[no-untyped-call]
         replies = pipe.execute(raise_on_error=False)
     for read, reply in zip(reads, replies, strict=True):
         assert read is not None
