@@ -167,7 +167,7 @@ def gap_figures(
     times: dict[int, list[float]] = defaultdict(list)
     for moment, path in log:
         times[host_of_page(page_of(path), args.hosts)].append(moment)
-    per_host = {}
+    per_host: dict[str, dict[str, Any]] = {}
     fast_gaps: list[float] = []
     for host, moments in sorted(times.items()):
         delay = args.slow_delay if host == 0 else args.fast_delay
@@ -183,16 +183,17 @@ def gap_figures(
             fast_gaps += gaps
     slow = per_host.get(names[0], {})
     fast = [v for k, v in per_host.items() if k != names[0] and v["gaps"]]
+    fast_mins: list[float] = [v["min_gap_ratio"] for v in fast]
     return {
         "per_host": per_host,
         "slow_min_gap_ratio": slow.get("min_gap_ratio"),
         "slow_p5_gap_ratio": slow.get("p5_gap_ratio"),
         "slow_gaps": slow.get("gaps", 0),
-        "fast_min_gap_ratio": min((v["min_gap_ratio"] for v in fast), default=None),
+        "fast_min_gap_ratio": min(fast_mins, default=None),
         "fast_p5_gap_ratio": round(percentile(fast_gaps, 0.05), 3) if fast_gaps else None,
         "fast_gaps": len(fast_gaps),
         "fast_hosts_with_gaps": len(fast),
-        "fast_hosts_below_target": sum(1 for v in fast if v["min_gap_ratio"] < GAP_TARGET),
+        "fast_hosts_below_target": sum(1 for ratio in fast_mins if ratio < GAP_TARGET),
     }
 
 
