@@ -27,6 +27,7 @@ SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 DUPEFILTER_CLASS = "scrapy_dist.dupefilter.RFPDupeFilter"
 METRICS_EXTENSION = "scrapy_dist.metrics.PrometheusMetrics"
 PARENT_LINKS = "scrapy_dist.parents.ParentLinks"
+SHARED_ROBOTS = "scrapy_dist.robots.SharedRobotsTxt"
 
 
 class DistAddon:
@@ -36,7 +37,9 @@ class DistAddon:
         """Install the components and defaults; project settings still override them.
 
         The metrics extension is enabled too; it stays off until ``METRICS_ENABLED``.
-        So is :class:`~scrapy_dist.parents.ParentLinks` (a spider middleware). The
+        So is :class:`~scrapy_dist.parents.ParentLinks` (a spider middleware), and
+        :class:`~scrapy_dist.robots.SharedRobotsTxt` (a downloader middleware, off
+        without ``ROBOTSTXT_OBEY``). The
         stats collector stays the project's: ``STATS_CLASS =
         "scrapy_dist.stats.RedisStatsCollector"`` shares the crawl's stats and rates.
         """
@@ -47,3 +50,7 @@ class DistAddon:
         settings.set_in_component_priority_dict("EXTENSIONS", load_object(METRICS_EXTENSION), 500)
         # which request produced each request: fences a callback's requests by its lease
         settings.set_in_component_priority_dict("SPIDER_MIDDLEWARES", load_object(PARENT_LINKS), 0)
+        # each site's robots.txt fetched once per crawl (after Scrapy's robots middleware)
+        settings.set_in_component_priority_dict(
+            "DOWNLOADER_MIDDLEWARES", load_object(SHARED_ROBOTS), 110
+        )

@@ -329,6 +329,11 @@ SCHEDULER_SLOT_BACKOFF_AFTER = 5
 #: ``SCHEDULER_SLOT_PAUSE_MAX``); any other response of the slot starts over.
 SCHEDULER_SLOT_BACKOFF = 10.0
 
+#: Seconds a robots.txt one worker fetched serves the other workers of the crawl
+#: (``scrapy_dist.robots.SharedRobotsTxt``, with ``ROBOTSTXT_OBEY``): each site's
+#: robots.txt is fetched about once per crawl; ``0`` = each worker fetches its own.
+ROBOTSTXT_SHARED_TTL = 86400.0
+
 #: Request queue class: ``scrapy_dist.queue.PriorityQueue``, ``FifoQueue`` or ``LifoQueue``.
 SCHEDULER_QUEUE_CLASS = "scrapy_dist.queue.PriorityQueue"
 

@@ -96,6 +96,9 @@ key                        type         holds
                                         ``<sha1 of slot>:<u|s>|<token>|<slot>``)
 ``<crawl>:polite:next``    zset         download slot -> send time of its next turn
                                         (server ms)
+``<crawl>:robots``         hash         site -> the robots.txt one worker fetched
+                                        (``b"1|<s>|<status>|" + zlib(body)``,
+                                        :mod:`scrapy_dist.robots`)
 ``<crawl>:slots:paused``   zset         download slot -> server ms its pause ends (a
                                         Retry-After or a run of 429/503 responses,
                                         :mod:`scrapy_dist.worker.pauses`)
@@ -354,6 +357,12 @@ class RedisKeys:
         every score 0, member ``<sha1 of slot>:<u|s>|<token>|<slot>`` (``u``: a turn not
         confirmed sent), so that ``ZLEXCOUNT`` counts a slot's tokens."""
         return f"{self.crawl}:polite:busy"
+
+    @property
+    def robots(self) -> str:
+        """Site (``scheme://netloc``) -> the robots.txt a worker fetched, shared with
+        the others (:mod:`scrapy_dist.robots`)."""
+        return f"{self.crawl}:robots"
 
     @property
     def slot_pauses(self) -> str:

@@ -427,6 +427,8 @@ class PolitenessConfig:
         per_ip: ``CONCURRENT_REQUESTS_PER_IP`` (not applied cluster-wide).
         autothrottle: ``AUTOTHROTTLE_ENABLED``.
         robots: ``ROBOTSTXT_OBEY`` (``Crawl-delay`` then counts).
+        robots_ttl: ``ROBOTSTXT_SHARED_TTL``: seconds a robots.txt one worker fetched
+            serves the others (0: each fetches its own).
     """
 
     enabled: bool
@@ -438,6 +440,7 @@ class PolitenessConfig:
     per_ip: int
     autothrottle: bool
     robots: bool
+    robots_ttl: float = 0.0
 
 
 def check_politeness(delay: float, concurrency: int, timeout: float) -> None:
@@ -460,6 +463,11 @@ def check_politeness(delay: float, concurrency: int, timeout: float) -> None:
 
 
 def politeness_config(s: BaseSettings) -> PolitenessConfig:
+    robots_ttl = s.getfloat("ROBOTSTXT_SHARED_TTL")
+    if not 0 <= robots_ttl < float("inf"):
+        raise ConfigurationError(
+            f"ROBOTSTXT_SHARED_TTL must be a finite number of seconds, 0 or more, not {robots_ttl}"
+        )
     jitter = s.getfloat("DOWNLOAD_DELAY_JITTER", 0.5)
     randomize = s.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
     if randomize > (s.getpriority("DOWNLOAD_DELAY_JITTER") or 0):
@@ -488,6 +496,7 @@ def politeness_config(s: BaseSettings) -> PolitenessConfig:
         per_ip=s.getint("CONCURRENT_REQUESTS_PER_IP"),
         autothrottle=s.getbool("AUTOTHROTTLE_ENABLED"),
         robots=s.getbool("ROBOTSTXT_OBEY"),
+        robots_ttl=robots_ttl,
     )
     if config.enabled:
         check_politeness(config.delay, config.concurrency, config.timeout)

@@ -349,3 +349,29 @@ def test_a_pause_another_worker_wrote_holds_this_worker_back(project: Project) -
     first = project.site.first_hit_time()
     assert first is not None
     assert first >= started + pause - 0.5, (first - started, worker.tail())
+
+
+def test_a_sites_robots_txt_is_fetched_once_for_the_crawl(project: Project) -> None:
+    """``ROBOTSTXT_OBEY`` with the add-on: the first worker fetches the site's
+    robots.txt and keeps it in Redis; a worker started later reads it from there."""
+    seeds = 8
+    project.add_settings(
+        f'ADDONS = {{"scrapy_dist.addon.DistAddon": 0}}\nREDIS_URL = "{project.redis_url}"\n'
+        + DONE
+        + "ROBOTSTXT_OBEY = True\nDOWNLOAD_DELAY = 1\n"
+    )
+    project.write("books/spiders/seeds.py", SEEDS_SPIDER)
+    project.seed(*(project.page(i) for i in range(seeds)), key="seeds:start_urls")
+    (first,) = project.crawl(1, "seeds")
+    deadline = time.monotonic() + 60
+    while sum(project.site.hits().values()) < 1:
+        assert time.monotonic() < deadline, first.tail()
+        time.sleep(0.1)
+    (second,) = project.crawl(1, "seeds")
+    remaining = seeds - sum(project.site.hits().values())
+    project.assert_clean_exit([first, second])
+    assert project.site.hits() == {f"/page/{i}": 1 for i in range(seeds)}
+    assert "'robotstxt/shared/stored': 1" in first.text(), first.tail()
+    if remaining >= 4 and second.items():  # it met the site after the first stored it
+        assert "'robotstxt/shared/hits': 1" in second.text(), second.tail()
+        assert "robotstxt/shared/stored" not in second.text(), second.tail()
