@@ -109,6 +109,9 @@ BLOCKED_FOR = 1.0
 LAZY_RELEASE = 0.5
 #: Slots remembered as asked for before the memory starts over.
 KNOWN_MAX = 10_000
+#: Buffered requests a worker keeps of a slot that waits for its turn when it leases
+#: more: the rest go back to the queue (another slot's requests take their room).
+KEEP_WAITING = 2
 #: Share of the token timeout a token is used for locally after its last renewal (the
 #: rest is margin for clocks and round trips).
 VALID_SHARE = 0.8
@@ -435,7 +438,10 @@ class Politeness:
     ) -> Request | None:
         """The first buffered request whose slot holds a token due now, in the engine;
         ``None`` if none does. When every buffered request waits, lease more (other
-        slots' requests may be behind them) and ask for tokens of slots never asked."""
+        slots' requests may be behind them), handing back first what this worker holds
+        of a waiting slot beyond :data:`KEEP_WAITING` requests (so that one slow slot
+        never fills its bound of held leases), and ask for tokens of slots never
+        asked."""
         request = self._pick()
         if request is not None or not self.deliveries.buffer:
             return request
@@ -449,6 +455,7 @@ class Politeness:
             and now - self._refilled_at >= self.flush_interval / 2
         ):
             self._refilled_at = now
+            self._shed(waiting)
             self.deliveries.refill_more(decode, reject)
         if time.monotonic() - self._last_call >= self.flush_interval / 4 and any(
             slot not in self._known for slot in self._waiting()
@@ -564,6 +571,21 @@ class Politeness:
             slot.delay = 0.0
 
     # -- the calls ------------------------------------------------------------------
+
+    def _shed(self, waiting: Counter[str]) -> None:
+        """Hand back the buffered requests of each waiting slot beyond the first
+        :data:`KEEP_WAITING` (their leases go back to the queue, uncounted)."""
+        if all(n <= KEEP_WAITING for n in waiting.values()):
+            return
+        kept: Counter[str] = Counter()
+        extra = []
+        for index, (_, request) in enumerate(self.deliveries.buffer):
+            slot = slot_of(request)
+            kept[slot] += 1
+            if kept[slot] > KEEP_WAITING:
+                extra.append(index)
+        self.deliveries.hand_back_at(extra)
+        self.stats.inc_value("scheduler/politeness/handed_back", len(extra))
 
     def _waiting(self) -> Counter[str]:
         """Buffered requests per slot."""

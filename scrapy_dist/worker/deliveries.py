@@ -437,6 +437,15 @@ class Deliveries:
         self.out[request] = lease.id
         return request
 
+    def hand_back_at(self, indexes: list[int]) -> None:
+        """Hand the buffered requests at ``indexes`` (in increasing order) back to the
+        queue, as :meth:`hand_back_first` does."""
+        chosen = set(indexes)
+        handed = [(lease.id, HAND_BACK) for i, (lease, _) in enumerate(self.buffer) if i in chosen]
+        self.buffer = deque(item for i, item in enumerate(self.buffer) if i not in chosen)
+        self._note_if_empty()
+        self.frontier.settle(handed[::-1])
+
     def hand_back_first(self, count: int) -> None:
         """Hand the first ``count`` buffered requests back to the queue (their slots
         would not start them soon, :mod:`scrapy_dist.worker.horizon`; the crawl was
