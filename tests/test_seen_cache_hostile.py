@@ -173,6 +173,10 @@ def test_a_worker_the_start_horizon_left_holding_nothing_forgets_its_seen_cache(
     holding: set[Request] = set()
     idle = _open(make_crawler(settings), holding)
     assert idle.horizon is not None
+    # as if another worker were registered (none reads it here): what cannot start soon
+    # goes back rather than staying buffered
+    idle.horizon.rider = lambda workers: None  # type: ignore[method-assign]
+    idle.horizon.others = True
     later = "https://example.org/"
     idle.horizon.slot_of = lambda request: (
         SlotState("example.org", True, 5.0, 5.0)
