@@ -122,7 +122,12 @@ def slot_of(request: Request) -> str:
     (``meta["download_slot"]``, else the URL's host name), bounded to :data:`SLOT_MAX`
     characters; one longer, or without a UTF-8 form, is named by its SHA-1."""
     raw: Any = request.meta.get("download_slot")
-    slot = str(urlparse_cached(request).hostname or "" if raw is None else raw)
+    return bound_slot(str(urlparse_cached(request).hostname or "" if raw is None else raw))
+
+
+def bound_slot(slot: str) -> str:
+    """``slot`` as Redis keeps it (a zset member): as it is, or, when longer than
+    :data:`SLOT_MAX` characters or without a UTF-8 form, ``sha1:`` and its SHA-1."""
     if len(slot) > SLOT_MAX or (not slot.isascii() and _unencodable(slot)):
         digest = hashlib.sha1(slot.encode("utf-8", "surrogatepass"), usedforsecurity=False)
         slot = "sha1:" + digest.hexdigest()

@@ -16,7 +16,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.worker.horizon import StartHorizon
-from scrapy_dist.worker.pauses import SlotPauses, bounded, retry_after
+from scrapy_dist.worker.pauses import SlotPauses, bound_slot, retry_after
 
 if TYPE_CHECKING:
     import redis
@@ -64,9 +64,9 @@ def test_retry_after_reads_seconds_and_dates() -> None:
 
 
 def test_a_long_or_unencodable_slot_is_named_by_its_hash() -> None:
-    assert bounded("example.com") == "example.com"
-    assert bounded("x" * 500).startswith("sha1:")
-    assert bounded("\udcff").startswith("sha1:")
+    assert bound_slot("example.com") == "example.com"
+    assert bound_slot("x" * 500).startswith("sha1:")
+    assert bound_slot("\udcff").startswith("sha1:")
 
 
 def test_retry_after_pauses_the_slot_at_once_cut_to_the_longest() -> None:
@@ -135,7 +135,7 @@ def test_a_pause_reaches_every_worker_through_redis(client: redis.Redis, name: s
     assert 0 < client.pttl(key) <= 301_000  # gone a longest pause after the last write
 
 
-def test_garbage_in_the_pauses_key_is_set_aside_or_bounded(client: redis.Redis, name: str) -> None:
+def test_garbage_in_the_pauses_key_is_set_aside_or_cut(client: redis.Redis, name: str) -> None:
     key = RedisKeys.build(name).slot_pauses
     client.set(key, "not a zset")
     pauses, clock = _pauses(name, longest=60.0)

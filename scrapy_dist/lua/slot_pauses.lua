@@ -7,8 +7,10 @@
 --             longer keeps its end: ZADD GT)
 -- Returns: {server time in ms, slot1, ms left1, slot2, ms left2, ...}: every pause in
 --          force after the call. Pauses that ended are removed. A pauses key of another
---          type (written by hand) is renamed out of the way ("<key>:wrongtype"), and the
---          pauses start over. The key expires a longest pause after its last write.
+--          type (written by hand) is renamed out of the way ("<key>:wrongtype",
+--          lua/_levels.lua set_aside), and the pauses start over. The key expires a
+--          longest pause after its last write.
+-- uses: _levels
 
 local key, longest = KEYS[1], tonumber(ARGV[1])
 local t = redis.call("TIME")
@@ -16,12 +18,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local kind = redis.call("TYPE", key)["ok"]
 if kind ~= "zset" and kind ~= "none" then
-  local aside = key .. ":wrongtype"
-  local n = 1
-  while redis.call("RENAMENX", key, aside) == 0 do
-    n = n + 1
-    aside = key .. ":wrongtype:" .. n
-  end
+  set_aside(key)
 end
 
 local wrote = false

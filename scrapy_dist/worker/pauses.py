@@ -20,13 +20,12 @@ there are no pauses.
 
 The slot name comes from the request (its host, or ``meta["download_slot"]``): it is
 only a member of the zset, never part of a key name, and a long one is named by its
-SHA-1 (:func:`scrapy_dist.politeness.slot_of`'s bound).
+SHA-1 (:func:`scrapy_dist.politeness.bound_slot`).
 """
 
 from __future__ import annotations
 
 import email.utils
-import hashlib
 import logging
 import math
 import time
@@ -37,6 +36,7 @@ from scrapy import signals
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.lua_source import source
+from scrapy_dist.politeness import bound_slot
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,8 +56,6 @@ logger = logging.getLogger(__name__)
 SLOW_DOWN = (429, 503)
 #: Seconds between two reads of the crawl's pauses.
 READ_EVERY = 1.0
-#: Longest slot name kept as it is (as cluster-wide politeness).
-SLOT_MAX = 200
 
 
 def retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
@@ -79,20 +77,6 @@ def retry_after(value: bytes | str | None, now: float | None = None) -> float | 
         return None
     seconds = when.timestamp() - (time.time() if now is None else now)
     return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def bounded(slot: str) -> str:
-    """``slot`` as stored: one longer than :data:`SLOT_MAX`, or without a UTF-8 form,
-    is named by its SHA-1."""
-    try:
-        slot.encode("utf-8")
-    except UnicodeEncodeError:
-        pass
-    else:
-        if len(slot) <= SLOT_MAX:
-            return slot
-    digest = hashlib.sha1(slot.encode("utf-8", "surrogatepass"), usedforsecurity=False)
-    return "sha1:" + digest.hexdigest()
 
 
 class SlotPauses:
@@ -163,12 +147,12 @@ class SlotPauses:
 
     def left(self, slot: str) -> float:
         """Seconds left of ``slot``'s pause (0: not paused)."""
-        until = self.until.get(bounded(slot))
+        until = self.until.get(bound_slot(slot))
         if until is None:
             return 0.0
         left = until - self.clock()
         if left <= 0:
-            del self.until[bounded(slot)]
+            del self.until[bound_slot(slot)]
             return 0.0
         return left
 
@@ -177,7 +161,7 @@ class SlotPauses:
     def downloaded(self, response: Response, request: Request, spider: object = None) -> None:
         """``response_downloaded`` (before the downloader middlewares, which may turn a
         429 or 503 into a retry): a 429 or 503 may pause its slot (module docstring)."""
-        slot = bounded(self.slot_key(request))
+        slot = bound_slot(self.slot_key(request))
         if response.status not in SLOW_DOWN:
             self._run.pop(slot, None)
             self._runs.pop(slot, None)

@@ -17,7 +17,7 @@ import pytest
 from conftest import DONE_SETTINGS as DONE
 
 if TYPE_CHECKING:
-    from conftest import Project
+    from conftest import Project, Run
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -221,6 +221,22 @@ def test_spider_name_set_in_init(project: Project) -> None:
     assert not {k for k in keys if k.startswith("books:")}, keys
 
 
+def _one_then_another(project: Project, seeds: int) -> tuple[Run, Run, int]:
+    """Start a ``seeds`` worker, wait for its first page, then start a second one.
+
+    Returns:
+        The two workers, and how many of the ``seeds`` pages were not fetched yet when
+        the second opened.
+    """
+    (first,) = project.crawl(1, "seeds")
+    deadline = time.monotonic() + 60
+    while sum(project.site.hits().values()) < 1:
+        assert time.monotonic() < deadline, first.tail()
+        time.sleep(0.1)
+    (second,) = project.crawl(1, "seeds")
+    return first, second, seeds - sum(project.site.hits().values())
+
+
 SEEDS_SPIDER = """
 from scrapy_dist.spiders import RedisSpider
 
@@ -251,13 +267,7 @@ def test_a_delayed_host_is_shared_not_hoarded(project: Project) -> None:
     project.add_settings("DOWNLOAD_DELAY = 2\n")
     project.write("books/spiders/seeds.py", SEEDS_SPIDER)
     project.seed(*(project.page(i) for i in range(seeds)), key="seeds:start_urls")
-    (first,) = project.crawl(1, "seeds")
-    deadline = time.monotonic() + 60
-    while sum(project.site.hits().values()) < 1:
-        assert time.monotonic() < deadline, first.tail()
-        time.sleep(0.1)
-    (second,) = project.crawl(1, "seeds")
-    remaining = seeds - sum(project.site.hits().values())
+    first, second, remaining = _one_then_another(project, seeds)
     # each keeps one in its downloader's slot and the next within the horizon at most
     deadline = time.monotonic() + 20
     while (data := leased())["leased"] > 5 and sum(project.site.hits().values()) < seeds:
@@ -362,13 +372,7 @@ def test_a_sites_robots_txt_is_fetched_once_for_the_crawl(project: Project) -> N
     )
     project.write("books/spiders/seeds.py", SEEDS_SPIDER)
     project.seed(*(project.page(i) for i in range(seeds)), key="seeds:start_urls")
-    (first,) = project.crawl(1, "seeds")
-    deadline = time.monotonic() + 60
-    while sum(project.site.hits().values()) < 1:
-        assert time.monotonic() < deadline, first.tail()
-        time.sleep(0.1)
-    (second,) = project.crawl(1, "seeds")
-    remaining = seeds - sum(project.site.hits().values())
+    first, second, remaining = _one_then_another(project, seeds)
     project.assert_clean_exit([first, second])
     assert project.site.hits() == {f"/page/{i}": 1 for i in range(seeds)}
     assert "'robotstxt/shared/stored': 1" in first.text(), first.tail()
