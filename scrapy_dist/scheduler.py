@@ -606,7 +606,7 @@ class Scheduler(BaseScheduler):
         if not deliveries.buffer and self.refill.refill():
             self._last_work = time.monotonic()
         if self.politeness is None:
-            request = deliveries.take() if self.horizon is None else self._take_soon()
+            request = deliveries.take() if self.horizon is None else self._take_guarded()
         else:  # cluster-wide politeness: the first request whose slot has a token
             assert self._codec is not None, "scheduler not open"
             request = self.politeness.take(self._codec.decode, self._undecodable)
@@ -621,6 +621,22 @@ class Scheduler(BaseScheduler):
         self.stats.inc_value("scheduler/dequeued")
         return request
 
+    def _take_guarded(self) -> Request | None:
+        """:meth:`_take_soon`; should the horizon fail (a downloader or a slot it cannot
+        read), this worker goes on without it, with one ERROR, rather than leave the
+        engine's request unanswered (a crawl that hangs)."""
+        try:
+            return self._take_soon()
+        except Exception:
+            logger.exception(
+                "The start horizon failed; this worker goes on without it "
+                "(SCHEDULER_START_HORIZON) and hands its engine every leased request",
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("scheduler/horizon/errors")
+            self.horizon = None
+            return self.deliveries.take()
+
     def _take_soon(self) -> Request | None:
         """The first buffered request that Scrapy's downloader would start within the
         start horizon; those before it go back to the queue (when none would start
@@ -634,7 +650,6 @@ class Scheduler(BaseScheduler):
             index, back = horizon.pick(request for _, request in deliveries.buffer)
             if horizon.alone():
                 if index is not None:
-                    request = deliveries.take_at(index)
                     break
                 if back and deliveries.refill_more(self._codec.decode, self._undecodable):
                     continue  # other slots' requests may be queued behind these
@@ -642,14 +657,15 @@ class Scheduler(BaseScheduler):
                 if back:
                     deliveries.hand_back_first(back)
                     self.stats.inc_value("scheduler/horizon/handed_back", back)
+                    index = None if index is None else 0
                 if index is not None:
-                    request = deliveries.take_at(0)
                     break
             if back:
                 self.refill.hold_off()  # the timer wakes the engine when one may go
             return None
-        horizon.given(request)
-        return request
+        # counted on its way first: should that fail, the request is still buffered
+        horizon.given(deliveries.buffer[index][1])
+        return deliveries.take_at(index)
 
     def _left_engine(self, request: Request) -> None:
         """A request left the engine (before its lease is settled): cluster-wide

@@ -154,6 +154,26 @@ def test_slot_state_reads_the_delay_the_last_send_and_the_queue(clock: Callable[
     downloader.close()
 
 
+@pytest.mark.parametrize("slot", [None, 7, ("a", "b")], ids=["none", "int", "tuple"])
+def test_a_slot_named_by_any_object_in_meta_is_read_as_text(slot: object) -> None:
+    """Scrapy 2.13 takes ``meta["download_slot"]`` as it is, even ``None`` (its own
+    test_downloaderslotssettings does): the horizon and the pauses got a non-text key,
+    and a pause lookup raised in next_request, which hung the crawl."""
+    crawler = get_crawler()
+    crawler.engine = _Engine(crawler)  # type: ignore[assignment]
+    downloader = crawler.engine.downloader
+    request = Request(f"{SLOW}1", meta={"download_slot": slot})
+    raw = downloader.get_slot_key(request)
+    downloader.slots[raw] = _slot(2.0)
+    state = _engine.slot_state(crawler, request)
+    assert isinstance(state.key, str)
+    assert state.delay == 2.0
+    from scrapy_dist.politeness import bound_slot
+
+    assert bound_slot(state.key) == state.key
+    downloader.close()
+
+
 def test_a_downloader_without_slots_refuses_to_start() -> None:
     class NoSlots:
         downloader = object()
@@ -305,3 +325,24 @@ def test_a_worker_alone_keeps_what_cannot_start_soon_and_finds_what_can(
     assert not scheduler.horizon.waiting()  # the timer wakes the engine now
     assert scheduler.next_request() is None
     assert scheduler.stats.get_value("scheduler/horizon/handed_back") == 3
+
+
+def test_a_horizon_that_fails_is_dropped_not_a_hang(
+    worker: Callable[..., tuple[Scheduler, Slots, Clock]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception in the horizon (a downloader it cannot read) must not leave the
+    engine's request unanswered: the worker goes on without it, with one ERROR."""
+    scheduler, _, _ = worker({"SCHEDULER_PREFETCH": 2, "CONCURRENT_REQUESTS": 4})
+    assert scheduler.horizon is not None
+
+    def broken(request: Request) -> SlotState:
+        raise TypeError("a slot it cannot read")
+
+    scheduler.horizon.slot_of = broken
+    scheduler.enqueue_request(Request(f"{SLOW}1"))
+    request = scheduler.next_request()
+    assert request is not None
+    assert request.url == f"{SLOW}1"
+    assert scheduler.horizon is None
+    assert scheduler.stats.get_value("scheduler/horizon/errors") == 1
+    assert sum("The start horizon failed" in r.message for r in caplog.records) == 1

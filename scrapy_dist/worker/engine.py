@@ -69,7 +69,8 @@ class SlotState:
     """What Scrapy's downloader knows of one request's download slot.
 
     Attributes:
-        key: the slot's key (``get_slot_key``: ``download_slot`` meta, else the host).
+        key: the slot's key (``get_slot_key``: ``download_slot`` meta, else the host), as
+            text (meta may name any object).
         exists: whether the downloader has the slot (it makes it on the slot's first
             request).
         delay: the slot's download delay (its mean, before any jitter); 0 when it does
@@ -176,8 +177,10 @@ def slot_state(crawler: Crawler, request: Request) -> SlotState:
     downloader = getattr(engine, "downloader", None)
     if downloader is None:
         return SlotState("", False, 0.0, 0.0)
-    key = downloader.get_slot_key(request)
-    slot = downloader.slots.get(key)
+    raw = downloader.get_slot_key(request)
+    slot = downloader.slots.get(raw)
+    # a request's meta may name any object as its slot (Scrapy 2.13 even None): its text
+    key = raw if isinstance(raw, str) else str(raw)
     if slot is None:
         return SlotState(key, False, 0.0, 0.0)
     delay = float(slot.delay or 0.0)
