@@ -346,3 +346,24 @@ def test_a_horizon_that_fails_is_dropped_not_a_hang(
     assert scheduler.horizon is None
     assert scheduler.stats.get_value("scheduler/horizon/errors") == 1
     assert sum("The start horizon failed" in r.message for r in caplog.records) == 1
+
+
+def test_the_registry_read_decides_alone_and_an_error_counts_as_others() -> None:
+    """HLEN of the registry: 1 is this worker alone; more, or an error (unknown), is
+    others there, so what cannot start soon goes back (the safe side: no hoarding)."""
+    clock = Clock()
+    horizon = StartHorizon(1.0, Slots(), lambda key: 0.0, clock=clock)
+    assert not horizon.alone()  # until a read says so
+    read = horizon.rider("crawl:workers")
+    assert read is not None
+    assert read.command.args == ("HLEN", "crawl:workers")
+    assert horizon.rider("crawl:workers") is None  # about once a second
+    read.on_reply(1)
+    assert horizon.alone()
+    horizon.until = clock.now + 5  # waiting for a slot, alone
+    clock.now += 1.0
+    read = horizon.rider("crawl:workers")
+    assert read is not None
+    read.on_reply(ConnectionError("Redis went away"))
+    assert not horizon.alone()
+    assert not horizon.waiting()  # another worker may take them: the engine is woken
