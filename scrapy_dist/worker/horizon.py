@@ -25,8 +25,9 @@ requests queued behind them are found, as Scrapy's own scheduler would. Once ano
 worker registers, the requests that cannot start soon go back at the engine's next
 request (the timer wakes it).
 
-A slot without a delay is never held back, nor are requests kept in memory or start
-requests (they are not leased). With cluster-wide politeness the shared gate spaces the
+A slot without a delay is never held back (unless it is paused for every worker:
+:mod:`scrapy_dist.worker.pauses`), nor are requests kept in memory or start requests
+(they are not leased). With cluster-wide politeness the shared gate spaces the
 slots instead (:mod:`scrapy_dist.politeness`), and this part is not built.
 """
 
