@@ -32,7 +32,7 @@ from scrapy_dist.frontier.wire import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK
 from scrapy_dist.worker.local import LocalRequests
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    from collections.abc import Callable, Collection, Iterable
 
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
@@ -437,22 +437,20 @@ class Deliveries:
         self.out[request] = lease.id
         return request
 
-    def hand_back_at(self, indexes: list[int]) -> None:
-        """Hand the buffered requests at ``indexes`` (in increasing order) back to the
-        queue, as :meth:`hand_back_first` does."""
-        chosen = set(indexes)
-        handed = [(lease.id, HAND_BACK) for i, (lease, _) in enumerate(self.buffer) if i in chosen]
-        self.buffer = deque(item for i, item in enumerate(self.buffer) if i not in chosen)
-        self._note_if_empty()
-        self.frontier.settle(handed[::-1])
-
     def hand_back_first(self, count: int) -> None:
         """Hand the first ``count`` buffered requests back to the queue (their slots
         would not start them soon, :mod:`scrapy_dist.worker.horizon`; the crawl was
-        paused), with the next flush; their delivery does not count. They are settled
-        last first: each goes back to the end its queue is taken from, so they come out
-        in their order again."""
-        handed = [(self.buffer.popleft()[0].id, HAND_BACK) for _ in range(count)]
+        paused), as :meth:`hand_back_at` does."""
+        self.hand_back_at(range(count))
+
+    def hand_back_at(self, indexes: Iterable[int]) -> None:
+        """Hand the buffered requests at ``indexes`` back to the queue, with the next
+        flush; their delivery does not count. They are settled last first: each goes
+        back to the end its queue is taken from, so they come out in their order
+        again."""
+        chosen = set(indexes)
+        handed = [(lease.id, HAND_BACK) for i, (lease, _) in enumerate(self.buffer) if i in chosen]
+        self.buffer = deque(item for i, item in enumerate(self.buffer) if i not in chosen)
         self._note_if_empty()  # (as after a settlement: the crawl may finish now)
         self.frontier.settle(handed[::-1])
 

@@ -162,7 +162,9 @@ class StartHorizon:
     def start_in(self, request: Request) -> float:
         """Seconds until Scrapy's downloader would start ``request`` if the engine took
         it now (0 for a slot without a delay)."""
-        state = self.slot_of(request)
+        return self._start_in(self.slot_of(request))
+
+    def _start_in(self, state: SlotState) -> float:
         ahead = self._on_way_by_slot.get(state.key, 0)
         if not ahead:
             return state.wait
@@ -172,11 +174,15 @@ class StartHorizon:
         """Seconds before ``request`` may go to the engine (0 or less: now): until its
         slot would start it within the horizon (the downloader holds it the rest of
         the way) and its slot's pause has ended (the downloader knows nothing of it)."""
-        return max(self.start_in(request) - self.seconds, self.paused(self.slot_of(request).key))
+        return self._hold(self.slot_of(request))
+
+    def _hold(self, state: SlotState) -> float:
+        return max(self._start_in(state) - self.seconds, self.paused(state.key))
 
     def pick(self, requests: Iterable[Request]) -> tuple[int | None, int]:
         """The first of ``requests`` (the buffer, in order) that would start within the
-        horizon, and how many before it would not (those go back to the queue).
+        horizon, and how many before it would not (those go back to the queue). Each
+        request's slot is read once; a slot met again is not judged again.
 
         Returns:
             ``(index or None, count to hand back)``. When no request would start soon,
@@ -187,10 +193,10 @@ class StartHorizon:
         count = 0
         for index, request in enumerate(requests):
             count += 1
-            key = self.slot_of(request).key
-            hold = checked.get(key)
+            state = self.slot_of(request)
+            hold = checked.get(state.key)
             if hold is None:
-                hold = checked[key] = self.hold(request)
+                hold = checked[state.key] = self._hold(state)
             if hold <= 0:
                 self.until = 0.0
                 return index, index

@@ -147,12 +147,13 @@ class SlotPauses:
 
     def left(self, slot: str) -> float:
         """Seconds left of ``slot``'s pause (0: not paused)."""
-        until = self.until.get(bound_slot(slot))
+        stored = bound_slot(slot)
+        until = self.until.get(stored)
         if until is None:
             return 0.0
         left = until - self.clock()
         if left <= 0:
-            del self.until[bound_slot(slot)]
+            del self.until[stored]
             return 0.0
         return left
 
