@@ -162,6 +162,8 @@ class SlotPauses:
     def downloaded(self, response: Response, request: Request, spider: object = None) -> None:
         """``response_downloaded`` (before the downloader middlewares, which may turn a
         429 or 503 into a retry): a 429 or 503 may pause its slot (module docstring)."""
+        if response.status not in SLOW_DOWN and not (self._run or self._runs):
+            return  # (every response passes here: no slot to read while no run is open)
         slot = bound_slot(self.slot_key(request))
         if response.status not in SLOW_DOWN:
             self._run.pop(slot, None)
