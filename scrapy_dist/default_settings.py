@@ -305,9 +305,18 @@ SCHEDULER_POLITENESS = False
 #: send time without renewal: a killed worker's tokens free their slot after this.
 SCHEDULER_POLITENESS_TIMEOUT = 60.0
 
-#: Requests leased from Redis in one call and buffered by the worker; ``0`` means
-#: half of ``CONCURRENT_REQUESTS``.
+#: Requests leased from Redis in one call and buffered by the worker, at least; ``0``
+#: means half of ``CONCURRENT_REQUESTS``. ``1`` leases one request when Scrapy asks for
+#: one, never ahead (Scrapy's own order).
 SCHEDULER_PREFETCH = 0
+
+#: Requests leased in one call at most: a worker whose engine takes requests fast
+#: leases what it takes in about half a second, up to this (fewer, larger script
+#: calls); ``0`` means four times ``SCHEDULER_PREFETCH``. A worker holds at most
+#: ``CONCURRENT_REQUESTS + 2 * SCHEDULER_PREFETCH_MAX`` leases, which bounds what a
+#: killed worker leaves to fetch again. Set it to ``SCHEDULER_PREFETCH`` for batches of
+#: a fixed size.
+SCHEDULER_PREFETCH_MAX = 0
 
 #: Seconds within which Scrapy's downloader must be able to start a leased request for
 #: this worker to keep it: a request whose download slot would hold it longer (its

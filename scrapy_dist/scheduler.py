@@ -56,6 +56,7 @@ from scrapy_dist.scripts import HistoryKeys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.batch import BatchSize
 from scrapy_dist.worker.control import ControlWatcher, WorkerControl
 from scrapy_dist.worker.deliveries import Deliveries
 from scrapy_dist.worker.enqueuer import Enqueuer
@@ -101,7 +102,9 @@ class Scheduler(BaseScheduler):
         flush_on_start: clear the queue and dupefilter at open if no other worker runs.
         idle_before_close: seconds to keep reporting pending work after the queue was
             last seen non-empty.
-        prefetch: requests leased from Redis per call.
+        prefetch: requests leased from Redis per call, at least.
+        prefetch_max: requests leased from Redis per call at most, as the engine's
+            demand grows (:mod:`scrapy_dist.worker.batch`); ``0``: ``prefetch``.
         heartbeat_interval: seconds between heartbeats and lease renewals.
         flush_interval: seconds pending writes may wait before they are sent; ``0``
             sends each at once.
@@ -113,7 +116,7 @@ class Scheduler(BaseScheduler):
         check_engine: run at open; raises if the running Scrapy's engine lacks the
             private state :mod:`scrapy_dist.worker.engine` reads.
         max_held: leases this worker may hold at once (buffered, in the engine, or
-            settled and not yet sent); default ``2 * prefetch`` more than it buffers.
+            settled and not yet sent); default ``prefetch + 2 * prefetch_max``.
         close_when_done: exit, rather than rejoin, when the crawl finished without
             this worker (``CLOSE_WHEN_CRAWL_DONE``).
         fault_exit_code: exit status of a worker closed with ``frontier_lost``.
@@ -151,6 +154,7 @@ class Scheduler(BaseScheduler):
         flush_on_start: bool = False,
         idle_before_close: float = 0.0,
         prefetch: int = 1,
+        prefetch_max: int = 0,
         heartbeat_interval: float = 5.0,
         flush_interval: float = 0.1,
         start_once: bool = True,
@@ -168,6 +172,7 @@ class Scheduler(BaseScheduler):
     ) -> None:
         check_scheduler(
             prefetch=prefetch,
+            prefetch_max=prefetch_max,
             idle_before_close=idle_before_close,
             flush_interval=flush_interval,
             heartbeat_interval=heartbeat_interval,
@@ -186,16 +191,18 @@ class Scheduler(BaseScheduler):
         self._shared_df = (
             dupefilter if self.leased and isinstance(dupefilter, RFPDupeFilter) else None
         )
+        batch = BatchSize(prefetch, prefetch_max or prefetch)
         self.deliveries = Deliveries(
             frontier,
             in_flight=in_flight,
             stats=stats,
             prefetch=prefetch,
-            max_held=max_held if max_held is not None else 3 * prefetch,
+            max_held=max_held if max_held is not None else prefetch + 2 * batch.ceiling,
             on_empty=self._shared_df.forget_local if self._shared_df else lambda: None,
             on_finished=self._left_engine,
             callback_errors=callback_errors,
             local=local,
+            batch=batch,
         )
         #: A plain spider's wait, before it closes, for the leases other workers hold
         #: (set at open).
@@ -337,6 +344,7 @@ class Scheduler(BaseScheduler):
             flush_on_start=settings.flush_on_start,
             idle_before_close=settings.idle_before_close,
             prefetch=settings.prefetch,
+            prefetch_max=settings.prefetch_max,
             heartbeat_interval=config.workers.heartbeat_interval,
             flush_interval=settings.flush_interval,
             start_once=settings.start_once,

@@ -342,8 +342,9 @@ def test_a_sentinel_failover_loses_no_child_and_acknowledges_after_it(
 
 PAGES = 3000
 #: docs/guarantees.md's bound on pages fetched twice, per worker and stall:
-#: CONCURRENT_REQUESTS + 2 * SCHEDULER_PREFETCH of the example project (16, 8).
-BOUND = 16 + 2 * 8
+#: CONCURRENT_REQUESTS + 2 * SCHEDULER_PREFETCH_MAX of the example project (16, and four
+#: times the default prefetch of 8).
+BOUND = 16 + 2 * 32
 #: Its bound for a failover, which counts as an outage of every worker (its item 4): twice
 #: the stall bound per worker, for the crawl's 2 workers (the leases the old master granted
 #: and the settlements it took, after the replica's last write, are all handed out again).

@@ -5,7 +5,7 @@ Crawls run ``scrapy crawl`` worker processes of ``tests/project`` against their 
 redis-server (which the test drives with CONFIG SET, FLUSHDB, RENAME...) and a local
 site. Each asserts that no page is lost, that workers neither exit early nor hang, that
 duplicates stay within the bound of docs/guarantees.md (``CONCURRENT_REQUESTS + 2 *
-SCHEDULER_PREFETCH`` per worker that failed), and that one log line names the fault.
+SCHEDULER_PREFETCH_MAX`` per worker that failed), and that one log line names the fault.
 """
 
 from __future__ import annotations

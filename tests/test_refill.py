@@ -13,6 +13,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy_dist.control import pause, resume
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.worker import engine as _engine
+from scrapy_dist.worker.batch import BatchSize
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -172,8 +173,10 @@ def test_a_due_read_not_carried_in_time_is_read_alone(
 def test_a_reserve_counts_the_acknowledgements_its_flush_sends_as_room(
     worker: Callable[..., tuple[Scheduler, set[Request]]],
 ) -> None:
-    # max_held = CONCURRENT_REQUESTS + 2 x prefetch = 6
-    scheduler, holding = worker({"SCHEDULER_PREFETCH": 2, "CONCURRENT_REQUESTS": 2})
+    # max_held = CONCURRENT_REQUESTS + 2 x SCHEDULER_PREFETCH_MAX = 6
+    scheduler, holding = worker(
+        {"SCHEDULER_PREFETCH": 2, "SCHEDULER_PREFETCH_MAX": 2, "CONCURRENT_REQUESTS": 2}
+    )
     scheduler.refill._later = lambda: False  # type: ignore[method-assign]  # reserve now
     for i in range(20):
         scheduler.enqueue_request(Request(f"{URL}{i}"))
@@ -256,3 +259,31 @@ def test_a_prefetch_of_one_leases_when_asked_never_ahead(
     nxt = scheduler.next_request()  # asked while the engine still holds one: leased now
     assert nxt is not None
     assert scheduler.stats.get_value("scheduler/refill/deferred") is None
+
+
+def test_a_worker_whose_engine_takes_requests_fast_leases_larger_batches(
+    worker: Callable[..., tuple[Scheduler, set[Request]]],
+) -> None:
+    scheduler, holding = worker({"SCHEDULER_PREFETCH": 2, "CONCURRENT_REQUESTS": 4})
+    assert scheduler.deliveries.batch.ceiling == 8
+    now = [100.0]
+    scheduler.deliveries.batch = BatchSize(2, 8, clock=lambda: now[0])
+    scheduler.refill._later = lambda: False  # type: ignore[method-assign]  # reserve now
+    for i in range(60):
+        scheduler.enqueue_request(Request(f"{URL}{i}"))
+
+    def take() -> None:
+        request = scheduler.next_request()
+        assert request is not None
+        holding.clear()  # (the engine finished the one before)
+        holding.add(request)
+
+    take()
+    assert len(scheduler.deliveries.buffer) == 1  # a batch of 2, one taken
+    for _ in range(19):
+        take()
+    now[0] += 1.0  # 20 requests in a second: 10 in half a second, cut to 8
+    while scheduler.deliveries.buffer:
+        take()
+    take()
+    assert len(scheduler.deliveries.buffer) == 7  # a batch of 8, one taken

@@ -291,9 +291,13 @@ class SchedulerConfig:
     """The scheduler's settings.
 
     Attributes:
-        prefetch: requests leased per call (``SCHEDULER_PREFETCH``, or half of
+        prefetch: requests leased per call at least (``SCHEDULER_PREFETCH``, or half of
             ``CONCURRENT_REQUESTS``).
-        max_held: most requests a worker holds (``CONCURRENT_REQUESTS + 2 * prefetch``).
+        prefetch_max: requests leased per call at most, as the engine's demand grows
+            (``SCHEDULER_PREFETCH_MAX``, or four times ``prefetch``; ``prefetch`` itself
+            when that is 1, :mod:`scrapy_dist.worker.batch`).
+        max_held: most requests a worker holds (``CONCURRENT_REQUESTS + 2 *
+            prefetch_max``).
         callback_errors: what a request whose callback raised becomes
             (``SCHEDULER_CALLBACK_ERRORS``, one of :data:`CALLBACK_ERRORS`).
         start_horizon: ``SCHEDULER_START_HORIZON`` (0: off).
@@ -311,6 +315,7 @@ class SchedulerConfig:
     close_when_done: bool
     fault_exit_code: int
     callback_errors: str = "done"
+    prefetch_max: int = 0
     start_horizon: float = 0.0
     slot_pause_max: float = 0.0
     slot_backoff_after: int = 0
@@ -326,8 +331,10 @@ def check_scheduler(
     lease_timeout: float,
     flush_interval: float,
     callback_errors: object = "done",
+    prefetch_max: int = 0,
 ) -> None:
-    """Check the scheduler's values (also given to a scheduler built directly).
+    """Check the scheduler's values (also given to a scheduler built directly;
+    ``prefetch_max`` 0: ``prefetch``).
 
     Raises:
         ConfigurationError: a value out of range, or timeouts too short for the
@@ -335,6 +342,11 @@ def check_scheduler(
     """
     if prefetch < 1:
         raise ConfigurationError(f"SCHEDULER_PREFETCH must be at least 1, not {prefetch}")
+    if prefetch_max and prefetch_max < prefetch:
+        raise ConfigurationError(
+            f"SCHEDULER_PREFETCH_MAX ({prefetch_max}) cannot be lower than "
+            f"SCHEDULER_PREFETCH ({prefetch})"
+        )
     if idle_before_close < 0:
         raise ConfigurationError(
             f"SCHEDULER_IDLE_BEFORE_CLOSE cannot be negative ({idle_before_close})"
@@ -359,11 +371,37 @@ def check_scheduler(
         )
 
 
+def prefetch_ceiling(prefetch: int, prefetch_max: int) -> int:
+    """The most requests one reserve leases (``SCHEDULER_PREFETCH_MAX``; ``0``: four
+    times ``prefetch``), given the least (``prefetch``, checked by
+    :func:`check_scheduler`); a ``prefetch`` of 1 never grows.
+
+    Raises:
+        ConfigurationError: ``prefetch_max`` is negative, or under ``prefetch``.
+    """
+    if prefetch_max < 0:
+        raise ConfigurationError(
+            f"SCHEDULER_PREFETCH_MAX cannot be negative ({prefetch_max}; 0 means four "
+            "times SCHEDULER_PREFETCH)"
+        )
+    if prefetch <= 1:
+        return prefetch
+    if prefetch_max == 0:
+        return 4 * prefetch
+    if prefetch_max < prefetch:
+        raise ConfigurationError(
+            f"SCHEDULER_PREFETCH_MAX ({prefetch_max}) cannot be lower than "
+            f"SCHEDULER_PREFETCH ({prefetch}); set them equal for batches of a fixed size"
+        )
+    return prefetch_max
+
+
 def scheduler_config(
     s: BaseSettings, workers: WorkersConfig, frontier: FrontierConfig
 ) -> SchedulerConfig:
     concurrency = s.getint("CONCURRENT_REQUESTS")
     prefetch = s.getint("SCHEDULER_PREFETCH") or max(1, concurrency // 2)
+    prefetch_max = prefetch_ceiling(prefetch, s.getint("SCHEDULER_PREFETCH_MAX"))
     idle_before_close = s.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE")
     flush_interval = s.getfloat("SCHEDULER_FLUSH_INTERVAL")
     callback_errors = s.get("SCHEDULER_CALLBACK_ERRORS")
@@ -396,7 +434,8 @@ def scheduler_config(
     )
     return SchedulerConfig(
         prefetch=prefetch,
-        max_held=concurrency + 2 * prefetch,
+        max_held=concurrency + 2 * prefetch_max,
+        prefetch_max=prefetch_max,
         persist=s.getbool("SCHEDULER_PERSIST"),
         flush_on_start=s.getbool("SCHEDULER_FLUSH_ON_START"),
         idle_before_close=idle_before_close,

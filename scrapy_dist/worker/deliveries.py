@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from scrapy_dist.exceptions import SerializationError
 from scrapy_dist.frontier.wire import DEAD_BECAUSE, DEAD_NOW, DONE, HAND_BACK
+from scrapy_dist.worker.batch import BatchSize
 from scrapy_dist.worker.local import LocalRequests
 
 if TYPE_CHECKING:
@@ -64,8 +65,11 @@ class Deliveries:
         frontier: the crawl's frontier, through which leases are taken and settled.
         in_flight: returns the requests the engine is still working on.
         stats: the crawler's stats collector.
-        prefetch: requests leased per call.
+        prefetch: requests leased per call, at least (an engine that holds this many
+            can wait for a top-up, :mod:`scrapy_dist.worker.refill`).
         max_held: leases this worker may hold at once (see the module docstring).
+        batch: the size of each reserve, from ``prefetch`` up as the engine's demand
+            grows (:mod:`scrapy_dist.worker.batch`; default: always ``prefetch``).
         on_empty: forgets what this worker knows of the crawl's dupefilter (its
             seen-cache), which a crawl that finishes deletes: called before that
             knowledge is next used (:meth:`before_lookup`) once a settlement (or a
@@ -96,6 +100,7 @@ class Deliveries:
         on_finished: Callable[[Request], None] = lambda request: None,
         callback_errors: str = CALLBACK_DONE,
         local: LocalRequests | None = None,
+        batch: BatchSize | None = None,
     ) -> None:
         self.frontier = frontier
         self.callback_errors = callback_errors
@@ -103,6 +108,7 @@ class Deliveries:
         self.stats = stats
         self.prefetch = prefetch
         self.max_held = max_held
+        self.batch = batch if batch is not None else BatchSize(prefetch, prefetch)
         self.on_empty = on_empty
         #: Leased requests not yet handed to the engine.
         self.buffer: deque[tuple[Lease, Request]] = deque()
@@ -298,7 +304,7 @@ class Deliveries:
         decode: Callable[[bytes], Request],
         reject: Callable[[Lease, SerializationError], str],
     ) -> bool:
-        """Lease up to ``prefetch`` requests into the buffer.
+        """Lease up to a batch (:attr:`batch`) of requests into the buffer.
 
         Args:
             decode: rebuilds a request from a queue entry; raises
@@ -321,7 +327,7 @@ class Deliveries:
         decode: Callable[[bytes], Request],
         reject: Callable[[Lease, SerializationError], str],
     ) -> bool:
-        """Lease up to ``prefetch`` more requests although the buffer holds some (whose
+        """Lease up to a batch more requests although the buffer holds some (whose
         slots wait for cluster-wide politeness), within ``max_held``.
 
         Returns:
@@ -336,8 +342,8 @@ class Deliveries:
         reject: Callable[[Lease, SerializationError], str],
     ) -> int:
         """Lease more before the buffer runs dry (the scheduler's timer, with the flush
-        it sends anyway): when it holds fewer than ``prefetch`` requests, up to
-        ``2 * prefetch`` buffered, within ``max_held``; nothing when there is no room.
+        it sends anyway): when it holds fewer than a batch (:attr:`batch`), up to two
+        batches buffered, within ``max_held``; nothing when there is no room.
 
         Returns:
             How many requests were added to the buffer.
@@ -352,17 +358,17 @@ class Deliveries:
 
     def top_up_count(self) -> int:
         """How many requests a top-up leases (see :meth:`top_up`): 0 when the buffer
-        holds ``prefetch`` or more, or there is no room; always 0 with a ``prefetch`` of
+        holds a batch or more, or there is no room; always 0 with a ``prefetch`` of
         1 (a worker of ``CONCURRENT_REQUESTS`` under 4, by default): it leases one
         request when Scrapy asks for one, never ahead, so that requests come in
         Scrapy's own order (a request this worker just queued is the next it takes)."""
-        buffered = len(self.buffer)
-        if buffered >= self.prefetch or self.prefetch == 1:
+        buffered, size = len(self.buffer), self.batch()
+        if buffered >= size or self.prefetch == 1:
             return 0
         room = self.room(after_flush=True)
         if room <= 0:
             return 0
-        return min(room, 2 * self.prefetch - buffered)
+        return min(room, 2 * size - buffered)
 
     def _reserve(
         self,
@@ -370,7 +376,7 @@ class Deliveries:
         reject: Callable[[Lease, SerializationError], str],
         count: int = 0,
     ) -> bool:
-        """One reserve of up to ``count`` (else ``prefetch``) requests into the buffer:
+        """One reserve of up to ``count`` (else a batch) requests into the buffer:
         ``False`` when there is no room or nothing was leased (the queue is empty, or
         Redis is unreachable). The settlements the same flush sends free their room
         first (after the flush in flight, if any, landed)."""
@@ -382,7 +388,7 @@ class Deliveries:
         if room <= 0:
             self.stats.inc_value("scheduler/held/full")
             return False
-        leases = self.frontier.reserve(min(count or self.prefetch, room))
+        leases = self.frontier.reserve(min(count or self.batch(), room))
         if not leases:
             return False
         self.add(leases, decode, reject)
@@ -435,6 +441,7 @@ class Deliveries:
             return None
         lease, request = self.buffer.popleft()
         self.out[request] = lease.id
+        self.batch.took()
         return request
 
     def hand_back_first(self, count: int) -> None:
@@ -459,6 +466,7 @@ class Deliveries:
         lease, request = self.buffer[index]
         del self.buffer[index]
         self.out[request] = lease.id
+        self.batch.took()
         return request
 
     def renew(self, spider: object = None) -> None:
