@@ -325,6 +325,17 @@ SCHEDULER_PREFETCH_MAX = 0
 #: request leased. Not used with ``SCHEDULER_POLITENESS``.
 SCHEDULER_START_HORIZON = 1.0
 
+#: Count the requests of each download slot for the whole crawl: sent, pages, 4xx,
+#: 5xx and failed (``<crawl>:slots:sent`` and ``<crawl>:slots:counts``, about once a
+#: second per worker); ``status`` shows the busiest slots.
+SCHEDULER_SLOT_COUNTS = True
+
+#: Most requests the crawl sends of one download slot (its host, or
+#: ``meta["download_slot"]``); once reached, a worker drops the slot's leased requests
+#: (``request_dropped``). The workers together may send about a second's requests more.
+#: ``0`` = no limit. Needs ``SCHEDULER_SLOT_COUNTS``.
+SCHEDULER_SLOT_PAGE_LIMIT = 0
+
 #: Most seconds a ``429`` or ``503`` response pauses its download slot for every worker
 #: of the crawl: its ``Retry-After`` (seconds or a date), cut to this; ``0`` = no pauses.
 #: Held by the start horizon, or by the shared gate with ``SCHEDULER_POLITENESS``.

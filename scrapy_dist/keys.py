@@ -102,6 +102,10 @@ key                        type         holds
 ``<crawl>:slots:paused``   zset         download slot -> server ms its pause ends (a
                                         Retry-After or a run of 429/503 responses,
                                         :mod:`scrapy_dist.worker.pauses`)
+``<crawl>:slots:sent``     zset         download slot -> requests the crawl sent of it
+                                        (:mod:`scrapy_dist.worker.slot_counts`)
+``<crawl>:slots:counts``   hash         ``<count>:<slot>`` -> the crawl's pages, 4xx,
+                                        5xx and failed requests of the slot
 ``<key>:wrongtype``        (any)        a key of the crawl found holding another type
                                         (written by hand), renamed out of the way by a
                                         script (:func:`set_aside_key`): kept for the
@@ -369,6 +373,18 @@ class RedisKeys:
         """Download slot -> server time (ms) its pause ends, for every worker
         (:mod:`scrapy_dist.worker.pauses`)."""
         return f"{self.crawl}:slots:paused"
+
+    @property
+    def slot_sent(self) -> str:
+        """Download slot -> requests the crawl sent of it, which ranks the slots
+        (:mod:`scrapy_dist.worker.slot_counts`)."""
+        return f"{self.crawl}:slots:sent"
+
+    @property
+    def slot_counts(self) -> str:
+        """``<count>:<slot>`` -> the crawl's pages, 4xx, 5xx and failed requests of a
+        download slot (:mod:`scrapy_dist.worker.slot_counts`)."""
+        return f"{self.crawl}:slots:counts"
 
     @property
     def politeness_next(self) -> str:

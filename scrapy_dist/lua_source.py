@@ -53,6 +53,7 @@ NAMES = (
     "item_stream",
     "politeness",
     "slot_pauses",
+    "slot_counts",
 )
 
 

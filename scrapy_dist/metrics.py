@@ -87,6 +87,8 @@ GAUGES = {
     "scrapy_dist_items_stored": "Items in the crawl's items list.",
     "scrapy_dist_slots_paused": "Download slots paused for every worker (a Retry-After, or "
     "a run of 429/503 responses).",
+    "scrapy_dist_slots_counted": "Download slots the crawl counted requests of "
+    "(SCHEDULER_SLOT_COUNTS).",
     "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
     "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
     "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
@@ -164,6 +166,7 @@ def gauges(status: CrawlStatus | None) -> dict[str, float]:
         "scrapy_dist_requests_done": status.requests_done,
         "scrapy_dist_items_stored": status.items_stored,
         "scrapy_dist_slots_paused": len(status.paused_slots),
+        "scrapy_dist_slots_counted": status.slots_counted,
         "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
     }
     if status.rates is not None:

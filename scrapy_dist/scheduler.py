@@ -66,6 +66,7 @@ from scrapy_dist.worker.local import LocalRequests
 from scrapy_dist.worker.membership import FRONTIER_LOST, CloseWait, Membership, exit_with
 from scrapy_dist.worker.pauses import SlotPauses
 from scrapy_dist.worker.refill import Refill
+from scrapy_dist.worker.slot_counts import SlotCounts
 from scrapy_dist.worker.startup import FailedScheduler, fail_start, raise_if_failed, start_failure
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ class Scheduler(BaseScheduler):
         local: LocalRequests | None = None,
         politeness: Callable[[Deliveries], Politeness | None] | None = None,
         horizon: StartHorizon | None = None,
+        slot_counts: SlotCounts | None = None,
     ) -> None:
         check_scheduler(
             prefetch=prefetch,
@@ -240,6 +242,8 @@ class Scheduler(BaseScheduler):
             flush_later=(lambda: self.refill.flush_later()) if self.leased else None,  # noqa: PLW0108
         )
         #: When and how the buffer is refilled (the refill policy).
+        #: The crawl's counts per download slot, and its page limit per slot.
+        self.slot_counts = slot_counts
         #: The start horizon (SCHEDULER_START_HORIZON): which buffered requests go
         #: to the engine and which back to the queue; or None.
         self.horizon = horizon
@@ -309,6 +313,11 @@ class Scheduler(BaseScheduler):
                 backoff_after=config.scheduler.slot_backoff_after,
                 backoff=config.scheduler.slot_backoff,
             )
+        counts = None
+        if cls.leased and config.scheduler.slot_counts:
+            counts = SlotCounts.for_crawler(
+                crawler, frontier, limit=config.scheduler.slot_page_limit
+            )
         horizon = None
         if horizon_on:
             horizon = StartHorizon.for_crawler(
@@ -371,6 +380,7 @@ class Scheduler(BaseScheduler):
                 else None
             ),
             horizon=horizon,
+            slot_counts=counts,
         )
         if not cls.leased and config.politeness.enabled:
             logger.warning(
@@ -560,15 +570,29 @@ class Scheduler(BaseScheduler):
             return self._not_started.next_request()
         if self.control.holds():  # crawl control: paused or draining (scrapy_dist.control)
             return None
-        request = self.deliveries.take_local()  # first, as Scrapy's memory queue
-        if request is not None:
-            self.stats.inc_value("scheduler/dequeued/memory")
-            self.stats.inc_value("scheduler/dequeued")
-        else:
-            request = self._next()
+        while True:
+            request = self.deliveries.take_local()  # first, as Scrapy's memory queue
+            if request is not None:
+                self.stats.inc_value("scheduler/dequeued/memory")
+                self.stats.inc_value("scheduler/dequeued")
+            else:
+                request = self._next()
+            if request is None or self.slot_counts is None or not self.slot_counts.over(request):
+                break
+            self._drop_over_limit(request)
         if request is not None and self._close_wait is not None:
             self._close_wait.forget()
         return request
+
+    def _drop_over_limit(self, request: Request) -> None:
+        """``request``'s slot reached ``SCHEDULER_SLOT_PAGE_LIMIT``: it is not crawled.
+        It left the buffer for the engine, which never gets it, so its lease is settled
+        as done with the next settlement; ``request_dropped`` is sent for it."""
+        self.stats.inc_value("scheduler/slot_limit/dropped")
+        if self.crawler is not None:
+            self.crawler.signals.send_catch_log(
+                signals.request_dropped, request=request, spider=self.spider
+            )
 
     def has_pending_requests(self) -> bool:
         """Whether work is pending: buffered, queued in Redis (or Redis unreachable),

@@ -249,6 +249,10 @@ class CrawlStatus:
     #: Download slots paused for every worker (a Retry-After, a run of 429/503:
     #: :mod:`scrapy_dist.worker.pauses`) -> seconds left.
     paused_slots: dict[str, float] = field(default_factory=dict)
+    #: Download slots counted (:mod:`scrapy_dist.worker.slot_counts`), and the busiest
+    #: (most requests sent): each ``{"slot", "sent", "pages", "4xx", "5xx", "failed"}``.
+    slots_counted: int = 0
+    busiest_slots: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def requests_done(self) -> int:
@@ -404,6 +408,7 @@ class CrawlStatus:
             "shards": self.shards,
             "set_aside": {"keys": self.set_aside, "progress_fields": self.set_aside_fields},
             "paused_slots": self.paused_slots,
+            "slots": {"counted": self.slots_counted, "busiest": self.busiest_slots},
         }
 
     def to_json(self) -> str:
@@ -582,6 +587,7 @@ def read_status(
         df_state = dupefilter_state(client, config, k)
     item_stream = read_item_stream(client, layout)
     set_aside = find_set_aside(client, layout.settable_aside())
+    slots_counted, busiest = read_slot_counts(client, k)
     status = CrawlStatus(
         crawl=k.crawl,
         redis=describe(client),
@@ -616,8 +622,47 @@ def read_status(
         lease_timeout=layout.lease_timeout,
         items_exist=types[7] != "none",
         paused_slots=paused_slots(pauses, now),
+        slots_counted=slots_counted,
+        busiest_slots=busiest,
     )
     return with_shards(client, layout, config, status, dupefilter=dupefilter)
+
+
+#: Slots in :attr:`CrawlStatus.busiest_slots`.
+BUSIEST_SLOTS = 10
+
+
+def read_slot_counts(client: redis.Redis, keys: RedisKeys) -> tuple[int, list[dict[str, Any]]]:
+    """How many download slots the crawl counted, and the :data:`BUSIEST_SLOTS` with
+    the most requests sent, with their counts (:mod:`scrapy_dist.worker.slot_counts`).
+    Keys of another type (written by hand; the next write sets them aside) and counts
+    that are not numbers read as none."""
+    from scrapy_dist.worker.slot_counts import COUNTS
+
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zcard(keys.slot_sent)
+        pipe.zrevrange(keys.slot_sent, 0, BUSIEST_SLOTS - 1, withscores=True)
+        counted, ranked = pipe.execute(raise_on_error=False)
+    if isinstance(counted, Exception) or isinstance(ranked, Exception) or not ranked:
+        return 0, []
+    slots = [_text(member) for member, _ in ranked]
+    fields = [f"{name}:{slot}" for slot in slots for name in COUNTS]
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hmget(keys.slot_counts, fields)
+        (values,) = pipe.execute(raise_on_error=False)
+    if isinstance(values, Exception):  # (another type)
+        values = [None] * len(fields)
+    busiest = []
+    for k, (slot, (_, sent)) in enumerate(zip(slots, ranked, strict=True)):
+        row: dict[str, Any] = {"slot": slot, "sent": int(sent)}
+        for j, name in enumerate(COUNTS):
+            value = values[k * len(COUNTS) + j]
+            try:
+                row[name] = int(value) if value is not None else 0
+            except ValueError:
+                row[name] = 0
+        busiest.append(row)
+    return int(counted), busiest
 
 
 def paused_slots(reply: object, now: float) -> dict[str, float]:

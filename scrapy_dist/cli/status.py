@@ -119,6 +119,24 @@ def _pause_lines(status: CrawlStatus) -> list[str]:
     return [f"  paused slots: {shown}{more} (asked to slow down: 429/503)"]
 
 
+#: Busiest slots named in the text (the JSON has :data:`scrapy_dist.status.BUSIEST_SLOTS`).
+SLOTS_SHOWN = 5
+
+
+def _slot_lines(status: CrawlStatus) -> list[str]:
+    """The download slots with the most requests sent, with their pages, 4xx, 5xx and
+    failed requests."""
+    if not status.busiest_slots:
+        return []
+    lines = [f"  download slots: {status.slots_counted} counted; most requests sent:"]
+    for row in status.busiest_slots[:SLOTS_SHOWN]:
+        lines.append(
+            f"    {row['slot']}: {row['sent']} sent, {row['pages']} pages "
+            f"({row['4xx']} 4xx, {row['5xx']} 5xx), {row['failed']} failed"
+        )
+    return lines
+
+
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     """The human-readable form of a crawl's status."""
     lines = [f"crawl {status.crawl}  at {status.redis}  [{status.shown_state}]"]
@@ -164,6 +182,7 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     lines += _worker_lines(status, row)
     lines += _control_lines(status)
     lines += _pause_lines(status)
+    lines += _slot_lines(status)
     lines += _shard_lines(status)
     lines += _set_aside_lines(status)
     if all_stats and status.stats:

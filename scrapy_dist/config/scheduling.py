@@ -303,6 +303,9 @@ class SchedulerConfig:
         start_horizon: ``SCHEDULER_START_HORIZON`` (0: off).
         slot_pause_max, slot_backoff_after, slot_backoff: ``SCHEDULER_SLOT_PAUSE_MAX``
             (0: no pauses), ``SCHEDULER_SLOT_BACKOFF_AFTER``, ``SCHEDULER_SLOT_BACKOFF``.
+        slot_counts: ``SCHEDULER_SLOT_COUNTS``, count requests per download slot for the
+            crawl (:mod:`scrapy_dist.worker.slot_counts`).
+        slot_page_limit: ``SCHEDULER_SLOT_PAGE_LIMIT`` (0: no limit).
     """
 
     prefetch: int
@@ -320,6 +323,8 @@ class SchedulerConfig:
     slot_pause_max: float = 0.0
     slot_backoff_after: int = 0
     slot_backoff: float = 0.0
+    slot_counts: bool = False
+    slot_page_limit: int = 0
 
 
 def check_scheduler(
@@ -421,6 +426,17 @@ def scheduler_config(
     ):
         if not value >= 0 or value == float("inf"):
             raise ConfigurationError(f"{name} must be a finite number of 0 or more, not {value}")
+    slot_counts = s.getbool("SCHEDULER_SLOT_COUNTS")
+    slot_page_limit = s.getint("SCHEDULER_SLOT_PAGE_LIMIT")
+    if slot_page_limit < 0:
+        raise ConfigurationError(
+            f"SCHEDULER_SLOT_PAGE_LIMIT cannot be negative ({slot_page_limit}; 0: no limit)"
+        )
+    if slot_page_limit and not slot_counts:
+        raise ConfigurationError(
+            "SCHEDULER_SLOT_PAGE_LIMIT needs SCHEDULER_SLOT_COUNTS = True (the limit is "
+            "judged on the crawl's counts of requests sent per slot)"
+        )
     if isinstance(callback_errors, str):  # (as other choices: "Dead" and " dead" too)
         callback_errors = callback_errors.strip().lower()
     check_scheduler(
@@ -448,6 +464,8 @@ def scheduler_config(
         slot_pause_max=slot_pause_max,
         slot_backoff_after=slot_backoff_after,
         slot_backoff=slot_backoff,
+        slot_counts=slot_counts,
+        slot_page_limit=slot_page_limit,
     )
 
 

@@ -192,6 +192,18 @@ def slot_state(crawler: Crawler, request: Request) -> SlotState:
     return SlotState(key, True, delay, first + len(slot.queue) * delay)
 
 
+def slot_key(crawler: Crawler, request: Request) -> str | None:
+    """``request``'s download slot key as the crawler's downloader names it (its public
+    ``get_slot_key``), as text; ``None`` before the engine opens, or with a downloader
+    that has no ``get_slot_key``."""
+    downloader = getattr(engine_of(crawler), "downloader", None)
+    get = getattr(downloader, "get_slot_key", None)
+    if not callable(get):
+        return None
+    raw = get(request)
+    return raw if isinstance(raw, str) else str(raw)
+
+
 def check_crawler(crawler: Crawler, *, downloader: bool = False) -> None:
     """:func:`check` the crawler's engine, if it has one open (and, with ``downloader``,
     :func:`check_downloader`).

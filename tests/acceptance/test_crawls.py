@@ -379,3 +379,39 @@ def test_a_sites_robots_txt_is_fetched_once_for_the_crawl(project: Project) -> N
     if remaining >= 4 and second.items():  # it met the site after the first stored it
         assert "'robotstxt/shared/hits': 1" in second.text(), second.tail()
         assert "robotstxt/shared/stored" not in second.text(), second.tail()
+
+
+def test_a_slot_page_limit_stops_the_crawl_of_a_host(project: Project) -> None:
+    """``SCHEDULER_SLOT_PAGE_LIMIT``: two workers crawling one host (the README's spider
+    follows every link) stop near the limit, within about a second's sends of the other
+    worker; the rest is dropped, the crawl finishes, and ``status`` counts what the site
+    served."""
+    from scrapy_dist.testing import run_cli
+
+    limit = 12
+    project.add_settings(
+        settings_block(project)
+        + DONE
+        + f"SCHEDULER_SLOT_PAGE_LIMIT = {limit}\nDOWNLOAD_DELAY = 0.2\n"
+    )
+    workers = project.crawl(2)
+    project.seed()
+    project.assert_clean_exit(workers)
+    served = sum(project.site.hits().values())
+    assert served < len(project.site.expected_paths(0))  # (the limit cut the crawl)
+    # each worker: one slot at a time, a send every 0.2 s at most: 5 a second
+    assert limit <= served <= limit + 2 * 5, (served, workers[0].tail())
+    dropped = [re.findall(r"'scheduler/slot_limit/dropped': (\d+)", w.text()) for w in workers]
+    assert any(dropped), workers[0].tail()
+    assert any("reached SCHEDULER_SLOT_PAGE_LIMIT" in w.text() for w in workers)
+    status = run_cli("status", "books", "--json", cwd=project.root)
+    assert status.returncode == 0, status.stderr
+    (slot,) = json.loads(status.stdout)["slots"]["busiest"]
+    assert slot == {
+        "slot": "127.0.0.1",
+        "sent": served,
+        "pages": served,
+        "4xx": 0,
+        "5xx": 0,
+        "failed": 0,
+    }

@@ -1,0 +1,59 @@
+-- Add a worker's counts of requests per download slot to the crawl's, and read the
+-- crawl's requests sent of some slots (scrapy_dist/worker/slot_counts.py).
+--
+-- KEYS[1] = requests sent per slot, a zset (download slot -> requests sent by every
+--           worker), which ranks the slots
+-- KEYS[2] = the other counts, a hash ("<count>:<slot>" -> n, written once the count is
+--           not 0)
+-- ARGV[1] = N, the slots whose counts follow
+-- ARGV[2] = C, the other counts given per slot
+-- ARGV[3 .. 2+C] = the names of the other counts (no ":" in them)
+-- ARGV[3+C ..] = N groups of 2+C values: slot, requests sent, then the other counts in
+--           the order of their names (each a whole number to add)
+-- ARGV[3+C+N*(2+C) ..] = the slots whose requests sent are read
+-- Returns: the requests sent of each slot read, in their order (0 for a slot never
+--          counted).
+-- A key of another type (written by hand) is renamed out of the way
+-- ("<key>:wrongtype", lua/_levels.lua set_aside) and its counts start over; a count
+-- that is not an integer (written by hand) starts over from this call's.
+-- uses: _batch, _levels
+
+local sent_key, counts_key = KEYS[1], KEYS[2]
+local n, c = tonumber(ARGV[1]), tonumber(ARGV[2])
+
+for key, want in pairs({[sent_key] = "zset", [counts_key] = "hash"}) do
+  local kind = redis.call("TYPE", key)["ok"]
+  if kind ~= want and kind ~= "none" then
+    set_aside(key)
+  end
+end
+
+local first = 3 + c
+for g = 0, n - 1 do
+  local at = first + g * (2 + c)
+  local slot, sent = ARGV[at], tonumber(ARGV[at + 1])
+  if sent and sent ~= 0 then
+    redis.call("ZINCRBY", sent_key, ARGV[at + 1], slot)
+  end
+  for k = 1, c do
+    local count = tonumber(ARGV[at + 1 + k])
+    if count and count ~= 0 then
+      local field = ARGV[2 + k] .. ":" .. slot
+      local added = redis.pcall("HINCRBY", counts_key, field, ARGV[at + 1 + k])
+      if type(added) == "table" and added.err then
+        redis.call("HSET", counts_key, field, ARGV[at + 1 + k])
+      end
+    end
+  end
+end
+
+local reads = {}
+for i = first + n * (2 + c), #ARGV do
+  reads[#reads + 1] = ARGV[i]
+end
+local scores = batched({"ZMSCORE", sent_key}, reads)
+local reply = {}
+for k = 1, #reads do
+  reply[k] = scores[k] and math.floor(tonumber(scores[k])) or 0
+end
+return reply

@@ -1,0 +1,206 @@
+"""Counts of requests per download slot for the whole crawl, and the per-slot page limit.
+
+Every worker counts, per download slot (Scrapy's downloader's: ``meta["download_slot"]``,
+else the host), the requests it sent (they reached the downloader, past every
+downloader middleware), the responses it received (``pages``), those of them with a
+status from 400 to 499 (``4xx``) and from 500 (``5xx``), and the requests that left the
+downloader without a response (``failed``: a timeout, a DNS error, a refused
+connection, a middleware that dropped it). About once a second, a flush it sends anyway
+adds them to the crawl's (``lua/slot_counts.lua``): ``<crawl>:slots:sent`` ranks the
+slots by requests sent, ``<crawl>:slots:counts`` holds the other counts. ``status``
+shows the busiest slots. A count that could not be written (Redis refused the flush)
+is kept and sent with the next.
+
+``SCHEDULER_SLOT_PAGE_LIMIT = N`` stops a slot once the crawl sent N of its requests:
+the scheduler drops a leased request of such a slot instead of handing it to the engine
+(:meth:`SlotCounts.over`). The crawl's counts of the slots this worker met are read
+with the same flush, about once a second, and this worker's own sends are added at
+once; the workers together may still send a little more than N, about what the others
+sent of that slot in the last second.
+
+The slot name comes from the request: it is only a member of a zset and part of a hash
+field, never part of a key name, and a long one is named by its SHA-1
+(:func:`scrapy_dist.politeness.bound_slot`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from scrapy_dist.frontier.events import Read
+from scrapy_dist.frontier.outbox import Command
+from scrapy_dist.lua_source import source
+from scrapy_dist.politeness import bound_slot, slot_of
+from scrapy_dist.worker import engine as _engine
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from scrapy.statscollectors import StatsCollector
+
+    from scrapy_dist.frontier.gateway import CrawlFrontier
+
+__all__ = ["COUNTS", "SlotCounts"]
+
+logger = logging.getLogger(__name__)
+
+#: The counts kept per slot besides the requests sent, in the order they are sent.
+COUNTS = ("pages", "4xx", "5xx", "failed")
+#: Seconds between two writes (and reads) of the crawl's counts.
+WRITE_EVERY = 1.0
+#: Most slots whose crawl-wide requests sent one flush reads (those this worker sent to
+#: most recently): the limit of the others is judged on this worker's own counts.
+READ_MAX = 1000
+
+
+class SlotCounts:
+    """This worker's counts per download slot, on their way to the crawl's, and the
+    crawl's requests sent per slot as last read (see the module docstring).
+
+    Args:
+        frontier: the crawl's frontier (its keys and flushes).
+        slot_key: the download slot key of a request (Scrapy's downloader's).
+        stats: the crawler's stats collector.
+        limit: ``SCHEDULER_SLOT_PAGE_LIMIT`` (0: no limit).
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        frontier: CrawlFrontier,
+        slot_key: Callable[[Request], str],
+        stats: StatsCollector,
+        *,
+        limit: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.frontier = frontier
+        self.slot_key = slot_key
+        self.stats = stats
+        self.limit = limit
+        self.clock = clock
+        #: Stored slot name -> counts not written yet: sent, then :data:`COUNTS`.
+        self._unwritten: dict[str, list[int]] = {}
+        #: Stored slot name -> the crawl's requests sent at the last read, plus this
+        #: worker's sent since (those of the read's own write included).
+        self.sent: dict[str, int] = {}
+        #: Requests that reached the downloader and got a response.
+        self._answered: weakref.WeakSet[Request] = weakref.WeakSet()
+        #: Slots over the limit this worker said so of.
+        self._told: set[str] = set()
+        self._next_write = 0.0
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler, frontier: CrawlFrontier, *, limit: int) -> SlotCounts:
+        """The counts of a crawler's scheduler: its downloader's signals counted (the
+        slot as its downloader names it; before the engine opens, by the same rule,
+        :func:`~scrapy_dist.politeness.slot_of`), its frontier's flushes carrying the
+        writes."""
+
+        def slot_key(request: Request) -> str:
+            key = _engine.slot_key(crawler, request)
+            return slot_of(request) if key is None else key
+
+        assert crawler.stats is not None
+        counts = cls(frontier, slot_key, crawler.stats, limit=limit)
+        connect = crawler.signals.connect
+        connect(counts.reached, signal=signals.request_reached_downloader)
+        connect(counts.downloaded, signal=signals.response_downloaded)
+        connect(counts.left, signal=signals.request_left_downloader)
+        frontier.events.carry(counts.rider)
+        return counts
+
+    def _count(self, request: Request, index: int) -> str:
+        slot = bound_slot(self.slot_key(request))
+        counts = self._unwritten.get(slot)
+        if counts is None:
+            counts = self._unwritten[slot] = [0] * (1 + len(COUNTS))
+        counts[index] += 1
+        return slot
+
+    # -- the downloader's signals -------------------------------------------------------
+
+    def reached(self, request: Request, spider: object = None) -> None:
+        """``request_reached_downloader``: one more request sent of its slot."""
+        slot = self._count(request, 0)
+        if self.limit:  # (last: the slots read are those sent to most recently)
+            self.sent[slot] = self.sent.pop(slot, 0) + 1
+
+    def downloaded(self, response: Response, request: Request, spider: object = None) -> None:
+        """``response_downloaded``: one more page of its slot (and a 4xx or a 5xx)."""
+        self._answered.add(request)
+        self._count(request, 1)
+        if 400 <= response.status < 500:
+            self._count(request, 2)
+        elif response.status >= 500:
+            self._count(request, 3)
+
+    def left(self, request: Request, spider: object = None) -> None:
+        """``request_left_downloader``: without a response, one more failed."""
+        if request in self._answered:
+            self._answered.discard(request)
+        else:
+            self._count(request, 4)
+
+    # -- the limit ----------------------------------------------------------------------
+
+    def over(self, request: Request) -> bool:
+        """Whether ``request``'s slot reached ``SCHEDULER_SLOT_PAGE_LIMIT`` (requests
+        sent by the crawl, as last read, and by this worker since): the first time of a
+        slot, this worker says so."""
+        if not self.limit:
+            return False
+        slot = bound_slot(self.slot_key(request))
+        if self.sent.get(slot, 0) < self.limit:
+            return False
+        if slot not in self._told:
+            self._told.add(slot)
+            logger.info(
+                "Download slot %(slot)s reached SCHEDULER_SLOT_PAGE_LIMIT (%(limit)d "
+                "requests sent by the crawl): its requests are dropped",
+                {"slot": slot, "limit": self.limit},
+            )
+        return True
+
+    # -- Redis ----------------------------------------------------------------------------
+
+    def rider(self) -> Read | None:
+        """The write of the counts (and the read of the slots' requests sent, with a
+        limit) for a flush to carry, about once a second."""
+        now = self.clock()
+        if now < self._next_write or not (self._unwritten or (self.limit and self.sent)):
+            return None
+        self._next_write = now + WRITE_EVERY
+        writes, self._unwritten = self._unwritten, {}
+        reads = list(self.sent)[-READ_MAX:] if self.limit else []
+        args: list[str | int] = [len(writes), len(COUNTS), *COUNTS]
+        for slot, counts in writes.items():
+            args += [slot, *counts]
+        args += reads
+        keys = self.frontier.keys
+        # EVAL, not EVALSHA: a plain command in the flush's pipeline, whatever the
+        # server's script cache holds (a failover or restart empties it)
+        command = ("EVAL", source("slot_counts"), 2, keys.slot_sent, keys.slot_counts, *args)
+        return Read(Command(command), lambda reply: self._read(reply, writes, reads))
+
+    def _read(self, reply: Any, writes: dict[str, list[int]], reads: list[str]) -> None:
+        if isinstance(reply, Exception):
+            for slot, counts in writes.items():  # sent again with the next write
+                kept = self._unwritten.setdefault(slot, [0] * len(counts))
+                for i, n in enumerate(counts):
+                    kept[i] += n
+            self.stats.inc_value("scheduler/slots/count_errors")
+            return
+        for slot, crawl_sent in zip(reads, reply, strict=False):
+            # the read includes this call's write; this worker's sends since are not in it
+            since = self._unwritten.get(slot)
+            self.sent[slot] = int(crawl_sent) + (since[0] if since else 0)
+        self.stats.inc_value("scheduler/slots/count_writes")

@@ -1,0 +1,217 @@
+"""Requests counted per download slot for the whole crawl, and the per-slot page limit
+(issue 36), through ``lua/slot_counts.lua``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request, signals
+from scrapy.http import Response
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+
+from scrapy_dist.cli.status import _slot_lines
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import RedisKeys
+from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.status import read_slot_counts
+from scrapy_dist.worker.slot_counts import SlotCounts
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import redis
+    from scrapy.crawler import Crawler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _counts(name: str = "counts", limit: int = 0) -> tuple[SlotCounts, Clock]:
+    clock = Clock()
+    frontier: Any = SimpleNamespace(keys=RedisKeys.build(name))
+    stats = MemoryStatsCollector(get_crawler())
+    host = lambda r: r.url.split("/")[2]  # noqa: E731
+    return SlotCounts(frontier, host, stats, limit=limit, clock=clock), clock
+
+
+def _carry(counts: SlotCounts, client: redis.Redis) -> None:
+    """What a flush does with the write a part has it carry."""
+    read = counts.rider()
+    assert read is not None
+    try:
+        reply: Any = client.execute_command(*read.command.args)  # type: ignore[no-untyped-call]
+    except Exception as e:  # (the trip hands the error to the reply's owner)
+        reply = e
+    read.on_reply(reply)
+
+
+def _crawl(counts: SlotCounts, url: str, status: int | None) -> None:
+    """One request through the downloader: sent, then answered with ``status`` (``None``:
+    failed), then gone."""
+    request = Request(url)
+    counts.reached(request)
+    if status is not None:
+        counts.downloaded(Response(url, status=status, request=request), request)
+    counts.left(request)
+
+
+def test_every_worker_s_counts_add_up_in_redis(client: redis.Redis, name: str) -> None:
+    first, _ = _counts(name)
+    second, _ = _counts(name)
+    for status in (200, 200, 404, 503, None):
+        _crawl(first, "https://a.example/x", status)
+    _crawl(second, "https://a.example/y", 200)
+    _crawl(second, "https://b.example/", None)
+    _carry(first, client)
+    _carry(second, client)
+    assert first.rider() is None  # written about once a second, not at every flush
+    counted, busiest = read_slot_counts(client, RedisKeys.build(name))
+    assert counted == 2
+    assert busiest == [
+        {"slot": "a.example", "sent": 6, "pages": 5, "4xx": 1, "5xx": 1, "failed": 1},
+        {"slot": "b.example", "sent": 1, "pages": 0, "4xx": 0, "5xx": 0, "failed": 1},
+    ]
+
+
+def test_a_failed_write_keeps_its_counts_for_the_next(client: redis.Redis, name: str) -> None:
+    counts, clock = _counts(name)
+    _crawl(counts, "https://a.example/", 200)
+    read = counts.rider()
+    assert read is not None
+    read.on_reply(ConnectionError("Redis went away"))
+    _crawl(counts, "https://a.example/", 200)
+    clock.now += 1.0
+    _carry(counts, client)
+    assert client.zscore(RedisKeys.build(name).slot_sent, "a.example") == 2
+    assert counts.stats.get_value("scheduler/slots/count_errors") == 1
+
+
+def test_garbage_in_the_count_keys_is_set_aside_or_restarted(
+    client: redis.Redis, name: str
+) -> None:
+    keys = RedisKeys.build(name)
+    client.set(keys.slot_sent, "not a zset")
+    client.hset(keys.slot_counts, mapping={"pages:a.example": "many"})
+    client.zadd(keys.slot_sent + "x", {"unrelated": 1})
+    counts, _ = _counts(name)
+    _crawl(counts, "https://a.example/", 200)
+    _carry(counts, client)
+    assert client.get(f"{keys.slot_sent}:wrongtype") == b"not a zset"
+    assert client.zscore(keys.slot_sent, "a.example") == 1
+    assert client.hget(keys.slot_counts, "pages:a.example") == b"1"  # restarted
+    client.delete(keys.slot_counts)
+    client.set(keys.slot_counts, "not a hash")
+    assert read_slot_counts(client, keys)[1][0]["pages"] == 0  # read as none
+    client.delete(keys.slot_sent)
+    client.set(keys.slot_sent, "x")
+    assert read_slot_counts(client, keys) == (0, [])
+
+
+def test_the_limit_adds_the_crawl_s_sends_to_this_worker_s(client: redis.Redis, name: str) -> None:
+    other, _ = _counts(name, limit=5)
+    for _ in range(3):
+        _crawl(other, "https://a.example/", 200)
+    _carry(other, client)
+    counts, clock = _counts(name, limit=5)
+    request = Request("https://a.example/next")
+    _crawl(counts, "https://a.example/", 200)
+    assert not counts.over(request)
+    _carry(counts, client)  # the crawl sent 4 (3 of the other's, 1 of this worker's)
+    assert counts.sent == {"a.example": 4}
+    _crawl(counts, "https://a.example/", 200)  # 5: counted here at once
+    assert counts.over(request)
+    assert not counts.over(Request("https://b.example/"))
+    clock.now += 1.0
+    _carry(counts, client)
+    assert counts.sent == {"a.example": 5}
+
+
+def test_no_limit_reads_nothing(client: redis.Redis, name: str) -> None:
+    counts, _ = _counts(name)
+    _crawl(counts, "https://a.example/", 200)
+    assert not counts.over(Request("https://a.example/"))
+    read = counts.rider()
+    assert read is not None
+    # one slot: sent 1, pages 1, 4xx 0, 5xx 0, failed 0; no slot read after it
+    assert read.command.args[-6:] == ("a.example", 1, 1, 0, 0, 0)
+    assert counts.sent == {}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"SCHEDULER_SLOT_PAGE_LIMIT": -1}, "SCHEDULER_SLOT_PAGE_LIMIT cannot be negative"),
+        (
+            {"SCHEDULER_SLOT_PAGE_LIMIT": 5, "SCHEDULER_SLOT_COUNTS": False},
+            "SCHEDULER_SLOT_PAGE_LIMIT needs SCHEDULER_SLOT_COUNTS",
+        ),
+    ],
+    ids=["negative", "without-counts"],
+)
+def test_a_limit_out_of_range_is_refused(
+    make_crawler: Callable[..., Crawler], settings: dict[str, Any], message: str
+) -> None:
+    from scrapy_dist.assembly import assemble
+
+    with pytest.raises(ConfigurationError, match=message):
+        _ = assemble(make_crawler(settings)).config.scheduler
+
+
+def test_a_scheduler_drops_the_requests_of_a_slot_at_its_limit(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    crawler = make_crawler({"SCHEDULER_SLOT_PAGE_LIMIT": 2, "SCHEDULER_PERSIST": True})
+    scheduler = build_from_crawler(Scheduler, crawler)
+    assert scheduler.slot_counts is not None
+    holding: set[Request] = set()
+    scheduler.deliveries.in_flight = lambda: holding
+    assert crawler.spider is not None
+    dropped: list[Request] = []
+
+    def on_dropped(request: Request, spider: object) -> None:
+        dropped.append(request)
+
+    crawler.signals.connect(on_dropped, signal=signals.request_dropped)
+    scheduler.open(crawler.spider)
+    try:
+        for url in ("https://a.example/1", "https://b.example/1", "https://a.example/2"):
+            scheduler.enqueue_request(Request(url))
+        # the crawl sent two of a.example, which this worker met: read with the next flush
+        client.zadd(scheduler.frontier.keys.slot_sent, {"a.example": 2})
+        scheduler.slot_counts.sent["a.example"] = 0
+        request = scheduler.next_request()
+        assert request is not None
+        assert request.url == "https://b.example/1"
+        holding.add(request)  # (in the engine)
+        assert scheduler.next_request() is None
+        assert sorted(r.url for r in dropped) == ["https://a.example/1", "https://a.example/2"]
+        assert scheduler.stats.get_value("scheduler/slot_limit/dropped") == 2
+        scheduler.frontier.flush()
+        # the dropped requests' leases were acknowledged: only b.example's is held
+        assert scheduler.deliveries.held() == [scheduler.deliveries.out[request]]
+        assert scheduler.frontier.pending_settlements == 0
+        assert client.hlen(scheduler.frontier.keys.holding(scheduler.frontier.worker_id)) == 1
+    finally:
+        scheduler.close("finished")
+
+
+def test_status_shows_the_busiest_slots(client: redis.Redis, name: str) -> None:
+    counts, _ = _counts(name)
+    for code in (200, 500):
+        _crawl(counts, "https://a.example/", code)
+    _carry(counts, client)
+    slots, busiest = read_slot_counts(client, RedisKeys.build(name))
+    status: Any = SimpleNamespace(slots_counted=slots, busiest_slots=busiest)
+    assert _slot_lines(status) == [
+        "  download slots: 1 counted; most requests sent:",
+        "    a.example: 2 sent, 2 pages (0 4xx, 1 5xx), 0 failed",
+    ]
