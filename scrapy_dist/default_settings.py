@@ -330,10 +330,11 @@ SCHEDULER_START_HORIZON = 1.0
 #: second per worker); ``status`` shows the busiest slots.
 SCHEDULER_SLOT_COUNTS = True
 
-#: Most requests the crawl sends of one download slot (its host, or
-#: ``meta["download_slot"]``); once reached, a worker drops the slot's leased requests
-#: (``request_dropped``). The workers together may send about a second's requests more.
-#: ``0`` = no limit. Needs ``SCHEDULER_SLOT_COUNTS``.
+#: Most requests the crawl starts (hands to a worker's engine) of one download slot
+#: (its host, or ``meta["download_slot"]``); once reached, a worker drops the slot's
+#: leased requests (``request_dropped``). The workers together may start a few more:
+#: what the others started since they last wrote their counts, about four times a
+#: second. ``0`` = no limit. Needs ``SCHEDULER_SLOT_COUNTS``.
 SCHEDULER_SLOT_PAGE_LIMIT = 0
 
 #: Most seconds a ``429`` or ``503`` response pauses its download slot for every worker

@@ -105,7 +105,7 @@ key                        type         holds
 ``<crawl>:slots:sent``     zset         download slot -> requests the crawl sent of it
                                         (:mod:`scrapy_dist.worker.slot_counts`)
 ``<crawl>:slots:counts``   hash         ``<count>:<slot>`` -> the crawl's pages, 4xx,
-                                        5xx and failed requests of the slot
+                                        5xx, failed (and started) requests of the slot
 ``<key>:wrongtype``        (any)        a key of the crawl found holding another type
                                         (written by hand), renamed out of the way by a
                                         script (:func:`set_aside_key`): kept for the

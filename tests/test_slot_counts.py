@@ -77,8 +77,8 @@ def test_every_worker_s_counts_add_up_in_redis(client: redis.Redis, name: str) -
     counted, busiest = read_slot_counts(client, RedisKeys.build(name))
     assert counted == 2
     assert busiest == [
-        {"slot": "a.example", "sent": 6, "pages": 5, "4xx": 1, "5xx": 1, "failed": 1},
-        {"slot": "b.example", "sent": 1, "pages": 0, "4xx": 0, "5xx": 0, "failed": 1},
+        {"slot": "a.example", "sent": 6, "pages": 5, "4xx": 1, "5xx": 1, "failed": 1, "started": 0},
+        {"slot": "b.example", "sent": 1, "pages": 0, "4xx": 0, "5xx": 0, "failed": 1, "started": 0},
     ]
 
 
@@ -116,23 +116,35 @@ def test_garbage_in_the_count_keys_is_set_aside_or_restarted(
     assert read_slot_counts(client, keys) == (0, [])
 
 
-def test_the_limit_adds_the_crawl_s_sends_to_this_worker_s(client: redis.Redis, name: str) -> None:
+def test_the_limit_adds_the_crawl_s_starts_to_this_worker_s(client: redis.Redis, name: str) -> None:
     other, _ = _counts(name, limit=5)
-    for _ in range(3):
-        _crawl(other, "https://a.example/", 200)
+    for i in range(3):
+        assert not other.over(Request(f"https://a.example/{i}"))  # started: counted
     _carry(other, client)
     counts, clock = _counts(name, limit=5)
     request = Request("https://a.example/next")
-    _crawl(counts, "https://a.example/", 200)
-    assert not counts.over(request)
-    _carry(counts, client)  # the crawl sent 4 (3 of the other's, 1 of this worker's)
-    assert counts.sent == {"a.example": 4}
-    _crawl(counts, "https://a.example/", 200)  # 5: counted here at once
+    assert not counts.over(request)  # 1 here, 3 of the other's not read yet
+    _carry(counts, client)  # the crawl started 4 (3 of the other's, 1 of this worker's)
+    assert counts.started == {"a.example": 4}
+    assert not counts.over(request)  # 5: counted here at once
     assert counts.over(request)
     assert not counts.over(Request("https://b.example/"))
-    clock.now += 1.0
+    clock.now += 0.25
     _carry(counts, client)
-    assert counts.sent == {"a.example": 5}
+    assert counts.started == {"a.example": 5, "b.example": 1}
+    fields = client.hgetall(RedisKeys.build(name).slot_counts)
+    assert fields[b"started:a.example"] == b"5"
+
+
+def test_a_count_that_is_not_an_integer_reads_as_none(client: redis.Redis, name: str) -> None:
+    client.hset(RedisKeys.build(name).slot_counts, "started:a.example", "1.5")
+    counts, _ = _counts(name, limit=5)
+    assert not counts.over(Request("https://a.example/"))
+    read = counts.rider()
+    assert read is not None
+    # (the write restarts it first: HINCRBY fails on "1.5", HSET writes this call's 1)
+    read.on_reply(client.execute_command(*read.command.args))  # type: ignore[no-untyped-call]
+    assert counts.started == {"a.example": 1}
 
 
 def test_no_limit_reads_nothing(client: redis.Redis, name: str) -> None:
@@ -141,9 +153,9 @@ def test_no_limit_reads_nothing(client: redis.Redis, name: str) -> None:
     assert not counts.over(Request("https://a.example/"))
     read = counts.rider()
     assert read is not None
-    # one slot: sent 1, pages 1, 4xx 0, 5xx 0, failed 0; no slot read after it
-    assert read.command.args[-6:] == ("a.example", 1, 1, 0, 0, 0)
-    assert counts.sent == {}
+    # one slot: sent 1, pages 1, 4xx, 5xx, failed and started 0; no slot read after it
+    assert read.command.args[-8:] == ("a.example", 1, 1, 0, 0, 0, 0, "started")
+    assert counts.started == {}
 
 
 @pytest.mark.parametrize(
@@ -185,9 +197,10 @@ def test_a_scheduler_drops_the_requests_of_a_slot_at_its_limit(
     try:
         for url in ("https://a.example/1", "https://b.example/1", "https://a.example/2"):
             scheduler.enqueue_request(Request(url))
-        # the crawl sent two of a.example, which this worker met: read with the next flush
-        client.zadd(scheduler.frontier.keys.slot_sent, {"a.example": 2})
-        scheduler.slot_counts.sent["a.example"] = 0
+        # the crawl started two of a.example, which this worker met: read with the next
+        # flush
+        client.hset(scheduler.frontier.keys.slot_counts, "started:a.example", 2)
+        scheduler.slot_counts.started["a.example"] = 0
         request = scheduler.next_request()
         assert request is not None
         assert request.url == "https://b.example/1"

@@ -1,5 +1,5 @@
--- Add a worker's counts of requests per download slot to the crawl's, and read the
--- crawl's requests sent of some slots (scrapy_dist/worker/slot_counts.py).
+-- Add a worker's counts of requests per download slot to the crawl's, and read one
+-- count of some slots (scrapy_dist/worker/slot_counts.py).
 --
 -- KEYS[1] = requests sent per slot, a zset (download slot -> requests sent by every
 --           worker), which ranks the slots
@@ -10,9 +10,10 @@
 -- ARGV[3 .. 2+C] = the names of the other counts (no ":" in them)
 -- ARGV[3+C ..] = N groups of 2+C values: slot, requests sent, then the other counts in
 --           the order of their names (each a whole number to add)
--- ARGV[3+C+N*(2+C) ..] = the slots whose requests sent are read
--- Returns: the requests sent of each slot read, in their order (0 for a slot never
---          counted).
+-- ARGV[3+C+N*(2+C)] = R, the name of the count read (one of the other counts)
+-- ARGV[4+C+N*(2+C) ..] = the slots whose count R is read
+-- Returns: the count R of each slot read, in their order (0 for a slot that has none,
+--          or one that is not an integer).
 -- A key of another type (written by hand) is renamed out of the way
 -- ("<key>:wrongtype", lua/_levels.lua set_aside) and its counts start over; a count
 -- that is not an integer (written by hand) starts over from this call's.
@@ -47,13 +48,15 @@ for g = 0, n - 1 do
   end
 end
 
-local reads = {}
-for i = first + n * (2 + c), #ARGV do
-  reads[#reads + 1] = ARGV[i]
+local read = first + n * (2 + c)
+local fields = {}
+for i = read + 1, #ARGV do
+  fields[#fields + 1] = ARGV[read] .. ":" .. ARGV[i]
 end
-local scores = batched({"ZMSCORE", sent_key}, reads)
+local values = batched({"HMGET", counts_key}, fields)
 local reply = {}
-for k = 1, #reads do
-  reply[k] = scores[k] and math.floor(tonumber(scores[k])) or 0
+for k = 1, #fields do
+  local value = tonumber(values[k])
+  reply[k] = (value and value == math.floor(value)) and value or 0
 end
 return reply

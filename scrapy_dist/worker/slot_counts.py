@@ -5,18 +5,19 @@ else the host), the requests it sent (they reached the downloader, past every
 downloader middleware), the responses it received (``pages``), those of them with a
 status from 400 to 499 (``4xx``) and from 500 (``5xx``), and the requests that left the
 downloader without a response (``failed``: a timeout, a DNS error, a refused
-connection, a middleware that dropped it). About once a second, a flush it sends anyway
-adds them to the crawl's (``lua/slot_counts.lua``): ``<crawl>:slots:sent`` ranks the
-slots by requests sent, ``<crawl>:slots:counts`` holds the other counts. ``status``
-shows the busiest slots. A count that could not be written (Redis refused the flush)
-is kept and sent with the next.
+connection). About once a second, a flush it sends anyway adds them to the crawl's
+(``lua/slot_counts.lua``): ``<crawl>:slots:sent`` ranks the slots by requests sent,
+``<crawl>:slots:counts`` holds the other counts. ``status`` shows the busiest slots. A
+count that could not be written (Redis refused the flush) is kept and sent with the
+next.
 
-``SCHEDULER_SLOT_PAGE_LIMIT = N`` stops a slot once the crawl sent N of its requests:
-the scheduler drops a leased request of such a slot instead of handing it to the engine
-(:meth:`SlotCounts.over`). The crawl's counts of the slots this worker met are read
-with the same flush, about once a second, and this worker's own sends are added at
-once; the workers together may still send a little more than N, about what the others
-sent of that slot in the last second.
+``SCHEDULER_SLOT_PAGE_LIMIT = N`` stops a slot once the crawl started N of its
+requests: the scheduler drops a leased request of such a slot instead of handing it to
+the engine (:meth:`SlotCounts.over`). A request *started* was handed to an engine (it
+may still wait in the downloader for its slot's delay); each worker counts its own at
+once, and writes them and reads the crawl's (``started``) with its flushes, about four
+times a second. The workers together may still start a little more than N: what the
+others started of that slot since their last write and this worker's last read.
 
 The slot name comes from the request: it is only a member of a zset and part of a hash
 field, never part of a key name, and a long one is named by its SHA-1
@@ -52,10 +53,15 @@ __all__ = ["COUNTS", "SlotCounts"]
 
 logger = logging.getLogger(__name__)
 
-#: The counts kept per slot besides the requests sent, in the order they are sent.
-COUNTS = ("pages", "4xx", "5xx", "failed")
-#: Seconds between two writes (and reads) of the crawl's counts.
+#: The counts kept per slot besides the requests sent, in the order they are sent
+#: (``started``: handed to an engine, counted with a limit only).
+COUNTS = ("pages", "4xx", "5xx", "failed", "started")
+#: The count the limit reads.
+STARTED = "started"
+#: Seconds between two writes of the counts; with a limit, between two writes and
+#: reads.
 WRITE_EVERY = 1.0
+LIMIT_WRITE_EVERY = 0.25
 #: Most slots whose crawl-wide requests sent one flush reads (those this worker sent to
 #: most recently): the limit of the others is judged on this worker's own counts.
 READ_MAX = 1000
@@ -89,9 +95,9 @@ class SlotCounts:
         self.clock = clock
         #: Stored slot name -> counts not written yet: sent, then :data:`COUNTS`.
         self._unwritten: dict[str, list[int]] = {}
-        #: Stored slot name -> the crawl's requests sent at the last read, plus this
-        #: worker's sent since (those of the read's own write included).
-        self.sent: dict[str, int] = {}
+        #: With a limit: stored slot name -> the crawl's requests started at the last
+        #: read, plus this worker's since (the slots started last come last).
+        self.started: dict[str, int] = {}
         #: Requests that reached the downloader and got a response.
         self._answered: weakref.WeakSet[Request] = weakref.WeakSet()
         #: Slots over the limit this worker said so of.
@@ -118,8 +124,9 @@ class SlotCounts:
         frontier.events.carry(counts.rider)
         return counts
 
-    def _count(self, request: Request, index: int) -> str:
-        slot = bound_slot(self.slot_key(request))
+    def _count(self, request: Request, index: int, slot: str | None = None) -> str:
+        if slot is None:
+            slot = bound_slot(self.slot_key(request))
         counts = self._unwritten.get(slot)
         if counts is None:
             counts = self._unwritten[slot] = [0] * (1 + len(COUNTS))
@@ -130,9 +137,7 @@ class SlotCounts:
 
     def reached(self, request: Request, spider: object = None) -> None:
         """``request_reached_downloader``: one more request sent of its slot."""
-        slot = self._count(request, 0)
-        if self.limit:  # (last: the slots read are those sent to most recently)
-            self.sent[slot] = self.sent.pop(slot, 0) + 1
+        self._count(request, 0)
 
     def downloaded(self, response: Response, request: Request, spider: object = None) -> None:
         """``response_downloaded``: one more page of its slot (and a 4xx or a 5xx)."""
@@ -154,18 +159,23 @@ class SlotCounts:
 
     def over(self, request: Request) -> bool:
         """Whether ``request``'s slot reached ``SCHEDULER_SLOT_PAGE_LIMIT`` (requests
-        sent by the crawl, as last read, and by this worker since): the first time of a
-        slot, this worker says so."""
+        started by the crawl, as last read, and by this worker since): the first time of
+        a slot, this worker says so. ``False``: the request goes to the engine, and
+        counts as started."""
         if not self.limit:
             return False
         slot = bound_slot(self.slot_key(request))
-        if self.sent.get(slot, 0) < self.limit:
+        started = self.started.pop(slot, 0)
+        self.started[slot] = started  # (last: the slots read are those started last)
+        if started < self.limit:
+            self.started[slot] = started + 1
+            self._count(request, 1 + COUNTS.index(STARTED), slot)
             return False
         if slot not in self._told:
             self._told.add(slot)
             logger.info(
                 "Download slot %(slot)s reached SCHEDULER_SLOT_PAGE_LIMIT (%(limit)d "
-                "requests sent by the crawl): its requests are dropped",
+                "requests started by the crawl): its requests are dropped",
                 {"slot": slot, "limit": self.limit},
             )
         return True
@@ -173,18 +183,18 @@ class SlotCounts:
     # -- Redis ----------------------------------------------------------------------------
 
     def rider(self) -> Read | None:
-        """The write of the counts (and the read of the slots' requests sent, with a
-        limit) for a flush to carry, about once a second."""
+        """The write of the counts (and, with a limit, the read of the slots' requests
+        started) for a flush to carry, about once a second (four times with a limit)."""
         now = self.clock()
-        if now < self._next_write or not (self._unwritten or (self.limit and self.sent)):
+        if now < self._next_write or not (self._unwritten or self.started):
             return None
-        self._next_write = now + WRITE_EVERY
+        self._next_write = now + (LIMIT_WRITE_EVERY if self.limit else WRITE_EVERY)
         writes, self._unwritten = self._unwritten, {}
-        reads = list(self.sent)[-READ_MAX:] if self.limit else []
+        reads = list(self.started)[-READ_MAX:]
         args: list[str | int] = [len(writes), len(COUNTS), *COUNTS]
         for slot, counts in writes.items():
             args += [slot, *counts]
-        args += reads
+        args += [STARTED, *reads]
         keys = self.frontier.keys
         # EVAL, not EVALSHA: a plain command in the flush's pipeline, whatever the
         # server's script cache holds (a failover or restart empties it)
@@ -199,8 +209,9 @@ class SlotCounts:
                     kept[i] += n
             self.stats.inc_value("scheduler/slots/count_errors")
             return
-        for slot, crawl_sent in zip(reads, reply, strict=False):
-            # the read includes this call's write; this worker's sends since are not in it
+        at = 1 + COUNTS.index(STARTED)
+        for slot, crawl_started in zip(reads, reply, strict=False):
+            # the read includes this call's write; this worker's starts since are not in it
             since = self._unwritten.get(slot)
-            self.sent[slot] = int(crawl_sent) + (since[0] if since else 0)
+            self.started[slot] = int(crawl_started) + (since[at] if since else 0)
         self.stats.inc_value("scheduler/slots/count_writes")
