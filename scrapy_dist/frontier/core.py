@@ -298,9 +298,15 @@ class Frontier:
             wrongtype_timeout=config.frontier.wrongtype_timeout,
             eager=config.frontier.eager,
             background=config.frontier.background,
-            # the crawl's history (lua/heartbeat.lua) goes with the frontier, as does the
+            # the crawl's history (lua/heartbeat.lua) and its counts per download slot
+            # (scrapy_dist/worker/slot_counts.py) go with the frontier, as does the
             # crawl's shared dupefilter
-            clear_keys=[keys.history, *([] if shared is None else shared.keys())],
+            clear_keys=[
+                keys.history,
+                keys.slot_sent,
+                keys.slot_counts,
+                *([] if shared is None else shared.keys()),
+            ],
             replication=Replication(
                 client,
                 replicas=config.replication.wait_replicas,
