@@ -440,3 +440,26 @@ def test_cli_refuses_actions_on_a_public_address(
     code = main(["web", name, "--redis-url", redis_url, "--host", "0.0.0.0", "--actions"])
     assert code == 2
     assert "--auth" in capsys.readouterr().err
+
+
+def test_frontier_shows_the_busiest_download_slots_and_their_pauses(
+    client: redis.Redis, dashboard: Dashboard
+) -> None:
+    keys = dashboard.layout.keys
+    client.zadd(keys.slot_sent, {"a.example": 7, "b.example": 2})
+    client.hset(keys.slot_counts, mapping={"pages:a.example": 6, "5xx:a.example": 2})
+    seconds, _ = cast("tuple[int, int]", client.time())
+    client.zadd(keys.slot_pauses, {"a.example": (seconds + 30) * 1000})
+    slots = dashboard.frontier()["slots"]
+    assert slots["counted"] == 2
+    assert slots["busiest"][0] == {
+        "slot": "a.example",
+        "sent": 7,
+        "pages": 6,
+        "4xx": 0,
+        "5xx": 2,
+        "failed": 0,
+        "started": 0,
+    }
+    assert [s["slot"] for s in slots["busiest"]] == ["a.example", "b.example"]
+    assert 28 < slots["paused"]["a.example"] <= 30

@@ -233,7 +233,8 @@ class Dashboard:
 
     def frontier(self) -> dict[str, Any]:
         """Seeds waiting, requests queued by priority level (a priority queue's first
-        :data:`LEVELS_SHOWN` levels), leased, and the hints."""
+        :data:`LEVELS_SHOWN` levels), leased, the busiest download slots (requests
+        sent, pages, 4xx, 5xx, failed) and those paused, and the hints."""
         status = self.status()
         queue = self.layout.keys.requests
         levels: list[dict[str, Any]] = []
@@ -257,6 +258,11 @@ class Dashboard:
             "levels": levels,
             "oldest": health.oldest_entries(self.client, self.layout),
             "leased": status.leased,
+            "slots": {
+                "counted": status.slots_counted,
+                "busiest": status.busiest_slots,
+                "paused": status.paused_slots,
+            },
             "shards": status.shards,
             "hints": hints(status, self.layout),
             "set_aside": status.set_aside,

@@ -228,6 +228,7 @@ def test_the_page_follows_and_steers_a_crawl(
     show("frontier")  # work queued: the oldest entry of each end of the levels, its URL
     _wait("frontier drawn", lambda: "queued in" in text("frontier-figures"), 3)
     _wait("oldest entries drawn", lambda: "/page/" in text("oldest-table"), 5)
+    _wait("busiest slots drawn", lambda: "127.0.0.1" in text("slots-table"), 5)
     shot("frontier")
     with project.client() as client:
         _wait(

@@ -199,6 +199,12 @@
     fill($("oldest-table").tBodies[0], f.oldest.length ? f.oldest.map((o) => row([
       num(o.priority === null ? "–" : o.priority), el("td", o.id, "mono"), el("td", o.url || o.raw, "mono"),
     ])) : [row([el("td", "nothing queued"), el("td"), el("td")])]);
+    const paused = f.slots.paused;
+    fill($("slots-table").tBodies[0], f.slots.busiest.length ? f.slots.busiest.map((s) => row([
+      el("td", s.slot, "mono"), num(s.sent), num(s.pages), num(s["4xx"]), num(s["5xx"]), num(s.failed),
+      el("td", s.slot in paused ? `${Math.round(paused[s.slot])} s left` : ""),
+    ])) : [row([el("td", "nothing counted yet"), el("td"), el("td"), el("td"), el("td"), el("td"), el("td")])]);
+    $("slots-note").textContent = `${f.slots.counted} download slot(s) counted (SCHEDULER_SLOT_COUNTS), the busiest by requests sent shown; ${Object.keys(paused).length} paused for every worker.`;
     $("frontier-hints").replaceChildren(...f.hints.map((h) => el("div", h)));
   }
 
