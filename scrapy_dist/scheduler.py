@@ -86,6 +86,10 @@ __all__ = ["FailedScheduler", "Scheduler"]
 
 logger = logging.getLogger(__name__)
 
+#: Most requests one ``next_request`` drops for ``SCHEDULER_SLOT_PAGE_LIMIT`` before it
+#: answers ``None`` and has the engine ask again (each refill may be a round trip).
+DROPS_PER_CALL = 32
+
 
 class Scheduler(BaseScheduler):
     """A Scrapy scheduler whose queue and dupefilter are shared through Redis.
@@ -540,6 +544,9 @@ class Scheduler(BaseScheduler):
         worker that merely stops never does)."""
         self.heartbeat.stop()
         self.frontier.land()  # the timer's flush in flight: its top-up is handed back
+        if self.slot_counts is not None and self.frontier.lost is None:
+            self.slot_counts.write_now()
+            self.frontier.flush()  # the counts' last write (a refusal keeps nothing)
         if self.politeness is not None:
             self.politeness.close()
         if reason == FRONTIER_LOST and self.fault_exit_code:
@@ -561,6 +568,9 @@ class Scheduler(BaseScheduler):
         """
         if self._not_started is not None:
             return self._not_started.enqueue_request(request)
+        if self.slot_counts is not None and self._over_limit(request, start=False):
+            self.stats.inc_value("scheduler/slot_limit/dropped")
+            return False  # (Scrapy's engine sends request_dropped)
         return self._enqueue(request)
 
     def next_request(self) -> Request | None:
@@ -570,29 +580,60 @@ class Scheduler(BaseScheduler):
             return self._not_started.next_request()
         if self.control.holds():  # crawl control: paused or draining (scrapy_dist.control)
             return None
-        while True:
+        for _ in range(DROPS_PER_CALL):
             request = self.deliveries.take_local()  # first, as Scrapy's memory queue
             if request is not None:
                 self.stats.inc_value("scheduler/dequeued/memory")
                 self.stats.inc_value("scheduler/dequeued")
             else:
                 request = self._next()
-            if request is None or self.slot_counts is None or not self.slot_counts.over(request):
+            if request is None or self.slot_counts is None or not self._over_limit(request):
                 break
             self._drop_over_limit(request)
+        else:
+            # as many dropped as one call may: the engine asks again at once, and the
+            # reactor runs meanwhile (each refill may have been a round trip)
+            self._wake_engine()
+            return None
         if request is not None and self._close_wait is not None:
             self._close_wait.forget()
         return request
 
+    def _over_limit(self, request: Request, *, start: bool = True) -> bool:
+        """Whether ``request``'s slot reached ``SCHEDULER_SLOT_PAGE_LIMIT``
+        (:meth:`SlotCounts.over`; ``start``: if not, it counts as started). Should the
+        check fail, this worker goes on without the limit, with one ERROR, rather than
+        lose the request."""
+        counts = self.slot_counts
+        assert counts is not None
+        try:
+            return counts.over(request, start=start)
+        except Exception:
+            logger.exception(
+                "The download slot page limit failed; this worker goes on without it "
+                "(SCHEDULER_SLOT_PAGE_LIMIT)",
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("scheduler/slot_limit/errors")
+            counts.limit = 0
+            return False
+
     def _drop_over_limit(self, request: Request) -> None:
         """``request``'s slot reached ``SCHEDULER_SLOT_PAGE_LIMIT``: it is not crawled.
         It left the buffer for the engine, which never gets it, so its lease is settled
-        as done with the next settlement; ``request_dropped`` is sent for it."""
+        as done with the next settlement; ``request_dropped`` is sent for it (it counts
+        as dequeued too)."""
         self.stats.inc_value("scheduler/slot_limit/dropped")
         if self.crawler is not None:
             self.crawler.signals.send_catch_log(
                 signals.request_dropped, request=request, spider=self.spider
             )
+
+    def _wake_engine(self) -> None:
+        """Have the engine ask for a request again on the reactor's next turn."""
+        engine = _engine.engine_of(self.crawler) if self.crawler is not None else None
+        if engine is not None:
+            _engine.wake(engine)
 
     def has_pending_requests(self) -> bool:
         """Whether work is pending: buffered, queued in Redis (or Redis unreachable),

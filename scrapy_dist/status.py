@@ -654,15 +654,21 @@ def read_slot_counts(client: redis.Redis, keys: RedisKeys) -> tuple[int, list[di
         values = [None] * len(fields)
     busiest = []
     for k, (slot, (_, sent)) in enumerate(zip(slots, ranked, strict=True)):
-        row: dict[str, Any] = {"slot": slot, "sent": int(sent)}
+        row: dict[str, Any] = {"slot": slot, "sent": _whole(sent)}
         for j, name in enumerate(COUNTS):
-            value = values[k * len(COUNTS) + j]
-            try:
-                row[name] = int(value) if value is not None else 0
-            except ValueError:
-                row[name] = 0
+            row[name] = _whole(values[k * len(COUNTS) + j])
         busiest.append(row)
     return int(counted), busiest
+
+
+def _whole(value: object) -> int:
+    """A count as the scripts write it, or 0 for anything else (written by hand:
+    ``inf``, ``junk``, ``1.5``)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) and number == int(number) else 0
 
 
 def paused_slots(reply: object, now: float) -> dict[str, float]:

@@ -35,9 +35,9 @@ class Clock:
         return self.now
 
 
-def _counts(name: str = "counts", limit: int = 0) -> tuple[SlotCounts, Clock]:
+def _counts(name: str = "counts", limit: int = 0, epoch: str = "") -> tuple[SlotCounts, Clock]:
     clock = Clock()
-    frontier: Any = SimpleNamespace(keys=RedisKeys.build(name))
+    frontier: Any = SimpleNamespace(keys=RedisKeys.build(name), epoch=epoch)
     stats = MemoryStatsCollector(get_crawler())
     host = lambda r: r.url.split("/")[2]  # noqa: E731
     return SlotCounts(frontier, host, stats, limit=limit, clock=clock), clock
@@ -93,6 +93,53 @@ def test_a_failed_write_keeps_its_counts_for_the_next(client: redis.Redis, name:
     _carry(counts, client)
     assert client.zscore(RedisKeys.build(name).slot_sent, "a.example") == 2
     assert counts.stats.get_value("scheduler/slots/count_errors") == 1
+
+
+def test_a_write_whose_flush_brought_no_reply_is_sent_again(client: redis.Redis, name: str) -> None:
+    counts, clock = _counts(name, limit=10)
+    for _ in range(3):
+        _crawl(counts, "https://a.example/", 200)
+        assert not counts.over(Request("https://a.example/"))
+    assert counts.rider() is not None  # its flush failed as a whole: no reply at all
+    _crawl(counts, "https://a.example/", 200)
+    clock.now += 1.0
+    _carry(counts, client)
+    keys = RedisKeys.build(name)
+    assert client.zscore(keys.slot_sent, "a.example") == 4
+    assert client.hget(keys.slot_counts, "started:a.example") == b"3"
+    assert counts.started == {"a.example": 3}
+
+
+def test_the_counts_of_a_finished_run_do_not_bring_its_keys_back(
+    client: redis.Redis, name: str
+) -> None:
+    keys = RedisKeys.build(name)
+    client.set(keys.epoch, "run-1")
+    counts, clock = _counts(name, limit=5, epoch="run-1")
+    assert not counts.over(Request("https://a.example/"))
+    _carry(counts, client)
+    assert client.exists(keys.slot_counts)
+    client.delete(keys.epoch, keys.slot_sent, keys.slot_counts)  # the run finished
+    assert not counts.over(Request("https://a.example/"))
+    _crawl(counts, "https://a.example/", 200)
+    clock.now += 1.0
+    _carry(counts, client)
+    assert not client.exists(keys.slot_sent, keys.slot_counts)
+    assert counts.stats.get_value("scheduler/slots/count_writes_fenced") == 1
+    assert counts.started == {}
+
+
+def test_writes_and_reads_are_cut_to_a_thousand_slots_a_flush(
+    client: redis.Redis, name: str
+) -> None:
+    counts, clock = _counts(name)
+    for i in range(1500):
+        _crawl(counts, f"https://h{i}.example/", 200)
+    _carry(counts, client)
+    assert client.zcard(RedisKeys.build(name).slot_sent) == 1000
+    clock.now += 1.0
+    _carry(counts, client)
+    assert client.zcard(RedisKeys.build(name).slot_sent) == 1500
 
 
 def test_garbage_in_the_count_keys_is_set_aside_or_restarted(
@@ -228,3 +275,114 @@ def test_status_shows_the_busiest_slots(client: redis.Redis, name: str) -> None:
         "  download slots: 1 counted; most requests sent:",
         "    a.example: 2 sent, 2 pages (0 4xx, 1 5xx), 0 failed",
     ]
+
+
+def test_a_slot_known_to_be_over_its_limit_is_not_queued(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    crawler = make_crawler({"SCHEDULER_SLOT_PAGE_LIMIT": 1, "SCHEDULER_PERSIST": True})
+    scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    try:
+        assert scheduler.slot_counts is not None
+        assert scheduler.enqueue_request(Request("https://a.example/1"))
+        scheduler.slot_counts.started["a.example"] = 1  # (as a read would find it)
+        assert not scheduler.enqueue_request(Request("https://a.example/2"))
+        assert scheduler.enqueue_request(Request("https://b.example/1"))
+        assert scheduler.stats.get_value("scheduler/slot_limit/dropped") == 1
+    finally:
+        scheduler.close("finished")
+
+
+def test_one_call_drops_at_most_so_many_then_the_engine_asks_again(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    from scrapy_dist.scheduler import DROPS_PER_CALL
+
+    crawler = make_crawler(
+        {
+            "SCHEDULER_SLOT_PAGE_LIMIT": 1,
+            "SCHEDULER_PERSIST": True,
+            "SCHEDULER_QUEUE_CLASS": "scrapy_dist.queue.FifoQueue",
+        }
+    )
+    scheduler = build_from_crawler(Scheduler, crawler)
+    holding: set[Request] = set()
+    scheduler.deliveries.in_flight = lambda: holding
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    try:
+        assert scheduler.slot_counts is not None
+        for i in range(DROPS_PER_CALL + 5):
+            scheduler.enqueue_request(Request(f"https://a.example/{i}"))
+        scheduler.enqueue_request(Request("https://b.example/"))
+        client.hset(scheduler.frontier.keys.slot_counts, "started:a.example", 1)
+        scheduler.slot_counts.started["a.example"] = 1
+        assert scheduler.next_request() is None  # DROPS_PER_CALL dropped, then asked again
+        assert scheduler.stats.get_value("scheduler/slot_limit/dropped") == DROPS_PER_CALL
+        request = scheduler.next_request()
+        assert request is not None
+        assert request.url == "https://b.example/"
+        assert scheduler.stats.get_value("scheduler/slot_limit/dropped") == DROPS_PER_CALL + 5
+    finally:
+        scheduler.close("finished")
+
+
+def test_a_limit_that_fails_is_dropped_not_the_request(
+    make_crawler: Callable[..., Crawler], caplog: pytest.LogCaptureFixture
+) -> None:
+    crawler = make_crawler({"SCHEDULER_SLOT_PAGE_LIMIT": 3, "SCHEDULER_PERSIST": True})
+    scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    try:
+        counts = scheduler.slot_counts
+        assert counts is not None
+
+        def broken(request: Request) -> str:
+            raise RuntimeError("no slot")
+
+        counts.slot_key = broken
+        scheduler.enqueue_request(Request("https://a.example/"))
+        request = scheduler.next_request()
+        assert request is not None
+        assert counts.limit == 0
+        assert "The download slot page limit failed" in caplog.text
+    finally:
+        scheduler.close("finished")
+
+
+def test_a_closing_worker_writes_its_last_counts(
+    make_crawler: Callable[..., Crawler], client: redis.Redis
+) -> None:
+    crawler = make_crawler({"SCHEDULER_PERSIST": True})
+    scheduler = build_from_crawler(Scheduler, crawler)
+    assert crawler.spider is not None
+    scheduler.open(crawler.spider)
+    counts = scheduler.slot_counts
+    assert counts is not None
+    _crawl(counts, "https://a.example/", 200)
+    counts._next_write = counts.clock() + 60  # (not due for a while)
+    scheduler.close("finished")
+    assert client.zscore(scheduler.frontier.keys.slot_sent, "a.example") == 1
+
+
+def test_a_count_written_by_hand_as_inf_reads_as_none(client: redis.Redis, name: str) -> None:
+    keys = RedisKeys.build(name)
+    client.zadd(keys.slot_sent, {"a.example": float("inf")})
+    client.hset(keys.slot_counts, mapping={"pages:a.example": "inf", "4xx:a.example": "1.5"})
+    assert read_slot_counts(client, keys) == (
+        1,
+        [
+            {
+                "slot": "a.example",
+                "sent": 0,
+                "pages": 0,
+                "4xx": 0,
+                "5xx": 0,
+                "failed": 0,
+                "started": 0,
+            }
+        ],
+    )

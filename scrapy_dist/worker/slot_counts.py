@@ -26,6 +26,7 @@ field, never part of a key name, and a long one is named by its SHA-1
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import weakref
@@ -35,6 +36,7 @@ from scrapy import signals
 
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
+from scrapy_dist.frontier.wire import EPOCH_REFUSAL
 from scrapy_dist.lua_source import source
 from scrapy_dist.politeness import bound_slot, slot_of
 from scrapy_dist.worker import engine as _engine
@@ -62,9 +64,14 @@ STARTED = "started"
 #: reads.
 WRITE_EVERY = 1.0
 LIMIT_WRITE_EVERY = 0.25
-#: Most slots whose crawl-wide requests sent one flush reads (those this worker sent to
-#: most recently): the limit of the others is judged on this worker's own counts.
+#: Most slots whose crawl-wide requests started one flush reads (those this worker
+#: started last), and most slots whose counts one flush writes (the rest wait for the
+#: next).
 READ_MAX = 1000
+WRITE_MAX = 1000
+#: Most slots whose requests started this worker remembers (those it started last): a
+#: slot forgotten and met again is judged on what the next read says of it.
+STARTED_MAX = 10_000
 
 
 class SlotCounts:
@@ -95,6 +102,10 @@ class SlotCounts:
         self.clock = clock
         #: Stored slot name -> counts not written yet: sent, then :data:`COUNTS`.
         self._unwritten: dict[str, list[int]] = {}
+        #: The counts of the write a flush carries, until its reply says they were
+        #: written (a flush that fails as a whole brings no reply: the next write sends
+        #: them again).
+        self._writing: dict[str, list[int]] | None = None
         #: With a limit: stored slot name -> the crawl's requests started at the last
         #: read, plus this worker's since (the slots started last come last).
         self.started: dict[str, int] = {}
@@ -157,21 +168,26 @@ class SlotCounts:
 
     # -- the limit ----------------------------------------------------------------------
 
-    def over(self, request: Request) -> bool:
+    def over(self, request: Request, *, start: bool = True) -> bool:
         """Whether ``request``'s slot reached ``SCHEDULER_SLOT_PAGE_LIMIT`` (requests
         started by the crawl, as last read, and by this worker since): the first time of
-        a slot, this worker says so. ``False``: the request goes to the engine, and
-        counts as started."""
+        a slot, this worker says so. ``False`` with ``start``: the request goes to the
+        engine, and counts as started."""
         if not self.limit:
             return False
         slot = bound_slot(self.slot_key(request))
         started = self.started.pop(slot, 0)
         self.started[slot] = started  # (last: the slots read are those started last)
+        if len(self.started) > STARTED_MAX:
+            del self.started[next(iter(self.started))]
         if started < self.limit:
-            self.started[slot] = started + 1
-            self._count(request, 1 + COUNTS.index(STARTED), slot)
+            if start:
+                self.started[slot] = started + 1
+                self._count(request, 1 + COUNTS.index(STARTED), slot)
             return False
         if slot not in self._told:
+            if len(self._told) >= STARTED_MAX:
+                self._told.clear()  # (said again, at worst)
             self._told.add(slot)
             logger.info(
                 "Download slot %(slot)s reached SCHEDULER_SLOT_PAGE_LIMIT (%(limit)d "
@@ -182,31 +198,54 @@ class SlotCounts:
 
     # -- Redis ----------------------------------------------------------------------------
 
+    def write_now(self) -> None:
+        """Make the next flush carry the counts (this worker closes)."""
+        self._next_write = 0.0
+
+    def _take_back(self, writes: dict[str, list[int]]) -> None:
+        """Counts that were not written go back to those waiting for the next write."""
+        for slot, counts in writes.items():
+            kept = self._unwritten.setdefault(slot, [0] * len(counts))
+            for i, n in enumerate(counts):
+                kept[i] += n
+
     def rider(self) -> Read | None:
         """The write of the counts (and, with a limit, the read of the slots' requests
-        started) for a flush to carry, about once a second (four times with a limit)."""
+        started) for a flush to carry, about once a second (four times with a limit);
+        at most :data:`WRITE_MAX` slots' counts at once."""
         now = self.clock()
-        if now < self._next_write or not (self._unwritten or self.started):
+        if now < self._next_write or not (self._unwritten or self._writing or self.started):
             return None
         self._next_write = now + (LIMIT_WRITE_EVERY if self.limit else WRITE_EVERY)
-        writes, self._unwritten = self._unwritten, {}
-        reads = list(self.started)[-READ_MAX:]
-        args: list[str | int] = [len(writes), len(COUNTS), *COUNTS]
+        if self._writing is not None:  # its flush brought no reply: sent again now
+            self._take_back(self._writing)
+        writes: dict[str, list[int]] = {}
+        for slot in list(itertools.islice(self._unwritten, WRITE_MAX)):
+            writes[slot] = self._unwritten.pop(slot)
+        self._writing = writes
+        reads = list(itertools.islice(reversed(self.started), READ_MAX))
+        args: list[str | int] = [self.frontier.epoch, len(writes), len(COUNTS), *COUNTS]
         for slot, counts in writes.items():
             args += [slot, *counts]
         args += [STARTED, *reads]
         keys = self.frontier.keys
         # EVAL, not EVALSHA: a plain command in the flush's pipeline, whatever the
         # server's script cache holds (a failover or restart empties it)
-        command = ("EVAL", source("slot_counts"), 2, keys.slot_sent, keys.slot_counts, *args)
+        command = (
+            "EVAL", source("slot_counts"), 3, keys.slot_sent, keys.slot_counts, keys.epoch, *args
+        )  # fmt: skip
         return Read(Command(command), lambda reply: self._read(reply, writes, reads))
 
     def _read(self, reply: Any, writes: dict[str, list[int]], reads: list[str]) -> None:
+        if self._writing is writes:
+            self._writing = None
         if isinstance(reply, Exception):
-            for slot, counts in writes.items():  # sent again with the next write
-                kept = self._unwritten.setdefault(slot, [0] * len(counts))
-                for i, n in enumerate(counts):
-                    kept[i] += n
+            if str(reply).startswith(EPOCH_REFUSAL):
+                # the crawl's run they belong to is over (finished, flushed): not written
+                self.stats.inc_value("scheduler/slots/count_writes_fenced")
+                self.started.clear()
+                return
+            self._take_back(writes)  # sent again with the next write
             self.stats.inc_value("scheduler/slots/count_errors")
             return
         at = 1 + COUNTS.index(STARTED)

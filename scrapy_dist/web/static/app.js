@@ -202,7 +202,7 @@
     const paused = f.slots.paused;
     fill($("slots-table").tBodies[0], f.slots.busiest.length ? f.slots.busiest.map((s) => row([
       el("td", s.slot, "mono"), num(s.sent), num(s.pages), num(s["4xx"]), num(s["5xx"]), num(s.failed),
-      el("td", s.slot in paused ? `${Math.round(paused[s.slot])} s left` : ""),
+      el("td", Object.prototype.hasOwnProperty.call(paused, s.slot) ? `${Math.round(paused[s.slot])} s left` : ""),
     ])) : [row([el("td", "nothing counted yet"), el("td"), el("td"), el("td"), el("td"), el("td"), el("td")])]);
     $("slots-note").textContent = `${f.slots.counted} download slot(s) counted (SCHEDULER_SLOT_COUNTS), the busiest by requests sent shown; ${Object.keys(paused).length} paused for every worker.`;
     $("frontier-hints").replaceChildren(...f.hints.map((h) => el("div", h)));
