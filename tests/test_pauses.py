@@ -175,3 +175,14 @@ def test_the_horizon_counts_a_pause_as_a_wait() -> None:
     assert horizon.pick([Request(URL), Request(URL)]) == (None, 2)
     assert horizon.until == pytest.approx(clock.now + 5.0)  # not sent before the pause ends
     assert horizon.pick([Request(URL), Request("https://calm.example/")]) == (1, 1)
+
+
+def test_a_pause_whose_flush_brought_no_reply_is_written_again(
+    client: redis.Redis, name: str
+) -> None:
+    pauses, clock = _pauses(name)
+    pauses.downloaded(_response(429, "20"), Request(URL))
+    assert pauses.rider() is not None  # its flush failed as a whole: no reply at all
+    clock.now += 1.0
+    _carry(pauses, client)
+    assert client.zscore(RedisKeys.build(name).slot_pauses, "busy.example") is not None

@@ -114,6 +114,9 @@ class SlotPauses:
         self.until: dict[str, float] = {}
         #: Pauses to write: stored slot name -> milliseconds.
         self._to_write: dict[str, int] = {}
+        #: The pauses a flush carries, until its reply (a flush that fails as a whole
+        #: brings none: the next read sends them again; a pause written twice is one).
+        self._writing: dict[str, int] | None = None
         #: Slot -> 429/503 responses in a row without Retry-After, and runs so far.
         self._run: dict[str, int] = {}
         self._runs: dict[str, int] = {}
@@ -213,7 +216,10 @@ class SlotPauses:
         if now < self._next_read:
             return None
         self._next_read = now + READ_EVERY
+        if self._writing is not None:  # its flush brought no reply
+            self._keep(self._writing)
         writes, self._to_write = self._to_write, {}
+        self._writing = writes
         args: list[str | int] = [self.longest_ms]
         for slot, ms in writes.items():
             args += [slot, ms]
@@ -222,10 +228,16 @@ class SlotPauses:
         command = ("EVAL", source("slot_pauses"), 1, self.frontier.keys.slot_pauses, *args)
         return Read(Command(command), lambda reply: self._read(reply, writes))
 
+    def _keep(self, writes: dict[str, int]) -> None:
+        """Pauses that were not written wait for the next read."""
+        for slot, ms in writes.items():
+            self._to_write[slot] = max(ms, self._to_write.get(slot, 0))
+
     def _read(self, reply: Any, writes: dict[str, int]) -> None:
+        if self._writing is writes:
+            self._writing = None
         if isinstance(reply, Exception):
-            for slot, ms in writes.items():  # sent again with the next read
-                self._to_write[slot] = max(ms, self._to_write.get(slot, 0))
+            self._keep(writes)  # sent again with the next read
             self.stats.inc_value("scheduler/slots/read_errors")
             return
         now = self.clock()
