@@ -16,6 +16,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.politeness import bound_slot
+from scrapy_dist.testing.riders import carry
 from scrapy_dist.worker.horizon import StartHorizon
 from scrapy_dist.worker.pauses import SlotPauses, retry_after
 
@@ -110,24 +111,13 @@ def test_runs_pause_nothing_when_turned_off() -> None:
     assert pauses.left("busy.example") == 0.0
 
 
-def _carry(pauses: SlotPauses, client: redis.Redis) -> None:
-    """What a flush does with the read a part has it carry."""
-    read = pauses.rider()
-    assert read is not None
-    try:
-        reply: Any = client.execute_command(*read.command.args)  # type: ignore[no-untyped-call]
-    except Exception as e:  # (the trip hands the error to the reply's owner)
-        reply = e
-    read.on_reply(reply)
-
-
 def test_a_pause_reaches_every_worker_through_redis(client: redis.Redis, name: str) -> None:
     first, _ = _pauses(name)
     second, clock = _pauses(name)
     first.downloaded(_response(429, "40"), Request(URL))
-    _carry(first, client)
+    carry(first.rider, client)
     assert second.left("busy.example") == 0.0
-    _carry(second, client)
+    carry(second.rider, client)
     assert second.left("busy.example") == pytest.approx(40.0, abs=0.5)
     assert second.rider() is None  # read about once a second, not at every flush
     clock.now += 1.0
@@ -140,12 +130,12 @@ def test_garbage_in_the_pauses_key_is_set_aside_or_cut(client: redis.Redis, name
     key = RedisKeys.build(name).slot_pauses
     client.set(key, "not a zset")
     pauses, clock = _pauses(name, longest=60.0)
-    _carry(pauses, client)
+    carry(pauses.rider, client)
     assert client.get(f"{key}:wrongtype") == b"not a zset"
     assert pauses.until == {}
     client.zadd(key, {"far.example": 1e15, "gone.example": 1})
     clock.now += 1.0
-    _carry(pauses, client)
+    carry(pauses.rider, client)
     assert pauses.left("far.example") == pytest.approx(60.0, abs=0.5)  # cut to the longest
     assert pauses.left("gone.example") == 0.0
     assert client.zscore(key, "gone.example") is None
@@ -158,7 +148,7 @@ def test_a_failed_read_keeps_its_writes_for_the_next(client: redis.Redis, name: 
     assert read is not None
     read.on_reply(ConnectionError("Redis went away"))
     clock.now += 1.0
-    _carry(pauses, client)
+    carry(pauses.rider, client)
     assert client.zscore(RedisKeys.build(name).slot_pauses, "busy.example") is not None
 
 
@@ -184,5 +174,5 @@ def test_a_pause_whose_flush_brought_no_reply_is_written_again(
     pauses.downloaded(_response(429, "20"), Request(URL))
     assert pauses.rider() is not None  # its flush failed as a whole: no reply at all
     clock.now += 1.0
-    _carry(pauses, client)
+    carry(pauses.rider, client)
     assert client.zscore(RedisKeys.build(name).slot_pauses, "busy.example") is not None

@@ -18,6 +18,7 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.status import read_slot_counts
+from scrapy_dist.testing.riders import carry
 from scrapy_dist.worker.slot_counts import SlotCounts
 
 if TYPE_CHECKING:
@@ -43,17 +44,6 @@ def _counts(name: str = "counts", limit: int = 0, epoch: str = "") -> tuple[Slot
     return SlotCounts(frontier, host, stats, limit=limit, clock=clock), clock
 
 
-def _carry(counts: SlotCounts, client: redis.Redis) -> None:
-    """What a flush does with the write a part has it carry."""
-    read = counts.rider()
-    assert read is not None
-    try:
-        reply: Any = client.execute_command(*read.command.args)  # type: ignore[no-untyped-call]
-    except Exception as e:  # (the trip hands the error to the reply's owner)
-        reply = e
-    read.on_reply(reply)
-
-
 def _crawl(counts: SlotCounts, url: str, status: int | None) -> None:
     """One request through the downloader: sent, then answered with ``status`` (``None``:
     failed), then gone."""
@@ -71,8 +61,8 @@ def test_every_worker_s_counts_add_up_in_redis(client: redis.Redis, name: str) -
         _crawl(first, "https://a.example/x", status)
     _crawl(second, "https://a.example/y", 200)
     _crawl(second, "https://b.example/", None)
-    _carry(first, client)
-    _carry(second, client)
+    carry(first.rider, client)
+    carry(second.rider, client)
     assert first.rider() is None  # written about once a second, not at every flush
     counted, busiest = read_slot_counts(client, RedisKeys.build(name))
     assert counted == 2
@@ -90,7 +80,7 @@ def test_a_failed_write_keeps_its_counts_for_the_next(client: redis.Redis, name:
     read.on_reply(ConnectionError("Redis went away"))
     _crawl(counts, "https://a.example/", 200)
     clock.now += 1.0
-    _carry(counts, client)
+    carry(counts.rider, client)
     assert client.zscore(RedisKeys.build(name).slot_sent, "a.example") == 2
     assert counts.stats.get_value("scheduler/slots/count_errors") == 1
 
@@ -103,7 +93,7 @@ def test_a_write_whose_flush_brought_no_reply_is_sent_again(client: redis.Redis,
     assert counts.rider() is not None  # its flush failed as a whole: no reply at all
     _crawl(counts, "https://a.example/", 200)
     clock.now += 1.0
-    _carry(counts, client)
+    carry(counts.rider, client)
     keys = RedisKeys.build(name)
     assert client.zscore(keys.slot_sent, "a.example") == 4
     assert client.hget(keys.slot_counts, "started:a.example") == b"3"
@@ -117,13 +107,13 @@ def test_the_counts_of_a_finished_run_do_not_bring_its_keys_back(
     client.set(keys.epoch, "run-1")
     counts, clock = _counts(name, limit=5, epoch="run-1")
     assert not counts.over(Request("https://a.example/"))
-    _carry(counts, client)
+    carry(counts.rider, client)
     assert client.exists(keys.slot_counts)
     client.delete(keys.epoch, keys.slot_sent, keys.slot_counts)  # the run finished
     assert not counts.over(Request("https://a.example/"))
     _crawl(counts, "https://a.example/", 200)
     clock.now += 1.0
-    _carry(counts, client)
+    carry(counts.rider, client)
     assert not client.exists(keys.slot_sent, keys.slot_counts)
     assert counts.stats.get_value("scheduler/slots/count_writes_fenced") == 1
     assert counts.started == {}
@@ -135,10 +125,10 @@ def test_writes_and_reads_are_cut_to_a_thousand_slots_a_flush(
     counts, clock = _counts(name)
     for i in range(1500):
         _crawl(counts, f"https://h{i}.example/", 200)
-    _carry(counts, client)
+    carry(counts.rider, client)
     assert client.zcard(RedisKeys.build(name).slot_sent) == 1000
     clock.now += 1.0
-    _carry(counts, client)
+    carry(counts.rider, client)
     assert client.zcard(RedisKeys.build(name).slot_sent) == 1500
 
 
@@ -151,7 +141,7 @@ def test_garbage_in_the_count_keys_is_set_aside_or_restarted(
     client.zadd(keys.slot_sent + "x", {"unrelated": 1})
     counts, _ = _counts(name)
     _crawl(counts, "https://a.example/", 200)
-    _carry(counts, client)
+    carry(counts.rider, client)
     assert client.get(f"{keys.slot_sent}:wrongtype") == b"not a zset"
     assert client.zscore(keys.slot_sent, "a.example") == 1
     assert client.hget(keys.slot_counts, "pages:a.example") == b"1"  # restarted
@@ -167,17 +157,17 @@ def test_the_limit_adds_the_crawl_s_starts_to_this_worker_s(client: redis.Redis,
     other, _ = _counts(name, limit=5)
     for i in range(3):
         assert not other.over(Request(f"https://a.example/{i}"))  # started: counted
-    _carry(other, client)
+    carry(other.rider, client)
     counts, clock = _counts(name, limit=5)
     request = Request("https://a.example/next")
     assert not counts.over(request)  # 1 here, 3 of the other's not read yet
-    _carry(counts, client)  # the crawl started 4 (3 of the other's, 1 of this worker's)
+    carry(counts.rider, client)  # the crawl started 4 (3 of the other's, 1 of this worker's)
     assert counts.started == {"a.example": 4}
     assert not counts.over(request)  # 5: counted here at once
     assert counts.over(request)
     assert not counts.over(Request("https://b.example/"))
     clock.now += 0.25
-    _carry(counts, client)
+    carry(counts.rider, client)
     assert counts.started == {"a.example": 5, "b.example": 1}
     fields = client.hgetall(RedisKeys.build(name).slot_counts)
     assert fields[b"started:a.example"] == b"5"
@@ -268,7 +258,7 @@ def test_status_shows_the_busiest_slots(client: redis.Redis, name: str) -> None:
     counts, _ = _counts(name)
     for code in (200, 500):
         _crawl(counts, "https://a.example/", code)
-    _carry(counts, client)
+    carry(counts.rider, client)
     slots, busiest = read_slot_counts(client, RedisKeys.build(name))
     status: Any = SimpleNamespace(slots_counted=slots, busiest_slots=busiest)
     assert _slot_lines(status) == [
