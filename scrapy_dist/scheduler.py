@@ -544,9 +544,11 @@ class Scheduler(BaseScheduler):
         worker that merely stops never does)."""
         self.heartbeat.stop()
         self.frontier.land()  # the timer's flush in flight: its top-up is handed back
-        if self.slot_counts is not None and self.frontier.lost is None:
-            self.slot_counts.write_now()
-            self.frontier.flush()  # the counts' last write (a refusal keeps nothing)
+        counts = self.slot_counts
+        if counts is not None and counts.unwritten() and self.membership.joined:
+            counts.write_now()
+            if self.frontier.lost is None:
+                self.frontier.flush()  # the counts' last write (a refusal keeps nothing)
         if self.politeness is not None:
             self.politeness.close()
         if reason == FRONTIER_LOST and self.fault_exit_code:

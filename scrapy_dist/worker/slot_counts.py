@@ -202,6 +202,10 @@ class SlotCounts:
         """Make the next flush carry the counts (this worker closes)."""
         self._next_write = 0.0
 
+    def unwritten(self) -> bool:
+        """Whether counts wait for a write (or for the reply of theirs)."""
+        return bool(self._unwritten or self._writing)
+
     def _take_back(self, writes: dict[str, list[int]]) -> None:
         """Counts that were not written go back to those waiting for the next write."""
         for slot, counts in writes.items():
