@@ -179,11 +179,14 @@ class Replication:
     def due(self, outbox: Outbox) -> bool:
         """Whether to check the master's identity before the next flush: at the first
         attempt after an outage began, then at most every :data:`OUTAGE_CHECK_INTERVAL`
-        seconds while it lasts, and every :attr:`check_interval` seconds otherwise."""
+        seconds while it lasts, at the first flush after it ended, and every
+        :attr:`check_interval` seconds otherwise. (A check during a failover may read
+        the old master, demoted, while the flush that ends the outage reaches the new
+        one on another connection: the flush after it looks again.)"""
         if not self.checks:
             return False
         down = not outbox.reachable
-        if down and not self._down:  # an outage began: look at the next attempt
+        if down != self._down:  # an outage began or ended: look at the next attempt
             self._next_check = 0.0
         self._down = down
         return outbox.can_try() and time.monotonic() >= self._next_check
