@@ -492,3 +492,30 @@ def test_an_outage_with_nothing_to_send_checks_the_master_at_a_modest_pace(
     # one check per half second (two INFO each), not one per tick
     assert 2 <= calls <= 8
     client.close()
+
+
+def test_the_flush_after_an_outage_ended_checks_the_master(client: redis.Redis) -> None:
+    """A check during a failover can read the old master, demoted, while the flush that
+    ends the outage reaches the new one: the next flush looks again, whenever the
+    last check was."""
+    from types import SimpleNamespace
+
+    replication = Replication(
+        client,
+        replicas=None,
+        timeout=0.5,
+        crawl="c",
+        stats=lambda: get_crawler().stats,
+        events=FrontierEvents(),
+        check_interval=3600,
+    )
+    outbox: Any = SimpleNamespace(reachable=True, can_try=lambda: True)
+    assert replication.due(outbox)  # never checked
+    replication._next_check = time.monotonic() + 3600  # (as a check leaves it)
+    assert not replication.due(outbox)
+    outbox.reachable = False
+    assert replication.due(outbox)  # an outage began
+    replication._next_check = time.monotonic() + 3600
+    assert not replication.due(outbox)
+    outbox.reachable = True
+    assert replication.due(outbox)  # it ended: the next flush looks again
