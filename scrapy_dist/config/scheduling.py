@@ -350,7 +350,7 @@ def check_scheduler(
     if prefetch_max and prefetch_max < prefetch:
         raise ConfigurationError(
             f"SCHEDULER_PREFETCH_MAX ({prefetch_max}) cannot be lower than "
-            f"SCHEDULER_PREFETCH ({prefetch})"
+            f"SCHEDULER_PREFETCH ({prefetch}); set them equal for batches of a fixed size"
         )
     if idle_before_close < 0:
         raise ConfigurationError(
@@ -378,11 +378,11 @@ def check_scheduler(
 
 def prefetch_ceiling(prefetch: int, prefetch_max: int) -> int:
     """The most requests one reserve leases (``SCHEDULER_PREFETCH_MAX``; ``0``: four
-    times ``prefetch``), given the least (``prefetch``, checked by
-    :func:`check_scheduler`); a ``prefetch`` of 1 never grows.
+    times ``prefetch``), given the least (``prefetch``); a ``prefetch`` of 1 never grows.
+    Both are checked against each other by :func:`check_scheduler`.
 
     Raises:
-        ConfigurationError: ``prefetch_max`` is negative, or under ``prefetch``.
+        ConfigurationError: ``prefetch_max`` is negative.
     """
     if prefetch_max < 0:
         raise ConfigurationError(
@@ -391,14 +391,7 @@ def prefetch_ceiling(prefetch: int, prefetch_max: int) -> int:
         )
     if prefetch <= 1:
         return prefetch
-    if prefetch_max == 0:
-        return 4 * prefetch
-    if prefetch_max < prefetch:
-        raise ConfigurationError(
-            f"SCHEDULER_PREFETCH_MAX ({prefetch_max}) cannot be lower than "
-            f"SCHEDULER_PREFETCH ({prefetch}); set them equal for batches of a fixed size"
-        )
-    return prefetch_max
+    return prefetch_max or 4 * prefetch
 
 
 def scheduler_config(
@@ -441,6 +434,7 @@ def scheduler_config(
         callback_errors = callback_errors.strip().lower()
     check_scheduler(
         prefetch=prefetch,
+        prefetch_max=prefetch_max,
         idle_before_close=idle_before_close,
         worker_timeout=workers.worker_timeout,
         heartbeat_interval=workers.heartbeat_interval,
