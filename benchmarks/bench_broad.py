@@ -19,6 +19,9 @@ Configurations (``--configs``, comma-separated):
 
 - ``dist-polite``: scrapy_dist, ``--workers`` workers, ``SCHEDULER_POLITENESS = True``:
   the delays hold for all workers together;
+- ``dist-slots``: scrapy_dist, ``--workers`` workers, the queue per download slot
+  (``SCHEDULER_QUEUE_CLASS = "scrapy_dist.slot_queue.SlotQueue"``): the frontier itself hands
+  out one request of a host per delay, to whichever worker asks;
 - ``dist``: scrapy_dist without politeness: each worker applies the delays on its own,
   so a host may get up to ``--workers`` requests per delay;
 - ``sredis``: scrapy-redis, ``--workers`` workers, per-worker delays as ``dist``;
@@ -69,9 +72,15 @@ from scrapy_dist.testing.workers import (  # noqa: E402
 
 PROJECT = BENCH_DIR / "project"
 RESULTS = BENCH_DIR / "results"
-CONFIGS = ("dist-polite", "dist", "sredis", "scrapy")
+CONFIGS = ("dist-slots", "dist-polite", "dist", "sredis", "scrapy")
 #: Spider of each configuration (``benchproject/spiders.py``).
-SPIDERS = {"dist-polite": "dist", "dist": "dist", "sredis": "sredis", "scrapy": "memory"}
+SPIDERS = {
+    "dist-slots": "dist",
+    "dist-polite": "dist",
+    "dist": "dist",
+    "sredis": "sredis",
+    "scrapy": "memory",
+}
 #: Seconds an idle scrapy-redis worker waits before it closes.
 SREDIS_MAX_IDLE = 10
 #: A host's gaps should be at least this share of its delay.
@@ -242,6 +251,8 @@ def settings_of(config: str, args: argparse.Namespace, redis_url: str) -> dict[s
     else:
         settings["CLOSE_WHEN_CRAWL_DONE"] = True
         settings["SCHEDULER_POLITENESS"] = config == "dist-polite"
+        if config == "dist-slots":
+            settings["SCHEDULER_QUEUE_CLASS"] = "scrapy_dist.slot_queue.SlotQueue"
     return settings
 
 

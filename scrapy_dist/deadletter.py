@@ -177,7 +177,7 @@ class ListContended(RuntimeError):
 class _Plan:
     """What to do with the records read in one transaction."""
 
-    requests: list[tuple[bytes, float, bytes]] = field(default_factory=list)
+    requests: list[tuple[bytes, float | str, bytes]] = field(default_factory=list)
     #: The requests' records, and their numbers as ``dead list`` showed them.
     request_records: list[tuple[int, bytes]] = field(default_factory=list)
     seeds: list[bytes] = field(default_factory=list)
@@ -228,7 +228,7 @@ class Requeuer:
         queue: RedisQueue,
         seeds: SeedQueue,
         check_seed: Callable[[bytes], object],
-        check_request: Callable[[bytes], float],
+        check_request: Callable[[bytes], float | str],
         kind: str | None = None,
     ) -> None:
         self.client = client

@@ -29,6 +29,18 @@ key                        type         holds
 ``<requests>:level:<n>``   list         priority queue: the ``<id><payload>`` entries of
                                         level ``<n>`` (:func:`level_name`), oldest at
                                         the head
+``<requests>:ready``       zset         queue per slot: slot -> best level score, the
+                                        slots whose next request may go now
+``<requests>:wait``        zset         queue per slot: slot -> server time its delay
+                                        allows the next send (may hold empty slots)
+``<requests>:resting``     zset         queue per slot: slot emptied by a reserve ->
+                                        the time its delay ends
+``<requests>:sizes``       hash         queue per slot: slot -> entries queued
+``<requests>:queued``      string       queue per slot: entries queued, all slots
+``<requests>:delays``      hash         queue per slot: slot -> delay (s) where not the
+                                        workers' default (``DOWNLOAD_SLOTS``, robots.txt)
+``<requests>:slot:<s>``    (levels)     queue per slot: slot ``<s>``'s own levels,
+                                        ``:levels`` and ``:level:<n>`` as above
 ``<requests>:unleased``    (as above)   the leased queue kept empty beside a
                                         scrapy-redis style ``SCHEDULER_QUEUE_CLASS``
 ``<crawl>:dupefilter``     set / hash   the dupefilter: raw fingerprints of requests ever
@@ -176,6 +188,24 @@ def bucket_key(dupefilter: str, gen: str, index: int) -> str:
 #: whose priority queue was a zset at that key, fails on it with WRONGTYPE instead of
 #: reading an empty queue (docs/migration.md).
 LEVELS_MARKER = "scrapy_dist priority queue in levels, v1"
+#: What a queue per download slot's key holds (a string); its entries are in one levels
+#: queue per slot, :func:`slot_queue_key` (``lua/_levels.lua``'s slots section).
+SLOTS_MARKER = "scrapy_dist queue per download slot, v1"
+#: Infix of a queue per slot's sub-queue of one slot: ``<queue>:slot:<slot>``.
+SLOT_INFIX = ":slot:"
+#: Suffix of a queue per slot's index of ready slots (slot -> best level score).
+SLOTS_READY_SUFFIX = ":ready"
+#: Suffix of a queue per slot's index of waiting slots (slot -> ready at, server s).
+SLOTS_WAIT_SUFFIX = ":wait"
+#: Suffix of a queue per slot's index of slots with a delay a reserve emptied (slot ->
+#: the time their delay ends: a request queued for one before then waits for it).
+SLOTS_REST_SUFFIX = ":resting"
+#: Suffix of a queue per slot's hash of entries queued per slot.
+SLOTS_SIZES_SUFFIX = ":sizes"
+#: Suffix of a queue per slot's count of entries queued in all slots.
+SLOTS_QUEUED_SUFFIX = ":queued"
+#: Suffix of a queue per slot's hash of delays (slot -> seconds) other than the default.
+SLOTS_DELAYS_SUFFIX = ":delays"
 #: Suffix of the crawl's holders zset, ``<crawl>:holders``; a worker's holding is
 #: ``<crawl>:holders:<worker>``.
 HOLDERS_SUFFIX = ":holders"
@@ -196,6 +226,19 @@ def levels_key(queue: str) -> str:
     """The index of the levels of priority queue ``queue``: ``<queue>:levels``, a zset of
     level name -> score (``lua/_levels.lua`` builds the same name)."""
     return queue + LEVELS_SUFFIX
+
+
+def slot_queue_key(queue: str, slot: str) -> str:
+    """The levels queue of slot ``slot`` (escaped, :func:`slot_id`) in queue per slot
+    ``queue``: ``<queue>:slot:<slot>`` (no key itself: its ``:levels`` and
+    ``:level:<n>`` are)."""
+    return queue + SLOT_INFIX + slot
+
+
+def slot_id(slot: str) -> str:
+    """A download slot's name as a queue per slot stores it: ``%`` and ``|`` escaped
+    (``%25``, ``%7C``), so that it fits a lease record's ``|``-separated fields."""
+    return slot.replace("%", "%25").replace("|", "%7C")
 
 
 def level_name(score: float) -> str:

@@ -48,21 +48,19 @@ small classes beside it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import random
 import secrets
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 from scrapy import signals
-from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.scripts import scripts_for
+from scrapy_dist.slots import Limit, Limits, slot_of
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
@@ -83,16 +81,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Longest slot name used as is; a longer one is replaced by ``sha1:<hex>``.
-SLOT_MAX = 200
 #: Idle expiry of the politeness keys (renewed by every call): a crawl that stopped
 #: leaves nothing behind for long.
 KEYS_IDLE = 3600.0
 #: Longest pause between calls while Redis is unreachable or refuses.
 BACKOFF_MAX = 5.0
-#: Milliseconds added to a slot's delay after a send: the time between the request
-#: reaching Scrapy's downloader and leaving on the wire is not taken from the next gap.
-SPACING_MARGIN_MS = 2.0
 #: Seconds a turn may wait past its send time for the engine to take its request; then
 #: it is given back (the slot's other workers wait for it until then).
 TURN_GRACE = 1.0
@@ -115,86 +108,6 @@ KEEP_WAITING = 2
 #: Share of the token timeout a token is used for locally after its last renewal (the
 #: rest is margin for clocks and round trips).
 VALID_SHARE = 0.8
-
-
-def slot_of(request: Request) -> str:
-    """The download slot of ``request`` as Scrapy's downloader names it
-    (``meta["download_slot"]``, else the URL's host name), bounded to :data:`SLOT_MAX`
-    characters; one longer, or without a UTF-8 form, is named by its SHA-1."""
-    raw: Any = request.meta.get("download_slot")
-    return bound_slot(str(urlparse_cached(request).hostname or "" if raw is None else raw))
-
-
-def bound_slot(slot: str) -> str:
-    """``slot`` as Redis keeps it (a zset member): as it is, or, when longer than
-    :data:`SLOT_MAX` characters or without a UTF-8 form, ``sha1:`` and its SHA-1."""
-    if len(slot) > SLOT_MAX or (not slot.isascii() and _unencodable(slot)):
-        digest = hashlib.sha1(slot.encode("utf-8", "surrogatepass"), usedforsecurity=False)
-        slot = "sha1:" + digest.hexdigest()
-    return slot
-
-
-def _unencodable(slot: str) -> bool:
-    """Whether ``slot`` has no UTF-8 form (a lone surrogate): Redis could not be sent it."""
-    try:
-        slot.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-@dataclass(frozen=True)
-class Limit:
-    """One slot's cluster-wide limits: ``concurrency`` tokens at most, send times at least
-    ``delay`` seconds apart (``jitter``: up to ``delay * jitter`` more, at random)."""
-
-    concurrency: int
-    delay: float
-    jitter: float = 0.0
-
-    def spacing_ms(self) -> float:
-        """The spacing after one send, in ms: never below the delay, so every gap between
-        sends is at least ``delay`` whatever the jitter."""
-        if not self.delay:
-            return 0.0
-        extra = random.uniform(0, self.jitter) if self.jitter else 0.0
-        return round(self.delay * (1 + extra) * 1000 + SPACING_MARGIN_MS, 3)
-
-
-@dataclass
-class Limits:
-    """The limits of each slot: ``DOWNLOAD_SLOTS``, else the defaults; a robots.txt
-    ``Crawl-delay`` (``crawl_delays``, per slot) raises a slot's delay."""
-
-    default: Limit
-    slots: dict[str, Limit] = field(default_factory=dict)
-    crawl_delays: dict[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def build(cls, config: PolitenessConfig, spider: object = None) -> Limits:
-        """From the settings, with the spider's ``download_delay`` and
-        ``max_concurrent_requests`` attributes over the defaults, as Scrapy does."""
-        delay = float(getattr(spider, "download_delay", config.delay))
-        concurrency = int(getattr(spider, "max_concurrent_requests", config.concurrency))
-        default = Limit(max(1, concurrency), max(0.0, delay), min(1.0, config.jitter))
-        slots = {}
-        for name, values in config.slots.items():
-            jitter = values.get("jitter")
-            if jitter is None and "randomize_delay" in values:
-                jitter = 0.5 if values["randomize_delay"] else 0.0
-            slots[str(name)] = Limit(
-                max(1, int(values.get("concurrency", default.concurrency))),
-                max(0.0, float(values.get("delay", default.delay))),
-                min(1.0, float(default.jitter if jitter is None else jitter)),
-            )
-        return cls(default, slots)
-
-    def of(self, slot: str) -> Limit:
-        limit = self.slots.get(slot, self.default)
-        crawl_delay = self.crawl_delays.get(slot, 0.0)
-        if crawl_delay > limit.delay:
-            return Limit(limit.concurrency, crawl_delay, limit.jitter)
-        return limit
 
 
 @dataclass
@@ -567,13 +480,10 @@ class Politeness:
         self._release_by = min(self._release_by, deadline)
 
     def _local_delay_off(self, request: Request, spider: object = None) -> None:
-        """``request_reached_downloader``: the shared gate spaced this request already;
-        Scrapy's own per-worker delay of its slot would only add to it."""
-        engine = _engine.engine_of(self.crawler) if self.crawler is not None else None
-        downloader = getattr(engine, "downloader", None)
-        slot = getattr(downloader, "slots", {}).get(request.meta.get("download_slot"))
-        if slot is not None and slot.delay:
-            slot.delay = 0.0
+        """``request_reached_downloader``: the shared gate spaced this request already
+        (:func:`scrapy_dist.worker.engine.local_delay_off`)."""
+        if self.crawler is not None:
+            _engine.local_delay_off(self.crawler, request)
 
     # -- the calls ------------------------------------------------------------------
 

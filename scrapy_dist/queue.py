@@ -186,14 +186,19 @@ class RedisQueue(Base):
             self.seq_key = f"{prefix}:seq"
         self._scripts = scripts_for(client)
 
-    def score(self, request: Request) -> float:
+    def score(self, request: Request) -> float | str:
         """The score of ``request`` (``-priority``: the priority queue's level; ignored by
-        list queues)."""
+        list queues; a queue per slot's names the slot too)."""
         return 0.0
+
+    def take_args(self) -> list[str | int | float]:
+        """What :attr:`take` reads after ``lua/reserve.lua``'s other arguments (none but
+        a queue per slot's)."""
+        return []
 
     def enqueue_call(
         self,
-        items: Sequence[tuple[bytes, float, bytes]],
+        items: Sequence[tuple[bytes, float | str, bytes]],
         dupefilter: FilterBackend | None = None,
         fence: tuple[str, str] | Fence | None = None,
     ) -> ScriptCall:
@@ -233,7 +238,7 @@ class RedisQueue(Base):
 
     def push(
         self,
-        items: Sequence[tuple[bytes, float, bytes]] | Request,
+        items: Sequence[tuple[bytes, float | str, bytes]] | Request,
         dupefilter: FilterBackend | None = None,
     ) -> list[bool]:
         """Enqueue ``(payload, score, fingerprint)`` items in one atomic call, or one
@@ -385,7 +390,7 @@ class PriorityQueue(RedisQueue):
 
     kind = "levels"
     #: The marker; or a previous version's zset, which :meth:`migrate` moves.
-    key_types = ("string", "zset")
+    key_types: ClassVar[tuple[str, ...]] = ("string", "zset")
     put_back = "level"
     #: Entries :meth:`migrate` moves per script call (each call blocks Redis briefly).
     MIGRATE_BATCH = 1000
@@ -398,7 +403,7 @@ class PriorityQueue(RedisQueue):
         """``lua/reserve.lua``'s way of taking: the levels, in :attr:`order`."""
         return "levels" if self.order[:2] == "ff" else f"levels:{self.order[:2]}"
 
-    def score(self, request: Request) -> float:
+    def score(self, request: Request) -> float | str:
         priority = request.priority
         if (
             self.order[2:] in ("s", "S")

@@ -50,10 +50,12 @@ from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
 from scrapy_dist.frontier.wire import DEAD_NOW
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
-from scrapy_dist.politeness import Politeness, slot_of
+from scrapy_dist.politeness import Politeness
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.scripts import HistoryKeys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
+from scrapy_dist.slot_queue import SlotQueue
+from scrapy_dist.slots import slot_of
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
 from scrapy_dist.worker.batch import BatchSize
@@ -312,7 +314,7 @@ class Scheduler(BaseScheduler):
                 crawler,
                 frontier,
                 # the slot as the part that holds its requests back names it
-                slot_of if polite else (lambda request: _engine.slot_state(crawler, request).key),
+                slot_of if polite else (lambda request: _engine.slot_key(crawler, request) or ""),
                 longest=pause_max,
                 backoff_after=config.scheduler.slot_backoff_after,
                 backoff=config.scheduler.slot_backoff,
@@ -394,6 +396,12 @@ class Scheduler(BaseScheduler):
             )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
+        if isinstance(frontier.queue, SlotQueue) and not config.politeness.autothrottle:
+            # the queue spaces each slot's requests for the crawl (AutoThrottle sets the
+            # downloader's delays itself)
+            crawler.signals.connect(
+                scheduler._slot_delay_off, signal=signals.request_reached_downloader
+            )
         return scheduler
 
     # -- scrapy-redis's attributes ---------------------------------------------------
@@ -796,6 +804,12 @@ class Scheduler(BaseScheduler):
         return len(self.deliveries.buffer) + (size or 0)
 
     # -- failures -------------------------------------------------------------------
+
+    def _slot_delay_off(self, request: Request, spider: object = None) -> None:
+        """``request_reached_downloader`` with a queue per slot
+        (:func:`scrapy_dist.worker.engine.local_delay_off`)."""
+        if self.crawler is not None:
+            _engine.local_delay_off(self.crawler, request)
 
     def record_failure(self, failure: Failure, response: object, spider: Spider) -> None:
         """``spider_error``: remember why a callback failed (the exception's type and

@@ -174,7 +174,7 @@ class Scripts:
         filter_kind: str = "none",
         filter_keys: Sequence[str] = (),
         filter_args: Sequence[Arg] = (),
-        entries: Iterable[tuple[bytes, float, bytes]],
+        entries: Iterable[tuple[bytes, float | str, bytes]],
         epoch: str = "",
         holding: str = "",
         parents: Sequence[str] = (),
@@ -224,11 +224,13 @@ class Scripts:
         max_deliveries: int,
         reclaim_limit: int,
         epoch: str,
+        take_args: Sequence[Arg] = (),
     ) -> ScriptCall:
         """``lua/reserve.lua``: reclaim expired leases (``previous``: the previous
         version's leases zset and leased hash too), then lease up to ``count`` entries
         taken from the queue (``origin`` :data:`FROM_QUEUE`) or the seeds key
-        (:data:`FROM_SEEDS`) with the command ``take`` into ``holding``."""
+        (:data:`FROM_SEEDS`) with the command ``take`` into ``holding`` (``take_args``:
+        what that way of taking reads after the others, ``RedisQueue.take_args``)."""
         keys = [holders, holding, deliveries, dead, queue, seeds, seq, progress, epoch_key]
         keys += previous
         args: list[Arg] = [
@@ -242,6 +244,7 @@ class Scripts:
             max_deliveries,
             reclaim_limit,
             epoch,
+            *take_args,
         ]
         return self._call("reserve", keys, args)
 
@@ -364,9 +367,10 @@ class Scripts:
         """``lua/queued.lua``: the number of entries of ``queue`` (every level's)."""
         return self._call("queued", [queue], [queue_kind])
 
-    def pop(self, *, queue: str, count: int) -> ScriptCall:
-        """``lua/pop.lua``: pop up to ``count`` entries of priority queue ``queue``."""
-        return self._call("pop", [queue], [count])
+    def pop(self, *, queue: str, count: int, take_args: Sequence[Arg] = ()) -> ScriptCall:
+        """``lua/pop.lua``: pop up to ``count`` entries of priority queue ``queue``, or
+        of a queue per slot when ``take_args`` (``SlotQueue.take_args``) are given."""
+        return self._call("pop", [queue], [count, *take_args])
 
     def migrate(self, *, queue: str, count: int) -> ScriptCall:
         """``lua/migrate.lua``: move up to ``count`` entries of a previous version's

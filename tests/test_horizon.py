@@ -168,7 +168,7 @@ def test_a_slot_named_by_any_object_in_meta_is_read_as_text(slot: object) -> Non
     state = _engine.slot_state(crawler, request)
     assert isinstance(state.key, str)
     assert state.delay == 2.0
-    from scrapy_dist.politeness import bound_slot
+    from scrapy_dist.slots import bound_slot
 
     assert bound_slot(state.key) == state.key
     downloader.close()

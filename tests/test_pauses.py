@@ -15,7 +15,7 @@ from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.politeness import bound_slot
+from scrapy_dist.slots import bound_slot
 from scrapy_dist.testing.riders import carry
 from scrapy_dist.worker.horizon import StartHorizon
 from scrapy_dist.worker.pauses import SlotPauses, retry_after

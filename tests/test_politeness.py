@@ -24,7 +24,7 @@ from scrapy import Request
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.core import Lease
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.politeness import SLOT_MAX, Limit, Limits, slot_of
+from scrapy_dist.slots import SLOT_MAX, Limit, Limits, slot_of
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.politeness import (
     GateBuffer,

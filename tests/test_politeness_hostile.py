@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.politeness import Limit, Limits
+from scrapy_dist.slots import Limit, Limits
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.politeness import (
     GateBuffer,

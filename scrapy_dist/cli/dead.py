@@ -113,7 +113,7 @@ class RecordChecks:
         allowed_meta: frozenset[str],
         serializer: Serializer,
         policy: RequestPolicy,
-        queue_score: Callable[[Request], float],
+        queue_score: Callable[[Request], float | str],
     ) -> None:
         self.spidercls = spidercls
         self.encoding = encoding
@@ -153,8 +153,9 @@ class RecordChecks:
         if self.spidercls is not None:
             check_callbacks(seed, self.spidercls)
 
-    def request(self, data: bytes) -> float:
-        """The queue score of a serialized request.
+    def request(self, data: bytes) -> float | str:
+        """The queue score of a serialized request (a queue per slot's names its
+        download slot: ``meta["download_slot"]``, else the host).
 
         Raises:
             ValueError: it is not one, or a worker would refuse it (the reason).
@@ -163,13 +164,19 @@ class RecordChecks:
 
         try:
             obj = self.serializer.loads(data)
-            request = Request(str(obj["url"]), priority=int(obj.get("priority", 0)))
+            meta = obj.get("meta")
+            slot = meta.get("download_slot") if isinstance(meta, dict) else None
+            request = Request(
+                str(obj["url"]),
+                priority=int(obj.get("priority", 0)),
+                meta={} if slot is None else {"download_slot": slot},
+            )
         except (ValueError, TypeError, KeyError, OverflowError) as e:
             raise ValueError(f"not a serialized request ({e})") from e
         refusal = self._refusal(obj)
         if refusal:
             raise ValueError(f"request is still invalid: {refusal}")
-        return float(self.queue_score(request))
+        return self.queue_score(request)
 
     def _refusal(self, obj: dict[str, Any]) -> str | None:
         """Why a worker would dead-letter this request again (``None``: it would not)."""

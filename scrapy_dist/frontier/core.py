@@ -67,6 +67,8 @@ from scrapy_dist.frontier.trip import Trip
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
 from scrapy_dist.scripts import OtherShards, scripts_for
 from scrapy_dist.seeds import SeedQueue
+from scrapy_dist.slot_queue import SlotQueue
+from scrapy_dist.slots import Limits
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -283,12 +285,16 @@ class Frontier:
         if unleased_queue(queue_cls):  # that queue runs in the scheduler, unleased
             queue_cls, requests_key = PriorityQueue, keys.unleased
         queue_cls = leasable_queue(queue_cls, config.queue.path)
+        # a queue per slot keeps the slots' delays itself (the spider's attributes count)
+        queue_extra: dict[str, Any] = {}
+        if issubclass(queue_cls, SlotQueue):
+            queue_extra["limits"] = Limits.build(config.politeness, crawler.spider)
         shared = shared_filter(config, client, keys)  # its keys go with the frontier's
         events = events or FrontierEvents()
         return cls(
             client,
             keys,
-            queue_cls(client, requests_key, keys.seq, order=config.queue.order),
+            queue_cls(client, requests_key, keys.seq, order=config.queue.order, **queue_extra),
             SeedQueue(client, keys.start_urls, config.seeds.kind),
             worker_id=worker_id or new_worker_id(),
             lease_timeout=config.frontier.lease_timeout,
@@ -516,7 +522,7 @@ class Frontier:
 
     def enqueue(
         self,
-        item: tuple[bytes, float, bytes],
+        item: tuple[bytes, float | str, bytes],
         dupefilter: FilterBackend | None,
         on_reply: Callable[[bool], None],
         parent: str = "",
@@ -538,7 +544,7 @@ class Frontier:
 
     def place(
         self,
-        item: tuple[bytes, float, bytes],
+        item: tuple[bytes, float | str, bytes],
         dupefilter: FilterBackend | None,
         on_reply: Callable[[bool], None],
         parent: str = "",

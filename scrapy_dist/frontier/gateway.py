@@ -107,7 +107,7 @@ class CrawlFrontier(Protocol):
     ) -> list[tuple[DupefilterBackend, list[Request]]]: ...
     def enqueue(
         self,
-        item: tuple[bytes, float, bytes],
+        item: tuple[bytes, float | str, bytes],
         dupefilter: FilterBackend | None,
         on_reply: Callable[[bool], None],
         parent: str = "",

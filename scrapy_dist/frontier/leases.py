@@ -220,6 +220,7 @@ class LeaseClient:
             max_deliveries=self.max_deliveries,
             reclaim_limit=RECLAIM_LIMIT,
             epoch=epoch,
+            take_args=self.queue.take_args() if seeds is None else (),
         )
 
     def leases(self, reply: Any, *, seeds: bool) -> list[Lease]:

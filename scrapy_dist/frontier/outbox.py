@@ -72,7 +72,7 @@ _CLUSTER_REFUSALS = (
 )
 
 #: An enqueue to send: ``(payload, score, fingerprint)``.
-Item = tuple[bytes, float, bytes]
+Item = tuple[bytes, float | str, bytes]
 
 
 def refusal(error: BaseException) -> str | None:

@@ -447,7 +447,7 @@ class ShardedFrontier:
 
     def enqueue(
         self,
-        item: tuple[bytes, float, bytes],
+        item: tuple[bytes, float | str, bytes],
         dupefilter: FilterBackend | None,
         on_reply: Callable[[bool], None],
         parent: str = "",

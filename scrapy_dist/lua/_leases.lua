@@ -86,7 +86,8 @@ local function set_aside_deliveries(key)
 end
 
 -- The type of key each way of putting an entry back writes (put_back); "level" writes
--- levels, which push_returned checks itself (lua/_levels.lua).
+-- levels, which push_returned checks itself (lua/_levels.lua), and so does "slot" (its
+-- indexes are checked by slot_keys_aside).
 local PUT_BACK_TYPES = {rpush = "list", lpush = "list", sadd = "set", zadd = "zset"}
 
 -- A queue or seeds key of another type than `how` puts back to (written by hand: a seed
@@ -94,6 +95,9 @@ local PUT_BACK_TYPES = {rpush = "list", lpush = "list", sadd = "set", zadd = "zs
 -- its holding: it is renamed out of the way ("<key>:wrongtype") before. Returns the
 -- dead-letter reason naming it, or nil.
 local function set_aside_destination(key, how)
+  if how == "slot" then
+    return slot_keys_aside(key)
+  end
   local want = PUT_BACK_TYPES[how]
   local kind = want and redis.call("TYPE", key)["ok"]
   if not want or kind == want or kind == "none" then
@@ -160,7 +164,8 @@ local function record_head(record)
     return nil
   end
   local origin, score = string.sub(record, 1, a - 1), string.sub(record, a + 1, b - 1)
-  if (origin ~= FROM_QUEUE and origin ~= FROM_SEEDS) or not zadd_score(score) then
+  -- (a queue per slot's score carries its slot: "<score>@<slot>", lua/_levels.lua)
+  if (origin ~= FROM_QUEUE and origin ~= FROM_SEEDS) or not zadd_score(split_slot(score)) then
     return nil
   end
   return origin, score, b
@@ -245,10 +250,13 @@ local function leased_count(holders, previous)
 end
 
 -- Put an entry back where it was taken from; how: "level" (at the head of the level
--- of its score, lua/_levels.lua), "zadd", "sadd", "rpush" or "lpush".
+-- of its score, lua/_levels.lua), "slot" (the same in the level of its slot, its score
+-- "<score>@<slot>"), "zadd", "sadd", "rpush" or "lpush".
 local function put_back(key, how, score, entry)
   if how == "level" then
     put_back_level(key, score, entry)
+  elseif how == "slot" then
+    put_back_slot(key, score, entry)
   elseif how == "zadd" then
     redis.call("ZADD", key, score, entry)
   elseif how == "sadd" then

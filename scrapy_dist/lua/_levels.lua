@@ -124,6 +124,9 @@ end
 local indexed = {}
 -- Entries put back by this call and not pushed yet, by level: {queue, name, entries}.
 local returning, returning_order = {}, {}
+-- Run by push_returned() once the levels are pushed: the slots section below sets it to
+-- index the slots of a queue per download slot that entries went back to.
+local after_returned = nil
 
 -- Put one entry back at the head of its level, so that it comes out next among its
 -- equals; several put back by one call come out oldest (lowest id) first. Pushed by
@@ -186,6 +189,9 @@ local function push_returned(on_aside)
     end
   end
   returning, returning_order = {}, {}
+  if after_returned then
+    after_returned()
+  end
 end
 
 -- Take level `name` out of the index of `queue`.
@@ -273,6 +279,382 @@ local function take_levels(queue, count, on_broken, count_text, order)
   return entries, scores
 end
 
+-- UNLINK a levels queue's lists and index (not the queue key itself).
+local function unlink_levels(queue)
+  local lists = {}
+  for _, name in ipairs(redis.call("ZRANGE", levels_key(queue), 0, -1)) do
+    lists[#lists + 1] = level_key(queue, name)
+  end
+  lists[#lists + 1] = levels_key(queue)
+  batched({"UNLINK"}, lists)
+end
+
+-- Queues per download slot (queue kind "slots", scrapy_dist/queue.py SlotQueue) ------
+--
+-- The queue key holds SLOTS_MARKER. Each download slot has a levels queue of its own,
+-- "<queue>:slot:<slot>" (its ":levels" index and ":level:<name>" lists, as above, with
+-- no marker). A slot that holds entries is in one of two indexes (invariant):
+-- "<queue>:ready" (slot -> the score of its best level: ZRANGE gives the highest
+-- priority first) or "<queue>:wait" (slot -> the server time at which its delay lets
+-- its next request go). A slot with a delay that a reserve emptied rests in
+-- "<queue>:resting" (slot -> the same time) until then, so that a request queued for
+-- it meanwhile waits too. "<queue>:sizes" counts each slot's entries,
+-- "<queue>:queued" all of them (slots_queued: a count that disagrees with the indexes
+-- is never read as an empty queue). "<queue>:delays" holds the delay (seconds) of a
+-- slot whose delay is not the default a reserve carries. Slot names come escaped
+-- (scrapy_dist/keys.py slot_id: no "|"); a level score and its slot travel together as
+-- "<score>@<slot>" (an entry's enqueue argument, a lease record's score: the score
+-- never holds an "@").
+
+local function slots_key(queue, suffix)
+  return queue .. suffix
+end
+
+local function slot_queue(queue, slot)
+  return queue .. SLOT_INFIX .. slot
+end
+
+-- "<score>@<slot>" split into score and slot; the slot is "" when the text has none
+-- (a lease taken from another kind of queue before the crawl switched).
+local function split_slot(text)
+  local at = string.find(text, "@", 1, true)
+  if not at then
+    return text, ""
+  end
+  return string.sub(text, 1, at - 1), string.sub(text, at + 1)
+end
+
+-- The score of a slot's best level (text), or nil when it holds nothing.
+local function slot_best(queue, slot)
+  return redis.call("ZRANGE", slot_queue(queue, slot) .. LEVELS_SUFFIX, 0, 0, "WITHSCORES")[2]
+end
+
+-- The indexes of a queue per slot and the type each holds.
+local SLOT_INDEXES = {{SLOTS_READY_SUFFIX, "zset"}, {SLOTS_WAIT_SUFFIX, "zset"},
+  {SLOTS_REST_SUFFIX, "zset"}, {SLOTS_SIZES_SUFFIX, "hash"}, {SLOTS_DELAYS_SUFFIX, "hash"}}
+
+-- Each index of `queue` that holds another type than its own (written by hand): a
+-- list of {key, type held, type wanted}.
+local function wrong_slot_indexes(queue)
+  local wrong = {}
+  for _, index in ipairs(SLOT_INDEXES) do
+    local key = slots_key(queue, index[1])
+    local kind = redis.call("TYPE", key)["ok"]
+    if kind ~= "none" and kind ~= index[2] then
+      wrong[#wrong + 1] = {key, kind, index[2]}
+    end
+  end
+  return wrong
+end
+
+-- The refusal of a write to a queue per slot whose marker or indexes are not what they
+-- should be (nothing written yet), or nil (the marker written when absent).
+local function slots_refusal(queue)
+  local value = redis.pcall("GET", queue)
+  if type(value) == "table" and value.err then
+    return "WRONGTYPE " .. queue .. " holds a " .. redis.call("TYPE", queue)["ok"]
+      .. ", not the marker of a queue per download slot"
+  end
+  if value ~= false and value ~= SLOTS_MARKER then
+    return "WRONGTYPE " .. queue .. " holds a string that is not the marker of a queue "
+      .. "per download slot (" .. string.sub(value, 1, 40) .. ")"
+  end
+  local wrong = wrong_slot_indexes(queue)[1]
+  if wrong then
+    return "WRONGTYPE " .. wrong[1] .. " holds a " .. wrong[2] .. ", not the " .. wrong[3]
+      .. " of a queue per download slot"
+  end
+  if value == false then
+    redis.call("SET", queue, SLOTS_MARKER)
+  end
+  return nil
+end
+
+-- Before entries go back to a queue per slot after leaving a holding (they must not
+-- fail): each index that holds another type is renamed out of the way (set_aside).
+-- Returns the dead-letter reason naming them, or nil.
+local function slot_keys_aside(queue)
+  local said = {}
+  for _, wrong in ipairs(wrong_slot_indexes(queue)) do
+    said[#said + 1] = wrong[1] .. " held a " .. wrong[2] .. ", not the " .. wrong[3]
+      .. " of a queue per download slot: renamed to " .. set_aside(wrong[1])
+  end
+  if #said == 0 then
+    return nil
+  end
+  return table.concat(said, "; ") .. " (its slots are indexed again as entries come and "
+    .. "go; inspect it, then delete it)"
+end
+
+-- Add `n` to a count of a queue per slot (the hash field `field` of `key`, or the
+-- string `key` when `field` is nil); a count that is not one (written by hand) starts
+-- again from `n`. Counts are what status shows: never a reason to fail a call.
+local function add_to_count(key, field, n)
+  local done = field and redis.pcall("HINCRBY", key, field, n) or redis.pcall("INCRBY", key, n)
+  if type(done) == "table" then
+    if field then
+      redis.pcall("HSET", key, field, math.max(n, 0))
+    else
+      redis.call("SET", key, math.max(n, 0))
+    end
+    return math.max(n, 0)
+  end
+  if field and done <= 0 then
+    redis.call("HDEL", key, field)
+  end
+  return done
+end
+
+-- Index the slots `slots` that were just given entries: `added[slot]` of them, the best
+-- at score `best[slot]`. A slot that waits stays waiting, one that rests until later
+-- waits until then, the others are ready at their best score (ZADD LT: a ready slot
+-- keeps a better score it has); then they are counted (sizes, queued).
+local function index_slots(queue, slots, best, added)
+  if #slots == 0 then
+    return
+  end
+  local wait, resting = slots_key(queue, SLOTS_WAIT_SUFFIX), slots_key(queue, SLOTS_REST_SUFFIX)
+  local waiting = batched({"ZMSCORE", wait}, slots)
+  local rest_until = batched({"ZMSCORE", resting}, slots)
+  local now
+  local ready_pairs, wait_pairs, woken = {}, {}, {}
+  for k, slot in ipairs(slots) do
+    if not waiting[k] then
+      local until_ = tonumber(rest_until[k] or nil)
+      if until_ then
+        woken[#woken + 1] = slot
+        if not now then
+          local t = redis.call("TIME")
+          now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+        end
+      end
+      if until_ and until_ > now then
+        wait_pairs[#wait_pairs + 1] = rest_until[k]
+        wait_pairs[#wait_pairs + 1] = slot
+      else
+        ready_pairs[#ready_pairs + 1] = best[slot]
+        ready_pairs[#ready_pairs + 1] = slot
+      end
+    end
+  end
+  batched({"ZREM", resting}, woken)
+  batched({"ZADD", wait}, wait_pairs, 2)
+  batched({"ZADD", slots_key(queue, SLOTS_READY_SUFFIX), "LT"}, ready_pairs, 2)
+  local total, sizes = 0, slots_key(queue, SLOTS_SIZES_SUFFIX)
+  for _, slot in ipairs(slots) do
+    add_to_count(sizes, slot, added[slot])
+    total = total + added[slot]
+  end
+  add_to_count(slots_key(queue, SLOTS_QUEUED_SUFFIX), nil, total)
+end
+
+-- Add `entry` at `score` (text) to slot `slot` of a batch for push_slots(): `by_slot`
+-- maps a slot to {by_level, order, entries, best score}; `slots` lists the slots in the
+-- order they first came.
+local function add_to_slot(by_slot, slots, slot, score, entry)
+  local s = by_slot[slot]
+  if s == nil then
+    s = {{}, {}, 0, score}
+    by_slot[slot] = s
+    slots[#slots + 1] = slot
+  end
+  add_to_level(s[1], s[2], level_name(score), entry)
+  s[3] = s[3] + 1
+  if tonumber(score) < tonumber(s[4]) then
+    s[4] = score
+  end
+end
+
+-- Push a batch (add_to_slot) at the tail of its slots' levels and index the slots.
+-- Returns nil, or the refusal (WRONGTYPE ...) when a level holds another type: the
+-- slots pushed before it are indexed, the others untouched.
+local function push_slots(queue, by_slot, slots)
+  local done, best, added = {}, {}, {}
+  local refusal
+  for _, slot in ipairs(slots) do
+    local s = by_slot[slot]
+    refusal = push_levels(slot_queue(queue, slot), s[1], s[2])
+    if refusal then
+      break
+    end
+    done[#done + 1] = slot
+    best[slot], added[slot] = s[4], s[3]
+  end
+  index_slots(queue, done, best, added)
+  return refusal
+end
+
+-- Entries put back to a queue per slot by this call, not indexed yet: queue -> {slots,
+-- best, added}, and the queues in the order first met.
+local returned_slots, returned_queues = {}, {}
+
+-- Put one entry back at the head of its level in its slot (`score`: "<score>@<slot>",
+-- as a lease record holds it); pushed and indexed by push_returned().
+local function put_back_slot(queue, score, entry)
+  local level, slot = split_slot(score)
+  put_back_level(slot_queue(queue, slot), level, entry)
+  local q = returned_slots[queue]
+  if q == nil then
+    q = {{}, {}, {}}
+    returned_slots[queue] = q
+    returned_queues[#returned_queues + 1] = queue
+  end
+  if q[3][slot] == nil then
+    q[1][#q[1] + 1] = slot
+    q[2][slot], q[3][slot] = level, 0
+  elseif tonumber(level) < tonumber(q[2][slot]) then
+    q[2][slot] = level
+  end
+  q[3][slot] = q[3][slot] + 1
+end
+
+after_returned = function()
+  for _, queue in ipairs(returned_queues) do
+    local q = returned_slots[queue]
+    index_slots(queue, q[1], q[2], q[3])
+  end
+  returned_slots, returned_queues = {}, {}
+end
+
+-- Slots whose wait ended that one call moves back to the ready ones, at most.
+local DUE_MAX = 1000
+
+-- Take up to `count` entries from the ready slots, highest priority first (the order
+-- within a slot as take_levels has it): one from a slot with a delay (`delay`, or its
+-- own in the delays hash), which then waits until `now` plus its delay lengthened by up
+-- to `jitter` times it at random (`seed`, a number from 1 to 2^31 - 2, seeds the draws);
+-- at most `cap` from a slot without one in each round over the ready slots (all that
+-- are asked when one slot is ready). First, the slots whose wait ended are ready again
+-- (those emptied meanwhile leave the indexes). Returns the entries and each one's
+-- "<level score>@<slot>" (what put_back_slot reads back). `on_broken` as take_levels's.
+local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken, order)
+  local ready = slots_key(queue, SLOTS_READY_SUFFIX)
+  local wait = slots_key(queue, SLOTS_WAIT_SUFFIX)
+  local resting = slots_key(queue, SLOTS_REST_SUFFIX)
+  local due = redis.call("ZRANGEBYSCORE", wait, "-inf", now, "LIMIT", 0, DUE_MAX)
+  if #due > 0 then
+    batched({"ZREM", wait}, due)
+    local back = {}
+    for _, slot in ipairs(due) do
+      local best = slot_best(queue, slot)
+      if best then
+        back[#back + 1] = best
+        back[#back + 1] = slot
+      end
+    end
+    batched({"ZADD", ready}, back, 2)
+  end
+  redis.call("ZREMRANGEBYSCORE", resting, "-inf", now)
+  local entries, scores = {}, {}
+  local sizes = slots_key(queue, SLOTS_SIZES_SUFFIX)
+  local delays_key = slots_key(queue, SLOTS_DELAYS_SUFFIX)
+  local own_delays = redis.call("EXISTS", delays_key) == 1
+  local taken, draw = 0, seed
+  while #entries < count do
+    local ranked = redis.call("ZRANGE", ready, 0, count - #entries - 1)
+    if #ranked == 0 then
+      break
+    end
+    local delays = own_delays and batched({"HMGET", delays_key}, ranked) or {}
+    local per = #ranked == 1 and count or cap
+    local moved, unready, waits, rests = false, {}, {}, {}
+    for k, slot in ipairs(ranked) do
+      local want = count - #entries
+      if want <= 0 then
+        break
+      end
+      local d = tonumber(delays[k] or nil) or delay
+      local got, levels = take_levels(slot_queue(queue, slot), d > 0 and 1 or math.min(want, per),
+        on_broken, nil, order)
+      for j, entry in ipairs(got) do
+        entries[#entries + 1] = entry
+        scores[#scores + 1] = levels[j] .. "@" .. slot
+      end
+      if #got > 0 then
+        moved = true
+        taken = taken + #got
+        add_to_count(sizes, slot, -#got)
+      end
+      if d > 0 and #got > 0 then
+        unready[#unready + 1] = slot
+        draw = (draw * 16807) % 2147483647
+        local next_at = now + d * (1 + jitter * draw / 2147483647)
+        if redis.call("EXISTS", slot_queue(queue, slot) .. LEVELS_SUFFIX) == 1 then
+          waits[#waits + 1] = next_at
+          waits[#waits + 1] = slot
+        else
+          rests[#rests + 1] = next_at
+          rests[#rests + 1] = slot
+        end
+      else
+        local best = slot_best(queue, slot)
+        if best then
+          redis.call("ZADD", ready, "XX", best, slot)
+        else
+          -- emptied (or found empty: its count is wrong, dropped)
+          unready[#unready + 1] = slot
+          moved = true
+          if #got == 0 then
+            redis.call("HDEL", sizes, slot)
+          end
+        end
+      end
+    end
+    batched({"ZREM", ready}, unready)
+    batched({"ZADD", wait}, waits, 2)
+    batched({"ZADD", resting}, rests, 2)
+    if not moved then
+      break
+    end
+  end
+  if taken > 0 then
+    add_to_count(slots_key(queue, SLOTS_QUEUED_SUFFIX), nil, -taken)
+  end
+  return entries, scores
+end
+
+-- Entries queued in a queue per slot: its count, or, when the count says none (or is
+-- not a count), how many slots its indexes hold (a queue whose indexes hold a slot is
+-- never read as empty; one whose indexes are empty is, whatever its count says).
+local function slots_queued(queue)
+  local indexed = redis.call("ZCARD", slots_key(queue, SLOTS_READY_SUFFIX))
+    + redis.call("ZCARD", slots_key(queue, SLOTS_WAIT_SUFFIX))
+  if indexed == 0 then
+    return 0
+  end
+  local count = redis.pcall("GET", slots_key(queue, SLOTS_QUEUED_SUFFIX))
+  local n = type(count) == "string" and tonumber(count) or nil
+  if n and n >= indexed then
+    return n
+  end
+  return indexed
+end
+
+-- UNLINK a queue per slot's slots (their levels) and indexes (not the queue key).
+local function unlink_slots(queue)
+  local slots = {}
+  for _, suffix in ipairs({SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX}) do
+    for _, slot in ipairs(redis.call("ZRANGE", slots_key(queue, suffix), 0, -1)) do
+      slots[slot] = true
+    end
+  end
+  local sizes = redis.pcall("HKEYS", slots_key(queue, SLOTS_SIZES_SUFFIX))
+  if not sizes.err then
+    for _, slot in ipairs(sizes) do
+      slots[slot] = true
+    end
+  end
+  for slot in pairs(slots) do
+    unlink_levels(slot_queue(queue, slot))
+  end
+  local keys = {}
+  for _, suffix in ipairs({SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX, SLOTS_REST_SUFFIX,
+    SLOTS_SIZES_SUFFIX, SLOTS_QUEUED_SUFFIX, SLOTS_DELAYS_SUFFIX}) do
+    keys[#keys + 1] = slots_key(queue, suffix)
+  end
+  redis.call("UNLINK", unpack(keys))
+end
+
 -- Move up to `count` entries of a previous version's queue (a zset of "<id><payload>"
 -- entries, score = -priority, at the queue key) to the tail of their levels, lowest
 -- score and oldest id first, and write the marker when the zset is empty. Returns the
@@ -304,6 +686,14 @@ end
 -- a previous version's zset is still at the queue key, that zset's entries too. A
 -- queue that cannot be read is never counted as empty.
 local function queued_count(queue, kind)
+  if kind == "slots" then
+    local value = redis.pcall("GET", queue)
+    if type(value) == "table" and value.err then
+      return nil, "WRONGTYPE " .. queue .. " holds a " .. redis.call("TYPE", queue)["ok"]
+        .. ", not the marker of a queue per download slot"
+    end
+    return slots_queued(queue), nil
+  end
   if kind ~= "levels" then
     if kind == "zset" then
       return redis.call("ZCARD", queue), nil
@@ -322,16 +712,6 @@ local function queued_count(queue, kind)
   return n, nil
 end
 
--- UNLINK a levels queue's lists and index (not the queue key itself).
-local function unlink_levels(queue)
-  local lists = {}
-  for _, name in ipairs(redis.call("ZRANGE", levels_key(queue), 0, -1)) do
-    lists[#lists + 1] = level_key(queue, name)
-  end
-  lists[#lists + 1] = levels_key(queue)
-  batched({"UNLINK"}, lists)
-end
-
 -- UNLINK keys[from..]; a key that holds LEVELS_MARKER takes its levels with it, and so
 -- does an absent key whose index of levels exists (the marker deleted alone, by hand or
 -- by an eviction: its levels are still the queue's); the holders zset (HOLDERS_SUFFIX)
@@ -343,6 +723,8 @@ local function unlink_frontier(keys, from)
     if (kind == "string" and redis.call("GET", key) == LEVELS_MARKER)
       or (kind == "none" and redis.call("TYPE", levels_key(key))["ok"] == "zset") then
       unlink_levels(key)
+    elseif kind == "string" and redis.call("GET", key) == SLOTS_MARKER then
+      unlink_slots(key)
     elseif kind == "zset" and string.sub(key, -#HOLDERS_SUFFIX) == HOLDERS_SUFFIX then
       -- the holders zset takes its workers' holdings (lua/_leases.lua holding_key)
       for _, worker in ipairs(redis.call("ZRANGE", key, 0, -1)) do

@@ -10,8 +10,9 @@
 --           names a parent lease, and its size when the counter is found missing), or
 --           KEYS[2] when the caller has none
 -- KEYS[5..] = the dupefilter backend's keys (none when ARGV[2] == "none")
--- ARGV[1] = queue kind: "list" (LPUSH) or "levels" (LPUSH to the list of the entry's
---           score, lua/_levels.lua)
+-- ARGV[1] = queue kind: "list" (LPUSH), "levels" (LPUSH to the list of the entry's
+--           score, lua/_levels.lua) or "slots" (the same in the levels of the entry's
+--           download slot; its score is then "<score>@<slot>", lua/_levels.lua)
 -- ARGV[2] = filter kind: "none", "set", "bloom" (bitmap) or "bf" (RedisBloom)
 -- ARGV[3] = F, the number of filter arguments that follow
 -- ARGV[4 .. 3+F] = filter arguments (backend-specific, see lua/_filters.lua;
@@ -64,9 +65,14 @@ local filter = filters[filter_kind]
 if filter_kind ~= "none" and filter == nil then
   return redis.error_reply("unknown filter kind " .. filter_kind)
 end
-local levels = queue_kind == "levels"
-if levels then
-  local refusal = levels_refusal(queue) -- (writes the marker if absent)
+local levels, slots = queue_kind == "levels", queue_kind == "slots"
+if levels or slots then
+  local refusal -- (the marker is written if absent)
+  if levels then
+    refusal = levels_refusal(queue)
+  else
+    refusal = slots_refusal(queue)
+  end
   if refusal then
     return redis.error_reply(refusal)
   end
@@ -144,7 +150,8 @@ if #accepted > 0 then
   -- (an error reading, a key of another type too): the server log warns that it went
   -- missing mid-crawl. Other workers' holdings are not read.
   local last = next_ids(seq, #accepted, function()
-    local queued = redis.pcall(levels and "ZCARD" or "LLEN", levels and levels_key(queue) or queue)
+    local queued = slots and slots_queued(queue)
+      or redis.pcall(levels and "ZCARD" or "LLEN", levels and levels_key(queue) or queue)
     if type(queued) ~= "number" or queued > 0 then
       return true
     end
@@ -167,7 +174,10 @@ if #accepted > 0 then
   local push, by_level, order, names = levels and {} or array_of(#accepted), {}, {}, {}
   for k, i in ipairs(accepted) do
     local entry = id_of[k] .. ARGV[first + 4 * i + 2]
-    if levels then
+    if slots then
+      local score, slot = split_slot(ARGV[first + 4 * i + 1])
+      add_to_slot(by_level, order, slot, score, entry)
+    elseif levels then
       local score = ARGV[first + 4 * i + 1]
       local name = names[score]
       if name == nil then
@@ -179,7 +189,12 @@ if #accepted > 0 then
       push[#push + 1] = entry
     end
   end
-  if levels then
+  if slots then
+    local refusal = push_slots(queue, by_level, order)
+    if refusal then
+      return redis.error_reply(refusal)
+    end
+  elseif levels then
     local refusal = push_levels(queue, by_level, order)
     if refusal then
       return redis.error_reply(refusal)

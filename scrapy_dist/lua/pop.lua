@@ -2,8 +2,11 @@
 -- queue.pop(), for scripts; workers lease, lua/reserve.lua): highest priority first,
 -- first in first out within a level (lua/_levels.lua).
 --
--- KEYS[1] = request queue (a priority queue's marker)
+-- KEYS[1] = request queue (a priority queue's marker, or a queue per slot's)
 -- ARGV[1] = COUNT
+-- ARGV[2..5] = for a queue per download slot only: as lua/reserve.lua's ARGV[11..14]
+--          (what a worker could lease now is popped: a slot waiting for its delay is
+--          not, and one popped from waits as after a reserve)
 -- Returns: the entries taken, in order; an error "WRONGTYPE ..." if the first level
 --          to read holds another type than a list (nothing taken), "TRYAGAIN ..." while
 --          the queue's hash slot is being moved to another cluster node (lua/_fence.lua)
@@ -15,10 +18,18 @@ if moving then
   return redis.error_reply(moving)
 end
 local broken
-local entries = take_levels(queue, count, function(name, key, kind)
+local function on_broken(_, key, kind)
   broken = "WRONGTYPE priority level " .. key .. " holds a " .. kind .. ", not a list"
   return false
-end)
+end
+local entries
+if #ARGV > 1 then
+  local t = redis.call("TIME")
+  entries = take_slots(queue, count, tonumber(t[1]) + tonumber(t[2]) / 1e6, tonumber(ARGV[2]),
+    tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), on_broken)
+else
+  entries = take_levels(queue, count, on_broken)
+end
 if broken and #entries == 0 then
   return redis.error_reply(broken)
 end

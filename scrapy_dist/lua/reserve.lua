@@ -21,7 +21,7 @@
 -- KEYS[11] = the previous version's leased hash (lease id -> "<origin>|<score>|<worker>|
 --            <entry>"; only reclaimed)
 -- ARGV[1] = source to take from: FROM_QUEUE ("q", request queue) or FROM_SEEDS ("s")
--- ARGV[2] = how to take: "rpop" | "lpop" | "levels" (a priority queue's levels, highest
+-- ARGV[2] = how to take: "rpop" | "lpop" | "slots[:<order>]" (ARGV[11..14]) | "levels" (a priority queue's levels, highest
 --           first, lua/_levels.lua; "levels:<order>" in the order <order> gives, two
 --           letters "f"/"l", lua/_levels.lua take_levels) | "zpopmin" | "spop" | "zpopmax"
 -- ARGV[3] = how a request goes back to the queue: "rpush" | "lpush" | "level" | "zadd"
@@ -32,6 +32,10 @@
 -- ARGV[8] = maximum deliveries of one entry
 -- ARGV[9] = maximum expired leases to reclaim in this call
 -- ARGV[10] = the crawl epoch this worker joined ("" = unfenced)
+-- ARGV[11..14] = with ARGV[2] "slots" (a queue per download slot, lua/_levels.lua
+--           take_slots; "slots:<order>" as "levels:<order>"): the delay of a slot that
+--           has none of its own (seconds), the jitter (0 to 1), the most taken from one
+--           slot without delay per round, a seed (1 to 2^31 - 2) for the jitter's draws
 -- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw
 -- seed), then, only when the call put expired leases back where they came from, one
 -- integer more: how many (so the worker that ran it can say so; its length is then one
@@ -274,6 +278,12 @@ elseif take == "levels" or string.sub(take, 1, 7) == "levels:" then
       entries[n + k], scores[n + k] = entry, more_scores[k]
     end
   end
+elseif take == "slots" or string.sub(take, 1, 6) == "slots:" then
+  entries, scores = take_slots(queue, count, now, tonumber(ARGV[11]), tonumber(ARGV[12]),
+    tonumber(ARGV[13]), tonumber(ARGV[14]), function(_, key, kind)
+      set_aside_loudly(key, kind, set_aside(key))
+      return true
+    end, string.sub(take, 7))
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
     source == FROM_QUEUE and queue or seeds, count_arg)

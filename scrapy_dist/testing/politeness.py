@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import redis
 
     from scrapy_dist.keys import RedisKeys
-    from scrapy_dist.politeness import Limits
+    from scrapy_dist.slots import Limits
 
 __all__ = ["GateBuffer", "confirm_sent", "gate", "outstanding", "run_script", "take"]
 

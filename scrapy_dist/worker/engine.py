@@ -169,6 +169,14 @@ def _required(params: Any, name: str) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
+def _slot_key(downloader: Any, request: Request) -> tuple[Any, str]:
+    """``request``'s download slot key as ``downloader`` names it (its public
+    ``get_slot_key``): as given (what its ``slots`` are keyed by) and as text (a
+    request's meta may name any object as its slot, Scrapy 2.13 even None)."""
+    raw = downloader.get_slot_key(request)
+    return raw, raw if isinstance(raw, str) else str(raw)
+
+
 def slot_state(crawler: Crawler, request: Request) -> SlotState:
     """What the crawler's downloader knows of ``request``'s download slot (see
     :class:`SlotState`; checked by :func:`check_downloader` at open). Before the
@@ -177,10 +185,8 @@ def slot_state(crawler: Crawler, request: Request) -> SlotState:
     downloader = getattr(engine, "downloader", None)
     if downloader is None:
         return SlotState("", False, 0.0, 0.0)
-    raw = downloader.get_slot_key(request)
+    raw, key = _slot_key(downloader, request)
     slot = downloader.slots.get(raw)
-    # a request's meta may name any object as its slot (Scrapy 2.13 even None): its text
-    key = raw if isinstance(raw, str) else str(raw)
     if slot is None:
         return SlotState(key, False, 0.0, 0.0)
     delay = float(slot.delay or 0.0)
@@ -193,15 +199,27 @@ def slot_state(crawler: Crawler, request: Request) -> SlotState:
 
 
 def slot_key(crawler: Crawler, request: Request) -> str | None:
-    """``request``'s download slot key as the crawler's downloader names it (its public
-    ``get_slot_key``), as text; ``None`` before the engine opens, or with a downloader
-    that has no ``get_slot_key``."""
+    """``request``'s download slot key as the crawler's downloader names it, as text;
+    ``None`` before the engine opens, or with a downloader that has no
+    ``get_slot_key``."""
     downloader = getattr(engine_of(crawler), "downloader", None)
-    get = getattr(downloader, "get_slot_key", None)
-    if not callable(get):
+    if not callable(getattr(downloader, "get_slot_key", None)):
         return None
-    raw = get(request)
-    return raw if isinstance(raw, str) else str(raw)
+    return _slot_key(downloader, request)[1]
+
+
+def local_delay_off(crawler: Crawler, request: Request) -> None:
+    """Set the delay of ``request``'s download slot in the crawler's downloader to 0:
+    the frontier spaced the slot's requests for the whole crawl already, and Scrapy's
+    own per-worker delay would only add to it. Called as the request reaches the
+    downloader (``request_reached_downloader``); a slot not made yet is left (its
+    first request starts at once anyway)."""
+    downloader = getattr(engine_of(crawler), "downloader", None)
+    if downloader is None:
+        return
+    slot = downloader.slots.get(_slot_key(downloader, request)[0])
+    if slot is not None and slot.delay:
+        slot.delay = 0.0
 
 
 def check_crawler(crawler: Crawler, *, downloader: bool = False) -> None:

@@ -115,7 +115,7 @@ class StartHorizon:
         and the spider's ``download_delay``), counting a request as arrived when it
         reaches the downloader; ``paused``: the slots' pauses. The frontier's flushes
         carry the reads of the crawl's registry."""
-        from scrapy_dist.politeness import Limits
+        from scrapy_dist.slots import Limits
 
         limits: list[Limits] = []  # built once the spider is known
 

@@ -36,7 +36,7 @@ from scrapy import signals
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.lua_source import source
-from scrapy_dist.politeness import bound_slot
+from scrapy_dist.slots import bound_slot
 
 if TYPE_CHECKING:
     from collections.abc import Callable

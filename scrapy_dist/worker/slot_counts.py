@@ -38,7 +38,7 @@ from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.frontier.wire import EPOCH_REFUSAL
 from scrapy_dist.lua_source import source
-from scrapy_dist.politeness import bound_slot, slot_of
+from scrapy_dist.slots import bound_slot, slot_of
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:

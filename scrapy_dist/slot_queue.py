@@ -1,0 +1,172 @@
+"""The queue per download slot: :class:`SlotQueue`, a :class:`~scrapy_dist.queue.
+PriorityQueue` per download slot with the slots' turns kept in Redis (``lua/_levels.lua``'s
+slots section holds the layout and the rules; :mod:`scrapy_dist.keys` the key names).
+
+Choose it with ``SCHEDULER_QUEUE_CLASS = "scrapy_dist.slot_queue.SlotQueue"``
+(docs/politeness.md).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any, cast
+
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.keys import (
+    SLOTS_DELAYS_SUFFIX,
+    SLOTS_MARKER,
+    SLOTS_QUEUED_SUFFIX,
+    SLOTS_READY_SUFFIX,
+    SLOTS_REST_SUFFIX,
+    SLOTS_SIZES_SUFFIX,
+    SLOTS_WAIT_SUFFIX,
+    levels_key,
+    slot_id,
+    slot_queue_key,
+)
+from scrapy_dist.queue import PriorityQueue, RedisQueue, split_entry
+from scrapy_dist.slots import Limit, Limits, slot_of
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import redis
+    from redis.client import Pipeline
+    from scrapy import Request
+
+#: The indexes and counts of a :class:`SlotQueue` (suffixes of its key).
+SLOTS_SUFFIXES = (
+    SLOTS_READY_SUFFIX,
+    SLOTS_WAIT_SUFFIX,
+    SLOTS_REST_SUFFIX,
+    SLOTS_SIZES_SUFFIX,
+    SLOTS_QUEUED_SUFFIX,
+    SLOTS_DELAYS_SUFFIX,
+)
+
+
+class SlotQueue(PriorityQueue):
+    """One priority queue per download slot, and the slots' turns kept in Redis: a
+    request of a slot with a delay is leased only when the slot's delay since its last
+    lease has passed, to whichever worker asks then, so ``DOWNLOAD_DELAY`` (and
+    ``DOWNLOAD_SLOTS``'s delays) hold for the whole crawl; a busy slot's requests never
+    fill a worker's buffer while other slots wait. Highest priority first across the
+    ready slots, then within a slot as :class:`PriorityQueue` orders them.
+
+    The slot is Scrapy's (``meta["download_slot"]``, else the URL's host:
+    :func:`scrapy_dist.politeness.slot_of`). Layout and rules: ``lua/_levels.lua``'s
+    slots section, :mod:`scrapy_dist.keys` (``<key>:ready``, ``:wait``, ``:resting``,
+    ``:sizes``, ``:queued``, ``:delays``, ``:slot:<slot>``).
+
+    Args (besides :class:`RedisQueue`'s):
+        limits: each slot's delay and concurrency (``DOWNLOAD_DELAY``,
+            ``DOWNLOAD_SLOTS``, ``CONCURRENT_REQUESTS_PER_DOMAIN``, the spider's
+            attributes); ``None``: Scrapy's defaults (no delay).
+    """
+
+    kind = "slots"
+    key_types = ("string",)
+    put_back = "slot"
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: Any,
+        seq_key: Any = None,
+        serializer: Any = None,
+        *,
+        order: str = "ff",
+        limits: Limits | None = None,
+    ) -> None:
+        super().__init__(client, key, seq_key, serializer, order=order)
+        self.limits = limits or Limits(Limit(8, 0.0, 0.0))
+        self._draws = random.Random()
+
+    @property
+    def take(self) -> str:  # type: ignore[override]
+        """``lua/reserve.lua``'s way of taking: the ready slots, in :attr:`order`."""
+        return "slots" if self.order[:2] == "ff" else f"slots:{self.order[:2]}"
+
+    def score(self, request: Request) -> str:
+        return f"{super().score(request)!r}@{slot_id(slot_of(request))}"
+
+    def take_args(self) -> list[str | int | float]:
+        default = self.limits.default
+        return [
+            default.delay,
+            default.jitter,
+            default.concurrency,
+            self._draws.randint(1, 2**31 - 2),
+        ]
+
+    def pop_payloads(self, count: int = 1) -> list[bytes]:
+        """Pop what a worker could lease now (a slot waiting for its delay is not
+        popped), highest priority first."""
+        popped = self._scripts.pop(queue=self.key, count=count, take_args=self.take_args()).run()
+        return [split_entry(entry)[1] for entry in cast("list[bytes]", popped)]
+
+    def __len__(self) -> int:
+        return int(self._scripts.queued(queue=self.key, queue_kind=self.kind).run())
+
+    def slot_key(self, slot: str) -> str:
+        """The levels queue of ``slot`` (its name as Scrapy gives it)."""
+        return slot_queue_key(self.key, slot_id(slot))
+
+    def sizes(self) -> dict[str, int]:
+        """Entries queued per slot (escaped names, :func:`~scrapy_dist.keys.slot_id`)."""
+        raw = cast("dict[bytes, bytes]", self.client.hgetall(self.key + SLOTS_SIZES_SUFFIX))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def levels(self) -> list[tuple[str, int]]:
+        """``(level key, entries)`` of every slot's levels (for tools and tests)."""
+        out = []
+        for slot in self.sizes():
+            out += PriorityQueue(
+                self.client, slot_queue_key(self.key, slot), order=self.order
+            ).levels()
+        return out
+
+    def clear(self, pipe: Pipeline | None = None) -> None:
+        """Delete every entry: each slot's levels, the indexes and the marker."""
+        slots = set(self.sizes())
+        for suffix in (SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX):
+            slots.update(
+                m.decode()
+                for m in cast("list[bytes]", self.client.zrange(self.key + suffix, 0, -1))
+            )
+        keys = [self.key] + [self.key + s for s in SLOTS_SUFFIXES]
+        for slot in slots:
+            keys += [
+                key
+                for key, _ in PriorityQueue(self.client, slot_queue_key(self.key, slot)).levels()
+            ]
+            keys.append(levels_key(slot_queue_key(self.key, slot)))
+        (pipe or self.client).unlink(*keys)
+
+    def check_type(self) -> str:
+        """Make sure the key is absent or holds this queue's marker; return its type.
+
+        Raises:
+            ConfigurationError: it holds anything else (a priority queue's marker: the
+                crawl's queue was written with another ``SCHEDULER_QUEUE_CLASS``; see
+                docs/migration.md).
+        """
+        kind = RedisQueue.check_type(self)
+        value = self.client.get(self.key) if kind == "string" else None
+        if value is not None and value != SLOTS_MARKER.encode():
+            raise ConfigurationError(
+                f"Redis key {self.key!r} holds {value[:40]!r}, not the marker of a "
+                f"{type(self).__name__} ({SLOTS_MARKER!r}): the crawl's queue was written "
+                "with another SCHEDULER_QUEUE_CLASS; finish or delete it, or choose that "
+                "class again (docs/migration.md)"
+            )
+        return kind
+
+    def open(self, alive: Callable[[], list[str]] | None = None) -> int:
+        """Check the key, then write the delays of ``DOWNLOAD_SLOTS``'s slots to the
+        delays hash (the other slots have the default every reserve carries)."""
+        self.check_type()
+        delays = {slot_id(slot): limit.delay for slot, limit in self.limits.slots.items()}
+        if delays:
+            self.client.hset(self.key + SLOTS_DELAYS_SUFFIX, mapping=delays)  # type: ignore[arg-type]
+        return 0

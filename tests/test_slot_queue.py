@@ -1,0 +1,310 @@
+"""The queue per download slot (``SlotQueue``, ``lua/_levels.lua``'s slots section), on a
+real Redis: one levels queue per slot, the ready and waiting indexes, a slot's delay
+held by the frontier for every worker, put-backs to their slot, the counts and the
+clean-ups, and keys written by hand."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, cast
+
+import pytest
+import redis
+from scrapy import Request
+
+from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier.choice import frontier_for
+from scrapy_dist.keys import (
+    LEVELS_MARKER,
+    SLOTS_MARKER,
+    SLOTS_READY_SUFFIX,
+    SLOTS_REST_SUFFIX,
+    SLOTS_WAIT_SUFFIX,
+    slot_id,
+)
+from scrapy_dist.queue import PriorityQueue
+from scrapy_dist.slot_queue import SlotQueue
+from scrapy_dist.testing.engine import one_shard
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.frontier.core import Frontier
+
+pytestmark = pytest.mark.redis_server
+
+SLOT_QUEUE = "scrapy_dist.slot_queue.SlotQueue"
+#: Requests of equal priority first in, first out (as the levels tests).
+FIFO_TIES = {"SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue"}
+
+
+def settings(**extra: object) -> dict[str, object]:
+    return {
+        "SCHEDULER_QUEUE_CLASS": SLOT_QUEUE,
+        "SCHEDULER_LEASE_TIMEOUT": 0.3,
+        "SCHEDULER_MAX_DELIVERIES": 5,
+        "RANDOMIZE_DOWNLOAD_DELAY": False,
+        **FIFO_TIES,
+        **extra,
+    }
+
+
+@pytest.fixture
+def build(make_crawler: Callable[..., Crawler]) -> Callable[..., Frontier]:
+    def make(**extra: object) -> Frontier:
+        frontier = one_shard(frontier_for(make_crawler(settings(**extra))))
+        assert isinstance(frontier.queue, SlotQueue)
+        frontier.queue.open()
+        return frontier
+
+    return make
+
+
+def push(frontier: Frontier, *urls: str, priority: int = 0, slot: str | None = None) -> None:
+    queue = frontier.queue
+    items = []
+    for url in urls:
+        meta = {} if slot is None else {"download_slot": slot}
+        request = Request(url, priority=priority, meta=meta)
+        items.append((url.encode(), queue.score(request), b""))
+    assert queue.push(items) == [True] * len(urls)
+
+
+def lease(frontier: Frontier, count: int) -> list[tuple[str, str]]:
+    """Lease up to ``count`` requests: (lease id, url) pairs."""
+    return [(lease.id, lease.data.decode()) for lease in frontier.reserve(count)]
+
+
+def urls(frontier: Frontier, count: int) -> list[str]:
+    return [url for _, url in lease(frontier, count)]
+
+
+def members(client: redis.Redis, key: str) -> list[str]:
+    return [m.decode() for m in cast("list[bytes]", client.zrange(key, 0, -1))]
+
+
+# -- the layout -------------------------------------------------------------------------
+
+
+def test_one_levels_queue_per_slot_and_an_index_of_ready_slots(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build()
+    queue = cast("SlotQueue", frontier.queue)
+    push(frontier, "https://a.com/1", "https://a.com/2")
+    push(frontier, "https://b.com/1", priority=5)
+    push(frontier, "https://c.com/1", slot="my|slot")
+    assert client.get(queue.key) == SLOTS_MARKER.encode()
+    # highest priority first: b's best level is -5
+    assert members(client, queue.key + SLOTS_READY_SUFFIX) == ["b.com", "a.com", "my%7Cslot"]
+    assert queue.sizes() == {"a.com": 2, "b.com": 1, "my%7Cslot": 1}
+    assert len(queue) == 4
+    assert queue.slot_key("my|slot") == f"{queue.key}:slot:my%7Cslot"
+
+
+def test_highest_priority_first_across_slots_then_in_order_within_one(
+    build: Callable[..., Frontier],
+) -> None:
+    frontier = build()
+    push(frontier, "https://a.com/1", "https://a.com/2", "https://a.com/3")
+    push(frontier, "https://b.com/top", priority=3)
+    # no delay: a slot alone is taken whole, several take turns
+    assert urls(frontier, 10) == [
+        "https://b.com/top",
+        "https://a.com/1",
+        "https://a.com/2",
+        "https://a.com/3",
+    ]
+    assert len(frontier.queue) == 0
+
+
+def test_a_slot_without_delay_gives_at_most_its_concurrency_per_round(
+    build: Callable[..., Frontier],
+) -> None:
+    frontier = build(CONCURRENT_REQUESTS_PER_DOMAIN=2)
+    push(frontier, *(f"https://a.com/{i}" for i in range(4)))
+    push(frontier, *(f"https://b.com/{i}" for i in range(4)))
+    taken = urls(frontier, 4)
+    assert sorted(taken) == sorted(
+        ["https://a.com/0", "https://a.com/1", "https://b.com/0", "https://b.com/1"]
+    )
+
+
+# -- delays -----------------------------------------------------------------------------
+
+
+def test_a_slot_with_a_delay_gives_one_request_per_delay_to_any_worker(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    one, two = (build(DOWNLOAD_DELAY=0.5, SCHEDULER_LEASE_TIMEOUT=30) for _ in range(2))
+    push(one, *(f"https://slow.com/{i}" for i in range(3)))
+    push(one, "https://other.com/1")
+    assert sorted(urls(one, 10)) == ["https://other.com/1", "https://slow.com/0"]
+    wait = one.queue.key + SLOTS_WAIT_SUFFIX
+    assert members(client, wait) == ["slow.com"]
+    # the other worker finds nothing of the slot until its delay passed
+    assert urls(two, 10) == []
+    time.sleep(0.55)
+    assert urls(two, 10) == ["https://slow.com/1"]
+    assert urls(one, 10) == []
+    time.sleep(0.55)
+    assert urls(one, 10) == ["https://slow.com/2"]
+    # emptied, the slot rests until its delay ends: a request queued meanwhile waits
+    assert members(client, one.queue.key + SLOTS_REST_SUFFIX) == ["slow.com"]
+    push(one, "https://slow.com/late")
+    assert urls(two, 10) == []
+    assert members(client, wait) == ["slow.com"]
+    time.sleep(0.55)
+    assert urls(two, 10) == ["https://slow.com/late"]
+
+
+def test_download_slots_delays_go_to_redis_and_hold_over_the_default(
+    build: Callable[..., Frontier],
+) -> None:
+    frontier = build(DOWNLOAD_DELAY=0, DOWNLOAD_SLOTS={"slow.com": {"delay": 30}})
+    push(frontier, "https://slow.com/1", "https://slow.com/2", "https://fast.com/1")
+    push(frontier, "https://fast.com/2")
+    assert sorted(urls(frontier, 10)) == [
+        "https://fast.com/1",
+        "https://fast.com/2",
+        "https://slow.com/1",
+    ]
+    assert urls(frontier, 10) == []
+
+
+def test_a_jitter_lengthens_the_wait_never_shortens_it(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build(DOWNLOAD_DELAY=10, RANDOMIZE_DOWNLOAD_DELAY=True)
+    for i in range(20):
+        push(frontier, f"https://h{i}.com/1", f"https://h{i}.com/2")
+    before = time.time()
+    assert len(urls(frontier, 100)) == 20
+    scores = cast(
+        "list[tuple[bytes, float]]",
+        client.zrange(frontier.queue.key + SLOTS_WAIT_SUFFIX, 0, -1, withscores=True),
+    )
+    waits = [score - before for _, score in scores]
+    assert len(waits) == 20
+    assert all(9.9 <= w <= 15.5 for w in waits), waits
+    assert len({round(w, 3) for w in waits}) > 10  # drawn, not one value
+
+
+# -- put-backs --------------------------------------------------------------------------
+
+
+def test_a_failed_lease_goes_back_to_the_head_of_its_slot(build: Callable[..., Frontier]) -> None:
+    frontier = build()
+    push(frontier, "https://a.com/1", "https://a.com/2", "https://a.com/3")
+    (first, _), (second, _) = lease(frontier, 2)
+    frontier.settle([(second, "boom"), (first, "boom")])
+    frontier.flush()
+    assert cast("SlotQueue", frontier.queue).sizes() == {"a.com": 3}
+    assert urls(frontier, 3) == ["https://a.com/1", "https://a.com/2", "https://a.com/3"]
+
+
+def test_a_hand_back_of_a_delayed_slot_keeps_its_wait(
+    build: Callable[..., Frontier],
+) -> None:
+    frontier = build(DOWNLOAD_DELAY=0.4, SCHEDULER_LEASE_TIMEOUT=30)
+    push(frontier, "https://slow.com/1", "https://slow.com/2")
+    ((held, _),) = lease(frontier, 5)
+    frontier.settle([(held, "~")])  # HAND_BACK
+    frontier.flush()
+    assert urls(frontier, 5) == []
+    time.sleep(0.45)
+    assert urls(frontier, 5) == ["https://slow.com/1"]
+
+
+def test_an_expired_lease_goes_back_to_its_slot(build: Callable[..., Frontier]) -> None:
+    frontier, other = build(), build()
+    push(frontier, "https://a.com/1", priority=2)
+    push(frontier, "https://b.com/1")
+    assert urls(frontier, 1) == ["https://a.com/1"]
+    time.sleep(0.4)  # expired: the other worker's next reserve puts it back first
+    assert urls(other, 5) == ["https://a.com/1", "https://b.com/1"]
+
+
+def test_pop_gives_what_a_worker_could_lease_now(build: Callable[..., Frontier]) -> None:
+    frontier = build(DOWNLOAD_DELAY=5)
+    push(frontier, "https://a.com/1", "https://a.com/2")
+    push(frontier, "https://b.com/1", priority=1)
+    assert frontier.queue.pop_payloads(5) == [b"https://b.com/1", b"https://a.com/1"]
+    assert frontier.queue.pop_payloads(5) == []
+    assert len(frontier.queue) == 1
+
+
+# -- counts and clean-ups ---------------------------------------------------------------
+
+
+def test_progress_counts_every_slot_and_a_finish_deletes_them(
+    build: Callable[..., Frontier], client: redis.Redis, name: str
+) -> None:
+    frontier = build(DOWNLOAD_DELAY=0.2, SCHEDULER_LEASE_TIMEOUT=30)
+    push(frontier, "https://a.com/1", "https://b.com/1", "https://b.com/2")
+    progress = frontier.progress(grace=0, clear=False)
+    assert progress is not None
+    assert (progress.state, progress.queued) == ("busy", 3)
+    for _ in range(3):
+        time.sleep(0.25)
+        frontier.settle([(lease_id, "") for lease_id, _ in lease(frontier, 5)])
+        frontier.flush()
+    # empty: the rested slots do not keep the crawl busy once their delay ended
+    time.sleep(0.25)
+    frontier.reserve(1)
+    progress = frontier.progress(grace=0, clear=True)
+    assert progress is not None
+    assert progress.queued == 0
+    left = [k.decode() for k in client.scan_iter(match=f"{frontier.queue.key}*")]
+    assert left == []
+
+
+def test_the_indexes_keep_a_queue_from_reading_as_empty_whatever_the_count(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build()
+    push(frontier, "https://a.com/1")
+    client.set(frontier.queue.key + ":queued", "junk")
+    assert len(frontier.queue) == 1
+    client.set(frontier.queue.key + ":queued", -5)
+    assert len(frontier.queue) == 1
+    assert urls(frontier, 5) == ["https://a.com/1"]
+    assert len(frontier.queue) == 0
+
+
+# -- keys written by hand ---------------------------------------------------------------
+
+
+def test_a_levels_queue_at_the_key_is_refused_with_the_way_out(
+    build: Callable[..., Frontier], client: redis.Redis, name: str
+) -> None:
+    client.set(f"{name}:requests", LEVELS_MARKER)
+    with pytest.raises(ConfigurationError, match="another SCHEDULER_QUEUE_CLASS"):
+        build()
+    queue = PriorityQueue(client, f"{name}:requests", f"{name}:seq")
+    queue.check_type()
+
+
+def test_an_index_of_the_wrong_type_refuses_an_enqueue_and_is_set_aside_on_a_put_back(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build()
+    push(frontier, "https://a.com/1")
+    ((held, _),) = lease(frontier, 1)
+    ready = frontier.queue.key + SLOTS_READY_SUFFIX
+    client.unlink(ready)
+    client.rpush(ready, "junk")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        push(frontier, "https://a.com/2")
+    frontier.settle([(held, "boom")])
+    frontier.flush()
+    assert client.type(ready + ":wrongtype") == b"list"
+    assert b"renamed to" in cast("bytes", client.lindex(frontier.keys.dead, 0))
+    assert urls(frontier, 5) == ["https://a.com/1"]
+
+
+def test_slot_names_are_escaped_for_lease_records() -> None:
+    assert slot_id("a|b%c") == "a%7Cb%25c"
+    assert slot_id("example.com") == "example.com"
