@@ -60,6 +60,7 @@ from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
 from scrapy_dist.worker.batch import BatchSize
 from scrapy_dist.worker.control import ControlWatcher, WorkerControl
+from scrapy_dist.worker.crawl_delays import CrawlDelays
 from scrapy_dist.worker.deliveries import Deliveries
 from scrapy_dist.worker.enqueuer import Enqueuer
 from scrapy_dist.worker.heartbeat import Heartbeat
@@ -253,6 +254,8 @@ class Scheduler(BaseScheduler):
         #: The start horizon (SCHEDULER_START_HORIZON): which buffered requests go
         #: to the engine and which back to the queue; or None.
         self.horizon = horizon
+        #: robots.txt ``Crawl-delay`` written for a queue per slot (``ROBOTSTXT_OBEY``).
+        self.crawl_delays: CrawlDelays | None = None
         self.refill = Refill(
             frontier,
             self.deliveries,
@@ -396,12 +399,17 @@ class Scheduler(BaseScheduler):
             )
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
-        if isinstance(frontier.queue, SlotQueue) and not config.politeness.autothrottle:
-            # the queue spaces each slot's requests for the crawl (AutoThrottle sets the
-            # downloader's delays itself)
-            crawler.signals.connect(
-                scheduler._slot_delay_off, signal=signals.request_reached_downloader
-            )
+        if isinstance(queue_cls, type) and issubclass(queue_cls, SlotQueue):
+            if not config.politeness.autothrottle:
+                # the queue spaces each slot's requests for the crawl (AutoThrottle sets
+                # the downloader's delays itself)
+                crawler.signals.connect(
+                    scheduler._slot_delay_off, signal=signals.request_reached_downloader
+                )
+            if config.politeness.robots and isinstance(frontier.queue, SlotQueue):
+                scheduler.crawl_delays = CrawlDelays.for_crawler(
+                    crawler, frontier, frontier.queue.limits
+                )
         return scheduler
 
     # -- scrapy-redis's attributes ---------------------------------------------------

@@ -308,3 +308,40 @@ def test_an_index_of_the_wrong_type_refuses_an_enqueue_and_is_set_aside_on_a_put
 def test_slot_names_are_escaped_for_lease_records() -> None:
     assert slot_id("a|b%c") == "a%7Cb%25c"
     assert slot_id("example.com") == "example.com"
+
+
+# -- robots.txt Crawl-delay -------------------------------------------------------------
+
+
+def test_a_longer_crawl_delay_becomes_the_slots_delay_for_every_worker(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    from scrapy_dist.worker.crawl_delays import CrawlDelays
+
+    frontier = build(DOWNLOAD_DELAY=0, SCHEDULER_LEASE_TIMEOUT=30)
+    queue = cast("SlotQueue", frontier.queue)
+    read = {"slow.com": 30.0, "short.com": 0.0}
+    delays = CrawlDelays(
+        lambda request: read.get(request.url.split("/")[2]),
+        queue.limits,
+        queue.key + ":delays",
+    )
+    for url in ("https://slow.com/robots", "https://short.com/x", "https://unread.com/x"):
+        delays.reached(Request(url))
+    ride = delays.rider()
+    assert ride is not None
+    # a flush that got no reply: the write goes again with the next
+    ride.on_reply(redis.ConnectionError("gone"))
+    ride = delays.rider()
+    assert ride is not None
+    ride.on_reply(client.execute_command(*ride.command.args))
+    assert delays.rider() is None
+    assert client.hgetall(queue.key + ":delays") == {b"slow.com": b"30.0"}
+    push(frontier, "https://slow.com/1", "https://slow.com/2", "https://short.com/1")
+    assert sorted(urls(frontier, 10)) == ["https://short.com/1", "https://slow.com/1"]
+    # the site read later is noted then
+    read["unread.com"] = 5.0
+    delays.reached(Request("https://unread.com/y"))
+    ride = delays.rider()
+    assert ride is not None
+    assert ride.command.args[2:] == ("unread.com", "5.0")

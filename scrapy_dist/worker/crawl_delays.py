@@ -1,0 +1,101 @@
+"""robots.txt ``Crawl-delay`` for a queue per download slot: a site's ``Crawl-delay`` that
+asks for more than its slot's delay (``DOWNLOAD_SLOTS``, else the default) becomes the
+slot's delay in the queue's delays hash (``<queue>:delays``), so that every worker's
+reserves space the site's requests by it (``lua/_levels.lua`` take_slots).
+
+A worker learns a site's ``Crawl-delay`` once Scrapy's ``RobotsTxtMiddleware`` has read
+its robots.txt (:func:`scrapy_dist.worker.engine.robots_crawl_delay`), looked up when a
+request of the site reaches the downloader; the write rides the next flush (about once
+a second at most), and one that got no reply is sent again with the next.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from scrapy_dist.frontier.events import Read
+from scrapy_dist.frontier.outbox import Command
+from scrapy_dist.keys import SLOTS_DELAYS_SUFFIX, slot_id
+from scrapy_dist.slots import slot_of
+from scrapy_dist.worker import engine as _engine
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+    from scrapy_dist.frontier.gateway import CrawlFrontier
+    from scrapy_dist.slots import Limits
+
+
+class CrawlDelays:
+    """The ``Crawl-delay`` of each slot this worker met, written to the queue's delays
+    hash when it is longer than the slot's own delay.
+
+    Args:
+        crawl_delay: a request's site's ``Crawl-delay`` once read (``None``: not yet).
+        limits: each slot's delay from the settings.
+        key: the queue's delays hash.
+    """
+
+    def __init__(self, crawl_delay: Any, limits: Limits, key: str, stats: Any = None) -> None:
+        self.crawl_delay = crawl_delay
+        self.limits = limits
+        self.key = key
+        self.stats = stats
+        #: Slots whose delay is known (written, or no longer than their own).
+        self._known: set[str] = set()
+        self._to_write: dict[str, float] = {}
+        self._writing: dict[str, float] | None = None
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler, frontier: CrawlFrontier, limits: Limits) -> Self:
+        """Those of a crawler's worker whose queue is a queue per slot (its robots
+        middleware checked now: a Scrapy that renamed its parsers fails loudly)."""
+        _engine.check_robots(crawler)
+        delays = cls(
+            lambda request: _engine.robots_crawl_delay(crawler, request),
+            limits,
+            frontier.queue.key + SLOTS_DELAYS_SUFFIX,
+            stats=crawler.stats,
+        )
+        crawler.signals.connect(delays.reached, signal=signals.request_reached_downloader)
+        frontier.events.carry(delays.rider)
+        return delays
+
+    def reached(self, request: Request, spider: object = None) -> None:
+        """``request_reached_downloader``: note its site's ``Crawl-delay`` once read."""
+        slot = slot_of(request)
+        if slot in self._known:
+            return
+        delay = self.crawl_delay(request)
+        if delay is None:  # robots.txt not read yet
+            return
+        self._known.add(slot)
+        if delay > self.limits.of(slot).delay:
+            self.limits.crawl_delays[slot] = delay
+            self._to_write[slot_id(slot)] = delay
+
+    def rider(self) -> Read | None:
+        """The write for a flush to carry, when there is one."""
+        if self._writing is not None:  # its flush brought no reply: again
+            self._to_write = {**self._writing, **self._to_write}
+        if not self._to_write:
+            self._writing = None
+            return None
+        writes, self._to_write = self._to_write, {}
+        self._writing = writes
+        args: list[str | int] = []
+        for slot, delay in writes.items():
+            args += [slot, repr(delay)]
+        return Read(Command(("HSET", self.key, *args)), lambda reply: self._replied(reply, writes))
+
+    def _replied(self, reply: Any, writes: dict[str, float]) -> None:
+        if self._writing is writes:
+            self._writing = None
+        if isinstance(reply, Exception):
+            self._to_write = {**writes, **self._to_write}
+        elif self.stats is not None:
+            self.stats.inc_value("scheduler/slots/crawl_delays", len(writes))
