@@ -251,6 +251,8 @@ def start_run(run: Run, args: argparse.Namespace, extra: list[str], url: str) ->
     env["SCRAPY_SUITE_MODE"] = run.mode
     env["SCRAPY_SUITE_REDIS_URL"] = url
     env["SCRAPY_SUITE_RESULTS"] = str(run.results_file)
+    if args.queue:
+        env["SCRAPY_SUITE_QUEUE"] = args.queue
     command = [
         sys.executable,
         "-m",
@@ -349,6 +351,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated subset of the modules, e.g. test_crawl,test_engine",
     )
     parser.add_argument("-k", default="", help="pytest -k expression, for every run")
+    parser.add_argument(
+        "--queue",
+        default="",
+        help="SCHEDULER_QUEUE_CLASS of the swapped runs, e.g. scrapy_dist.slot_queue.SlotQueue",
+    )
     parser.add_argument(
         "-n",
         dest="workers",

@@ -7,6 +7,7 @@ conftest imports anything, it reads two environment variables:
   ``SCHEDULER`` and ``DUPEFILTER_CLASS`` become scrapy_dist's) or ``addon`` (Scrapy's
   default ``ADDONS`` enables :class:`scrapy_dist.addon.DistAddon`).
 - ``SCRAPY_SUITE_REDIS_URL``: the throwaway server (``classes`` and ``addon``).
+- ``SCRAPY_SUITE_QUEUE`` (optional): the ``SCHEDULER_QUEUE_CLASS`` of the swapped modes.
 
 In the two swapped modes every :class:`scrapy.crawler.Crawler` gets ``REDIS_URL`` and its
 own ``SCHEDULER_JOB_ID`` at ``project`` priority (where a user puts them), so no two
@@ -39,6 +40,9 @@ def _swap(mode: str, redis_url: str) -> None:
     from scrapy.crawler import Crawler
     from scrapy.settings import default_settings
 
+    queue = os.environ.get("SCRAPY_SUITE_QUEUE")
+    if queue:
+        default_settings.SCHEDULER_QUEUE_CLASS = queue
     if mode == "classes":
         default_settings.SCHEDULER = _SCHEDULER
         default_settings.DUPEFILTER_CLASS = _DUPEFILTER

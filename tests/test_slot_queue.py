@@ -6,7 +6,7 @@ clean-ups, and keys written by hand."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import redis
@@ -334,7 +334,7 @@ def test_a_longer_crawl_delay_becomes_the_slots_delay_for_every_worker(
     ride.on_reply(redis.ConnectionError("gone"))
     ride = delays.rider()
     assert ride is not None
-    ride.on_reply(client.execute_command(*ride.command.args))
+    ride.on_reply(cast("Any", client).execute_command(*ride.command.args))
     assert delays.rider() is None
     assert client.hgetall(queue.key + ":delays") == {b"slow.com": b"30.0"}
     push(frontier, "https://slow.com/1", "https://slow.com/2", "https://short.com/1")
@@ -345,3 +345,24 @@ def test_a_longer_crawl_delay_becomes_the_slots_delay_for_every_worker(
     ride = delays.rider()
     assert ride is not None
     assert ride.command.args[2:] == ("unread.com", "5.0")
+
+
+def test_a_reserve_that_got_less_says_when_the_first_waiting_slot_is_ready(
+    build: Callable[..., Frontier],
+) -> None:
+    frontier = build(DOWNLOAD_DELAY=0.5, SCHEDULER_LEASE_TIMEOUT=30)
+    push(frontier, "https://slow.com/1", "https://slow.com/2")
+    before = time.monotonic()
+    assert urls(frontier, 5) == ["https://slow.com/1"]
+    ready_at = frontier.slot_ready_at
+    assert ready_at is not None
+    assert 0.4 <= ready_at - before <= 0.6
+    assert urls(frontier, 5) == []
+    assert frontier.slot_ready_at is not None
+    time.sleep(max(0.0, frontier.slot_ready_at - time.monotonic()) + 0.01)
+    assert urls(frontier, 5) == ["https://slow.com/2"]
+    # a reserve that got all it asked says nothing
+    push(frontier, "https://fast.com/1")
+    time.sleep(0.5)
+    assert urls(frontier, 1) == ["https://fast.com/1"]
+    assert frontier.slot_ready_at is None

@@ -635,6 +635,12 @@ class Frontier:
         (:attr:`Trip.found_empty_at`)."""
         return self.trip.found_empty_at
 
+    @property
+    def slot_ready_at(self) -> float | None:
+        """When a slot of a queue per slot that waits for its delay is ready
+        (:attr:`LeaseClient.slot_ready_at`)."""
+        return self.leases.slot_ready_at
+
     def taken_over(self, refused: dict[str, int]) -> set[str]:
         """Redis refused the requests of these parent leases (id -> how many requests):
         this worker was paused past its lease and another holds them, or will. Log it

@@ -20,6 +20,7 @@ once) and keeps the crawl's epoch that fences them.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import redis
@@ -187,6 +188,10 @@ class LeaseClient:
         #: requests may still be in its engine: those are not settled, and what their
         #: callbacks produce is dropped. Cleared by :meth:`settled_locally`.
         self.taken: set[str] = set()
+        #: When the first slot of a queue per slot that waits for its delay is ready
+        #: (monotonic seconds), as the last reserve of requests that got less than it
+        #: asked said; ``None``: no such slot, or the last reserve got all it asked.
+        self.slot_ready_at: float | None = None
 
     @property
     def holding(self) -> str:
@@ -227,11 +232,16 @@ class LeaseClient:
         """The leases in a reserve's reply (a request's data is its payload, without
         the entry id), now :attr:`held`. A reply that ends with one element more (one
         more than a multiple of three) names how many expired leases of silent workers
-        the call put back: said once, and counted as ``scheduler/leases/reclaimed``."""
+        the call put back: said once, and counted as ``scheduler/leases/reclaimed``.
+        Two more (a queue per slot): that count, then the ms until its first waiting
+        slot is ready (:attr:`slot_ready_at`)."""
         out = []
         end = len(reply) - len(reply) % 3
-        if end < len(reply):
+        if end < len(reply) and int(reply[end]):
             self._reclaimed(int(reply[end]))
+        self.slot_ready_at = (
+            time.monotonic() + int(reply[end + 1]) / 1000 if len(reply) - end == 2 else None
+        )
         for i in range(0, end, 3):
             entry: bytes = reply[i + 2]
             data = entry if seeds else entry[ENTRY_ID_LEN:]

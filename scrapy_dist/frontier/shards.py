@@ -320,6 +320,12 @@ class ShardedFrontier:
         """When a reserve last found every shard asked empty (shard 0's record)."""
         return self.main.found_empty_at
 
+    @property
+    def slot_ready_at(self) -> float | None:
+        """The first shard's slot ready (:attr:`Frontier.slot_ready_at`)."""
+        times = [t for t in (s.slot_ready_at for s in self.shards) if t is not None]
+        return min(times) if times else None
+
     def land(self, timeout: float = 60.0) -> None:
         """Nothing to land (no flush is sent from the I/O thread)."""
 

@@ -39,7 +39,9 @@
 -- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw
 -- seed), then, only when the call put expired leases back where they came from, one
 -- integer more: how many (so the worker that ran it can say so; its length is then one
--- more than a multiple of three, LeaseClient.leases); an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[10]
+-- more than a multiple of three, LeaseClient.leases); a queue per slot that gave less
+-- than COUNT while a slot waits for its delay adds, after that count (then 0 if none),
+-- the ms until the first waiting slot is ready (the length two more than a multiple); an error "EPOCH ..." (or "TRYAGAIN ...", lua/_fence.lua) if the crawl's epoch is not ARGV[10]
 --
 -- A queued request's lease id is its entry id. A seed carries no id, so its lease id is
 -- derived from its content (FROM_SEEDS + 15 hex digits of its SHA-1): the same seed keeps its
@@ -426,5 +428,14 @@ add_counts(stats, dead, {"dead", buried, "reclaimed", returned}, worker)
 -- the expired leases put back, after the leases: the worker logs them (no call of its own)
 if returned > 0 then
   result[3 * #ids + 1] = returned
+end
+-- a queue per slot that gave less than asked: when its first waiting slot is ready, in
+-- whole ms from now (the worker asks again then), after that count (0 if none)
+if #ids < count and (take == "slots" or string.sub(take, 1, 6) == "slots:") then
+  local first = redis.call("ZRANGE", queue .. SLOTS_WAIT_SUFFIX, 0, 0, "WITHSCORES")
+  if first[2] then
+    result[3 * #ids + 1] = returned
+    result[3 * #ids + 2] = math.max(0, math.ceil((tonumber(first[2]) - now) * 1000))
+  end
 end
 return result

@@ -89,6 +89,8 @@ class Refill:
         self._waiting = waiting
         #: A refill was refused because of :attr:`_waiting`: wake the engine when it ends.
         self._held_off = False
+        #: The slot-ready time (``frontier.slot_ready_at``) the engine was last woken for.
+        self._ready_seen: float | None = None
         #: How to rebuild a lease's request, and the settlement of one that cannot be
         #: rebuilt; set at :meth:`open` (``None``: not open, no top-up).
         self._decode: tuple[Decode, Reject] | None = None
@@ -168,10 +170,11 @@ class Refill:
     def found_empty_lately(self) -> bool:
         """Whether a reserve found the queue empty within :data:`EMPTY_FRESH` seconds,
         with nothing of this worker's to enqueue since."""
-        frontier = self.frontier
-        return (
-            not frontier.pending_writes and time.monotonic() - frontier.found_empty_at < EMPTY_FRESH
-        )
+        frontier, now = self.frontier, time.monotonic()
+        ready_at = frontier.slot_ready_at
+        if ready_at is not None and now >= ready_at:  # a slot's delay ended since
+            return False
+        return not frontier.pending_writes and now - frontier.found_empty_at < EMPTY_FRESH
 
     # -- the timer ---------------------------------------------------------------------
 
@@ -183,6 +186,7 @@ class Refill:
         was nothing (else it would wait for its own heartbeat). Nothing while the crawl
         is paused or draining, lost, or the scheduler is not open."""
         self._wait_ended()
+        self._slot_ready()
         if self._decode is None or not self._due():
             return
         self._woken(self.deliveries.top_up(*self._decode))
@@ -202,6 +206,7 @@ class Refill:
         one is in flight (its reply lands first). ``False`` when the frontier cannot
         (the timer then flushes on the reactor thread)."""
         self._wait_ended()
+        self._slot_ready()
         frontier = self.frontier
         if not frontier.can_flush_later():
             return False
@@ -237,6 +242,14 @@ class Refill:
         (``waiting``) may lease again: it asks for a request, and its refill leases."""
         if self._held_off and not self._waiting():
             self._held_off = False
+            self._wake()
+
+    def _slot_ready(self) -> None:
+        """Wake the engine once the slot a queue per slot said was waiting for its
+        delay is ready (once per reply that said so): it asks, and its refill leases."""
+        ready_at = self.frontier.slot_ready_at
+        if ready_at is not None and ready_at != self._ready_seen and time.monotonic() >= ready_at:
+            self._ready_seen = ready_at
             self._wake()
 
     def _woken(self, added: int) -> None:
