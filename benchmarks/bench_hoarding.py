@@ -45,7 +45,7 @@ from scrapy_dist.testing.workers import (  # noqa: E402
 PROJECT = BENCH_DIR / "project"
 RESULTS = BENCH_DIR / "results"
 #: Spider name of each scheduler (``benchproject/spiders.py``).
-SPIDERS = {"dist": "dist", "sredis": "sredis"}
+SPIDERS = {"dist": "dist", "dist-slots": "dist", "sredis": "sredis"}
 #: Seconds an idle scrapy-redis worker waits before it closes.
 SREDIS_MAX_IDLE = 10
 
@@ -67,8 +67,10 @@ def run(scheduler: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
         "SCHEDULER_PERSIST": False,
     }
-    if scheduler == "dist":
+    if scheduler.startswith("dist"):
         settings["CLOSE_WHEN_CRAWL_DONE"] = True
+    if scheduler == "dist-slots":  # the queue per download slot
+        settings["SCHEDULER_QUEUE_CLASS"] = "scrapy_dist.slot_queue.SlotQueue"
     else:
         settings["MAX_IDLE_TIME_BEFORE_CLOSE"] = SREDIS_MAX_IDLE
     workers = []

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from scrapy import Request, Spider
 
+    from scrapy_dist.keys import RedisKeys
+
 
 class FilterBackend(Protocol):
     """The part of a dupefilter backend the enqueue script needs (``lua/enqueue.lua``)."""
@@ -194,6 +196,11 @@ class RedisQueue(Base):
     def take_args(self) -> list[str | int | float]:
         """What :attr:`take` reads after ``lua/reserve.lua``'s other arguments (none but
         a queue per slot's)."""
+        return []
+
+    def take_keys(self, keys: RedisKeys) -> list[str]:
+        """The keys of the crawl ``keys`` that :attr:`take` reads after
+        ``lua/reserve.lua``'s others (none but a queue per slot's)."""
         return []
 
     def enqueue_call(

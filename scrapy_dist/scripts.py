@@ -225,14 +225,16 @@ class Scripts:
         reclaim_limit: int,
         epoch: str,
         take_args: Sequence[Arg] = (),
+        take_keys: Sequence[str] = (),
     ) -> ScriptCall:
         """``lua/reserve.lua``: reclaim expired leases (``previous``: the previous
         version's leases zset and leased hash too), then lease up to ``count`` entries
         taken from the queue (``origin`` :data:`FROM_QUEUE`) or the seeds key
         (:data:`FROM_SEEDS`) with the command ``take`` into ``holding`` (``take_args``:
-        what that way of taking reads after the others, ``RedisQueue.take_args``)."""
+        what that way of taking reads after the others, ``RedisQueue.take_args``; and
+        ``take_keys``, the keys it reads after the others)."""
         keys = [holders, holding, deliveries, dead, queue, seeds, seq, progress, epoch_key]
-        keys += previous
+        keys += [*previous, *take_keys]
         args: list[Arg] = [
             origin,
             take,

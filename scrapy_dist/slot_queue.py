@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from scrapy import Request
 
+    from scrapy_dist.keys import RedisKeys
+
 #: The indexes and counts of a :class:`SlotQueue` (suffixes of its key).
 SLOTS_SUFFIXES = (
     SLOTS_READY_SUFFIX,
@@ -98,6 +100,10 @@ class SlotQueue(PriorityQueue):
             default.concurrency,
             self._draws.randint(1, 2**31 - 2),
         ]
+
+    def take_keys(self, keys: RedisKeys) -> list[str]:
+        """The crawl's slot pauses: a paused slot waits until its pause ends."""
+        return [keys.slot_pauses]
 
     def pop_payloads(self, count: int = 1) -> list[bytes]:
         """Pop what a worker could lease now (a slot waiting for its delay is not

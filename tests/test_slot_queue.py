@@ -366,3 +366,18 @@ def test_a_reserve_that_got_less_says_when_the_first_waiting_slot_is_ready(
     time.sleep(0.5)
     assert urls(frontier, 1) == ["https://fast.com/1"]
     assert frontier.slot_ready_at is None
+
+
+def test_a_paused_slot_waits_in_redis_until_its_pause_ends(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build(SCHEDULER_LEASE_TIMEOUT=30)
+    push(frontier, "https://busy.com/1", "https://other.com/1")
+    push(frontier, "https://odd.com/1", slot="odd|slot")
+    seconds, micros = cast("tuple[int, int]", client.time())
+    now_ms = seconds * 1000 + micros // 1000
+    client.zadd(frontier.keys.slot_pauses, {"busy.com": now_ms + 400, "odd|slot": now_ms + 400})
+    assert urls(frontier, 5) == ["https://other.com/1"]
+    assert members(client, frontier.queue.key + SLOTS_WAIT_SUFFIX) == ["busy.com", "odd%7Cslot"]
+    time.sleep(0.45)
+    assert sorted(urls(frontier, 5)) == ["https://busy.com/1", "https://odd.com/1"]

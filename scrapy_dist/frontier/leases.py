@@ -226,6 +226,7 @@ class LeaseClient:
             reclaim_limit=RECLAIM_LIMIT,
             epoch=epoch,
             take_args=self.queue.take_args() if seeds is None else (),
+            take_keys=self.queue.take_keys(k) if seeds is None else (),
         )
 
     def leases(self, reply: Any, *, seeds: bool) -> list[Lease]:

@@ -516,6 +516,31 @@ after_returned = function()
   returned_slots, returned_queues = {}, {}
 end
 
+-- The slots of `ranked` (ready slots of `queue`) that are not paused in `paused` (see
+-- take_slots); the paused ones leave the ready slots to wait until their pause ends.
+local function unpaused(queue, ranked, paused, now)
+  local names = {}
+  for k, slot in ipairs(ranked) do
+    -- a pause names the slot as Scrapy does: unescaped (scrapy_dist/keys.py slot_id)
+    names[k] = string.gsub(string.gsub(slot, "%%7C", "|"), "%%25", "%%")
+  end
+  local ends = batched({"ZMSCORE", paused}, names)
+  local kept, waits, gone = {}, {}, {}
+  for k, slot in ipairs(ranked) do
+    local until_ = tonumber(ends[k] or nil)
+    if until_ and until_ / 1000 > now then
+      gone[#gone + 1] = slot
+      waits[#waits + 1] = until_ / 1000
+      waits[#waits + 1] = slot
+    else
+      kept[#kept + 1] = slot
+    end
+  end
+  batched({"ZREM", queue .. SLOTS_READY_SUFFIX}, gone)
+  batched({"ZADD", queue .. SLOTS_WAIT_SUFFIX}, waits, 2)
+  return kept
+end
+
 -- Slots whose wait ended that one call moves back to the ready ones, at most.
 local DUE_MAX = 1000
 
@@ -527,7 +552,10 @@ local DUE_MAX = 1000
 -- are asked when one slot is ready). First, the slots whose wait ended are ready again
 -- (those emptied meanwhile leave the indexes). Returns the entries and each one's
 -- "<level score>@<slot>" (what put_back_slot reads back). `on_broken` as take_levels's.
-local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken, order)
+-- `paused`, if given, is the crawl's zset of slot pauses (slot as Scrapy names it ->
+-- server time in ms the pause ends, scrapy_dist/worker/pauses.py): a ready slot paused
+-- beyond now waits until its pause ends instead.
+local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken, order, paused)
   local ready = slots_key(queue, SLOTS_READY_SUFFIX)
   local wait = slots_key(queue, SLOTS_WAIT_SUFFIX)
   local resting = slots_key(queue, SLOTS_REST_SUFFIX)
@@ -550,10 +578,14 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
   local delays_key = slots_key(queue, SLOTS_DELAYS_SUFFIX)
   local own_delays = redis.call("EXISTS", delays_key) == 1
   local taken, draw = 0, seed
+  paused = paused and redis.call("EXISTS", paused) == 1 and paused or nil
   while #entries < count do
     local ranked = redis.call("ZRANGE", ready, 0, count - #entries - 1)
     if #ranked == 0 then
       break
+    end
+    if paused then
+      ranked = unpaused(queue, ranked, paused, now)
     end
     local delays = own_delays and batched({"HMGET", delays_key}, ranked) or {}
     local per = #ranked == 1 and count or cap

@@ -20,6 +20,8 @@
 -- KEYS[10] = the previous version's leases zset (lease id -> deadline; only reclaimed)
 -- KEYS[11] = the previous version's leased hash (lease id -> "<origin>|<score>|<worker>|
 --            <entry>"; only reclaimed)
+-- KEYS[12] = with ARGV[2] "slots": the crawl's slot pauses (zset, slot -> server ms its
+--            pause ends; lua/slot_pauses.lua): a paused slot waits until then
 -- ARGV[1] = source to take from: FROM_QUEUE ("q", request queue) or FROM_SEEDS ("s")
 -- ARGV[2] = how to take: "rpop" | "lpop" | "slots[:<order>]" (ARGV[11..14]) | "levels" (a priority queue's levels, highest
 --           first, lua/_levels.lua; "levels:<order>" in the order <order> gives, two
@@ -285,7 +287,7 @@ elseif take == "slots" or string.sub(take, 1, 6) == "slots:" then
     tonumber(ARGV[13]), tonumber(ARGV[14]), function(_, key, kind)
       set_aside_loudly(key, kind, set_aside(key))
       return true
-    end, string.sub(take, 7))
+    end, string.sub(take, 7), KEYS[12])
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
     source == FROM_QUEUE and queue or seeds, count_arg)
