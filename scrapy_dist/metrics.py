@@ -89,6 +89,10 @@ GAUGES = {
     "a run of 429/503 responses).",
     "scrapy_dist_slots_counted": "Download slots the crawl counted requests of "
     "(SCHEDULER_SLOT_COUNTS).",
+    "scrapy_dist_queue_slots_ready": "Download slots of a queue per slot that are ready "
+    "to send (SlotQueue; 0 with another queue).",
+    "scrapy_dist_queue_slots_waiting": "Download slots of a queue per slot that wait for "
+    "their delay or pause (SlotQueue; 0 with another queue).",
     "scrapy_dist_dupefilter_size": "Fingerprints recorded in the dupefilter.",
     "scrapy_dist_bloom_fill": "Bloom dupefilter fingerprints divided by its capacity.",
     "scrapy_dist_bloom_false_positive_rate": "Estimated false-positive rate of the Bloom "
@@ -167,6 +171,8 @@ def gauges(status: CrawlStatus | None) -> dict[str, float]:
         "scrapy_dist_items_stored": status.items_stored,
         "scrapy_dist_slots_paused": len(status.paused_slots),
         "scrapy_dist_slots_counted": status.slots_counted,
+        "scrapy_dist_queue_slots_ready": (status.queue_slots or {}).get("ready", 0),
+        "scrapy_dist_queue_slots_waiting": (status.queue_slots or {}).get("waiting", 0),
         "scrapy_dist_dupefilter_size": status.dupefilter.count if status.dupefilter else 0,
     }
     if status.rates is not None:

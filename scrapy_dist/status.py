@@ -253,6 +253,9 @@ class CrawlStatus:
     #: (most requests sent): each ``{"slot", "sent", "pages", "4xx", "5xx", "failed"}``.
     slots_counted: int = 0
     busiest_slots: list[dict[str, Any]] = field(default_factory=list)
+    #: A queue per download slot's slots (:func:`read_queue_slots`); ``None`` for
+    #: another queue.
+    queue_slots: dict[str, Any] | None = None
 
     @property
     def requests_done(self) -> int:
@@ -409,6 +412,7 @@ class CrawlStatus:
             "set_aside": {"keys": self.set_aside, "progress_fields": self.set_aside_fields},
             "paused_slots": self.paused_slots,
             "slots": {"counted": self.slots_counted, "busiest": self.busiest_slots},
+            "queue_slots": self.queue_slots,
         }
 
     def to_json(self) -> str:
@@ -588,6 +592,9 @@ def read_status(
     item_stream = read_item_stream(client, layout)
     set_aside = find_set_aside(client, layout.settable_aside())
     slots_counted, busiest = read_slot_counts(client, k)
+    queue_slots = (
+        read_queue_slots(client, k.requests, now) if layout.queue_kind == "slots" else None
+    )
     status = CrawlStatus(
         crawl=k.crawl,
         redis=describe(client),
@@ -624,6 +631,7 @@ def read_status(
         paused_slots=paused_slots(pauses, now),
         slots_counted=slots_counted,
         busiest_slots=busiest,
+        queue_slots=queue_slots,
     )
     return with_shards(client, layout, config, status, dupefilter=dupefilter)
 
@@ -659,6 +667,40 @@ def read_slot_counts(client: redis.Redis, keys: RedisKeys) -> tuple[int, list[di
             row[name] = _whole(values[k * len(COUNTS) + j])
         busiest.append(row)
     return int(counted), busiest
+
+
+def read_queue_slots(client: redis.Redis, queue: str, now: float) -> dict[str, Any]:
+    """A queue per download slot's slots (``scrapy_dist/slot_queue.py``) at server time
+    ``now``: how many hold entries (``slots``), are ready (``ready``) or wait for their
+    delay or pause (``waiting``); the :data:`BUSIEST_SLOTS` ready ones with the highest
+    priority and the first to be ready of the waiting ones, each ``{"slot", "queued",
+    "ready_in"}`` (seconds). A bounded read, whatever the number of slots; keys of
+    another type (written by hand) read as none."""
+    from scrapy_dist.keys import SLOTS_READY_SUFFIX, SLOTS_SIZES_SUFFIX, SLOTS_WAIT_SUFFIX
+
+    sizes, ready, wait = (
+        queue + s for s in (SLOTS_SIZES_SUFFIX, SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX)
+    )
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hlen(sizes)
+        pipe.zcard(ready)
+        pipe.zcard(wait)
+        pipe.zrange(ready, 0, BUSIEST_SLOTS - 1)
+        pipe.zrange(wait, 0, BUSIEST_SLOTS - 1, withscores=True)
+        replies = pipe.execute(raise_on_error=False)
+    counts = [0 if isinstance(r, Exception) else int(r) for r in replies[:3]]
+    first_ready = [] if isinstance(replies[3], Exception) else [_text(s) for s in replies[3]]
+    waiting = [] if isinstance(replies[4], Exception) else replies[4]
+    rows = [(slot, 0.0) for slot in first_ready]
+    rows += [(_text(slot), max(0.0, round(float(at) - now, 2))) for slot, at in waiting]
+    queued = client.hmget(sizes, [slot for slot, _ in rows]) if rows and counts[0] else []
+    if isinstance(queued, Exception) or not queued:
+        queued = [None] * len(rows)
+    listed = [
+        {"slot": slot, "queued": _whole(n), "ready_in": ready_in}
+        for (slot, ready_in), n in zip(rows, queued, strict=True)
+    ]
+    return {"slots": counts[0], "ready": counts[1], "waiting": counts[2], "listed": listed}
 
 
 def _whole(value: object) -> int:

@@ -123,6 +123,8 @@ def test_cli_prints_the_crawls_metrics(  # noqa: PLR0917
         "scrapy_dist_items_stored": 1,
         "scrapy_dist_slots_paused": 0,
         "scrapy_dist_slots_counted": 0,
+        "scrapy_dist_queue_slots_ready": 0,
+        "scrapy_dist_queue_slots_waiting": 0,
         "scrapy_dist_dupefilter_size": 3,
         "scrapy_dist_control_state": 0,
     }

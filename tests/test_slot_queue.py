@@ -374,7 +374,7 @@ def test_a_paused_slot_waits_in_redis_until_its_pause_ends(
     frontier = build(SCHEDULER_LEASE_TIMEOUT=30)
     push(frontier, "https://busy.com/1", "https://other.com/1")
     push(frontier, "https://odd.com/1", slot="odd|slot")
-    seconds, micros = cast("tuple[int, int]", client.time())
+    seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
     client.zadd(frontier.keys.slot_pauses, {"busy.com": now_ms + 400, "odd|slot": now_ms + 400})
     assert urls(frontier, 5) == ["https://other.com/1"]

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+from scrapy import Request
 from scrapy.settings import Settings
 
 from scrapy_dist.cli import main
+from scrapy_dist.cli.status import render_status
 from scrapy_dist.config.core import Config
 from scrapy_dist.control import PAUSED, read_log, set_state
 from scrapy_dist.deadletter import DeadLetters
@@ -23,6 +25,7 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.registry import WorkerRegistry
 from scrapy_dist.keys import level_key
 from scrapy_dist.scripts import HistoryKeys
+from scrapy_dist.slot_queue import SlotQueue
 from scrapy_dist.stats import SharedStats
 from scrapy_dist.status import CrawlLayout, read_status
 from scrapy_dist.stream_admin import create_group
@@ -463,3 +466,35 @@ def test_frontier_shows_the_busiest_download_slots_and_their_pauses(
     }
     assert [s["slot"] for s in slots["busiest"]] == ["a.example", "b.example"]
     assert 28 < slots["paused"]["a.example"] <= 30
+
+
+def test_frontier_of_a_queue_per_slot_shows_its_slots_and_the_next_entry(
+    client: redis.Redis, redis_url: str, name: str
+) -> None:
+    settings = Settings()
+    settings.set("REDIS_URL", redis_url)
+    settings.set("SCHEDULER_QUEUE_CLASS", "scrapy_dist.slot_queue.SlotQueue")
+    config = Config.from_settings(settings)
+    dashboard = Dashboard(client, CrawlLayout.from_config(config, name), config)
+    keys = dashboard.layout.keys
+    queue = SlotQueue(client, keys.requests, keys.seq)
+    queue.open()
+    for url, priority in (("a.com/1", 0), ("b.com/1", 4), ("a.com/2", 0)):
+        payload = json.dumps({"url": f"https://{url}"}).encode()
+        request = Request(f"https://{url}", priority=priority)
+        queue.push([(payload, queue.score(request), b"")])
+    frontier = dashboard.frontier()
+    assert frontier["queue"]["queued"] == 3
+    assert frontier["queue_slots"] == {
+        "slots": 2,
+        "ready": 2,
+        "waiting": 0,
+        "listed": [
+            {"slot": "b.com", "queued": 1, "ready_in": 0.0},
+            {"slot": "a.com", "queued": 2, "ready_in": 0.0},
+        ],
+    }
+    assert [(o["priority"], o["url"]) for o in frontier["oldest"]] == [(4, "https://b.com/1")]
+    text = render_status(dashboard.status())
+    assert "queue slots: 2 with requests, 2 ready, 0 waiting" in text
+    assert "    a.com: 2 queued, ready" in text

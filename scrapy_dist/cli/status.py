@@ -137,6 +137,22 @@ def _slot_lines(status: CrawlStatus) -> list[str]:
     return lines
 
 
+def _queue_slot_lines(status: CrawlStatus) -> list[str]:
+    """A queue per download slot's slots: how many, the next ready by priority and the
+    first waiting ones with the seconds until they are ready."""
+    slots = status.queue_slots
+    if not slots:
+        return []
+    lines = [
+        f"  queue slots: {slots['slots']} with requests, {slots['ready']} ready, "
+        f"{slots['waiting']} waiting for their delay or pause"
+    ]
+    for row in slots["listed"][: 2 * SLOTS_SHOWN]:
+        when_ready = "ready" if not row["ready_in"] else f"ready in {row['ready_in']:g} s"
+        lines.append(f"    {row['slot']}: {row['queued']} queued, {when_ready}")
+    return lines
+
+
 def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     """The human-readable form of a crawl's status."""
     lines = [f"crawl {status.crawl}  at {status.redis}  [{status.shown_state}]"]
@@ -182,6 +198,7 @@ def render_status(status: CrawlStatus, *, all_stats: bool = False) -> str:
     lines += _worker_lines(status, row)
     lines += _control_lines(status)
     lines += _pause_lines(status)
+    lines += _queue_slot_lines(status)
     lines += _slot_lines(status)
     lines += _shard_lines(status)
     lines += _set_aside_lines(status)

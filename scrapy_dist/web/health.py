@@ -17,7 +17,7 @@ import redis
 
 from scrapy_dist.frontier.eviction import eviction_risk
 from scrapy_dist.frontier.wire import ENTRY_ID_LEN
-from scrapy_dist.keys import level_key
+from scrapy_dist.keys import SLOTS_READY_SUFFIX, level_key, levels_key, slot_queue_key
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -111,6 +111,14 @@ def oldest_entries(client: redis.Redis, layout: CrawlLayout) -> list[dict[str, A
                 lists.append((level_key(queue, name.decode(errors="replace")), -score or 0.0))
         elif layout.queue_kind == "list":
             lists.append((queue, None))
+        elif layout.queue_kind == "slots":  # the first ready slot's most urgent level
+            for slot in cast("list[bytes]", client.zrange(queue + SLOTS_READY_SUFFIX, 0, 0)):
+                slot_queue = slot_queue_key(queue, slot.decode(errors="replace"))
+                top = client.zrange(levels_key(slot_queue), 0, 0, withscores=True)
+                for name, score in cast("list[tuple[bytes, float]]", top):
+                    lists.append(
+                        (level_key(slot_queue, name.decode(errors="replace")), -score or 0.0)
+                    )
         if not lists:
             return []
         with client.pipeline(transaction=False) as pipe:

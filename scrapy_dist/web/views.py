@@ -256,6 +256,7 @@ class Dashboard:
             "seeds": {"key": status.seeds_key, "type": status.seeds_kind, "waiting": status.seeds},
             "queue": {"key": queue, "type": status.queue_kind, "queued": status.queued},
             "levels": levels,
+            "queue_slots": status.queue_slots,
             "oldest": health.oldest_entries(self.client, self.layout),
             "leased": status.leased,
             "slots": {
