@@ -57,6 +57,7 @@ from scrapy_dist.lua_source import NAMES, source
 from scrapy_dist.queue import FifoQueue, LifoQueue, PriorityQueue, RedisQueue
 from scrapy_dist.scripts import scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
+from scrapy_dist.slot_queue import SlotQueue
 from scrapy_dist.testing.redis_server import RedisServer
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ QUEUES: dict[str, type[RedisQueue]] = {
     "priority": PriorityQueue,
     "fifo": FifoQueue,
     "lifo": LifoQueue,
+    "slots": SlotQueue,
 }
 BATCH = 500
 #: Seconds the server's CPU is measured idle before each crawl, for the marginal figure.
@@ -130,10 +132,12 @@ def memory(entries: int) -> dict[str, Any]:
                     row[name] = sum(sizes.values()) / entries
                     largest = max(sizes, key=lambda k: sizes[k])
                     row[f"{name}_encoding"] = client.object("encoding", largest).decode()
-                    if name == "priority":
+                    if name in ("priority", "slots"):
                         by_key = lease_bytes(client, queue, key, entries)
-                        row["lease"] = sum(by_key.values())
-                        row.update({f"lease_{k}": v for k, v in by_key.items()})
+                        suffix = "" if name == "priority" else f"_{name}"
+                        row[f"lease{suffix}"] = sum(by_key.values())
+                        if not suffix:
+                            row.update({f"lease_{k}": v for k, v in by_key.items()})
                     client.unlink(key, f"{key}:seq", *sizes)
                 result.setdefault(label, {})[variant] = row
         client.close()
@@ -188,6 +192,7 @@ def lease_bytes(client: redis.Redis, queue: RedisQueue, key: str, entries: int) 
             max_deliveries=5,
             reclaim_limit=100,
             epoch="",
+            take_args=queue.take_args(),
         ).run()
         got = len(reply) // 3
         if got == 0:
@@ -533,8 +538,9 @@ def print_calls(rows: dict[str, Any]) -> None:
 def print_memory(result: dict[str, Any]) -> None:
     print()
     print("Redis memory per queued request / per lease (bytes, MEMORY USAGE / N), 67-char URL")
-    cols = ("payload_bytes", "priority", "fifo", "lifo", "lease")
+    cols = ("payload_bytes", "priority", "fifo", "lifo", "slots", "lease", "lease_slots")
     print(f"{'request':<12} {'encoding':<8} " + " ".join(f"{c:>13}" for c in cols))
+    print("(slots: SlotQueue, every URL of one host; lease_slots: a lease of its entries)")
     for variant in result["after"]:
         for label in ("before", "after", "ratio"):
             row = result[label][variant]
