@@ -47,6 +47,7 @@ NAMES = (
     "leased",
     "pop",
     "migrate",
+    "to_slots",
     "release",
     "dupefilter",
     "stats",

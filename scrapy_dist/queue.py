@@ -305,6 +305,9 @@ class RedisQueue(Base):
         )
         return kind
 
+    #: What :meth:`open` moved, for the log line that says how many (none here).
+    moved_how: ClassVar[str] = ""
+
     def open(self, alive: Callable[[], list[str]] | None = None) -> int:
         """Make the queue ready for a worker when it opens (:meth:`check_type`; the
         priority queue also moves a previous version's queue into levels).
@@ -401,6 +404,10 @@ class PriorityQueue(RedisQueue):
     put_back = "level"
     #: Entries :meth:`migrate` moves per script call (each call blocks Redis briefly).
     MIGRATE_BATCH = 1000
+    #: What :meth:`open` moved, for the log line that says how many.
+    moved_how: ClassVar[str] = (
+        "from the priority queue a previous version of scrapy_dist wrote (one zset) into levels"
+    )
 
     #: Largest priority whose start level (``-priority + 0.5``) a score keeps exact.
     START_PRIORITY_MAX = 2**52

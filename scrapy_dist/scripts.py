@@ -379,6 +379,17 @@ class Scripts:
         zset at ``queue`` into levels; returns ``[moved, left]``."""
         return self._call("migrate", [queue], [count])
 
+    def to_slots(
+        self, *, queue: str, level: str, entries: Sequence[tuple[bytes, str]]
+    ) -> ScriptCall:
+        """``lua/to_slots.lua``: move these oldest entries of level ``level`` of the
+        priority queue at ``queue`` to their slots (``(entry, "<score>@<slot>")``);
+        returns ``[moved (-1: they are not the oldest any more), levels left]``."""
+        args: list[Arg] = [level]
+        for entry, score in entries:
+            args += (entry, score)
+        return self._call("to_slots", [queue], args)
+
     # -- the worker registry (lua/join, heartbeat, leave) --------------------------------
 
     def join(

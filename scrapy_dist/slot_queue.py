@@ -11,8 +11,11 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any, cast
 
+from scrapy import Request
+
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.keys import (
+    LEVELS_MARKER,
     SLOTS_DELAYS_SUFFIX,
     SLOTS_MARKER,
     SLOTS_QUEUED_SUFFIX,
@@ -20,11 +23,13 @@ from scrapy_dist.keys import (
     SLOTS_REST_SUFFIX,
     SLOTS_SIZES_SUFFIX,
     SLOTS_WAIT_SUFFIX,
+    level_key,
     levels_key,
     slot_id,
     slot_queue_key,
 )
 from scrapy_dist.queue import PriorityQueue, RedisQueue, split_entry
+from scrapy_dist.serializers import JsonSerializer
 from scrapy_dist.slots import Limit, Limits, slot_of
 
 if TYPE_CHECKING:
@@ -32,7 +37,6 @@ if TYPE_CHECKING:
 
     import redis
     from redis.client import Pipeline
-    from scrapy import Request
 
     from scrapy_dist.keys import RedisKeys
 
@@ -45,6 +49,21 @@ SLOTS_SUFFIXES = (
     SLOTS_QUEUED_SUFFIX,
     SLOTS_DELAYS_SUFFIX,
 )
+
+
+def payload_slot_of(serializer: Any = None) -> Callable[[bytes], str]:
+    """The download slot of a queued request's payload, as ``serializer`` (default:
+    JSON) reads it: ``meta["download_slot"]``, else its URL's host, as :func:`slot_of`
+    names it. The function raises what the serializer raises for a payload that is not
+    a request's, or ``KeyError``/``ValueError``."""
+    loads = (serializer or JsonSerializer()).loads
+
+    def slot(payload: bytes) -> str:
+        obj = loads(payload)
+        meta = obj.get("meta")
+        return slot_of(Request(str(obj["url"]), meta=meta if isinstance(meta, dict) else None))
+
+    return slot
 
 
 class SlotQueue(PriorityQueue):
@@ -69,6 +88,7 @@ class SlotQueue(PriorityQueue):
     kind = "slots"
     key_types = ("string",)
     put_back = "slot"
+    moved_how = "from the priority queue (PriorityQueue) it ran with into download slots"
 
     def __init__(
         self,
@@ -79,9 +99,13 @@ class SlotQueue(PriorityQueue):
         *,
         order: str = "ff",
         limits: Limits | None = None,
+        payload_slot: Callable[[bytes], str] | None = None,
     ) -> None:
         super().__init__(client, key, seq_key, serializer, order=order)
         self.limits = limits or Limits(Limit(8, 0.0, 0.0))
+        #: The download slot of a queued request's payload (:meth:`migrate`): by
+        #: default, a JSON payload's ``meta["download_slot"]``, else its URL's host.
+        self.payload_slot = payload_slot or payload_slot_of()
         self._draws = random.Random()
 
     @property
@@ -169,10 +193,83 @@ class SlotQueue(PriorityQueue):
         return kind
 
     def open(self, alive: Callable[[], list[str]] | None = None) -> int:
-        """Check the key, then write the delays of ``DOWNLOAD_SLOTS``'s slots to the
-        delays hash (the other slots have the default every reserve carries)."""
+        """Check the key; move a priority queue found there into slots (:meth:`migrate`)
+        if ``alive`` names no live worker; then write the delays of
+        ``DOWNLOAD_SLOTS``'s slots to the delays hash (the other slots have the default
+        every reserve carries).
+
+        Returns:
+            The number of entries moved.
+
+        Raises:
+            ConfigurationError: the key holds another queue, or a priority queue while
+                workers of the crawl run (they may still lease from it).
+        """
+        moved = 0
+        if self._levels_at_key():
+            running = alive() if alive is not None else []
+            if running:
+                raise ConfigurationError(
+                    f"Redis key {self.key!r} holds the priority queue of a crawl that "
+                    f"{len(running)} worker(s) still run with another SCHEDULER_QUEUE_CLASS "
+                    f"({', '.join(running[:3])}); stop them (or let the crawl finish), then "
+                    f"open it with {type(self).__name__}, which moves the queue into slots "
+                    "(docs/migration.md)"
+                )
+            moved = self.migrate()
         self.check_type()
         delays = {slot_id(slot): limit.delay for slot, limit in self.limits.slots.items()}
         if delays:
             self.client.hset(self.key + SLOTS_DELAYS_SUFFIX, mapping=delays)  # type: ignore[arg-type]
-        return 0
+        return moved
+
+    def _levels_at_key(self) -> bool:
+        """Whether the key holds a priority queue's marker (:class:`PriorityQueue`)."""
+        return bool(
+            self.client.type(self.key) == b"string"
+            and self.client.get(self.key) == LEVELS_MARKER.encode()
+        )
+
+    def migrate(self) -> int:
+        """Move a priority queue at the key into slots, :attr:`MIGRATE_BATCH` entries per
+        atomic call (``lua/to_slots.lua``), oldest first within each level, the slot of
+        each read from its payload (:attr:`payload_slot`; one that cannot be read goes
+        to the slot ``""``). Safe to stop and run again, and to run from several
+        workers at once.
+
+        Returns:
+            The number of entries moved by this call.
+        """
+        moved = 0
+        levels = PriorityQueue(self.client, self.key, self.seq_key)
+        while self._levels_at_key():
+            top = cast(
+                "list[tuple[bytes, float]]",
+                self.client.zrange(levels.levels_key, 0, 0, withscores=True),
+            )
+            if not top:  # (an empty priority queue: the call below writes the marker)
+                name, score = "0", 0.0
+            else:
+                name, score = top[0][0].decode(), top[0][1]
+            key = level_key(self.key, name)
+            raw = cast("list[bytes]", self.client.lrange(key, -self.MIGRATE_BATCH, -1))
+            entries = [
+                (entry, f"{score!r}@{slot_id(self._payload_slot(split_entry(entry)[1]))}")
+                for entry in reversed(raw)
+            ]
+            done, _ = (
+                int(n)
+                for n in cast(
+                    "list[int]",
+                    self._scripts.to_slots(queue=self.key, level=name, entries=entries).run(),
+                )
+            )
+            moved += max(0, done)
+        return moved
+
+    def _payload_slot(self, payload: bytes) -> str:
+        """The download slot of a queued request's payload, or ``""``."""
+        try:
+            return self.payload_slot(payload)
+        except Exception:  # a payload that does not decode: a worker dead-letters it
+            return ""

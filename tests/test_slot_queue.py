@@ -5,6 +5,7 @@ clean-ups, and keys written by hand."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,6 +26,7 @@ from scrapy_dist.keys import (
 from scrapy_dist.queue import PriorityQueue
 from scrapy_dist.slot_queue import SlotQueue
 from scrapy_dist.testing.engine import one_shard
+from scrapy_dist.testing.queues import queued_entries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -277,14 +279,20 @@ def test_the_indexes_keep_a_queue_from_reading_as_empty_whatever_the_count(
 # -- keys written by hand ---------------------------------------------------------------
 
 
-def test_a_levels_queue_at_the_key_is_refused_with_the_way_out(
+def test_another_queue_at_the_key_is_refused_with_the_way_out(
     build: Callable[..., Frontier], client: redis.Redis, name: str
 ) -> None:
-    client.set(f"{name}:requests", LEVELS_MARKER)
+    client.rpush(f"{name}:requests", b"0" * 16 + b"{}")  # a FIFO queue's
+    with pytest.raises(ConfigurationError, match="SCHEDULER_QUEUE_CLASS"):
+        build()
+    client.delete(f"{name}:requests")
+    client.set(f"{name}:requests", "something else")
     with pytest.raises(ConfigurationError, match="another SCHEDULER_QUEUE_CLASS"):
         build()
-    queue = PriorityQueue(client, f"{name}:requests", f"{name}:seq")
-    queue.check_type()
+    # an empty priority queue (its marker alone) just becomes a queue per slot
+    client.set(f"{name}:requests", LEVELS_MARKER)
+    build()
+    assert client.get(f"{name}:requests") == SLOTS_MARKER.encode()
 
 
 def test_an_index_of_the_wrong_type_refuses_an_enqueue_and_is_set_aside_on_a_put_back(
@@ -381,3 +389,76 @@ def test_a_paused_slot_waits_in_redis_until_its_pause_ends(
     assert members(client, frontier.queue.key + SLOTS_WAIT_SUFFIX) == ["busy.com", "odd%7Cslot"]
     time.sleep(0.45)
     assert sorted(urls(frontier, 5)) == ["https://busy.com/1", "https://odd.com/1"]
+
+
+# -- moving a priority queue into slots -------------------------------------------------
+
+
+def _priority_queue_with(client: redis.Redis, key: str, seq: str) -> list[bytes]:
+    """A PriorityQueue at ``key`` holding requests of two hosts at two priorities (JSON
+    payloads, as workers write them); their payloads in the order pushed."""
+    queue = PriorityQueue(client, key, seq)
+    pushed = []
+    for i, (host, priority) in enumerate(
+        [("a.com", 0), ("b.com", 0), ("a.com", 5), ("a.com", 0), ("b.com", 5)]
+    ):
+        payload = json.dumps({"url": f"https://{host}/{i}", "priority": priority}).encode()
+        pushed.append(payload)
+        queue.push([(payload, queue.score(Request(f"https://{host}/", priority=priority)), b"")])
+    odd = json.dumps({"url": "https://c.com/x", "meta": {"download_slot": "my|slot"}}).encode()
+    queue.push([(odd, 0.0, b"")])
+    pushed.append(odd)
+    queue.push([(b"\x80 not a request", 0.0, b"")])
+    pushed.append(b"\x80 not a request")
+    return pushed
+
+
+def test_a_priority_queue_is_moved_into_slots_when_the_crawl_opens_with_slotqueue(
+    build: Callable[..., Frontier], client: redis.Redis, name: str
+) -> None:
+    key = f"{name}:requests"
+    pushed = _priority_queue_with(client, key, f"{name}:seq")
+    ids_before = set(queued_entries(client, key))
+    frontier = build(SCHEDULER_LEASE_TIMEOUT=30)  # (opens the queue: moves it)
+    queue = cast("SlotQueue", frontier.queue)
+    assert client.get(key) == SLOTS_MARKER.encode()
+    assert client.exists(f"{key}:levels") == 0
+    assert queue.sizes() == {"a.com": 3, "b.com": 2, "my%7Cslot": 1, "": 1}
+    taken = [lease.data for lease in frontier.reserve(20)]
+    assert sorted(taken) == sorted(pushed)
+    # priority first across slots, first in first out within a slot's level
+    assert taken[:2] in ([pushed[2], pushed[4]], [pushed[4], pushed[2]])
+    assert taken.index(pushed[0]) < taken.index(pushed[3])
+    assert len(queue) == 0
+    del ids_before
+
+
+def test_the_move_is_refused_while_workers_of_the_crawl_run(
+    build: Callable[..., Frontier], client: redis.Redis, name: str
+) -> None:
+    _priority_queue_with(client, f"{name}:requests", f"{name}:seq")
+    queue = SlotQueue(client, f"{name}:requests", f"{name}:seq")
+    with pytest.raises(ConfigurationError, match="still run with another SCHEDULER_QUEUE_CLASS"):
+        queue.open(lambda: ["host:1:abcdef"])
+    assert client.get(f"{name}:requests") == LEVELS_MARKER.encode()
+
+
+def test_a_move_given_entries_that_are_no_longer_the_oldest_moves_nothing(
+    client: redis.Redis, name: str
+) -> None:
+    key = f"{name}:requests"
+    _priority_queue_with(client, key, f"{name}:seq")
+    oldest = cast("list[bytes]", client.lrange(f"{key}:level:0", -1, -1))
+    from scrapy_dist.scripts import scripts_for
+
+    scripts = scripts_for(client)
+    stale = scripts.to_slots(queue=key, level="0", entries=[(b"0" * 16 + b"x", "0@a.com")])
+    assert stale.run()[0] == -1
+    moved = scripts.to_slots(queue=key, level="0", entries=[(oldest[0], "0@a.com")])
+    assert moved.run()[0] == 1
+    # a second mover with the same batch finds it gone: nothing moved twice
+    assert scripts.to_slots(queue=key, level="0", entries=[(oldest[0], "0@a.com")]).run()[0] == -1
+    queue = SlotQueue(client, key, f"{name}:seq")
+    assert queue.sizes() == {"a.com": 1}
+    assert queue.open() == 6  # the rest, then the marker
+    assert len(queue) == 7

@@ -67,7 +67,8 @@ from scrapy_dist.frontier.trip import Trip
 from scrapy_dist.queue import PriorityQueue, RedisQueue, leasable_queue, unleased_queue
 from scrapy_dist.scripts import OtherShards, scripts_for
 from scrapy_dist.seeds import SeedQueue
-from scrapy_dist.slot_queue import SlotQueue
+from scrapy_dist.serializers import load_serializer
+from scrapy_dist.slot_queue import SlotQueue, payload_slot_of
 from scrapy_dist.slots import Limits
 
 if TYPE_CHECKING:
@@ -289,6 +290,9 @@ class Frontier:
         queue_extra: dict[str, Any] = {}
         if issubclass(queue_cls, SlotQueue):
             queue_extra["limits"] = Limits.build(config.politeness, crawler.spider)
+            queue_extra["payload_slot"] = payload_slot_of(
+                load_serializer(config.requests.serializer)
+            )
         shared = shared_filter(config, client, keys)  # its keys go with the frontier's
         events = events or FrontierEvents()
         return cls(

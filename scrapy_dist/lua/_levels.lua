@@ -214,7 +214,8 @@ end
 -- as Redis reads a count, digits with no sign, point or leading zero (the caller
 -- checks): a pop that asks for `count` takes it as it is (a number given to a command
 -- is formatted with snprintf, which costs more than the command's own work on it).
-local function take_levels(queue, count, on_broken, count_text, order)
+-- `one_level`: stop after the first level that gave entries.
+local function take_levels(queue, count, on_broken, count_text, order, one_level)
   local entries, scores, index = {}, {}, levels_key(queue)
   local function arg_of(n)
     return n == count and count_text or n
@@ -269,6 +270,9 @@ local function take_levels(queue, count, on_broken, count_text, order)
         if #popped < want or redis.call("EXISTS", key) == 0 then
           unindex_level(queue, name)
           removed = true
+        end
+        if one_level then
+          return entries, scores
         end
       end
     end
@@ -596,8 +600,10 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
         break
       end
       local d = tonumber(delays[k] or nil) or delay
+      -- several slots: one level per visit, so that a slot's lower priorities wait for
+      -- the other slots' higher ones (the slots are ranked again after each round)
       local got, levels = take_levels(slot_queue(queue, slot), d > 0 and 1 or math.min(want, per),
-        on_broken, nil, order)
+        on_broken, nil, order, #ranked > 1)
       for j, entry in ipairs(got) do
         entries[#entries + 1] = entry
         scores[#scores + 1] = levels[j] .. "@" .. slot

@@ -20,8 +20,8 @@
 -- KEYS[10] = the previous version's leases zset (lease id -> deadline; only reclaimed)
 -- KEYS[11] = the previous version's leased hash (lease id -> "<origin>|<score>|<worker>|
 --            <entry>"; only reclaimed)
--- KEYS[12] = with ARGV[2] "slots": the crawl's slot pauses (zset, slot -> server ms its
---            pause ends; lua/slot_pauses.lua): a paused slot waits until then
+-- KEYS[12..] = with ARGV[2] "slots" only, one key: the crawl's slot pauses (zset, slot
+--            -> server ms its pause ends; lua/slot_pauses.lua): a paused slot waits
 -- ARGV[1] = source to take from: FROM_QUEUE ("q", request queue) or FROM_SEEDS ("s")
 -- ARGV[2] = how to take: "rpop" | "lpop" | "slots[:<order>]" (ARGV[11..14]) | "levels" (a priority queue's levels, highest
 --           first, lua/_levels.lua; "levels:<order>" in the order <order> gives, two

@@ -357,9 +357,8 @@ class Membership:
         self.df.open()
         if moved:
             logger.info(
-                "Moved %(n)d queued request(s) of crawl %(crawl)s from the priority queue "
-                "a previous version of scrapy_dist wrote (one zset) into levels",
-                {"n": moved, "crawl": self.frontier.keys.crawl},
+                "Moved %(n)d queued request(s) of crawl %(crawl)s %(how)s",
+                {"n": moved, "crawl": self.frontier.keys.crawl, "how": queue.moved_how},
                 extra={"spider": spider},
             )
         if shared is None:
