@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, Spider
 
 from scrapy_dist.frontier.wire import FROM_QUEUE
+from scrapy_dist.keys import RedisKeys
 from scrapy_dist.lua_source import constants, parts
-from scrapy_dist.queue import PriorityQueue
+from scrapy_dist.queue import PriorityQueue, RedisQueue
 from scrapy_dist.scripts import ScriptCall, scripts_for
 from scrapy_dist.serializers import JsonSerializer, RequestCodec
 from scrapy_dist.testing.redis_server import RedisServer
@@ -73,13 +74,17 @@ def url67(i: int) -> str:
     return f"https://books.example.com/catalogue/category/books/item-{i:010d}/index.html"
 
 
+#: The keys of :class:`Frontier`'s crawl.
+KEYS_OF_BENCH = RedisKeys(crawl="b", requests="b:q", dupefilter="b:df", start_urls="b:seeds")
+
+
 class Frontier:
     """One crawl's keys on a scratch server, and one typed call per script."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, queue: RedisQueue | None = None) -> None:
         self.client = client
         self.scripts = scripts_for(client)
-        self.queue = PriorityQueue(client, "b:q", "b:seq")
+        self.queue = queue or PriorityQueue(client, "b:q", "b:seq")
         self.links = 0
 
     def fresh(self, queued: int = 0, leased: int = 0) -> list[str]:
@@ -121,6 +126,8 @@ class Frontier:
             max_deliveries=5,
             reclaim_limit=100,
             epoch="E",
+            take_args=self.queue.take_args(),
+            take_keys=self.queue.take_keys(KEYS_OF_BENCH),
         )
 
     def settle(self, ids: list[str]) -> ScriptCall:

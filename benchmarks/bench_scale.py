@@ -59,6 +59,7 @@ from scrapy import Request
 
 from scrapy_dist.keys import RedisKeys
 from scrapy_dist.scripts import ScriptCall, scripts_for
+from scrapy_dist.slot_queue import SlotQueue
 from scrapy_dist.testing.redis_server import RedisServer
 
 if TYPE_CHECKING:
@@ -192,15 +193,23 @@ def timed(client: redis.Redis, tally: Tally, calls: Iterator[ScriptCall]) -> lis
 
 
 class Queue(Frontier):
-    """bench_lua's frontier (keys ``b:*``), entries as :func:`payload` makes them."""
+    """bench_lua's frontier (keys ``b:*``), entries as :func:`payload` makes them; with
+    ``slots``, a queue per download slot (:class:`SlotQueue`) whose entries go to that
+    many slots in turn (no delay: every slot ready)."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        super().__init__(client)
+    def __init__(self, client: redis.Redis, slots: int = 0) -> None:
+        super().__init__(client, SlotQueue(client, "b:q", "b:seq") if slots else None)
+        self.slots = slots
         self.next_request = 0
 
     def enqueue_next(self, n: int) -> ScriptCall:
         first, self.next_request = self.next_request, self.next_request + n
-        entries = [(b"", *payload(i)) for i in range(first, first + n)]
+        entries: list[tuple[bytes, float | str, bytes]] = []
+        for i in range(first, first + n):
+            score, data = payload(i)
+            entries.append(
+                (b"", f"{score!r}@{slot_name(i % self.slots)}" if self.slots else score, data)
+            )
         return self.scripts.enqueue(
             queue="b:q",
             seq="b:seq",
@@ -224,13 +233,14 @@ class Queue(Frontier):
 
 
 class SizeRun:
-    """A queue of N entries on its own server: :meth:`round` runs the three phases."""
+    """A queue of N entries on its own server (``slots``: a queue per slot over that
+    many slots): :meth:`round` runs the three phases."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, slots: int = 0) -> None:
         self.n = n
         self.server = start_server()
         self.client = self.server.client(socket_timeout=120)
-        self.queue = Queue(self.client)
+        self.queue = Queue(self.client, slots)
         self.tallies = {phase: Tally() for phase in PHASES}
 
     def fill(self) -> None:
@@ -423,13 +433,13 @@ def mean_median(figures: dict[str, Any]) -> str:
     return f"{figures['us_per_call']:6.1f}/{figures['us_per_call_median']:<6.1f}"
 
 
-def print_sizes(rows: dict[str, dict[str, Any]]) -> None:
+def print_sizes(rows: dict[str, dict[str, Any]], what: str = "queued") -> None:
     print(
         "\nQueue size: per call of 16; server µs (commandstats EVALSHA, mean/median of the "
         "rounds), client ms (wall, mean)"
     )
     heads = " ".join(f"{p + ' µs':>13}" for p in PHASES)
-    print(f"  {'queued':>9} {'B/entry':>8} {'fill s':>6}  {heads}   enq ms  res ms  set ms")
+    print(f"  {what:>9} {'B/entry':>8} {'fill s':>6}  {heads}   enq ms  res ms  set ms")
     for n, row in rows.items():
         print(
             f"  {n:>9} {row['bytes_per_entry']:8.1f} {row['fill_s']:6.1f}  "
@@ -498,6 +508,18 @@ def main(argv: list[str] | None = None) -> int:
         default=[10, 1_000, 100_000],
         help="download slots, comma-separated ('' for none)",
     )
+    parser.add_argument(
+        "--queue-slots",
+        type=integers,
+        default=[10, 1_000, 100_000],
+        help="download slots of the queue per slot (SlotQueue), comma-separated ('' for none)",
+    )
+    parser.add_argument(
+        "--queue-slots-size",
+        type=int,
+        default=200_000,
+        help="requests queued in the queue per slot (200000)",
+    )
     parser.add_argument("--calls", type=int, default=10_000, help="calls per phase")
     parser.add_argument("--round", type=int, default=50, help="calls per phase and round")
     parser.add_argument("--out", type=Path, help="JSON file (default: benchmarks/results/)")
@@ -507,11 +529,21 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"calls": args.calls, "round": args.round, "per_call": PER_CALL}
     sizes: dict[str, dict[str, Any]] = {}
     slots: dict[str, dict[str, Any]] = {}
-    for kind, counts, rows in (("sizes", args.sizes, sizes), ("slots", args.slots, slots)):
+    queue_slots: dict[str, dict[str, Any]] = {}
+    for kind, counts, rows in (
+        ("sizes", args.sizes, sizes),
+        ("queue slots", args.queue_slots, queue_slots),
+        ("slots", args.slots, slots),
+    ):
         runs: list[Any] = []
         try:
             for n in counts:  # one by one: a start that fails leaves the others to stop
-                runs.append(SizeRun(n) if kind == "sizes" else SlotRun(n))
+                if kind == "sizes":
+                    runs.append(SizeRun(n))
+                elif kind == "queue slots":
+                    runs.append(SizeRun(args.queue_slots_size, slots=n))
+                else:
+                    runs.append(SlotRun(n))
             interleaved(runs, args.calls, args.round)
             for n, run in zip(counts, runs, strict=True):
                 rows[str(n)] = run.result()
@@ -520,8 +552,12 @@ def main(argv: list[str] | None = None) -> int:
                 run.stop()
         print(f"{kind}: done", flush=True)
     result["sizes"], result["slots"] = sizes, slots
+    result["queue_slots"] = queue_slots
     if sizes:
         print_sizes(sizes)
+    if queue_slots:
+        print(f"\nQueue per slot (SlotQueue), {args.queue_slots_size:,} requests queued:", end="")
+        print_sizes(queue_slots, "slots")
     if slots:
         print_slots(slots)
     print(f"\nwrote {write_result(result, args.out, 'scale')}")
