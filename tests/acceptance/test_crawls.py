@@ -416,3 +416,59 @@ def test_a_slot_page_limit_stops_the_crawl_of_a_host(project: Project) -> None:
         "failed": 0,
         "started": served,
     }
+
+
+def _timed_site() -> tuple[Any, list[tuple[float, str]]]:
+    """A site that answers every page and logs when it read each request."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hits: list[tuple[float, str]] = []
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with lock:
+                hits.append((time.time(), self.path))
+            body = b"<html><title>p</title></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, hits
+
+
+def test_the_queue_per_slot_spaces_a_host_for_every_worker(project: Project) -> None:
+    """``SlotQueue`` with two workers and ``DOWNLOAD_DELAY = 0.4``: the frontier gives
+    the host one request per delay, to whichever worker asks; each seed is crawled
+    once. At the site, the gaps between requests average at least the delay less 10 %,
+    and none is near 0 (two workers given the host at once): a gap is measured from
+    the reserves, so a request a busy worker sends late may shorten the next one."""
+    server, hits = _timed_site()
+    seeds, delay = 12, 0.4
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        project.use_scrapy_dist()
+        project.add_settings(
+            'SCHEDULER_QUEUE_CLASS = "scrapy_dist.slot_queue.SlotQueue"\n'
+            f"DOWNLOAD_DELAY = {delay}\n"
+        )
+        project.write("books/spiders/seeds.py", SEEDS_SPIDER)
+        project.seed(*(f"{base}/p/{i}" for i in range(seeds)), key="seeds:start_urls")
+        workers = project.crawl(2, "seeds")
+        project.assert_clean_exit(workers)
+    finally:
+        server.shutdown()
+    assert sorted(path for _, path in hits) == sorted(f"/p/{i}" for i in range(seeds))
+    times = sorted(t for t, _ in hits)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert sum(gaps) / len(gaps) >= 0.9 * delay, gaps
+    assert min(gaps) >= 0.25 * delay, gaps
+    assert sum(w.items() for w in workers) == seeds
