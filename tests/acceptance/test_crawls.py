@@ -7,6 +7,7 @@ then the site's own counters say whether every page was fetched exactly once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -468,7 +469,7 @@ def test_the_queue_per_slot_spaces_a_host_for_every_worker(project: Project) -> 
         server.shutdown()
     assert sorted(path for _, path in hits) == sorted(f"/p/{i}" for i in range(seeds))
     times = sorted(t for t, _ in hits)
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert sum(gaps) / len(gaps) >= 0.9 * delay, gaps
     assert min(gaps) >= 0.25 * delay, gaps
     assert sum(w.items() for w in workers) == seeds
