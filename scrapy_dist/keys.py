@@ -35,7 +35,6 @@ key                        type         holds
                                         allows the next send (may hold empty slots)
 ``<requests>:resting``     zset         queue per slot: slot emptied by a reserve ->
                                         the time its delay ends
-``<requests>:sizes``       hash         queue per slot: slot -> entries queued
 ``<requests>:queued``      string       queue per slot: entries queued, all slots
 ``<requests>:delays``      hash         queue per slot: slot -> delay (s) where not the
                                         workers' default (``DOWNLOAD_SLOTS``, robots.txt)
@@ -200,8 +199,6 @@ SLOTS_WAIT_SUFFIX = ":wait"
 #: Suffix of a queue per slot's index of slots with a delay a reserve emptied (slot ->
 #: the time their delay ends: a request queued for one before then waits for it).
 SLOTS_REST_SUFFIX = ":resting"
-#: Suffix of a queue per slot's hash of entries queued per slot.
-SLOTS_SIZES_SUFFIX = ":sizes"
 #: Suffix of a queue per slot's count of entries queued in all slots.
 SLOTS_QUEUED_SUFFIX = ":queued"
 #: Suffix of a queue per slot's hash of delays (slot -> seconds) other than the default.

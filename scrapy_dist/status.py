@@ -671,36 +671,33 @@ def read_slot_counts(client: redis.Redis, keys: RedisKeys) -> tuple[int, list[di
 
 def read_queue_slots(client: redis.Redis, queue: str, now: float) -> dict[str, Any]:
     """A queue per download slot's slots (``scrapy_dist/slot_queue.py``) at server time
-    ``now``: how many hold entries (``slots``), are ready (``ready``) or wait for their
-    delay or pause (``waiting``); the :data:`BUSIEST_SLOTS` ready ones with the highest
-    priority and the first to be ready of the waiting ones, each ``{"slot", "queued",
-    "ready_in"}`` (seconds). A bounded read, whatever the number of slots; keys of
-    another type (written by hand) read as none."""
-    from scrapy_dist.keys import SLOTS_READY_SUFFIX, SLOTS_SIZES_SUFFIX, SLOTS_WAIT_SUFFIX
+    ``now``: how many are ready (``ready``) and how many hold requests but wait for
+    their delay or pause (``waiting``); the :data:`BUSIEST_SLOTS` ready ones with the
+    highest priority and the first to be ready of the waiting ones, each ``{"slot",
+    "queued", "ready_in"}`` (seconds), their requests counted from their levels. A
+    bounded read, whatever the number of slots; keys of another type (written by hand)
+    read as none."""
+    from scrapy_dist.keys import SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX
+    from scrapy_dist.slot_queue import slot_queued
 
-    sizes, ready, wait = (
-        queue + s for s in (SLOTS_SIZES_SUFFIX, SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX)
-    )
+    ready, wait = queue + SLOTS_READY_SUFFIX, queue + SLOTS_WAIT_SUFFIX
     with client.pipeline(transaction=False) as pipe:
-        pipe.hlen(sizes)
         pipe.zcard(ready)
         pipe.zcard(wait)
         pipe.zrange(ready, 0, BUSIEST_SLOTS - 1)
         pipe.zrange(wait, 0, BUSIEST_SLOTS - 1, withscores=True)
         replies = pipe.execute(raise_on_error=False)
-    counts = [0 if isinstance(r, Exception) else int(r) for r in replies[:3]]
-    first_ready = [] if isinstance(replies[3], Exception) else [_text(s) for s in replies[3]]
-    waiting = [] if isinstance(replies[4], Exception) else replies[4]
+    counts = [0 if isinstance(r, Exception) else int(r) for r in replies[:2]]
+    first_ready = [] if isinstance(replies[2], Exception) else [_text(s) for s in replies[2]]
+    waiting = [] if isinstance(replies[3], Exception) else replies[3]
     rows = [(slot, 0.0) for slot in first_ready]
     rows += [(_text(slot), max(0.0, round(float(at) - now, 2))) for slot, at in waiting]
-    queued = client.hmget(sizes, [slot for slot, _ in rows]) if rows and counts[0] else []
-    if isinstance(queued, Exception) or not queued:
-        queued = [None] * len(rows)
-    listed = [
-        {"slot": slot, "queued": _whole(n), "ready_in": ready_in}
-        for (slot, ready_in), n in zip(rows, queued, strict=True)
-    ]
-    return {"slots": counts[0], "ready": counts[1], "waiting": counts[2], "listed": listed}
+    listed = []
+    for slot, ready_in in rows:
+        listed.append(
+            {"slot": slot, "queued": slot_queued(client, queue, slot), "ready_in": ready_in}
+        )
+    return {"ready": counts[0], "waiting": counts[1], "listed": listed}
 
 
 def _whole(value: object) -> int:

@@ -144,8 +144,8 @@ def _queue_slot_lines(status: CrawlStatus) -> list[str]:
     if not slots:
         return []
     lines = [
-        f"  queue slots: {slots['slots']} with requests, {slots['ready']} ready, "
-        f"{slots['waiting']} waiting for their delay or pause"
+        f"  queue slots: {slots['ready']} ready, {slots['waiting']} waiting for their delay "
+        "or pause"
     ]
     for row in slots["listed"][: 2 * SLOTS_SHOWN]:
         when_ready = "ready" if not row["ready_in"] else f"ready in {row['ready_in']:g} s"

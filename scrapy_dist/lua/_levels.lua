@@ -293,7 +293,7 @@ local function unlink_levels(queue)
   batched({"UNLINK"}, lists)
 end
 
--- Queues per download slot (queue kind "slots", scrapy_dist/queue.py SlotQueue) ------
+-- Queues per download slot (queue kind "slots", scrapy_dist/slot_queue.py) ----------
 --
 -- The queue key holds SLOTS_MARKER. Each download slot has a levels queue of its own,
 -- "<queue>:slot:<slot>" (its ":levels" index and ":level:<name>" lists, as above, with
@@ -302,9 +302,9 @@ end
 -- priority first) or "<queue>:wait" (slot -> the server time at which its delay lets
 -- its next request go). A slot with a delay that a reserve emptied rests in
 -- "<queue>:resting" (slot -> the same time) until then, so that a request queued for
--- it meanwhile waits too. "<queue>:sizes" counts each slot's entries,
--- "<queue>:queued" all of them (slots_queued: a count that disagrees with the indexes
--- is never read as an empty queue). "<queue>:delays" holds the delay (seconds) of a
+-- it meanwhile waits too. "<queue>:queued" counts the entries of every slot
+-- (slots_queued: a count that disagrees with the indexes is never read as an empty
+-- queue; a slot's own are counted from its levels when asked, scrapy_dist/status.py). "<queue>:delays" holds the delay (seconds) of a
 -- slot whose delay is not the default a reserve carries. Slot names come escaped
 -- (scrapy_dist/keys.py slot_id: no "|"); a level score and its slot travel together as
 -- "<score>@<slot>" (an entry's enqueue argument, a lease record's score: the score
@@ -335,7 +335,7 @@ end
 
 -- The indexes of a queue per slot and the type each holds.
 local SLOT_INDEXES = {{SLOTS_READY_SUFFIX, "zset"}, {SLOTS_WAIT_SUFFIX, "zset"},
-  {SLOTS_REST_SUFFIX, "zset"}, {SLOTS_SIZES_SUFFIX, "hash"}, {SLOTS_DELAYS_SUFFIX, "hash"}}
+  {SLOTS_REST_SUFFIX, "zset"}, {SLOTS_DELAYS_SUFFIX, "hash"}}
 
 -- Each index of `queue` that holds another type than its own (written by hand): a
 -- list of {key, type held, type wanted}.
@@ -412,7 +412,7 @@ end
 -- Index the slots `slots` that were just given entries: `added[slot]` of them, the best
 -- at score `best[slot]`. A slot that waits stays waiting, one that rests until later
 -- waits until then, the others are ready at their best score (ZADD LT: a ready slot
--- keeps a better score it has); then they are counted (sizes, queued).
+-- keeps a better score it has); then they are counted (queued).
 local function index_slots(queue, slots, best, added)
   if #slots == 0 then
     return
@@ -444,9 +444,8 @@ local function index_slots(queue, slots, best, added)
   batched({"ZREM", resting}, woken)
   batched({"ZADD", wait}, wait_pairs, 2)
   batched({"ZADD", slots_key(queue, SLOTS_READY_SUFFIX), "LT"}, ready_pairs, 2)
-  local total, sizes = 0, slots_key(queue, SLOTS_SIZES_SUFFIX)
+  local total = 0
   for _, slot in ipairs(slots) do
-    add_to_count(sizes, slot, added[slot])
     total = total + added[slot]
   end
   add_to_count(slots_key(queue, SLOTS_QUEUED_SUFFIX), nil, total)
@@ -578,7 +577,6 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
   end
   redis.call("ZREMRANGEBYSCORE", resting, "-inf", now)
   local entries, scores = {}, {}
-  local sizes = slots_key(queue, SLOTS_SIZES_SUFFIX)
   local delays_key = slots_key(queue, SLOTS_DELAYS_SUFFIX)
   local own_delays = redis.call("EXISTS", delays_key) == 1
   local taken, draw = 0, seed
@@ -611,7 +609,6 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
       if #got > 0 then
         moved = true
         taken = taken + #got
-        add_to_count(sizes, slot, -#got)
       end
       if d > 0 and #got > 0 then
         unready[#unready + 1] = slot
@@ -629,12 +626,9 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
         if best then
           redis.call("ZADD", ready, "XX", best, slot)
         else
-          -- emptied (or found empty: its count is wrong, dropped)
+          -- emptied (or found empty: indexed by hand, say)
           unready[#unready + 1] = slot
           moved = true
-          if #got == 0 then
-            redis.call("HDEL", sizes, slot)
-          end
         end
       end
     end
@@ -671,14 +665,9 @@ end
 -- UNLINK a queue per slot's slots (their levels) and indexes (not the queue key).
 local function unlink_slots(queue)
   local slots = {}
-  for _, suffix in ipairs({SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX}) do
-    for _, slot in ipairs(redis.call("ZRANGE", slots_key(queue, suffix), 0, -1)) do
-      slots[slot] = true
-    end
-  end
-  local sizes = redis.pcall("HKEYS", slots_key(queue, SLOTS_SIZES_SUFFIX))
-  if not sizes.err then
-    for _, slot in ipairs(sizes) do
+  for _, suffix in ipairs({SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX, SLOTS_REST_SUFFIX}) do
+    local members = redis.pcall("ZRANGE", slots_key(queue, suffix), 0, -1)
+    for _, slot in ipairs(members.err and {} or members) do -- (another type: no slots)
       slots[slot] = true
     end
   end
@@ -687,7 +676,7 @@ local function unlink_slots(queue)
   end
   local keys = {}
   for _, suffix in ipairs({SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX, SLOTS_REST_SUFFIX,
-    SLOTS_SIZES_SUFFIX, SLOTS_QUEUED_SUFFIX, SLOTS_DELAYS_SUFFIX}) do
+    SLOTS_QUEUED_SUFFIX, SLOTS_DELAYS_SUFFIX}) do
     keys[#keys + 1] = slots_key(queue, suffix)
   end
   redis.call("UNLINK", unpack(keys))

@@ -203,7 +203,7 @@
     fill($("queue-slots-table").tBodies[0], qs && qs.listed.length ? qs.listed.map((s) => row([
       el("td", s.slot, "mono"), num(s.queued), el("td", s.ready_in ? `in ${s.ready_in} s` : "now"),
     ])) : [row([el("td", qs ? "nothing queued" : "one queue for every slot (SCHEDULER_QUEUE_CLASS is not SlotQueue)"), el("td"), el("td")])]);
-    $("queue-slots-note").textContent = qs ? `${qs.slots} slot(s) with requests queued: ${qs.ready} ready, ${qs.waiting} waiting for their delay or pause; the next ready by priority and the first waiting shown.` : "";
+    $("queue-slots-note").textContent = qs ? `${qs.ready} slot(s) ready, ${qs.waiting} waiting for their delay or pause; the next ready by priority and the first waiting shown.` : "";
     const paused = f.slots.paused;
     fill($("slots-table").tBodies[0], f.slots.busiest.length ? f.slots.busiest.map((s) => row([
       el("td", s.slot, "mono"), num(s.sent), num(s.pages), num(s["4xx"]), num(s["5xx"]), num(s.failed),
