@@ -36,8 +36,8 @@ key                        type         holds
 ``<requests>:resting``     zset         queue per slot: slot emptied by a reserve ->
                                         the time its delay ends
 ``<requests>:queued``      string       queue per slot: entries queued, all slots
-``<requests>:delays``      hash         queue per slot: slot -> delay (s) where not the
-                                        workers' default (``DOWNLOAD_SLOTS``, robots.txt)
+``<requests>:delays``      hash         queue per slot: slot -> robots.txt ``Crawl-delay``
+                                        (s) where longer than the slot's own delay
 ``<requests>:slot:<s>``    (levels)     queue per slot: slot ``<s>``'s own levels,
                                         ``:levels`` and ``:level:<n>`` as above
 ``<requests>:unleased``    (as above)   the leased queue kept empty beside a
@@ -201,7 +201,7 @@ SLOTS_WAIT_SUFFIX = ":wait"
 SLOTS_REST_SUFFIX = ":resting"
 #: Suffix of a queue per slot's count of entries queued in all slots.
 SLOTS_QUEUED_SUFFIX = ":queued"
-#: Suffix of a queue per slot's hash of delays (slot -> seconds) other than the default.
+#: Suffix of a queue per slot's hash of robots.txt ``Crawl-delay`` (slot -> seconds).
 SLOTS_DELAYS_SUFFIX = ":delays"
 #: Suffix of the crawl's holders zset, ``<crawl>:holders``; a worker's holding is
 #: ``<crawl>:holders:<worker>``.

@@ -15,6 +15,7 @@ import redis
 from scrapy import Request
 
 from scrapy_dist.exceptions import ConfigurationError
+from scrapy_dist.frontier.wire import SLOT_DELAY_MAX
 from scrapy_dist.keys import (
     LEVELS_MARKER,
     SLOTS_DELAYS_SUFFIX,
@@ -30,7 +31,7 @@ from scrapy_dist.keys import (
 )
 from scrapy_dist.queue import PriorityQueue, RedisQueue, split_entry
 from scrapy_dist.serializers import JsonSerializer
-from scrapy_dist.slots import Limit, Limits, slot_of
+from scrapy_dist.slots import Limit, Limits, bound_slot, slot_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -117,6 +118,10 @@ class SlotQueue(PriorityQueue):
     ) -> None:
         super().__init__(client, key, seq_key, serializer, order=order)
         self.limits = limits or Limits(Limit(8, 0.0, 0.0))
+        #: ``DOWNLOAD_SLOTS``'s delays, as :meth:`take_args` sends them.
+        self._own_delays: list[str | float] = []
+        for name, limit in self.limits.slots.items():
+            self._own_delays += [slot_id(bound_slot(name)), min(limit.delay, SLOT_DELAY_MAX)]
         #: The download slot of a queued request's payload (:meth:`migrate`): by
         #: default, a JSON payload's ``meta["download_slot"]``, else its URL's host.
         self.payload_slot = payload_slot or payload_slot_of()
@@ -131,12 +136,17 @@ class SlotQueue(PriorityQueue):
         return f"{super().score(request)!r}@{slot_id(slot_of(request))}"
 
     def take_args(self) -> list[str | int | float]:
+        """The default delay, jitter and concurrency, a seed for the jitter's draws,
+        then each ``DOWNLOAD_SLOTS`` slot and its delay (``lua/_levels.lua``
+        slot_rules): they travel with every reserve, so that no flush of the crawl's
+        keys can lose them."""
         default = self.limits.default
         return [
             default.delay,
             default.jitter,
             default.concurrency,
             self._draws.randint(1, 2**31 - 2),
+            *self._own_delays,
         ]
 
     def take_keys(self, keys: RedisKeys) -> list[str]:
@@ -217,9 +227,7 @@ class SlotQueue(PriorityQueue):
 
     def open(self, alive: Callable[[], list[str]] | None = None) -> int:
         """Check the key; move a priority queue found there into slots (:meth:`migrate`)
-        if ``alive`` names no live worker; then write the delays of
-        ``DOWNLOAD_SLOTS``'s slots to the delays hash (the other slots have the default
-        every reserve carries).
+        if ``alive`` names no live worker.
 
         Returns:
             The number of entries moved.
@@ -241,9 +249,6 @@ class SlotQueue(PriorityQueue):
                 )
             moved = self.migrate()
         self.check_type()
-        delays = {slot_id(slot): limit.delay for slot, limit in self.limits.slots.items()}
-        if delays:
-            self.client.hset(self.key + SLOTS_DELAYS_SUFFIX, mapping=delays)  # type: ignore[arg-type]
         return moved
 
     def _levels_at_key(self) -> bool:

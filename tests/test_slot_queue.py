@@ -462,3 +462,138 @@ def test_a_move_given_entries_that_are_no_longer_the_oldest_moves_nothing(
     assert queue.sizes() == {"a.com": 1}
     assert queue.open() == 6  # the rest, then the marker
     assert len(queue) == 7
+
+
+# -- what an attack found (each failed before its fix) ----------------------------------
+
+
+def test_download_slots_delays_survive_a_flush(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    from scrapy_dist.testing.queues import join_flushing
+
+    slow = {"DOWNLOAD_SLOTS": {"slow.com": {"delay": 30}}, "SCHEDULER_LEASE_TIMEOUT": 30}
+    frontier = build(**slow)
+    push(frontier, "https://slow.com/old")
+    assert join_flushing(client, frontier)  # SCHEDULER_FLUSH_ON_START's flush
+    push(frontier, *(f"https://slow.com/{i}" for i in range(3)))
+    assert len(lease(frontier, 10)) == 1
+    # they travel with every reserve: nothing in Redis to lose
+    assert client.exists(frontier.queue.key + ":delays") == 0
+
+
+def test_known_crawl_delays_are_written_again_after_a_flush(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    from scrapy_dist.worker.crawl_delays import REWRITE_EVERY, CrawlDelays
+
+    frontier = build()
+    queue = cast("SlotQueue", frontier.queue)
+    now = [0.0]
+    delays = CrawlDelays(
+        lambda request: 1e9, queue.limits, queue.key + ":delays", clock=lambda: now[0]
+    )
+    delays.reached(Request("https://slow.com/x"))
+    ride = delays.rider()
+    assert ride is not None
+    assert ride.command.args[2:] == ("slow.com", "300")  # cut to SLOT_DELAY_MAX
+    ride.on_reply(cast("Any", client).execute_command(*ride.command.args))
+    client.delete(queue.key + ":delays")  # (a finish, a flush)
+    assert delays.rider() is None
+    now[0] += REWRITE_EVERY
+    ride = delays.rider()
+    assert ride is not None
+    ride.on_reply(cast("Any", client).execute_command(*ride.command.args))
+    assert client.hgetall(queue.key + ":delays") == {b"slow.com": b"300"}
+
+
+def test_delays_and_pauses_written_by_hand_as_infinite_do_not_stop_the_crawl(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build(SCHEDULER_LEASE_TIMEOUT=30)
+    queue = frontier.queue
+    client.hset(queue.key + ":delays", mapping={"a.com": "inf", "b.com": "1e9", "c.com": "nan"})
+    client.zadd(frontier.keys.slot_pauses, {"d.com": float("inf")})
+    push(frontier, *(f"https://{h}.com/{i}" for h in "abcd" for i in range(2)))
+    first = urls(frontier, 10)
+    # b: a delay cut to SLOT_DELAY_MAX (one request); a and c: junk, no delay; d: no pause
+    expected = ["https://a.com/0", "https://a.com/1", "https://b.com/0", "https://c.com/0"]
+    expected += ["https://c.com/1", "https://d.com/0", "https://d.com/1"]
+    assert sorted(first) == expected
+    ready_at = frontier.slot_ready_at
+    assert ready_at is not None
+    assert ready_at - time.monotonic() <= 301
+
+
+def test_a_pauses_key_of_another_type_is_no_pause(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build()
+    client.set(frontier.keys.slot_pauses, "junk")
+    push(frontier, "https://a.com/1")
+    assert urls(frontier, 5) == ["https://a.com/1"]
+
+
+def test_long_download_slots_names_are_bounded_as_requests_name_them(
+    build: Callable[..., Frontier],
+) -> None:
+    long = "x" * 300
+    frontier = build(DOWNLOAD_SLOTS={long: {"delay": 30}}, SCHEDULER_LEASE_TIMEOUT=30)
+    push(frontier, *(f"https://a.com/{i}" for i in range(3)), slot=long)
+    assert len(lease(frontier, 10)) == 1
+
+
+def test_a_move_past_a_level_indexed_but_gone_ends(client: redis.Redis, name: str) -> None:
+    key = f"{name}:requests"
+    client.set(key, LEVELS_MARKER)
+    client.lpush(f"{key}:level:0", b"0" * 15 + b"1" + b'{"url": "https://a.com/1"}')
+    client.zadd(f"{key}:levels", {"-7": -7, "0": 0})  # -7's list deleted by hand
+    queue = SlotQueue(client, key, f"{name}:seq")
+    assert queue.open() == 1
+    assert client.get(key) == SLOTS_MARKER.encode()
+    assert queue.sizes() == {"a.com": 1}
+
+
+def test_an_enqueue_of_several_slots_with_a_level_of_another_type_pushes_nothing(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build()
+    queue = cast("SlotQueue", frontier.queue)
+    client.set(queue.key + ":slot:b.com:level:0", "junk")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        push(frontier, "https://a.com/1", "https://b.com/1")
+    assert client.exists(queue.key + ":slot:a.com:level:0") == 0
+    assert len(queue) == 0
+
+
+def test_a_ready_index_of_another_type_is_set_aside_before_anything_is_taken(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build(DOWNLOAD_DELAY=0.2, SCHEDULER_LEASE_TIMEOUT=30)
+    queue = frontier.queue
+    push(frontier, "https://a.com/1", "https://a.com/2", "https://b.com/1")
+    assert sorted(urls(frontier, 5)) == ["https://a.com/1", "https://b.com/1"]
+    time.sleep(0.25)
+    client.delete(queue.key + SLOTS_READY_SUFFIX)
+    client.rpush(queue.key + SLOTS_READY_SUFFIX, "junk")
+    assert urls(frontier, 5) == ["https://a.com/2"]
+    assert client.type(queue.key + SLOTS_READY_SUFFIX + ":wrongtype") == b"list"
+    assert b"renamed to" in cast("bytes", client.lindex(frontier.keys.dead, 0))
+
+
+def test_a_put_back_refused_by_an_index_pushes_nothing_twice(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build(SCHEDULER_LEASE_TIMEOUT=30)
+    queue = frontier.queue
+    push(frontier, "https://a.com/1", "https://a.com/2")
+    ((held, _),) = lease(frontier, 1)
+    index = queue.key + ":slot:a.com:levels"
+    client.delete(index)
+    client.set(index, "junk")
+    for _ in range(3):
+        with pytest.raises(redis.ResponseError):
+            frontier.leases.settle_call([(held, "boom")], frontier.epoch).run()
+    assert client.lrange(queue.key + ":slot:a.com:level:0", 0, -1) == [
+        cast("bytes", client.lindex(queue.key + ":slot:a.com:level:0", 0))
+    ]

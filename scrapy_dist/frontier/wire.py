@@ -34,6 +34,7 @@ __all__ = [
     "HAND_BACK",
     "LUA_CONSTANTS",
     "NO_EPOCH",
+    "SLOT_DELAY_MAX",
     "WORKER_ID_PATTERN",
 ]
 
@@ -74,6 +75,10 @@ EPOCH_REFUSAL = "EPOCH"
 #: What that refusal names as found when the crawl has no epoch key.
 NO_EPOCH = "none"
 
+#: The longest delay (seconds) a queue per download slot gives a slot: a robots.txt
+#: ``Crawl-delay`` (or a delay written by hand) asking for more is cut to it.
+SLOT_DELAY_MAX = 300
+
 #: The constants every script may name (written as values by
 #: :func:`scrapy_dist.lua_source.inline_constants`).
 LUA_CONSTANTS: dict[str, int | str] = {
@@ -94,6 +99,7 @@ LUA_CONSTANTS: dict[str, int | str] = {
     "WORKER_ID_PATTERN": WORKER_ID_PATTERN,
     "SLOT_PROBE_SUFFIX": SLOT_PROBE_SUFFIX,
     "SLOTS_MARKER": SLOTS_MARKER,
+    "SLOT_DELAY_MAX": SLOT_DELAY_MAX,
     "SLOT_INFIX": SLOT_INFIX,
     "SLOTS_READY_SUFFIX": SLOTS_READY_SUFFIX,
     "SLOTS_WAIT_SUFFIX": SLOTS_WAIT_SUFFIX,

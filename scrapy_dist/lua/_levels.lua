@@ -181,12 +181,14 @@ local function push_returned(on_aside)
         on_aside(key, kind, aside)
       end
     end
-    batched({"RPUSH", key}, entries)
+    -- indexed before the push: should the index refuse (another type, written by
+    -- hand), nothing is pushed, and a call that retries does not push the entries twice
     local seen = levels_key(queue) .. "\0" .. name
     if not indexed[seen] then
       redis.call("ZADD", levels_key(queue), name, name) -- (the name is the score's text)
       indexed[seen] = true
     end
+    batched({"RPUSH", key}, entries)
   end
   returning, returning_order = {}, {}
   if after_returned then
@@ -304,8 +306,9 @@ end
 -- "<queue>:resting" (slot -> the same time) until then, so that a request queued for
 -- it meanwhile waits too. "<queue>:queued" counts the entries of every slot
 -- (slots_queued: a count that disagrees with the indexes is never read as an empty
--- queue; a slot's own are counted from its levels when asked, scrapy_dist/status.py). "<queue>:delays" holds the delay (seconds) of a
--- slot whose delay is not the default a reserve carries. Slot names come escaped
+-- queue; a slot's own are counted from its levels when asked, scrapy_dist/status.py).
+-- "<queue>:delays" holds the robots.txt Crawl-delay (seconds) of a slot where it is
+-- longer than the slot's own delay (the reserve carries those). Slot names come escaped
 -- (scrapy_dist/keys.py slot_id: no "|"); a level score and its slot travel together as
 -- "<score>@<slot>" (an entry's enqueue argument, a lease record's score: the score
 -- never holds an "@").
@@ -469,9 +472,21 @@ local function add_to_slot(by_slot, slots, slot, score, entry)
 end
 
 -- Push a batch (add_to_slot) at the tail of its slots' levels and index the slots.
--- Returns nil, or the refusal (WRONGTYPE ...) when a level holds another type: the
--- slots pushed before it are indexed, the others untouched.
+-- Returns nil, or the refusal (WRONGTYPE ...) when a level holds another type (nothing
+-- pushed: with several slots, every level is checked first; one slot's push_levels
+-- fails before it pushes).
 local function push_slots(queue, by_slot, slots)
+  if #slots > 1 then
+    for _, slot in ipairs(slots) do
+      for _, name in ipairs(by_slot[slot][2]) do
+        local key = level_key(slot_queue(queue, slot), name)
+        local kind = redis.call("TYPE", key)["ok"]
+        if kind ~= "none" and kind ~= "list" then
+          return "WRONGTYPE " .. key .. " holds a " .. kind
+        end
+      end
+    end
+  end
   local done, best, added = {}, {}, {}
   local refusal
   for _, slot in ipairs(slots) do
@@ -531,7 +546,7 @@ local function unpaused(queue, ranked, paused, now)
   local kept, waits, gone = {}, {}, {}
   for k, slot in ipairs(ranked) do
     local until_ = tonumber(ends[k] or nil)
-    if until_ and until_ / 1000 > now then
+    if until_ and until_ == until_ and until_ ~= math.huge and until_ / 1000 > now then
       gone[#gone + 1] = slot
       waits[#waits + 1] = until_ / 1000
       waits[#waits + 1] = slot
@@ -547,24 +562,57 @@ end
 -- Slots whose wait ended that one call moves back to the ready ones, at most.
 local DUE_MAX = 1000
 
+-- (SLOT_DELAY_MAX, scrapy_dist/frontier/wire.py: the longest delay a slot is given; a
+-- robots.txt Crawl-delay, or a delay written by hand, asking for more is cut to it)
+
+-- A delay as a number of seconds from 0 to SLOT_DELAY_MAX, or nil for anything else
+-- (junk, nan, inf written by hand).
+local function delay_of(value)
+  local d = tonumber(value)
+  if d == nil or d ~= d or d < 0 or d == math.huge then
+    return nil
+  end
+  return math.min(d, SLOT_DELAY_MAX)
+end
+
+-- How a reserve takes from a queue per slot, from the arguments at `argv[first..]`
+-- (lua/reserve.lua ARGV[11..]): the default delay (seconds), the jitter (0 to 1), the
+-- most taken from a slot without delay per round, a seed for the jitter's draws, then
+-- pairs of a slot (escaped) and its own delay (DOWNLOAD_SLOTS).
+local function slot_rules(argv, first)
+  local rules = {
+    delay = delay_of(argv[first]) or 0,
+    jitter = math.max(0, math.min(1, tonumber(argv[first + 1]) or 0)),
+    cap = math.max(1, tonumber(argv[first + 2]) or 1),
+    seed = tonumber(argv[first + 3]) or 1,
+    own = {},
+  }
+  for i = first + 4, #argv - 1, 2 do
+    rules.own[argv[i]] = delay_of(argv[i + 1])
+  end
+  return rules
+end
+
 -- Take up to `count` entries from the ready slots, highest priority first (the order
--- within a slot as take_levels has it): one from a slot with a delay (`delay`, or its
--- own in the delays hash), which then waits until `now` plus its delay lengthened by up
--- to `jitter` times it at random (`seed`, a number from 1 to 2^31 - 2, seeds the draws);
--- at most `cap` from a slot without one in each round over the ready slots (all that
--- are asked when one slot is ready). First, the slots whose wait ended are ready again
--- (those emptied meanwhile leave the indexes). Returns the entries and each one's
--- "<level score>@<slot>" (what put_back_slot reads back). `on_broken` as take_levels's.
+-- within a slot as take_levels has it): one from a slot with a delay (`rules.own`'s, or
+-- `rules.delay`, raised to a robots.txt Crawl-delay the delays hash holds), which then
+-- waits until `now` plus its delay lengthened by up to `rules.jitter` times it at random
+-- (`rules.seed`, a number from 1 to 2^31 - 2, seeds the draws); at most `rules.cap`
+-- from a slot without one in each round over the ready slots (all that are asked when
+-- one slot is ready). First, the slots whose wait ended are ready again (those emptied
+-- meanwhile leave the indexes). Returns the entries and each one's "<level
+-- score>@<slot>" (what put_back_slot reads back). `on_broken` as take_levels's.
 -- `paused`, if given, is the crawl's zset of slot pauses (slot as Scrapy names it ->
 -- server time in ms the pause ends, scrapy_dist/worker/pauses.py): a ready slot paused
--- beyond now waits until its pause ends instead.
-local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken, order, paused)
+-- beyond now waits until its pause ends instead (a key of another type: no pauses).
+-- The caller has made sure the indexes are of their types (slot_keys_aside): a write
+-- that failed after entries were taken would lose them.
+local function take_slots(queue, count, now, rules, on_broken, order, paused)
   local ready = slots_key(queue, SLOTS_READY_SUFFIX)
   local wait = slots_key(queue, SLOTS_WAIT_SUFFIX)
   local resting = slots_key(queue, SLOTS_REST_SUFFIX)
   local due = redis.call("ZRANGEBYSCORE", wait, "-inf", now, "LIMIT", 0, DUE_MAX)
   if #due > 0 then
-    batched({"ZREM", wait}, due)
     local back = {}
     for _, slot in ipairs(due) do
       local best = slot_best(queue, slot)
@@ -573,14 +621,15 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
         back[#back + 1] = slot
       end
     end
-    batched({"ZADD", ready}, back, 2)
+    batched({"ZADD", ready}, back, 2) -- (before they leave the waiting ones)
+    batched({"ZREM", wait}, due)
   end
   redis.call("ZREMRANGEBYSCORE", resting, "-inf", now)
   local entries, scores = {}, {}
   local delays_key = slots_key(queue, SLOTS_DELAYS_SUFFIX)
   local own_delays = redis.call("EXISTS", delays_key) == 1
-  local taken, draw = 0, seed
-  paused = paused and redis.call("EXISTS", paused) == 1 and paused or nil
+  local taken, draw = 0, rules.seed
+  paused = paused and redis.call("TYPE", paused)["ok"] == "zset" and paused or nil
   while #entries < count do
     local ranked = redis.call("ZRANGE", ready, 0, count - #entries - 1)
     if #ranked == 0 then
@@ -590,14 +639,18 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
       ranked = unpaused(queue, ranked, paused, now)
     end
     local delays = own_delays and batched({"HMGET", delays_key}, ranked) or {}
-    local per = #ranked == 1 and count or cap
+    local per = #ranked == 1 and count or rules.cap
     local moved, unready, waits, rests = false, {}, {}, {}
     for k, slot in ipairs(ranked) do
       local want = count - #entries
       if want <= 0 then
         break
       end
-      local d = tonumber(delays[k] or nil) or delay
+      local d = rules.own[slot] or rules.delay
+      local crawl_delay = delay_of(delays[k] or nil)
+      if crawl_delay and crawl_delay > d then
+        d = crawl_delay
+      end
       -- several slots: one level per visit, so that a slot's lower priorities wait for
       -- the other slots' higher ones (the slots are ranked again after each round)
       local got, levels = take_levels(slot_queue(queue, slot), d > 0 and 1 or math.min(want, per),
@@ -613,7 +666,7 @@ local function take_slots(queue, count, now, delay, jitter, cap, seed, on_broken
       if d > 0 and #got > 0 then
         unready[#unready + 1] = slot
         draw = (draw * 16807) % 2147483647
-        local next_at = now + d * (1 + jitter * draw / 2147483647)
+        local next_at = now + d * (1 + rules.jitter * draw / 2147483647)
         if redis.call("EXISTS", slot_queue(queue, slot) .. LEVELS_SUFFIX) == 1 then
           waits[#waits + 1] = next_at
           waits[#waits + 1] = slot

@@ -4,7 +4,7 @@
 --
 -- KEYS[1] = request queue (a priority queue's marker, or a queue per slot's)
 -- ARGV[1] = COUNT
--- ARGV[2..5] = for a queue per download slot only: as lua/reserve.lua's ARGV[11..14]
+-- ARGV[2..] = for a queue per download slot only: as lua/reserve.lua's ARGV[11..]
 --          (what a worker could lease now is popped: a slot waiting for its delay is
 --          not, and one popped from waits as after a reserve)
 -- Returns: the entries taken, in order; an error "WRONGTYPE ..." if the first level
@@ -25,8 +25,13 @@ end
 local entries
 if #ARGV > 1 then
   local t = redis.call("TIME")
-  entries = take_slots(queue, count, tonumber(t[1]) + tonumber(t[2]) / 1e6, tonumber(ARGV[2]),
-    tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), on_broken)
+  local wrong = wrong_slot_indexes(queue)[1]
+  if wrong then
+    return redis.error_reply("WRONGTYPE " .. wrong[1] .. " holds a " .. wrong[2] .. ", not the "
+      .. wrong[3] .. " of a queue per download slot")
+  end
+  entries = take_slots(queue, count, tonumber(t[1]) + tonumber(t[2]) / 1e6, slot_rules(ARGV, 2),
+    on_broken)
 else
   entries = take_levels(queue, count, on_broken)
 end

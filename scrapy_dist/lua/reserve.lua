@@ -34,10 +34,11 @@
 -- ARGV[8] = maximum deliveries of one entry
 -- ARGV[9] = maximum expired leases to reclaim in this call
 -- ARGV[10] = the crawl epoch this worker joined ("" = unfenced)
--- ARGV[11..14] = with ARGV[2] "slots" (a queue per download slot, lua/_levels.lua
---           take_slots; "slots:<order>" as "levels:<order>"): the delay of a slot that
---           has none of its own (seconds), the jitter (0 to 1), the most taken from one
---           slot without delay per round, a seed (1 to 2^31 - 2) for the jitter's draws
+-- ARGV[11..] = with ARGV[2] "slots" (a queue per download slot, lua/_levels.lua
+--           take_slots and slot_rules; "slots:<order>" as "levels:<order>"): the delay
+--           of a slot that has none of its own (seconds), the jitter (0 to 1), the most
+--           taken from one slot without delay per round, a seed (1 to 2^31 - 2) for the
+--           jitter's draws, then pairs: a slot and its own delay (DOWNLOAD_SLOTS)
 -- Returns: flat array id1, deliveries1, entry1, id2, ... (entry = queue entry or raw
 -- seed), then, only when the call put expired leases back where they came from, one
 -- integer more: how many (so the worker that ran it can say so; its length is then one
@@ -283,11 +284,16 @@ elseif take == "levels" or string.sub(take, 1, 7) == "levels:" then
     end
   end
 elseif take == "slots" or string.sub(take, 1, 6) == "slots:" then
-  entries, scores = take_slots(queue, count, now, tonumber(ARGV[11]), tonumber(ARGV[12]),
-    tonumber(ARGV[13]), tonumber(ARGV[14]), function(_, key, kind)
-      set_aside_loudly(key, kind, set_aside(key))
-      return true
-    end, string.sub(take, 7), KEYS[12])
+  -- (an index of another type would fail a write after entries were taken: set aside
+  -- first, named in a dead-letter record)
+  local aside = slot_keys_aside(queue)
+  if aside then
+    bury(dead_json("request", "", aside, now, worker, 0))
+  end
+  entries, scores = take_slots(queue, count, now, slot_rules(ARGV, 11), function(_, key, kind)
+    set_aside_loudly(key, kind, set_aside(key))
+    return true
+  end, string.sub(take, 7), KEYS[12])
 elseif take == "zpopmin" or take == "zpopmax" then
   local popped = redis.call(take == "zpopmin" and "ZPOPMIN" or "ZPOPMAX",
     source == FROM_QUEUE and queue or seeds, count_arg)
@@ -437,7 +443,12 @@ if #ids < count and (take == "slots" or string.sub(take, 1, 6) == "slots:") then
   local first = redis.call("ZRANGE", queue .. SLOTS_WAIT_SUFFIX, 0, 0, "WITHSCORES")
   if first[2] then
     result[3 * #ids + 1] = returned
-    result[3 * #ids + 2] = math.max(0, math.ceil((tonumber(first[2]) - now) * 1000))
+    -- (at most the longest delay or pause: a time written by hand may be anything)
+    local ms = tonumber(first[2]) and math.ceil((tonumber(first[2]) - now) * 1000) or 0
+    if ms ~= ms then
+      ms = 0
+    end
+    result[3 * #ids + 2] = math.max(0, math.min(ms, 3600000))
   end
 end
 return result

@@ -13,7 +13,7 @@
 -- ARGV[1] = the level's name (lua/_levels.lua level_name)
 -- ARGV[2..] = pairs, oldest first: an entry (as the level holds it), and its
 --             "<score>@<slot>" (the level's score; its slot as scrapy_dist/keys.py
---             slot_id writes it)
+--             slot_id writes it); none: the level is empty (it leaves the index)
 -- Returns: {entries moved (-1: the level's oldest entries are not those given, nothing
 --          moved: read them again), levels left}; an error "WRONGTYPE ..." if the key
 --          holds neither marker, or a level or slot key another type (nothing moved),
@@ -36,11 +36,18 @@ elseif state ~= "ok" then
 end
 local level = level_key(queue, name)
 local n = math.floor((#ARGV - 1) / 2)
-if n == 0 then -- (an empty priority queue: its marker goes)
-  if redis.call("ZCARD", levels_key(queue)) == 0 then
+if n == 0 then
+  -- a level found empty leaves the index (lua/_levels.lua's invariant allows one until a
+  -- script finds it so); an empty priority queue's marker goes
+  if redis.call("LLEN", level) == 0 then
+    unindex_level(queue, name)
+  end
+  local left = redis.call("ZCARD", levels_key(queue))
+  if left == 0 then
+    redis.call("UNLINK", levels_key(queue))
     redis.call("SET", queue, SLOTS_MARKER)
   end
-  return {0, redis.call("ZCARD", levels_key(queue))}
+  return {0, left}
 end
 local tail = redis.call("LRANGE", level, -n, -1) -- (newest first: the oldest is last)
 if #tail ~= n then

@@ -5,29 +5,39 @@ reserves space the site's requests by it (``lua/_levels.lua`` take_slots).
 
 A worker learns a site's ``Crawl-delay`` once Scrapy's ``RobotsTxtMiddleware`` has read
 its robots.txt (:func:`scrapy_dist.worker.engine.robots_crawl_delay`), looked up when a
-request of the site reaches the downloader; the write rides the next flush (about once
-a second at most), and one that got no reply is sent again with the next.
+request of the site reaches the downloader; the write rides the next flush, and one
+that got no reply is sent again with the next. Every :data:`REWRITE_EVERY` seconds the
+worker writes all it knows again: the hash goes with the crawl's frontier when the crawl
+finishes or is flushed, and a worker that stays up crawls the next run with it. A
+delay over :data:`~scrapy_dist.frontier.wire.SLOT_DELAY_MAX` is cut to it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
+from scrapy_dist.frontier.wire import SLOT_DELAY_MAX
 from scrapy_dist.keys import SLOTS_DELAYS_SUFFIX, slot_id
 from scrapy_dist.slots import slot_of
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
     from scrapy_dist.frontier.gateway import CrawlFrontier
     from scrapy_dist.slots import Limits
+
+#: Seconds between two writes of every ``Crawl-delay`` this worker knows.
+REWRITE_EVERY = 30.0
 
 
 class CrawlDelays:
@@ -38,17 +48,29 @@ class CrawlDelays:
         crawl_delay: a request's site's ``Crawl-delay`` once read (``None``: not yet).
         limits: each slot's delay from the settings.
         key: the queue's delays hash.
+        clock: monotonic seconds (tests give their own).
     """
 
-    def __init__(self, crawl_delay: Any, limits: Limits, key: str, stats: Any = None) -> None:
+    def __init__(
+        self,
+        crawl_delay: Any,
+        limits: Limits,
+        key: str,
+        stats: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.crawl_delay = crawl_delay
         self.limits = limits
         self.key = key
         self.stats = stats
+        self.clock = clock
         #: Slots whose delay is known (written, or no longer than their own).
         self._known: set[str] = set()
+        #: The delays written (escaped slot -> seconds), written again now and then.
+        self._written: dict[str, float] = {}
         self._to_write: dict[str, float] = {}
         self._writing: dict[str, float] | None = None
+        self._rewrite_at = clock() + REWRITE_EVERY
 
     @classmethod
     def for_crawler(cls, crawler: Crawler, frontier: CrawlFrontier, limits: Limits) -> Self:
@@ -74,6 +96,7 @@ class CrawlDelays:
         if delay is None:  # robots.txt not read yet
             return
         self._known.add(slot)
+        delay = min(delay, SLOT_DELAY_MAX)
         if delay > self.limits.of(slot).delay:
             self.limits.crawl_delays[slot] = delay
             self._to_write[slot_id(slot)] = delay
@@ -82,6 +105,9 @@ class CrawlDelays:
         """The write for a flush to carry, when there is one."""
         if self._writing is not None:  # its flush brought no reply: again
             self._to_write = {**self._writing, **self._to_write}
+        if self._written and self.clock() >= self._rewrite_at:
+            self._rewrite_at = self.clock() + REWRITE_EVERY
+            self._to_write = {**self._written, **self._to_write}
         if not self._to_write:
             self._writing = None
             return None
@@ -97,5 +123,8 @@ class CrawlDelays:
             self._writing = None
         if isinstance(reply, Exception):
             self._to_write = {**writes, **self._to_write}
-        elif self.stats is not None:
-            self.stats.inc_value("scheduler/slots/crawl_delays", len(writes))
+            return
+        new = [slot for slot in writes if slot not in self._written]
+        self._written.update(writes)
+        if new and self.stats is not None:
+            self.stats.inc_value("scheduler/slots/crawl_delays", len(new))
