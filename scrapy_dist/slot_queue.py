@@ -162,6 +162,10 @@ class SlotQueue(PriorityQueue):
     def __len__(self) -> int:
         return int(self._scripts.queued(queue=self.key, queue_kind=self.kind).run())
 
+    def slot_key_of(self, slot: str) -> str:
+        """The levels index of ``slot`` as the queue stores its name (escaped)."""
+        return levels_key(slot_queue_key(self.key, slot))
+
     def slot_key(self, slot: str) -> str:
         """The levels queue of ``slot`` (its name as Scrapy gives it)."""
         return slot_queue_key(self.key, slot_id(slot))

@@ -597,3 +597,106 @@ def test_a_put_back_refused_by_an_index_pushes_nothing_twice(
     assert client.lrange(queue.key + ":slot:a.com:level:0", 0, -1) == [
         cast("bytes", client.lindex(queue.key + ":slot:a.com:level:0", 0))
     ]
+
+
+# -- random operations against a model ---------------------------------------------------
+
+ODD_SLOTS = ["a.com", "b.com", "x|y", "p%q", "at@sign", "c:o:l", "{tag}", "ünï.de", "", "sp ace"]
+
+
+def _check_layout(client: redis.Redis, queue: SlotQueue, outstanding: dict[str, str]) -> int:
+    """The queue per slot's invariants: each slot that holds entries is ready xor
+    waiting, a ready slot's score is its best level's, no level of the index is empty,
+    each entry is in its own slot; returns the entries queued."""
+    ready = dict(
+        cast(
+            "list[tuple[bytes, float]]", client.zrange(queue.key + ":ready", 0, -1, withscores=True)
+        )
+    )
+    waiting = set(cast("list[bytes]", client.zrange(queue.key + ":wait", 0, -1)))
+    total = 0
+    for slot in queue.indexed_slots():
+        levels = queue.slot_key_of(slot)
+        names = cast("list[tuple[bytes, float]]", client.zrange(levels, 0, -1, withscores=True))
+        member = slot.encode()
+        entries = []
+        for name, _ in names:
+            level = cast(
+                "list[bytes]",
+                client.lrange(f"{levels[: -len(':levels')]}:level:{name.decode()}", 0, -1),
+            )
+            assert level, (slot, name)
+            entries += level
+        if entries:
+            assert (member in ready) != (member in waiting), slot
+            if member in ready:
+                assert ready[member] == names[0][1], slot
+        else:
+            assert member not in ready, slot
+        for entry in entries:
+            assert slot_id(outstanding[entry[16:].decode()]) == slot
+        total += len(entries)
+    assert len(queue) == total
+    return total
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_enqueues_reserves_and_settlements_keep_every_request_once(
+    build: Callable[..., Frontier], client: redis.Redis, seed: int
+) -> None:
+    import random
+
+    rng = random.Random(seed)
+    settings = {
+        "DOWNLOAD_DELAY": rng.choice([0, 0.01]),
+        "DOWNLOAD_SLOTS": {s: {"delay": rng.choice([0, 0.02])} for s in rng.sample(ODD_SLOTS, 3)},
+        "CONCURRENT_REQUESTS_PER_DOMAIN": rng.choice([1, 2, 8]),
+        "SCHEDULER_LEASE_TIMEOUT": 30,
+        "SCHEDULER_MAX_DELIVERIES": 1000,
+    }
+    workers = [build(**settings), build(**settings)]
+    queue = cast("SlotQueue", workers[0].queue)
+    outstanding: dict[str, str] = {}  # url -> slot, until settled done
+    held: list[dict[str, str]] = [{}, {}]
+    count = 0
+    for _ in range(250):
+        op, w = rng.random(), rng.randrange(2)
+        if op < 0.4:
+            batch = []
+            for _ in range(rng.randint(1, 12)):
+                count += 1
+                url, slot = f"https://h/{count}", rng.choice(ODD_SLOTS)
+                request = Request(
+                    url, priority=rng.choice([0, 0, 1, 5, -3]), meta={"download_slot": slot}
+                )
+                batch.append((url.encode(), queue.score(request), b""))
+                outstanding[url] = slot
+            assert queue.push(batch) == [True] * len(batch)
+        elif op < 0.7:
+            for lease_id, url in lease(workers[w], rng.choice([1, 2, 5, 20])):
+                held[w][lease_id] = url
+        elif held[w]:
+            chosen = rng.sample(sorted(held[w]), rng.randint(1, len(held[w])))
+            outcomes = []
+            for lease_id in chosen:
+                url = held[w].pop(lease_id)
+                outcome = rng.choice(["", "", "boom", "~"])
+                outcomes.append((lease_id, outcome))
+                if outcome == "":
+                    del outstanding[url]
+            workers[w].settle(outcomes)
+            workers[w].flush()
+        queued = _check_layout(client, queue, outstanding)
+        assert queued + len(held[0]) + len(held[1]) == len(outstanding)
+    # then everything drains: each request once
+    deadline = time.monotonic() + 10
+    while outstanding and time.monotonic() < deadline:
+        for w in (0, 1):
+            for lease_id, url in held[w].items():
+                outstanding.pop(url)
+            workers[w].settle([(lease_id, "") for lease_id in held[w]])
+            workers[w].flush()
+            held[w] = dict(lease(workers[w], 50))
+        time.sleep(0.01)
+    assert not outstanding
+    assert _check_layout(client, queue, {}) == 0

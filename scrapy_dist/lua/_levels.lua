@@ -216,9 +216,12 @@ end
 -- as Redis reads a count, digits with no sign, point or leading zero (the caller
 -- checks): a pop that asks for `count` takes it as it is (a number given to a command
 -- is formatted with snprintf, which costs more than the command's own work on it).
--- `one_level`: stop after the first level that gave entries.
+-- `one_level`: stop after the first level that gave entries. A third value: the score
+-- of the last level taken from when it still holds entries (it is then the best level
+-- left), else nil (not known without a read).
 local function take_levels(queue, count, on_broken, count_text, order, one_level)
   local entries, scores, index = {}, {}, levels_key(queue)
+  local kept = nil -- the score of the last level taken from, while it holds entries
   local function arg_of(n)
     return n == count and count_text or n
   end
@@ -250,7 +253,7 @@ local function take_levels(queue, count, on_broken, count_text, order, one_level
           redis.call(pop, key, arg_of(want))
         end
         if not on_broken(name, key, redis.call("TYPE", key)["ok"]) then
-          return entries, scores
+          return entries, scores, nil
         end
         unindex_level(queue, name)
         removed = true
@@ -272,9 +275,12 @@ local function take_levels(queue, count, on_broken, count_text, order, one_level
         if #popped < want or redis.call("EXISTS", key) == 0 then
           unindex_level(queue, name)
           removed = true
+          kept = nil
+        else
+          kept = score
         end
         if one_level then
-          return entries, scores
+          return entries, scores, kept
         end
       end
     end
@@ -282,7 +288,7 @@ local function take_levels(queue, count, on_broken, count_text, order, one_level
       break
     end
   end
-  return entries, scores
+  return entries, scores, kept
 end
 
 -- UNLINK a levels queue's lists and index (not the queue key itself).
@@ -653,8 +659,8 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
       end
       -- several slots: one level per visit, so that a slot's lower priorities wait for
       -- the other slots' higher ones (the slots are ranked again after each round)
-      local got, levels = take_levels(slot_queue(queue, slot), d > 0 and 1 or math.min(want, per),
-        on_broken, nil, order, #ranked > 1)
+      local got, levels, best = take_levels(slot_queue(queue, slot),
+        d > 0 and 1 or math.min(want, per), on_broken, nil, order, #ranked > 1)
       for j, entry in ipairs(got) do
         entries[#entries + 1] = entry
         scores[#scores + 1] = levels[j] .. "@" .. slot
@@ -667,7 +673,7 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
         unready[#unready + 1] = slot
         draw = (draw * 16807) % 2147483647
         local next_at = now + d * (1 + rules.jitter * draw / 2147483647)
-        if redis.call("EXISTS", slot_queue(queue, slot) .. LEVELS_SUFFIX) == 1 then
+        if best or redis.call("EXISTS", slot_queue(queue, slot) .. LEVELS_SUFFIX) == 1 then
           waits[#waits + 1] = next_at
           waits[#waits + 1] = slot
         else
@@ -675,10 +681,16 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
           rests[#rests + 1] = slot
         end
       else
-        local best = slot_best(queue, slot)
+        -- its best level: the one taken from if it holds more (the ready score stays
+        -- when that was the best already), else read
+        if best == nil or #got == 0 then
+          best = slot_best(queue, slot)
+        elseif best == levels[1] then
+          best = false
+        end
         if best then
           redis.call("ZADD", ready, "XX", best, slot)
-        else
+        elseif best == nil then
           -- emptied (or found empty: indexed by hand, say)
           unready[#unready + 1] = slot
           moved = true
