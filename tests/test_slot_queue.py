@@ -692,7 +692,7 @@ def test_random_enqueues_reserves_and_settlements_keep_every_request_once(
     deadline = time.monotonic() + 10
     while outstanding and time.monotonic() < deadline:
         for w in (0, 1):
-            for lease_id, url in held[w].items():
+            for url in held[w].values():
                 outstanding.pop(url)
             workers[w].settle([(lease_id, "") for lease_id in held[w]])
             workers[w].flush()
