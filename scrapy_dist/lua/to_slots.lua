@@ -36,18 +36,23 @@ elseif state ~= "ok" then
 end
 local level = level_key(queue, name)
 local n = math.floor((#ARGV - 1) / 2)
-if n == 0 then
-  -- a level found empty leaves the index (lua/_levels.lua's invariant allows one until a
-  -- script finds it so); an empty priority queue's marker goes
+-- The reply once `moved` entries left the level: a level found empty leaves the index
+-- (lua/_levels.lua's invariant allows one until a script finds it so), and the call that
+-- empties the last level writes the queue per slot's marker.
+local function done(moved)
   if redis.call("LLEN", level) == 0 then
     unindex_level(queue, name)
+    redis.call("UNLINK", level)
   end
   local left = redis.call("ZCARD", levels_key(queue))
   if left == 0 then
     redis.call("UNLINK", levels_key(queue))
     redis.call("SET", queue, SLOTS_MARKER)
   end
-  return {0, left}
+  return {moved, left}
+end
+if n == 0 then
+  return done(0)
 end
 local tail = redis.call("LRANGE", level, -n, -1) -- (newest first: the oldest is last)
 if #tail ~= n then
@@ -81,13 +86,4 @@ for _, slot in ipairs(slots) do
 end
 push_slots(queue, by_slot, slots)
 redis.call("LTRIM", level, 0, -(n + 1))
-if redis.call("LLEN", level) == 0 then
-  unindex_level(queue, name)
-  redis.call("UNLINK", level)
-end
-local left = redis.call("ZCARD", levels_key(queue))
-if left == 0 then
-  redis.call("UNLINK", levels_key(queue))
-  redis.call("SET", queue, SLOTS_MARKER)
-end
-return {n, left}
+return done(n)

@@ -281,9 +281,10 @@ def test_a_delayed_host_is_shared_not_hoarded(project: Project) -> None:
     assert first.items() + second.items() == seeds
 
 
-def _slow_down_site(retry_after: int) -> tuple[Any, list[tuple[float, str, int]]]:
-    """A site whose ``/p/0`` answers its first request with 429 and ``Retry-After``;
-    every other request gets a page. Returns the server and its log of hits."""
+def _slow_down_site(retry_after: int | None) -> tuple[Any, list[tuple[float, str, int]]]:
+    """A site whose ``/p/0`` answers its first request with 429 and ``Retry-After``
+    (``None``: it does not); every other request gets a page. Returns the server and
+    its log of hits (when the site read each, its path, the status)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -293,7 +294,11 @@ def _slow_down_site(retry_after: int) -> tuple[Any, list[tuple[float, str, int]]
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             with lock:
-                first = self.path == "/p/0" and not any(p == "/p/0" for _, p, _ in hits)
+                first = (
+                    retry_after is not None
+                    and self.path == "/p/0"
+                    and not any(p == "/p/0" for _, p, _ in hits)
+                )
                 status = 429 if first else 200
                 hits.append((time.time(), self.path, status))
             body = b"<html><title>p</title></html>"
@@ -419,40 +424,13 @@ def test_a_slot_page_limit_stops_the_crawl_of_a_host(project: Project) -> None:
     }
 
 
-def _timed_site() -> tuple[Any, list[tuple[float, str]]]:
-    """A site that answers every page and logs when it read each request."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    hits: list[tuple[float, str]] = []
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            with lock:
-                hits.append((time.time(), self.path))
-            body = b"<html><title>p</title></html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, hits
-
-
 def test_the_queue_per_slot_spaces_a_host_for_every_worker(project: Project) -> None:
     """``SlotQueue`` with two workers and ``DOWNLOAD_DELAY = 0.4``: the frontier gives
     the host one request per delay, to whichever worker asks; each seed is crawled
     once. At the site, the gaps between requests average at least the delay less 10 %,
     and none is near 0 (two workers given the host at once): a gap is measured from
     the reserves, so a request a busy worker sends late may shorten the next one."""
-    server, hits = _timed_site()
+    server, hits = _slow_down_site(None)
     seeds, delay = 12, 0.4
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -467,8 +445,8 @@ def test_the_queue_per_slot_spaces_a_host_for_every_worker(project: Project) -> 
         project.assert_clean_exit(workers)
     finally:
         server.shutdown()
-    assert sorted(path for _, path in hits) == sorted(f"/p/{i}" for i in range(seeds))
-    times = sorted(t for t, _ in hits)
+    assert sorted(path for _, path, _ in hits) == sorted(f"/p/{i}" for i in range(seeds))
+    times = sorted(t for t, _, _ in hits)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert sum(gaps) / len(gaps) >= 0.9 * delay, gaps
     assert min(gaps) >= 0.25 * delay, gaps
