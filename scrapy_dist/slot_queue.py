@@ -172,10 +172,15 @@ class SlotQueue(PriorityQueue):
 
     def indexed_slots(self) -> list[str]:
         """Every slot the indexes name (ready, waiting, resting), escaped
-        (:func:`~scrapy_dist.keys.slot_id`); reads them whole (for tools and tests)."""
+        (:func:`~scrapy_dist.keys.slot_id`); reads them whole (for tools, tests and
+        :meth:`clear`; an index of another type names none)."""
         slots: dict[str, None] = {}
         for suffix in (SLOTS_READY_SUFFIX, SLOTS_WAIT_SUFFIX, SLOTS_REST_SUFFIX):
-            for member in cast("list[bytes]", self.client.zrange(self.key + suffix, 0, -1)):
+            try:
+                members = cast("list[bytes]", self.client.zrange(self.key + suffix, 0, -1))
+            except redis.ResponseError:  # (another type, written by hand: no slots)
+                continue
+            for member in members:
                 slots[member.decode()] = None
         return list(slots)
 

@@ -700,3 +700,15 @@ def test_random_enqueues_reserves_and_settlements_keep_every_request_once(
         time.sleep(0.01)
     assert not outstanding
     assert _check_layout(client, queue, {}) == 0
+
+
+def test_clear_deletes_every_key_even_beside_an_index_of_another_type(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    frontier = build(DOWNLOAD_DELAY=5, SCHEDULER_LEASE_TIMEOUT=30)
+    queue = cast("SlotQueue", frontier.queue)
+    push(frontier, "https://a.com/1", "https://a.com/2", "https://b.com/1")
+    lease(frontier, 1)  # (a.com or b.com now waits)
+    client.set(queue.key + ":resting", "junk")
+    queue.clear()
+    assert [k for k in client.scan_iter(match=f"{queue.key}*")] == []
