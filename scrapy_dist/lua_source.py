@@ -48,6 +48,7 @@ NAMES = (
     "pop",
     "migrate",
     "to_slots",
+    "slot_leases",
     "release",
     "dupefilter",
     "stats",

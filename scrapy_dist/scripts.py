@@ -390,6 +390,17 @@ class Scripts:
             args += (entry, score)
         return self._call("to_slots", [queue], args)
 
+    def slot_leases(
+        self, *, holding: str, records: Sequence[tuple[bytes, bytes, bytes]]
+    ) -> ScriptCall:
+        """``lua/slot_leases.lua``: rewrite these lease records of ``holding`` (lease id,
+        record as read, record with its slot) where they are still as read; returns
+        how many."""
+        args: list[Arg] = []
+        for lease_id, old, new in records:
+            args += (lease_id, old, new)
+        return self._call("slot_leases", [holding], args)
+
     # -- the worker registry (lua/join, heartbeat, leave) --------------------------------
 
     def join(

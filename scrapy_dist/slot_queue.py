@@ -15,7 +15,7 @@ import redis
 from scrapy import Request
 
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.frontier.wire import SLOT_DELAY_MAX
+from scrapy_dist.frontier.wire import FROM_QUEUE, SLOT_DELAY_MAX
 from scrapy_dist.keys import (
     LEVELS_MARKER,
     SLOTS_DELAYS_SUFFIX,
@@ -115,6 +115,7 @@ class SlotQueue(PriorityQueue):
         order: str = "ff",
         limits: Limits | None = None,
         payload_slot: Callable[[bytes], str] | None = None,
+        holders: str | None = None,
     ) -> None:
         super().__init__(client, key, seq_key, serializer, order=order)
         self.limits = limits or Limits(Limit(8, 0.0, 0.0))
@@ -125,6 +126,9 @@ class SlotQueue(PriorityQueue):
         #: The download slot of a queued request's payload (:meth:`migrate`): by
         #: default, a JSON payload's ``meta["download_slot"]``, else its URL's host.
         self.payload_slot = payload_slot or payload_slot_of()
+        #: The crawl's holders zset: :meth:`migrate` gives the leases its workers hold
+        #: their slot (``None``: it does not).
+        self.holders = holders
         self._draws = random.Random()
 
     @property
@@ -251,10 +255,13 @@ class SlotQueue(PriorityQueue):
             if running:
                 raise ConfigurationError(
                     f"Redis key {self.key!r} holds the priority queue of a crawl that "
-                    f"{len(running)} worker(s) still run with another SCHEDULER_QUEUE_CLASS "
-                    f"({', '.join(running[:3])}); stop them (or let the crawl finish), then "
-                    f"open it with {type(self).__name__}, which moves the queue into slots "
-                    "(docs/migration.md)"
+                    f"{len(running)} worker(s) registered as running may still use with "
+                    f"another SCHEDULER_QUEUE_CLASS ({', '.join(running[:3])}); stop them "
+                    f"(or let the crawl finish), then open it with {type(self).__name__}, "
+                    "which moves the queue into slots. A worker killed without stopping "
+                    "counts as running until SCHEDULER_WORKER_TIMEOUT seconds after its "
+                    "last heartbeat ('scrapy-dist status' calls it silent): start again "
+                    "after that (docs/migration.md)"
                 )
             moved = self.migrate()
         self.check_type()
@@ -302,7 +309,31 @@ class SlotQueue(PriorityQueue):
                 )
             )
             moved += max(0, done)
+        if self.holders is not None:
+            self._slot_leases(self.holders)
         return moved
+
+    def _slot_leases(self, holders: str) -> int:
+        """Give the leases held from the priority queue their slot (``lua/slot_leases.lua``):
+        each worker's holding that ``holders`` names, a record without a slot rewritten
+        with the one its payload names. Returns how many."""
+        done = 0
+        for worker in cast("list[bytes]", self.client.zrange(holders, 0, -1)):
+            holding = f"{holders}:{worker.decode()}"
+            records = []
+            for lease_id, record in cast(
+                "dict[bytes, bytes]", self.client.hgetall(holding)
+            ).items():
+                origin, score, payload = (
+                    record.split(b"|", 2) if record.count(b"|") >= 2 else (b"", b"", b"")
+                )
+                if origin != FROM_QUEUE.encode() or b"@" in score:
+                    continue
+                slot = slot_id(self._payload_slot(payload)).encode()
+                records.append((lease_id, record, b"%s|%s@%s|%s" % (origin, score, slot, payload)))
+            if records:
+                done += int(self._scripts.slot_leases(holding=holding, records=records).run())
+        return done
 
     def _payload_slot(self, payload: bytes) -> str:
         """The download slot of a queued request's payload, or ``""``."""

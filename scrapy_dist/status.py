@@ -35,7 +35,9 @@ from scrapy_dist.filters.window import split_window_signature
 from scrapy_dist.frontier.progress import progress_numbers
 from scrapy_dist.frontier.registry import beats_of
 from scrapy_dist.keys import (
+    LEVELS_MARKER,
     SET_ASIDE_SUFFIX,
+    SLOTS_MARKER,
     RedisKeys,
     check_type,
     hash_tag_on,
@@ -528,6 +530,7 @@ def read_status(
         redis.RedisError: Redis failed (``redis.ConnectionError`` when unreachable).
     """
     k = layout.keys
+    queue_kind = queue_kind_at(client, k.requests, layout.queue_kind)
     typed: list[tuple[str, str | tuple[str, ...], str]] = [
         (layout.seeds, layout.seeds_kind, "seeds"),
         (k.requests, layout.queue_cls.key_types, "queue"),
@@ -546,7 +549,7 @@ def read_status(
         for key, _, _ in typed:
             pipe.type(key)
         _size_command(pipe, layout.seeds, layout.seeds_kind)
-        _queued_command(pipe, client, k.requests, layout.queue_kind)
+        _queued_command(pipe, client, k.requests, queue_kind)
         _leased_command(pipe, client, k)
         pipe.llen(k.dead)
         pipe.hgetall(k.workers)
@@ -592,9 +595,7 @@ def read_status(
     item_stream = read_item_stream(client, layout)
     set_aside = find_set_aside(client, layout.settable_aside())
     slots_counted, busiest = read_slot_counts(client, k)
-    queue_slots = (
-        read_queue_slots(client, k.requests, now) if layout.queue_kind == "slots" else None
-    )
+    queue_slots = read_queue_slots(client, k.requests, now) if queue_kind == "slots" else None
     status = CrawlStatus(
         crawl=k.crawl,
         redis=describe(client),
@@ -607,7 +608,7 @@ def read_status(
         seeds_kind=layout.seeds_kind,
         seeds=int(seeds),
         queue_key=k.requests,
-        queue_kind=layout.queue_kind,
+        queue_kind=queue_kind,
         queued=int(queued),
         leased=int(leased),
         dead_key=k.dead,
@@ -669,11 +670,27 @@ def read_slot_counts(client: redis.Redis, keys: RedisKeys) -> tuple[int, list[di
     return int(counted), busiest
 
 
+def queue_kind_at(client: redis.Redis, queue: str, kind: str) -> str:
+    """The kind of the request queue Redis holds at ``queue`` when the settings say
+    ``kind``: a priority queue and a queue per slot are told apart by their marker
+    (a crawl whose settings changed class is counted as it is until a worker moves it);
+    ``kind`` for anything else."""
+    if kind not in ("levels", "slots"):
+        return kind
+    if key_type(client, queue) != "string":  # (another type: the type check says so)
+        return kind
+    marker = client.get(queue)
+    return {LEVELS_MARKER.encode(): "levels", SLOTS_MARKER.encode(): "slots"}.get(
+        marker if isinstance(marker, bytes) else b"", kind
+    )
+
+
 def read_queue_slots(client: redis.Redis, queue: str, now: float) -> dict[str, Any]:
     """A queue per download slot's slots (``scrapy_dist/slot_queue.py``) at server time
-    ``now``: how many are ready (``ready``) and how many hold requests but wait for
-    their delay or pause (``waiting``); the :data:`BUSIEST_SLOTS` ready ones with the
-    highest priority and the first to be ready of the waiting ones, each ``{"slot",
+    ``now``: how many are ready (``ready``, a waiting one whose time came included) and
+    how many hold requests but wait for their delay or pause (``waiting``); the
+    :data:`BUSIEST_SLOTS` ready ones with the highest priority and the first to be
+    ready of the waiting ones, each ``{"slot",
     "queued", "ready_in"}`` (seconds), their requests counted from their levels. A
     bounded read, whatever the number of slots; keys of another type (written by hand)
     read as none."""
@@ -684,12 +701,13 @@ def read_queue_slots(client: redis.Redis, queue: str, now: float) -> dict[str, A
     with client.pipeline(transaction=False) as pipe:
         pipe.zcard(ready)
         pipe.zcard(wait)
+        pipe.zcount(wait, "-inf", now)
         pipe.zrange(ready, 0, BUSIEST_SLOTS - 1)
         pipe.zrange(wait, 0, BUSIEST_SLOTS - 1, withscores=True)
         replies = pipe.execute(raise_on_error=False)
-    counts = [0 if isinstance(r, Exception) else int(r) for r in replies[:2]]
-    first_ready = [] if isinstance(replies[2], Exception) else [_text(s) for s in replies[2]]
-    waiting = [] if isinstance(replies[3], Exception) else replies[3]
+    counts = [0 if isinstance(r, Exception) else int(r) for r in replies[:3]]
+    first_ready = [] if isinstance(replies[3], Exception) else [_text(s) for s in replies[3]]
+    waiting = [] if isinstance(replies[4], Exception) else replies[4]
     rows = [(slot, 0.0) for slot in first_ready]
     rows += [(_text(slot), max(0.0, round(float(at) - now, 2))) for slot, at in waiting]
     listed = []
@@ -697,7 +715,9 @@ def read_queue_slots(client: redis.Redis, queue: str, now: float) -> dict[str, A
         listed.append(
             {"slot": slot, "queued": slot_queued(client, queue, slot), "ready_in": ready_in}
         )
-    return {"ready": counts[0], "waiting": counts[1], "listed": listed}
+    # a waiting slot whose delay ended is ready (the next reserve moves it)
+    due = counts[2]
+    return {"ready": counts[0] + due, "waiting": counts[1] - due, "listed": listed}
 
 
 def _whole(value: object) -> int:

@@ -438,7 +438,7 @@ def test_the_move_is_refused_while_workers_of_the_crawl_run(
 ) -> None:
     _priority_queue_with(client, f"{name}:requests", f"{name}:seq")
     queue = SlotQueue(client, f"{name}:requests", f"{name}:seq")
-    with pytest.raises(ConfigurationError, match="still run with another SCHEDULER_QUEUE_CLASS"):
+    with pytest.raises(ConfigurationError, match="registered as running may still use"):
         queue.open(lambda: ["host:1:abcdef"])
     assert client.get(f"{name}:requests") == LEVELS_MARKER.encode()
 
@@ -712,3 +712,26 @@ def test_clear_deletes_every_key_even_beside_an_index_of_another_type(
     client.set(queue.key + ":resting", "junk")
     queue.clear()
     assert [k for k in client.scan_iter(match=f"{queue.key}*")] == []
+
+
+def test_leases_taken_from_the_priority_queue_go_back_to_their_slot_after_the_move(
+    make_crawler: Callable[..., Crawler],
+    build: Callable[..., Frontier],
+    client: redis.Redis,
+    name: str,
+) -> None:
+    """A worker of the priority queue killed while it held leases; the crawl opened with
+    SlotQueue later: once those leases expire, their requests go back to their own slot
+    (and wait for its delay), not to the slot ``""``."""
+    old = one_shard(frontier_for(make_crawler({"SCHEDULER_LEASE_TIMEOUT": 0.3, **FIFO_TIES})))
+    old.queue.open()
+    queue = old.queue
+    for i in range(3):
+        payload = json.dumps({"url": f"https://slow.com/{i}"}).encode()
+        queue.push([(payload, queue.score(Request(f"https://slow.com/{i}")), b"")])
+    assert len(old.reserve(2)) == 2  # (then killed: never settled)
+    frontier = build(DOWNLOAD_DELAY=5)  # (moves the queue; the leases get their slot)
+    time.sleep(0.35)
+    assert len(frontier.reserve(10)) == 1  # the expired two came back to slow.com: spaced
+    slots = cast("SlotQueue", frontier.queue).sizes()
+    assert slots == {"slow.com": 2}, slots

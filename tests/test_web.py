@@ -497,3 +497,41 @@ def test_frontier_of_a_queue_per_slot_shows_its_slots_and_the_next_entry(
     text = render_status(dashboard.status())
     assert "queue slots: 2 ready, 0 waiting" in text
     assert "    a.com: 2 queued, ready" in text
+
+
+def test_status_counts_the_queue_redis_holds_when_the_settings_changed_class(
+    client: redis.Redis, redis_url: str, name: str
+) -> None:
+    """The settings name SlotQueue, the crawl's queue is still a priority queue (no
+    worker has opened it since): status counts it as the priority queue it is."""
+    from scrapy_dist.queue import PriorityQueue
+
+    settings = Settings()
+    settings.set("REDIS_URL", redis_url)
+    settings.set("SCHEDULER_QUEUE_CLASS", "scrapy_dist.slot_queue.SlotQueue")
+    config = Config.from_settings(settings)
+    layout = CrawlLayout.from_config(config, name)
+    queue = PriorityQueue(client, layout.keys.requests, layout.keys.seq)
+    queue.push([(b"r1", 0.0, b""), (b"r2", -3.0, b"")])
+    status = read_status(client, layout, config)
+    assert (status.queue_kind, status.queued, status.queue_slots) == ("levels", 2, None)
+
+
+def test_status_names_a_slot_without_host_and_a_paused_one(
+    client: redis.Redis, redis_url: str, name: str
+) -> None:
+    settings = Settings()
+    settings.set("REDIS_URL", redis_url)
+    settings.set("SCHEDULER_QUEUE_CLASS", "scrapy_dist.slot_queue.SlotQueue")
+    config = Config.from_settings(settings)
+    dashboard = Dashboard(client, CrawlLayout.from_config(config, name), config)
+    keys = dashboard.layout.keys
+    queue = SlotQueue(client, keys.requests, keys.seq)
+    for url, slot in (("https://a.com/1", "a|b"), ("https://x/1", "")):
+        request = Request(url, meta={"download_slot": slot})
+        queue.push([(b"{}", queue.score(request), b"")])
+    seconds, micros = client.time()
+    client.zadd(keys.slot_pauses, {"a|b": (seconds + micros / 1e6 + 60) * 1000})
+    text = render_status(dashboard.status())
+    assert "    (no host): 1 queued, ready" in text
+    assert "    a|b: 1 queued, paused, ready" in text

@@ -149,7 +149,10 @@ def _queue_slot_lines(status: CrawlStatus) -> list[str]:
     ]
     for row in slots["listed"][: 2 * SLOTS_SHOWN]:
         when_ready = "ready" if not row["ready_in"] else f"ready in {row['ready_in']:g} s"
-        lines.append(f"    {row['slot']}: {row['queued']} queued, {when_ready}")
+        name = row["slot"].replace("%7C", "|").replace("%25", "%")  # (keys.slot_id)
+        if name in status.paused_slots:
+            when_ready = f"paused, {when_ready}"
+        lines.append(f"    {name or '(no host)'}: {row['queued']} queued, {when_ready}")
     return lines
 
 

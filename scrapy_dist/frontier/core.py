@@ -293,6 +293,7 @@ class Frontier:
             queue_extra["payload_slot"] = payload_slot_of(
                 load_serializer(config.requests.serializer)
             )
+            queue_extra["holders"] = keys.holders
         shared = shared_filter(config, client, keys)  # its keys go with the frontier's
         events = events or FrontierEvents()
         return cls(
