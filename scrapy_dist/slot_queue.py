@@ -90,7 +90,7 @@ class SlotQueue(PriorityQueue):
     ready slots, then within a slot as :class:`PriorityQueue` orders them.
 
     The slot is Scrapy's (``meta["download_slot"]``, else the URL's host:
-    :func:`scrapy_dist.politeness.slot_of`). Layout and rules: ``lua/_levels.lua``'s
+    :func:`scrapy_dist.slots.slot_of`). Layout and rules: ``lua/_levels.lua``'s
     slots section, :mod:`scrapy_dist.keys` (``<key>:ready``, ``:wait``, ``:resting``,
     ``:queued``, ``:delays``, ``:slot:<slot>``).
 
@@ -98,6 +98,10 @@ class SlotQueue(PriorityQueue):
         limits: each slot's delay and concurrency (``DOWNLOAD_DELAY``,
             ``DOWNLOAD_SLOTS``, ``CONCURRENT_REQUESTS_PER_DOMAIN``, the spider's
             attributes); ``None``: Scrapy's defaults (no delay).
+        payload_slot: the slot of a queued request's payload, for :meth:`migrate`
+            (default: :func:`payload_slot_of` JSON).
+        holders: the crawl's holders zset, for :meth:`migrate` (``None``: the leases
+            held are not given their slot).
     """
 
     kind = "slots"
@@ -137,6 +141,8 @@ class SlotQueue(PriorityQueue):
         return "slots" if self.order[:2] == "ff" else f"slots:{self.order[:2]}"
 
     def score(self, request: Request) -> str:
+        """``"<score>@<slot>"``: the priority queue's score and the request's slot
+        (escaped, :func:`~scrapy_dist.keys.slot_id`), as ``lua/enqueue.lua`` reads it."""
         return f"{super().score(request)!r}@{slot_id(slot_of(request))}"
 
     def take_args(self) -> list[str | int | float]:
@@ -166,8 +172,8 @@ class SlotQueue(PriorityQueue):
     def __len__(self) -> int:
         return int(self._scripts.queued(queue=self.key, queue_kind=self.kind).run())
 
-    def slot_key_of(self, slot: str) -> str:
-        """The levels index of ``slot`` as the queue stores its name (escaped)."""
+    def slot_levels_key(self, slot: str) -> str:
+        """The levels index of ``slot``, named as the queue stores it (escaped)."""
         return levels_key(slot_queue_key(self.key, slot))
 
     def slot_key(self, slot: str) -> str:

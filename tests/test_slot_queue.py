@@ -616,7 +616,7 @@ def _check_layout(client: redis.Redis, queue: SlotQueue, outstanding: dict[str, 
     waiting = set(cast("list[bytes]", client.zrange(queue.key + ":wait", 0, -1)))
     total = 0
     for slot in queue.indexed_slots():
-        levels = queue.slot_key_of(slot)
+        levels = queue.slot_levels_key(slot)
         names = cast("list[tuple[bytes, float]]", client.zrange(levels, 0, -1, withscores=True))
         member = slot.encode()
         entries = []
