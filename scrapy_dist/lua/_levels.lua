@@ -399,23 +399,15 @@ local function slot_keys_aside(queue)
     .. "go; inspect it, then delete it)"
 end
 
--- Add `n` to a count of a queue per slot (the hash field `field` of `key`, or the
--- string `key` when `field` is nil); a count that is not one (written by hand) starts
--- again from `n`. Counts are what status shows: never a reason to fail a call.
-local function add_to_count(key, field, n)
-  local done = field and redis.pcall("HINCRBY", key, field, n) or redis.pcall("INCRBY", key, n)
+-- Add `n` to the count of entries queued in `queue`'s slots; a count that is not one
+-- (written by hand) starts again from `n` (slots_queued never trusts it alone: never a
+-- reason to fail a call).
+local function add_to_queued(queue, n)
+  local key = slots_key(queue, SLOTS_QUEUED_SUFFIX)
+  local done = redis.pcall("INCRBY", key, n)
   if type(done) == "table" then
-    if field then
-      redis.pcall("HSET", key, field, math.max(n, 0))
-    else
-      redis.call("SET", key, math.max(n, 0))
-    end
-    return math.max(n, 0)
+    redis.call("SET", key, math.max(n, 0))
   end
-  if field and done <= 0 then
-    redis.call("HDEL", key, field)
-  end
-  return done
 end
 
 -- Index the slots `slots` that were just given entries: `added[slot]` of them, the best
@@ -450,14 +442,14 @@ local function index_slots(queue, slots, best, added)
       end
     end
   end
+  batched({"ZADD", wait}, wait_pairs, 2) -- (before they leave the resting ones)
   batched({"ZREM", resting}, woken)
-  batched({"ZADD", wait}, wait_pairs, 2)
   batched({"ZADD", slots_key(queue, SLOTS_READY_SUFFIX), "LT"}, ready_pairs, 2)
   local total = 0
   for _, slot in ipairs(slots) do
     total = total + added[slot]
   end
-  add_to_count(slots_key(queue, SLOTS_QUEUED_SUFFIX), nil, total)
+  add_to_queued(queue, total)
 end
 
 -- Add `entry` at `score` (text) to slot `slot` of a batch for push_slots(): `by_slot`
@@ -705,7 +697,7 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
     end
   end
   if taken > 0 then
-    add_to_count(slots_key(queue, SLOTS_QUEUED_SUFFIX), nil, -taken)
+    add_to_queued(queue, -taken)
   end
   return entries, scores
 end
