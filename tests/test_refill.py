@@ -4,7 +4,8 @@ is going anyway (issue 15)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from scrapy import Request
@@ -287,3 +288,37 @@ def test_a_worker_whose_engine_takes_requests_fast_leases_larger_batches(
         take()
     take()
     assert len(scheduler.deliveries.buffer) == 7  # a batch of 8, one taken
+
+
+def test_an_alarm_wakes_the_engine_when_the_slot_a_reserve_named_is_ready() -> None:
+    """A queue per slot's reserve that got less says when its first waiting slot is
+    ready: an alarm wakes the engine then (once per reply), not the timer's next tick."""
+    from types import SimpleNamespace
+
+    from scrapy_dist.worker.refill import Refill
+
+    frontier = SimpleNamespace(slot_ready_at=None)
+    woken: list[int] = []
+    alarms: list[tuple[float, Any]] = []
+    refill = Refill(
+        cast("Any", frontier),
+        cast("Any", None),
+        cast("Any", None),
+        cast("Any", None),
+        cast("Any", None),
+        wake=lambda: woken.append(1),
+        call_later=lambda delay, func: alarms.append((delay, func)),
+    )
+    refill.top_up()  # (the timer: no scheduler open, nothing named)
+    assert alarms == []
+    frontier.slot_ready_at = time.monotonic() + 0.2
+    refill.top_up()
+    ((delay, alarm),) = alarms
+    assert 0.1 < delay <= 0.2
+    assert woken == []
+    frontier.slot_ready_at -= 0.3  # (as if the time came)
+    refill.top_up()  # a new reply's time: armed again, and due now
+    assert woken == [1]
+    alarm()
+    refill.top_up()
+    assert woken == [1]  # once per reply

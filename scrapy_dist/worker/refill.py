@@ -46,6 +46,14 @@ if TYPE_CHECKING:
 
 __all__ = ["EMPTY_FRESH", "Refill"]
 
+
+def _reactor_call_later(delay: float, func: Callable[[], None]) -> object:
+    """Twisted's reactor's ``callLater``."""
+    from twisted.internet import reactor
+
+    return reactor.callLater(delay, func)  # type: ignore[arg-type]
+
+
 logger = logging.getLogger(__name__)
 
 #: Seconds for which a reserve that found the queue empty answers "nothing pending"
@@ -79,6 +87,7 @@ class Refill:
         *,
         wake: Callable[[], None],
         waiting: Callable[[], bool] = lambda: False,
+        call_later: Callable[[float, Callable[[], None]], object] | None = None,
     ) -> None:
         self.frontier = frontier
         self.deliveries = deliveries
@@ -89,8 +98,11 @@ class Refill:
         self._waiting = waiting
         #: A refill was refused because of :attr:`_waiting`: wake the engine when it ends.
         self._held_off = False
-        #: The slot-ready time (``frontier.slot_ready_at``) the engine was last woken for.
+        #: The slot-ready time (``frontier.slot_ready_at``) the engine was last woken for,
+        #: and the one an alarm is set for.
         self._ready_seen: float | None = None
+        self._armed_for: float | None = None
+        self._call_later = call_later or _reactor_call_later
         #: How to rebuild a lease's request, and the settlement of one that cannot be
         #: rebuilt; set at :meth:`open` (``None``: not open, no top-up).
         self._decode: tuple[Decode, Reject] | None = None
@@ -122,7 +134,9 @@ class Refill:
         if self._in_flight():
             self.stats.inc_value("scheduler/refill/in_flight")
             return False
-        return bool(self.deliveries.refill(*self._decode))
+        refilled = bool(self.deliveries.refill(*self._decode))
+        self._arm()
+        return refilled
 
     def _later(self) -> bool:
         """Whether an empty buffer may wait for the timer's top-up (at most one flush
@@ -246,11 +260,22 @@ class Refill:
 
     def _slot_ready(self) -> None:
         """Wake the engine once the slot a queue per slot said was waiting for its
-        delay is ready (once per reply that said so): it asks, and its refill leases."""
+        delay is ready (once per reply that said so): it asks, and its refill leases.
+        Called by the timer, and by the alarm :meth:`_arm` sets."""
         ready_at = self.frontier.slot_ready_at
         if ready_at is not None and ready_at != self._ready_seen and time.monotonic() >= ready_at:
             self._ready_seen = ready_at
             self._wake()
+        self._arm()
+
+    def _arm(self) -> None:
+        """Set an alarm for when the waiting slot the last reserve named is ready (not
+        the timer's next tick: a slot's turn that goes late lengthens every gap of it)."""
+        ready_at = self.frontier.slot_ready_at
+        if ready_at is None or ready_at in (self._armed_for, self._ready_seen):
+            return
+        self._armed_for = ready_at
+        self._call_later(max(0.0, ready_at - time.monotonic()), self._slot_ready)
 
     def _woken(self, added: int) -> None:
         """Wake the engine when ``added`` requests were buffered."""
