@@ -468,14 +468,20 @@ def test_frontier_shows_the_busiest_download_slots_and_their_pauses(
     assert 28 < slots["paused"]["a.example"] <= 30
 
 
-def test_frontier_of_a_queue_per_slot_shows_its_slots_and_the_next_entry(
-    client: redis.Redis, redis_url: str, name: str
-) -> None:
+@pytest.fixture
+def slots_dashboard(client: redis.Redis, redis_url: str, name: str) -> Dashboard:
+    """The dashboard of a crawl whose settings name the queue per slot."""
     settings = Settings()
     settings.set("REDIS_URL", redis_url)
     settings.set("SCHEDULER_QUEUE_CLASS", "scrapy_dist.slot_queue.SlotQueue")
     config = Config.from_settings(settings)
-    dashboard = Dashboard(client, CrawlLayout.from_config(config, name), config)
+    return Dashboard(client, CrawlLayout.from_config(config, name), config)
+
+
+def test_frontier_of_a_queue_per_slot_shows_its_slots_and_the_next_entry(
+    client: redis.Redis, slots_dashboard: Dashboard
+) -> None:
+    dashboard = slots_dashboard
     keys = dashboard.layout.keys
     queue = SlotQueue(client, keys.requests, keys.seq)
     queue.open()
@@ -500,31 +506,23 @@ def test_frontier_of_a_queue_per_slot_shows_its_slots_and_the_next_entry(
 
 
 def test_status_counts_the_queue_redis_holds_when_the_settings_changed_class(
-    client: redis.Redis, redis_url: str, name: str
+    client: redis.Redis, slots_dashboard: Dashboard
 ) -> None:
     """The settings name SlotQueue, the crawl's queue is still a priority queue (no
     worker has opened it since): status counts it as the priority queue it is."""
     from scrapy_dist.queue import PriorityQueue
 
-    settings = Settings()
-    settings.set("REDIS_URL", redis_url)
-    settings.set("SCHEDULER_QUEUE_CLASS", "scrapy_dist.slot_queue.SlotQueue")
-    config = Config.from_settings(settings)
-    layout = CrawlLayout.from_config(config, name)
-    queue = PriorityQueue(client, layout.keys.requests, layout.keys.seq)
+    keys = slots_dashboard.layout.keys
+    queue = PriorityQueue(client, keys.requests, keys.seq)
     queue.push([(b"r1", 0.0, b""), (b"r2", -3.0, b"")])
-    status = read_status(client, layout, config)
+    status = slots_dashboard.status(fresh=True)
     assert (status.queue_kind, status.queued, status.queue_slots) == ("levels", 2, None)
 
 
 def test_status_names_a_slot_without_host_and_a_paused_one(
-    client: redis.Redis, redis_url: str, name: str
+    client: redis.Redis, slots_dashboard: Dashboard
 ) -> None:
-    settings = Settings()
-    settings.set("REDIS_URL", redis_url)
-    settings.set("SCHEDULER_QUEUE_CLASS", "scrapy_dist.slot_queue.SlotQueue")
-    config = Config.from_settings(settings)
-    dashboard = Dashboard(client, CrawlLayout.from_config(config, name), config)
+    dashboard = slots_dashboard
     keys = dashboard.layout.keys
     queue = SlotQueue(client, keys.requests, keys.seq)
     for url, slot in (("https://a.com/1", "a|b"), ("https://x/1", "")):
