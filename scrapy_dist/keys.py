@@ -190,7 +190,7 @@ LEVELS_MARKER = "scrapy_dist priority queue in levels, v1"
 #: What a queue per download slot's key holds (a string); its entries are in one levels
 #: queue per slot, :func:`slot_queue_key` (``lua/_levels.lua``'s slots section).
 SLOTS_MARKER = "scrapy_dist queue per download slot, v1"
-#: Infix of a queue per slot's sub-queue of one slot: ``<queue>:slot:<slot>``.
+#: Infix of a queue per slot's levels queue of one slot: ``<queue>:slot:<slot>``.
 SLOT_INFIX = ":slot:"
 #: Suffix of a queue per slot's index of ready slots (slot -> best level score).
 SLOTS_READY_SUFFIX = ":ready"
@@ -203,6 +203,14 @@ SLOTS_REST_SUFFIX = ":resting"
 SLOTS_QUEUED_SUFFIX = ":queued"
 #: Suffix of a queue per slot's hash of robots.txt ``Crawl-delay`` (slot -> seconds).
 SLOTS_DELAYS_SUFFIX = ":delays"
+#: The indexes and the count of a queue per slot (suffixes of its key).
+SLOTS_SUFFIXES = (
+    SLOTS_READY_SUFFIX,
+    SLOTS_WAIT_SUFFIX,
+    SLOTS_REST_SUFFIX,
+    SLOTS_QUEUED_SUFFIX,
+    SLOTS_DELAYS_SUFFIX,
+)
 #: Suffix of the crawl's holders zset, ``<crawl>:holders``; a worker's holding is
 #: ``<crawl>:holders:<worker>``.
 HOLDERS_SUFFIX = ":holders"
@@ -223,6 +231,13 @@ def levels_key(queue: str) -> str:
     """The index of the levels of priority queue ``queue``: ``<queue>:levels``, a zset of
     level name -> score (``lua/_levels.lua`` builds the same name)."""
     return queue + LEVELS_SUFFIX
+
+
+def slots_index_keys(queue: str) -> list[str]:
+    """The indexes and the count of queue per slot ``queue`` (``<queue>:ready``,
+    ``:wait``, ``:resting``, ``:queued``, ``:delays``); its slots' levels are named by
+    :func:`slot_queue_key`."""
+    return [queue + suffix for suffix in SLOTS_SUFFIXES]
 
 
 def slot_queue_key(queue: str, slot: str) -> str:

@@ -18,9 +18,7 @@ from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.wire import FROM_QUEUE, SLOT_DELAY_MAX
 from scrapy_dist.keys import (
     LEVELS_MARKER,
-    SLOTS_DELAYS_SUFFIX,
     SLOTS_MARKER,
-    SLOTS_QUEUED_SUFFIX,
     SLOTS_READY_SUFFIX,
     SLOTS_REST_SUFFIX,
     SLOTS_WAIT_SUFFIX,
@@ -28,6 +26,7 @@ from scrapy_dist.keys import (
     levels_key,
     slot_id,
     slot_queue_key,
+    slots_index_keys,
 )
 from scrapy_dist.queue import PriorityQueue, RedisQueue, split_entry
 from scrapy_dist.serializers import JsonSerializer
@@ -39,15 +38,6 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
 
     from scrapy_dist.keys import RedisKeys
-
-#: The indexes and counts of a :class:`SlotQueue` (suffixes of its key).
-SLOTS_SUFFIXES = (
-    SLOTS_READY_SUFFIX,
-    SLOTS_WAIT_SUFFIX,
-    SLOTS_REST_SUFFIX,
-    SLOTS_QUEUED_SUFFIX,
-    SLOTS_DELAYS_SUFFIX,
-)
 
 
 def payload_slot_of(serializer: Any = None) -> Callable[[bytes], str]:
@@ -216,7 +206,7 @@ class SlotQueue(PriorityQueue):
     def clear(self, pipe: Pipeline | None = None) -> None:
         """Delete every entry: each slot's levels, the indexes and the marker."""
         slots = self.indexed_slots()
-        keys = [self.key] + [self.key + s for s in SLOTS_SUFFIXES]
+        keys = [self.key, *slots_index_keys(self.key)]
         for slot in slots:
             keys += [
                 key

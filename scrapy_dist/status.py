@@ -44,6 +44,7 @@ from scrapy_dist.keys import (
     key_type,
     keys_from_config,
     set_aside_key,
+    slots_index_keys,
     stream_dead_key,
 )
 from scrapy_dist.queue import RedisQueue, leasable_queue
@@ -169,6 +170,7 @@ class CrawlLayout:
         k = self.keys
         keys = [self.seeds, k.requests, k.deliveries, k.dead, k.seq, k.progress, k.workers]
         keys += [k.politeness_tokens, k.politeness_busy, k.politeness_next, k.slot_pauses]
+        keys += slots_index_keys(k.requests)  # (a queue per slot's)
         if self.items_stream:  # (the items stream itself is never renamed)
             keys.append(stream_dead_key(self.items_stream))
         return list(dict.fromkeys(keys))
@@ -178,7 +180,10 @@ class CrawlLayout:
         keys, such as Bloom segments, aside)."""
         stream = self.items_stream
         stream_keys = [stream, stream_dead_key(stream)] if stream else []
-        return list(dict.fromkeys([*self.keys.every(), self.seeds, self.items, *stream_keys]))
+        slots = slots_index_keys(self.keys.requests)  # (a queue per slot's)
+        return list(
+            dict.fromkeys([*self.keys.every(), self.seeds, self.items, *stream_keys, *slots])
+        )
 
 
 @dataclass(frozen=True)

@@ -1579,3 +1579,25 @@ def test_status_and_metrics_show_the_paused_slots(
     code, out, err = run("status", name, "--json", "--redis-url", redis_url)
     assert code == 0, err
     assert json.loads(out)["paused_slots"] == {}
+
+
+def test_reset_deletes_every_key_of_a_queue_per_slot(
+    redis_url: str, client: redis.Redis, name: str, tmp_path: Path
+) -> None:
+    """A crawl on SlotQueue: its slots' levels (`<requests>:slot:<slot>:...`), its
+    indexes and one set aside go with `reset`, whatever the settings of the command."""
+    from scrapy import Request
+
+    from scrapy_dist.slot_queue import SlotQueue
+
+    keys = RedisKeys.build(name)
+    queue = SlotQueue(client, keys.requests, keys.seq)
+    for url in ("https://a.com/1", "https://b.com/1", "https://b.com/2"):
+        request = Request(url, priority=len(url) % 3)
+        queue.push([(url.encode(), queue.score(request), b"")])
+    client.hset(keys.requests + ":delays", "a.com", 3)
+    client.set(keys.requests + ":resting:wrongtype", "x")
+    assert len(list(client.scan_iter(match=f"{keys.requests}:slot:*"))) >= 4
+    done = cli("reset", name, "--yes", "--redis-url", redis_url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not list(client.scan_iter(match=f"{name}*"))

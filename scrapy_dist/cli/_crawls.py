@@ -15,6 +15,7 @@ from scrapy_dist.keys import (
     hash_tag_on,
     is_shard_crawl,
     level_key,
+    slot_queue_key,
 )
 
 if TYPE_CHECKING:
@@ -136,12 +137,13 @@ def scan_owned(client: redis.Redis, layout: CrawlLayout, backend_keys: Sequence[
         key = _text(raw)
         if segments.match(key) and key not in present:
             present.append(key)
-    # a priority queue's levels: <requests>:level:<name> (scrapy_dist.keys.level_key)
-    glob = _glob_escape(level_key(layout.keys.requests, "")) + "*"
-    for raw in client.scan_iter(match=glob, count=1000):
-        key = _text(raw)
-        if key not in present:
-            present.append(key)
+    # a priority queue's levels: <requests>:level:<name> (scrapy_dist.keys.level_key), and
+    # a queue per slot's slots: <requests>:slot:<slot>:... (scrapy_dist.keys.slot_queue_key)
+    for prefix in (level_key(layout.keys.requests, ""), slot_queue_key(layout.keys.requests, "")):
+        for raw in client.scan_iter(match=_glob_escape(prefix) + "*", count=1000):
+            key = _text(raw)
+            if key not in present:
+                present.append(key)
     # keys scripts set aside: <key>:wrongtype[:<n>] (scrapy_dist.keys.set_aside_key), of
     # any number (status probes the first few names only)
     aside = "|".join(re.escape(key) for key in layout.settable_aside())
