@@ -253,6 +253,11 @@ def slot_id(slot: str) -> str:
     return slot.replace("%", "%25").replace("|", "%7C")
 
 
+def slot_name(stored: str) -> str:
+    """A download slot's name as Scrapy gives it, from :func:`slot_id`'s form."""
+    return stored.replace("%7C", "|").replace("%25", "%")
+
+
 def level_name(score: float) -> str:
     """The name of the level of score ``score`` (``-priority``)."""
     return LEVEL_FORMAT % (score if score != 0 else 0.0)

@@ -40,15 +40,19 @@ if TYPE_CHECKING:
     from scrapy_dist.keys import RedisKeys
 
 
-def payload_slot_of(serializer: Any = None) -> Callable[[bytes], str]:
-    """The download slot of a queued request's payload, as ``serializer`` (default:
-    JSON) reads it: ``meta["download_slot"]``, else its URL's host, as :func:`slot_of`
-    names it. The function raises what the serializer raises for a payload that is not
-    a request's, or ``KeyError``/``ValueError``."""
-    loads = (serializer or JsonSerializer()).loads
+def payload_slot_of(serializer: Callable[[], Any] | None = None) -> Callable[[bytes], str]:
+    """The download slot of a queued request's payload, as the serializer
+    ``serializer()`` gives (default: JSON; asked for at the first payload, so that a
+    queue that moves nothing never builds it) reads it: ``meta["download_slot"]``, else
+    its URL's host, as :func:`slot_of` names it. The function raises what the
+    serializer raises for a payload that is not a request's, or
+    ``KeyError``/``ValueError``."""
+    built: list[Any] = []
 
     def slot(payload: bytes) -> str:
-        obj = loads(payload)
+        if not built:
+            built.append(serializer() if serializer is not None else JsonSerializer())
+        obj = built[0].loads(payload)
         meta = obj.get("meta")
         return slot_of(Request(str(obj["url"]), meta=meta if isinstance(meta, dict) else None))
 
@@ -165,10 +169,6 @@ class SlotQueue(PriorityQueue):
     def slot_levels_key(self, slot: str) -> str:
         """The levels index of ``slot``, named as the queue stores it (escaped)."""
         return levels_key(slot_queue_key(self.key, slot))
-
-    def slot_key(self, slot: str) -> str:
-        """The levels queue of ``slot`` (its name as Scrapy gives it)."""
-        return slot_queue_key(self.key, slot_id(slot))
 
     def indexed_slots(self) -> list[str]:
         """Every slot the indexes name (ready, waiting, resting), escaped

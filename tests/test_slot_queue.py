@@ -103,7 +103,7 @@ def test_one_levels_queue_per_slot_and_an_index_of_ready_slots(
     assert members(client, queue.key + SLOTS_READY_SUFFIX) == ["b.com", "a.com", "my%7Cslot"]
     assert queue.sizes() == {"a.com": 2, "b.com": 1, "my%7Cslot": 1}
     assert len(queue) == 4
-    assert queue.slot_key("my|slot") == f"{queue.key}:slot:my%7Cslot"
+    assert queue.slot_levels_key(slot_id("my|slot")) == f"{queue.key}:slot:my%7Cslot:levels"
 
 
 def test_highest_priority_first_across_slots_then_in_order_within_one(

@@ -28,7 +28,7 @@ from scrapy_dist.cli.items import stream_lines
 from scrapy_dist.config.topology import CLUSTER
 from scrapy_dist.connection import SlotMoved, crawl_client, topology
 from scrapy_dist.exceptions import ConfigurationError
-from scrapy_dist.keys import key_type
+from scrapy_dist.keys import key_type, slot_name
 
 if TYPE_CHECKING:
     import argparse
@@ -149,7 +149,7 @@ def _queue_slot_lines(status: CrawlStatus) -> list[str]:
     ]
     for row in slots["listed"][: 2 * SLOTS_SHOWN]:
         when_ready = "ready" if not row["ready_in"] else f"ready in {row['ready_in']:g} s"
-        name = row["slot"].replace("%7C", "|").replace("%25", "%")  # (keys.slot_id)
+        name = slot_name(row["slot"])
         if name in status.paused_slots:
             when_ready = f"paused, {when_ready}"
         lines.append(f"    {name or '(no host)'}: {row['queued']} queued, {when_ready}")

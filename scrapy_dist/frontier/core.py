@@ -290,8 +290,10 @@ class Frontier:
         queue_extra: dict[str, Any] = {}
         if issubclass(queue_cls, SlotQueue):
             queue_extra["limits"] = Limits.build(config.politeness, crawler.spider)
+            # (built only if the queue moves a priority queue: the scheduler builds
+            # its own, and pickle's warning is said once)
             queue_extra["payload_slot"] = payload_slot_of(
-                load_serializer(config.requests.serializer)
+                lambda: load_serializer(config.requests.serializer)
             )
             queue_extra["holders"] = keys.holders
         shared = shared_filter(config, client, keys)  # its keys go with the frontier's

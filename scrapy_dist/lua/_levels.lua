@@ -360,6 +360,17 @@ local function wrong_slot_indexes(queue)
   return wrong
 end
 
+-- The refusal (WRONGTYPE ...) naming the first index of `queue` that holds another type,
+-- or nil.
+local function wrong_slot_index_refusal(queue)
+  local wrong = wrong_slot_indexes(queue)[1]
+  if wrong then
+    return "WRONGTYPE " .. wrong[1] .. " holds a " .. wrong[2] .. ", not the " .. wrong[3]
+      .. " of a queue per download slot"
+  end
+  return nil
+end
+
 -- The refusal of a write to a queue per slot whose marker or indexes are not what they
 -- should be (nothing written yet), or nil (the marker written when absent).
 local function slots_refusal(queue)
@@ -372,10 +383,9 @@ local function slots_refusal(queue)
     return "WRONGTYPE " .. queue .. " holds a string that is not the marker of a queue "
       .. "per download slot (" .. string.sub(value, 1, 40) .. ")"
   end
-  local wrong = wrong_slot_indexes(queue)[1]
-  if wrong then
-    return "WRONGTYPE " .. wrong[1] .. " holds a " .. wrong[2] .. ", not the " .. wrong[3]
-      .. " of a queue per download slot"
+  local refusal = wrong_slot_index_refusal(queue)
+  if refusal then
+    return refusal
   end
   if value == false then
     redis.call("SET", queue, SLOTS_MARKER)

@@ -25,10 +25,9 @@ end
 local entries
 if #ARGV > 1 then
   local t = redis.call("TIME")
-  local wrong = wrong_slot_indexes(queue)[1]
-  if wrong then
-    return redis.error_reply("WRONGTYPE " .. wrong[1] .. " holds a " .. wrong[2] .. ", not the "
-      .. wrong[3] .. " of a queue per download slot")
+  local refusal = wrong_slot_index_refusal(queue)
+  if refusal then
+    return redis.error_reply(refusal)
   end
   entries = take_slots(queue, count, tonumber(t[1]) + tonumber(t[2]) / 1e6, slot_rules(ARGV, 2),
     on_broken)

@@ -63,27 +63,20 @@ for i = 1, n do
     return {-1, redis.call("ZCARD", levels_key(queue))}
   end
 end
-local wrong = wrong_slot_indexes(queue)[1]
-if wrong then
-  return redis.error_reply("WRONGTYPE " .. wrong[1] .. " holds a " .. wrong[2] .. ", not the "
-    .. wrong[3] .. " of a queue per download slot")
+local refusal = wrong_slot_index_refusal(queue)
+if refusal then
+  return redis.error_reply(refusal)
 end
 local by_slot, slots = {}, {}
 for i = 1, n do
   local score, slot = split_slot(ARGV[2 * i + 1])
   add_to_slot(by_slot, slots, slot, score, ARGV[2 * i])
 end
--- every level the entries go to is checked first: a push that failed half-way would
--- leave entries both in their slot and in the level (moved twice)
-for _, slot in ipairs(slots) do
-  for _, level_name_ in ipairs(by_slot[slot][2]) do
-    local key = level_key(slot_queue(queue, slot), level_name_)
-    local kind = redis.call("TYPE", key)["ok"]
-    if kind ~= "none" and kind ~= "list" then
-      return redis.error_reply("WRONGTYPE " .. key .. " holds a " .. kind)
-    end
-  end
+-- (a level of another type refuses the push before anything is pushed, push_slots:
+-- a push that failed half-way would leave entries both in their slot and in the level)
+refusal = push_slots(queue, by_slot, slots)
+if refusal then
+  return redis.error_reply(refusal)
 end
-push_slots(queue, by_slot, slots)
 redis.call("LTRIM", level, 0, -(n + 1))
 return done(n)
