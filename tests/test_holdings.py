@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import redis
 
-from scrapy_dist.frontier.epoch import stored_number
+from scrapy_dist.frontier.epoch import FINISHED, log_gone, stored_number
 from scrapy_dist.frontier.wire import (
     DEAD_BECAUSE,
     DEAD_NOW,
@@ -2011,3 +2011,23 @@ def test_a_reserve_that_leases_work_takes_the_completion_mark_and_its_expiry_awa
     assert client.hmget(progress, ["idle_since", "finished_at"]) == [None, None]
     assert client.ttl(progress) == -1
     assert client.hget(progress, "done") == b"5"
+
+
+def test_a_crawl_finished_by_another_worker_is_no_fault_unless_writes_were_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every worker but the one that finishes a crawl finds it finished as it closes:
+    with nothing of its own left to write, that is the normal end (INFO, no word of
+    a fault); with writes dropped, a WARNING says how many."""
+    args = {"crawl": "pages", "key": "pages:epoch", "epoch": "7", "found": None}
+    with caplog.at_level("INFO", logger="scrapy_dist.frontier.epoch"):
+        log_gone(FINISHED, {**args, "n": 0})
+        log_gone(FINISHED, {**args, "n": 3})
+    normal, dropped = caplog.records
+    assert (normal.levelname, normal.getMessage()) == (
+        "INFO",
+        "Crawl pages was finished by another worker",
+    )
+    assert dropped.levelname == "WARNING"
+    assert "finished without this worker" in dropped.getMessage()
+    assert "dropped 3 pending write(s)" in dropped.getMessage()

@@ -87,9 +87,11 @@ def log_gone(state: str, args: dict[str, Any]) -> None:
         args: ``crawl``, ``key`` (the epoch key), ``epoch`` (joined), ``found`` and
             ``n`` (the writes dropped).
     """
-    if state == FINISHED:
-        logger.log(
-            logging.WARNING if args["n"] else logging.INFO,
+    if state == FINISHED and not args["n"]:
+        # (the normal end of every worker but the one that finished the crawl)
+        logger.info("Crawl %(crawl)s was finished by another worker", args)
+    elif state == FINISHED:
+        logger.warning(
             "Crawl %(crawl)s finished without this worker (its epoch %(epoch)s is gone "
             "with its keys, e.g. while this worker was paused): dropped %(n)d pending "
             "write(s) for it",
