@@ -386,10 +386,10 @@ def test_a_shard_finding_the_crawl_finished_names_the_crawl(
     with caplog.at_level("INFO", logger="scrapy_dist.frontier.epoch"):
         w.finish(taken)
     assert f.lost == "finished"
-    said = [r.getMessage() for r in caplog.records if "without this worker" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "by another worker" in r.getMessage()]
     assert said, caplog.text
-    assert f"Crawl {f.keys.crawl} (shard 1) finished without this worker" in said[0]
-    assert "#shard" not in said[0].split(" finished")[0]
+    assert f"Crawl {f.keys.crawl} (shard 1) was finished by another worker" in said[0]
+    assert "#shard" not in said[0].split(" was finished")[0]
 
 
 @pytest.mark.redis_server
