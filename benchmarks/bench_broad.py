@@ -22,6 +22,8 @@ Configurations (``--configs``, comma-separated):
 - ``dist-slots``: scrapy_dist, ``--workers`` workers, the queue per download slot
   (``SCHEDULER_QUEUE_CLASS = "scrapy_dist.slot_queue.SlotQueue"``): the frontier itself hands
   out one request of a host per delay, to whichever worker asks;
+- ``dist-slots-polite``: ``dist-slots`` with ``SCHEDULER_POLITENESS = True`` too: the
+  queue spaces the requests, the gate holds each host's concurrency for all workers;
 - ``dist``: scrapy_dist without politeness: each worker applies the delays on its own,
   so a host may get up to ``--workers`` requests per delay;
 - ``sredis``: scrapy-redis, ``--workers`` workers, per-worker delays as ``dist``;
@@ -72,10 +74,11 @@ from scrapy_dist.testing.workers import (  # noqa: E402
 
 PROJECT = BENCH_DIR / "project"
 RESULTS = BENCH_DIR / "results"
-CONFIGS = ("dist-slots", "dist-polite", "dist", "sredis", "scrapy")
+CONFIGS = ("dist-slots", "dist-slots-polite", "dist-polite", "dist", "sredis", "scrapy")
 #: Spider of each configuration (``benchproject/spiders.py``).
 SPIDERS = {
     "dist-slots": "dist",
+    "dist-slots-polite": "dist",
     "dist-polite": "dist",
     "dist": "dist",
     "sredis": "sredis",
@@ -250,8 +253,8 @@ def settings_of(config: str, args: argparse.Namespace, redis_url: str) -> dict[s
         settings["MAX_IDLE_TIME_BEFORE_CLOSE"] = SREDIS_MAX_IDLE
     else:
         settings["CLOSE_WHEN_CRAWL_DONE"] = True
-        settings["SCHEDULER_POLITENESS"] = config == "dist-polite"
-        if config == "dist-slots":
+        settings["SCHEDULER_POLITENESS"] = config in ("dist-polite", "dist-slots-polite")
+        if config in ("dist-slots", "dist-slots-polite"):
             settings["SCHEDULER_QUEUE_CLASS"] = "scrapy_dist.slot_queue.SlotQueue"
     return settings
 

@@ -400,13 +400,7 @@ class Scheduler(BaseScheduler):
         crawler.signals.connect(scheduler.record_failure, signal=signals.spider_error)
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
         if isinstance(queue_cls, type) and issubclass(queue_cls, SlotQueue):
-            if polite:
-                logger.warning(
-                    "SCHEDULER_POLITENESS with the queue per download slot %s: both space "
-                    "each slot's requests for the whole crawl, the gate only adds its round "
-                    "trips; turn one off (docs/politeness.md)",
-                    config.queue.path,
-                )
+            # (with SCHEDULER_POLITENESS too, the gate holds only the concurrency)
             if not config.politeness.autothrottle:
                 # the queue spaces each slot's requests for the crawl (AutoThrottle sets
                 # the downloader's delays itself)

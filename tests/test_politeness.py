@@ -126,13 +126,20 @@ def two_hosts() -> Iterator[TwoHostSite]:
 
 
 def crawl_two_hosts(
-    server: RedisServer, site: TwoHostSite, tmp_path: Path, *, politeness: bool
+    server: RedisServer,
+    site: TwoHostSite,
+    tmp_path: Path,
+    *,
+    politeness: bool,
+    delay: float = 0.2,
+    queue: str | None = None,
 ) -> tuple[list[tuple[str, float, float]], list[tuple[str, float, float]], str]:
-    """Crawl both hosts with 4 workers; returns host A's and B's access log entries and
-    the workers' logs."""
+    """Crawl both hosts with 4 workers (host A at ``delay``, on ``queue`` if given);
+    returns host A's and B's access log entries and the workers' logs."""
     settings = {
         "SCHEDULER_POLITENESS": politeness,
-        "DOWNLOAD_DELAY": 0.2,
+        **({"SCHEDULER_QUEUE_CLASS": queue} if queue else {}),
+        "DOWNLOAD_DELAY": delay,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
         "DOWNLOAD_SLOTS": json.dumps({"localhost": {"concurrency": 16, "delay": 0}}),
         "CONCURRENT_REQUESTS": 16,
@@ -192,6 +199,44 @@ def test_without_politeness_four_workers_exceed_the_hosts_budget(
     )
     assert max_concurrency(a) > 2 or mean_gap(a) < 0.2
     assert "Cluster-wide politeness on" not in logs
+
+
+SLOT_QUEUE = "scrapy_dist.slot_queue.SlotQueue"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("politeness", [True, False])
+def test_with_the_queue_per_slot_the_gate_holds_a_hosts_concurrency_across_workers(
+    server: RedisServer, two_hosts: TwoHostSite, tmp_path: Path, politeness: bool
+) -> None:
+    """The queue per download slot spaces a slot's requests, not its downloads in
+    flight: a slot without delay gets its concurrency from each worker's downloader
+    (4 workers, 2 each: up to 8 at once), unless the gate holds it for the crawl."""
+    a, b, logs = crawl_two_hosts(
+        server, two_hosts, tmp_path, politeness=politeness, delay=0, queue=SLOT_QUEUE
+    )
+    print(f"A: max {max_concurrency(a)} at once, {duration(a):.2f}s; B: {duration(b):.2f}s")
+    if politeness:
+        assert max_concurrency(a) <= 2
+        assert logs.count("the queue per download slot spaces the requests") == 4
+        assert "scheduler/politeness/granted" in logs
+    else:
+        assert max_concurrency(a) > 2
+        assert "Cluster-wide politeness on" not in logs
+
+
+@pytest.mark.e2e
+def test_with_the_queue_per_slot_the_gate_adds_no_spacing_of_its_own(
+    server: RedisServer, two_hosts: TwoHostSite, tmp_path: Path
+) -> None:
+    """The queue spaces host A's sends by its delay and the gate holds its concurrency:
+    both limits hold across 4 workers, and the gate does not space the sends again
+    (its turns would wait for each confirmed send)."""
+    a, _, logs = crawl_two_hosts(server, two_hosts, tmp_path, politeness=True, queue=SLOT_QUEUE)
+    print(f"A: max {max_concurrency(a)} at once, mean gap {mean_gap(a):.3f}s")
+    assert max_concurrency(a) <= 2
+    assert mean_gap(a) >= 0.2
+    assert "scheduler/politeness/calls/confirms" not in logs  # no turn was sent
 
 
 @pytest.mark.e2e
@@ -426,6 +471,10 @@ def test_limits_follow_scrapys_settings() -> None:
         max_concurrent_requests = 1
 
     assert Limits.build(config, Spider()).of("other") == Limit(1, 0.25, 0.5)
+    # the queue per download slot spaces the requests: the gate keeps the concurrency
+    assert Limits.build(config, delays=False).of("other") == Limit(3, 0.0, 0.5)
+    assert Limits.build(config, delays=False).of("slow") == Limit(3, 0.0, 0.5)
+    assert Limits.build(config, Spider(), delays=False).of("fast") == Limit(20, 0.0, 0.5)
     limits.crawl_delays["other"] = 10.0
     assert limits.of("other").delay == 10.0
     # jitter only ever lengthens the gap: the mean never drops below the delay
@@ -453,6 +502,32 @@ def test_bad_politeness_settings_are_refused() -> None:
 
 
 # -- the gate (Politeness) with a stand-in buffer, against a real redis-server ------------
+
+
+@pytest.mark.parametrize("spacing", [True, False])
+def test_beside_the_queue_per_slot_a_request_without_token_asks_at_once(
+    client: redis.Redis, keys: RedisKeys, spacing: bool
+) -> None:
+    """The queue per download slot spaced the slot's requests when it leased them: one
+    that waits for the gate's next tick for a token sends late and shortens the gap to
+    the next. So a gate that holds only the concurrency asks at once for a slot it holds
+    no token of (one that spaces waits for its tick, where its turns are asked)."""
+    buffer = GateBuffer(["http://a.com/1"])
+    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.0)), spacing=spacing)
+    first = take(politeness)
+    assert first is not None
+    politeness.finished(first)  # kept for the slot's next request
+    politeness.tick()  # nothing of a.com waits: its token goes back (lazily)
+    assert not politeness.idle
+    buffer.buffer.append((Lease("2", 1, b""), Request("http://a.com/2")))
+    time.sleep(0.02)  # on-demand calls are at most 4 per flush interval
+    second = take(politeness)
+    if spacing:
+        assert second is None  # asked for at the next tick
+    else:
+        assert second is not None
+        assert second.url == "http://a.com/2"
+        assert outstanding(client, keys, "a.com") == 1  # the first one's went back with it
 
 
 def test_a_blocked_slot_does_not_hold_up_another(client: redis.Redis, keys: RedisKeys) -> None:

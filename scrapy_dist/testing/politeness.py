@@ -102,8 +102,16 @@ class GateBuffer:
         return added
 
 
-def gate(client: redis.Redis, keys: RedisKeys, buffer: GateBuffer, limits: Limits) -> Politeness:
-    """A worker's gate over ``buffer`` (a 30 s token timeout, a 0.05 s flush interval)."""
+def gate(
+    client: redis.Redis,
+    keys: RedisKeys,
+    buffer: GateBuffer,
+    limits: Limits,
+    *,
+    spacing: bool = True,
+) -> Politeness:
+    """A worker's gate over ``buffer`` (a 30 s token timeout, a 0.05 s flush interval;
+    without ``spacing``, as beside the queue per download slot)."""
     from scrapy.statscollectors import MemoryStatsCollector
     from scrapy.utils.test import get_crawler
 
@@ -115,6 +123,7 @@ def gate(client: redis.Redis, keys: RedisKeys, buffer: GateBuffer, limits: Limit
         stats=MemoryStatsCollector(get_crawler()),
         timeout=30,
         flush_interval=0.05,
+        spacing=spacing,
     )
 
 
