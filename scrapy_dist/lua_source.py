@@ -115,7 +115,33 @@ def source(name: str) -> str:
             or zip built without scrapy_dist's package data).
     """
     libraries, body = parts(name)
-    return inline_constants("\n".join([_INLINED, *used_definitions(libraries, body), body]))
+    later = _LATER.search(body)
+    if later is None:
+        return inline_constants("\n".join([_INLINED, *used_definitions(libraries, body), body]))
+    # a script whose common path returns early (settle's "all done"): the definitions
+    # only the rest of it reaches come after that path, so a call that returns there
+    # does not build them (their closures, upvalues, and the garbage collection of both)
+    head, tail = body[: later.start()], body[later.end() :]
+    first = _kept(libraries, head)
+    rest = [k and not f for k, f in zip(_kept(libraries, body), first, strict=True)]
+    units = [text for library in libraries for _, text in _definitions(library)]
+    return inline_constants(
+        "\n".join(
+            [
+                _INLINED,
+                *(text for k, text in enumerate(units) if first[k]),
+                head,
+                *(text for k, text in enumerate(units) if rest[k]),
+                tail,
+            ]
+        )
+    )
+
+
+#: A line of a script's body after which the definitions of its libraries that only the
+#: text after it reaches are put (:func:`source`): its text before returns early on its
+#: common path, and that path does not build them.
+_LATER = re.compile(r"^-- \(the libraries' other definitions go here\)\n", re.MULTILINE)
 
 
 #: The first line of every script :func:`source` assembles.
@@ -198,6 +224,14 @@ def used_definitions(libraries: Sequence[str], body: str) -> list[str]:
     local of the same name keeps a definition it does not need, never the reverse.
     """
     units = [unit for library in libraries for unit in _definitions(library)]
+    keep = _kept(libraries, body)
+    return [text for k, (_, text) in enumerate(units) if keep[k]]
+
+
+def _kept(libraries: Sequence[str], body: str) -> list[bool]:
+    """For each top-level unit of ``libraries`` in order, whether ``body`` reaches it
+    (:func:`used_definitions`)."""
+    units = [unit for library in libraries for unit in _definitions(library)]
     wanted = _names_in(body)
     keep = [False] * len(units)
     changed = True
@@ -207,7 +241,7 @@ def used_definitions(libraries: Sequence[str], body: str) -> list[str]:
             if not keep[k] and (not names or names & wanted):
                 keep[k] = changed = True
                 wanted |= _names_in(text)
-    return [text for k, (_, text) in enumerate(units) if keep[k]]
+    return keep
 
 
 def parts(name: str) -> tuple[list[str], str]:

@@ -85,6 +85,7 @@ if all_done and redis.call("EXISTS", deliveries) == 0 then
     worker)
   return {removed, 0, buried, 0, n - removed}
 end
+-- (the libraries' other definitions go here)
 
 local done, retried, buried, handed, lost, seeds_done = 0, 0, 0, 0, 0, 0
 -- every dead-letter record goes through bury (a dead key of another type is set aside
