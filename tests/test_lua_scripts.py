@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from importlib.resources import files
 from typing import TYPE_CHECKING
 
 import pytest
@@ -211,6 +212,43 @@ def test_every_script_defines_each_library_name_its_text_uses() -> None:
         text = source(name)
         used = lua_source._names_in(text) & everything
         assert used <= _definition_names(text), (name, used - _definition_names(text))
+
+
+#: Globals a script may read (Lua 5.1's and Redis's): a library definition of one of
+#: these names would change what a text placed after it reads.
+LUA_GLOBALS = {
+    "assert", "collectgarbage", "error", "getmetatable", "ipairs", "loadstring", "next",
+    "pairs", "pcall", "rawequal", "rawget", "rawset", "select", "setmetatable", "tonumber",
+    "tostring", "type", "unpack", "xpcall", "string", "table", "math", "bit", "cjson",
+    "cmsgpack", "struct", "redis", "KEYS", "ARGV", "_G", "_VERSION",
+}  # fmt: skip
+
+
+def test_no_library_defines_a_name_lua_or_redis_gives_scripts() -> None:
+    """source() may put a definition before text that came before it (the definitions a
+    script's early return reaches): that text would read the library's local where it
+    read a global of the same name. No library defines one."""
+    for path in files(lua_source.LUA_PACKAGE).iterdir():
+        if path.name.startswith("_") and path.name.endswith(".lua"):
+            assert not _definition_names(path.read_text()) & LUA_GLOBALS, path.name
+
+
+def test_the_definitions_only_the_rest_reaches_come_after_the_early_return() -> None:
+    """settle's all-done path returns before the definitions only its general path
+    needs: they follow it, and what it needs precedes it, each definition once."""
+    text = source("settle")
+    head, tail = text.split("\nlocal done, retried", 1)[0].rsplit("if all_done and", 1)
+    libraries, body = lua_source.parts("settle")
+    defined = [_definition_names(t) for t in lua_source.used_definitions(libraries, body)]
+    everything = set().union(*defined)
+    before = _definition_names(head) & everything
+    after = _definition_names(tail) & everything
+    assert {"fence", "add_counts", "array_of"} <= before
+    assert {"parse_holding", "return_entry", "dead_record"} <= after
+    assert not before & after
+    assert before | after == everything
+    # the line that marks the place is a comment of the script's own text
+    assert "-- (the libraries' other definitions go here)" in body
 
 
 @pytest.mark.parametrize(

@@ -61,15 +61,14 @@ for i = 7, #ARGV, 2 do
 end
 if all_done and redis.call("EXISTS", deliveries) == 0 then
   local n = (#ARGV - 5) / 2
-  local ids = {}
+  -- seeds' leases (ids FROM_SEEDS..) are deleted apart, to count them as seeds_done (an
+  -- id's first byte read as a number: no one-character string made per id)
+  local seed_byte = string.byte(FROM_SEEDS)
+  local seed_ids, request_ids = {}, array_of(n)
   for k = 1, n do
-    ids[k] = ARGV[4 + 2 * k]
-  end
-  -- seeds' leases (ids FROM_SEEDS..) are deleted apart, to count them as seeds_done
-  local seed_ids, request_ids = {}, {}
-  for k = 1, n do
-    local list = string.sub(ids[k], 1, 1) == FROM_SEEDS and seed_ids or request_ids
-    list[#list + 1] = ids[k]
+    local id = ARGV[4 + 2 * k]
+    local list = string.byte(id) == seed_byte and seed_ids or request_ids
+    list[#list + 1] = id
   end
   local function hdel(list)
     local count = 0
