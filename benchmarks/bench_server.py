@@ -211,6 +211,23 @@ def script_names() -> dict[str, str]:
     return {hashlib.sha1(source(name).encode()).hexdigest(): name for name in NAMES}
 
 
+#: The slow log's form of an argument it cut: its first 128 bytes, then this.
+_CUT = re.compile(rb"\.\.\. \((\d+) more bytes\)")
+
+
+def eval_name(text: bytes) -> str:
+    """The name of the script an ``EVAL`` in the slow log runs (``text``: the logged
+    command after ``EVAL``). The log keeps 128 bytes of an argument and says how many
+    more there were, and every script starts alike: a script is known by its length
+    (no two have the same)."""
+    cut = _CUT.search(text)
+    size = 128 + int(cut.group(1)) if cut else len(text)
+    for name in NAMES:
+        if len(source(name).encode()) == size:
+            return name
+    return hashlib.sha1(text).hexdigest()[:8]
+
+
 class ServerCost:
     """The ``bench_crawl`` probe: the server's CPU over the crawl and, with ``slowlog``,
     every command it ran (``SLOWLOG`` at threshold 0) for the split by script.
@@ -271,10 +288,11 @@ class ServerCost:
                 pending.append((command, duration))
                 continue
             if command in ("evalsha", "eval") and len(words) > 1:
-                sha = words[1].decode()
                 if command == "eval":
-                    sha = hashlib.sha1(words[1]).hexdigest()
-                name = "script:" + names.get(sha, sha[:8])
+                    name = "script:" + eval_name(entry["command"][5:])
+                else:
+                    sha = words[1].decode()
+                    name = "script:" + names.get(sha, sha[:8])
                 rows = inside.setdefault(name, {})
                 for inner, usec in pending:
                     row = rows.setdefault(inner, {"calls": 0, "usec": 0})
