@@ -213,6 +213,25 @@ def unpack_tests(archive: Path, dest: Path) -> Path:
     return dest
 
 
+def make_keys(source: Path) -> None:
+    """Write the test TLS key and certificate of the unpacked tests once, before any run
+    (the plugin keeps them: Scrapy's conftest would write new ones in every pytest
+    process, not atomically, and a mock server could load a mismatched pair)."""
+    subprocess.run(
+        [sys.executable, "-c", "from tests.keys import generate_keys; generate_keys()"],
+        cwd=source,
+        check=True,
+    )
+
+
+def run_dir(source: Path, work: Path, name: str) -> Path:
+    """A copy of the unpacked tests (``source``) for one run, ``work/name``: no run
+    writes into another's files."""
+    dest = work / name
+    shutil.copytree(source, dest)
+    return dest
+
+
 def wants_pytest_twisted(work: Path) -> bool:
     """Whether Scrapy's own test environment (tox.ini) runs with pytest-twisted."""
     tox = configparser.ConfigParser(interpolation=None)
@@ -388,15 +407,17 @@ def main(argv: list[str] | None = None) -> int:
         log(f"unknown module(s): {', '.join(unknown)}; choose among {', '.join(MODULES)}")
         return 2
     work = Path(tempfile.mkdtemp(prefix="scrapy-dist-suite-"))
+    source = work / "sdist"
     try:
-        unpack_tests(fetch_sdist(version), work)
+        unpack_tests(fetch_sdist(version), source)
+        make_keys(source)
         absent_tools = [m for m in ("pytest_timeout", "xdist") if not importlib.util.find_spec(m)]
         if absent_tools:
             log(f"missing {', '.join(absent_tools)}: pip install -e '.[test]' (make install)")
             return 1
-        twisted = wants_pytest_twisted(work)
+        twisted = wants_pytest_twisted(source)
         args.deps = provide_requirements(twisted)
-        modules = [m for m in selected or MODULES if (work / "tests" / f"{m}.py").exists()]
+        modules = [m for m in selected or MODULES if (source / "tests" / f"{m}.py").exists()]
         absent = [m for m in selected or MODULES if m not in modules]
         log(
             f"Scrapy {version}: {len(modules)} test modules"
@@ -407,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.k:
             extra += ["-k", args.k]
         files = [f"tests/{m}.py" for m in modules]
-        runs = [Run(mode, mode, work, files, args.workers) for mode in ("plain", *modes)]
+        runs = [
+            Run(mode, mode, run_dir(source, work, mode), files, args.workers)
+            for mode in ("plain", *modes)
+        ]
         with RedisServer() as server:
             for run in runs:
                 start_run(run, args, extra, server.url)
@@ -417,7 +441,16 @@ def main(argv: list[str] | None = None) -> int:
             # A test that fails beside the other runs (timing under load) is run again
             # alone; not when many fail, which no rerun would change.
             reruns = [
-                (run, Run(run.mode, f"{run.mode}-rerun", work, tests, 0))
+                (
+                    run,
+                    Run(
+                        run.mode,
+                        f"{run.mode}-rerun",
+                        run_dir(source, work, f"{run.mode}-rerun"),
+                        tests,
+                        0,
+                    ),
+                )
                 for run in runs[1:]
                 if 0 < len(tests := suspects(runs[0], run)) <= args.reruns
             ]

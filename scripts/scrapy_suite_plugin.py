@@ -64,6 +64,21 @@ def _swap(mode: str, redis_url: str) -> None:
     Crawler.__init__ = __init__  # type: ignore[method-assign]
 
 
+def _keys_once() -> None:
+    """Keep the test TLS key and certificate the harness wrote once: Scrapy's conftest
+    writes new ones in every pytest process, xdist workers too, not atomically, so a
+    mock server starting meanwhile may load a key and a certificate that do not match
+    and every test of its class fails (plain Scrapy as well)."""
+    try:
+        from tests import keys  # type: ignore[attr-defined]  # Scrapy's, from the run's directory
+    except ImportError:
+        return
+    folder = Path(keys.__file__).parent
+    if (folder / "localhost.key").exists() and (folder / "localhost.crt").exists():
+        keys.generate_keys = lambda: None
+
+
+_keys_once()
 _MODE = os.environ.get("SCRAPY_SUITE_MODE", "plain")
 if _MODE not in MODES:
     raise ValueError(f"SCRAPY_SUITE_MODE={_MODE!r}: expected one of {', '.join(MODES)}")
