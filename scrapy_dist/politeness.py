@@ -160,9 +160,6 @@ class Politeness:
         wake: asks the engine to look at the scheduler now.
         crawl_delay: returns the robots.txt ``Crawl-delay`` of a request's site once
             Scrapy's robots middleware read it, else ``None``.
-        spacing: the gate spaces each slot's requests by its delay; ``False`` when the
-            queue per download slot does (:class:`scrapy_dist.slot_queue.SlotQueue`):
-            the gate then holds only the concurrency, every slot's delay 0 here.
     """
 
     def __init__(
@@ -179,10 +176,8 @@ class Politeness:
         wake: Callable[[], None] = lambda: None,
         crawl_delay: Callable[[Request], float | None] = lambda request: None,
         paused: Callable[[str], float] = lambda slot: 0.0,
-        spacing: bool = True,
     ) -> None:
         self.client, self.keys, self.deliveries = client, keys, deliveries
-        self.spacing = spacing
         #: Seconds left of a slot's pause (:mod:`scrapy_dist.worker.pauses`): no request
         #: of a paused slot is sent, even with a token this worker holds.
         self.paused = paused
@@ -253,15 +248,11 @@ class Politeness:
         """The crawler's politeness when ``SCHEDULER_POLITENESS`` is on, else ``None``
         (no I/O; the timer starts at :meth:`open`); ``paused``: the slots' pauses."""
         from scrapy_dist.assembly import assemble
-        from scrapy_dist.slot_queue import SlotQueue
 
         config = assemble(crawler).config
         settings = config.politeness
         if not settings.enabled:
             return None
-        queue_cls = config.queue.cls
-        # the queue per download slot spaces the requests itself: the gate holds the rest
-        spacing = not (isinstance(queue_cls, type) and issubclass(queue_cls, SlotQueue))
 
         def wake() -> None:
             engine = _engine.engine_of(crawler)
@@ -272,17 +263,16 @@ class Politeness:
             frontier.client,
             frontier.keys,
             deliveries,
-            Limits.build(settings, delays=spacing),
+            Limits.build(settings),
             stats=crawler.stats,
             timeout=settings.timeout,
             flush_interval=config.scheduler.flush_interval,
             heartbeat_interval=config.workers.heartbeat_interval,
             wake=wake,
             crawl_delay=(lambda r: _engine.robots_crawl_delay(crawler, r))
-            if settings.robots and spacing
+            if settings.robots
             else (lambda r: None),
             paused=paused,
-            spacing=spacing,
         )
         politeness.crawler = crawler
         politeness.config = settings
@@ -299,7 +289,7 @@ class Politeness:
 
         self.spider = spider
         if self.config is not None:
-            self.limits = Limits.build(self.config, spider, delays=self.spacing)
+            self.limits = Limits.build(self.config, spider)
             if self.config.per_ip:
                 logger.warning(
                     "CONCURRENT_REQUESTS_PER_IP is applied by each worker on its own: "
@@ -309,24 +299,14 @@ class Politeness:
         if self.crawler is not None:
             self.crawler.signals.connect(self.finished, signal=signals.request_left_downloader)
             self.crawler.signals.connect(self.sent, signal=signals.request_reached_downloader)
-            # (with the queue per download slot, the scheduler turns it off itself)
-            if self.config is not None and not self.config.autothrottle and self.spacing:
+            if self.config is not None and not self.config.autothrottle:
                 self.crawler.signals.connect(
                     self._local_delay_off, signal=signals.request_reached_downloader
                 )
-            if self.config is not None and self.config.robots and self.spacing:
+            if self.config is not None and self.config.robots:
                 _engine.check_robots(self.crawler)
         self.ticker = LoopingCall(self.tick)
         self.ticker.start(self.flush_interval, now=False)
-        if not self.spacing:
-            logger.info(
-                "Cluster-wide politeness on: %(c)d request(s) at once per download slot, "
-                "for all workers together (DOWNLOAD_SLOTS: %(n)d slot(s) of their own); "
-                "the queue per download slot spaces the requests",
-                {"c": self.limits.default.concurrency, "n": len(self.limits.slots)},
-                extra={"spider": spider},
-            )
-            return
         logger.info(
             "Cluster-wide politeness on: %(c)d request(s) at once and %(d)gs between "
             "requests per download slot, for all workers together (DOWNLOAD_SLOTS: "
@@ -396,21 +376,10 @@ class Politeness:
             self._shed(waiting)
             self.deliveries.refill_more(decode, reject)
         if time.monotonic() - self._last_call >= self.flush_interval / 4 and any(
-            slot not in self._known or self._ask_now(slot, now) for slot in self._waiting()
+            slot not in self._known for slot in self._waiting()
         ):
-            # a slot never asked for (or, holding only the concurrency, a slot not
-            # refused lately): ask now rather than at the next tick
-            self.sync()
+            self.sync()  # a slot never asked for: ask now rather than at the next tick
         return self._pick()
-
-    def _ask_now(self, slot: str, now: float) -> bool:
-        """Whether a request of ``slot`` without a token is worth a call now: when the
-        queue spaces the requests (no turns here), one that waits for the next tick
-        sends late and shortens the gap to the next of its slot; a slot Redis refused
-        lately waits for its retry."""
-        return (
-            not self.spacing and slot not in self.refused_at and self.retry_at.get(slot, 0.0) <= now
-        )
 
     def _pick(self) -> Request | None:
         now = time.monotonic()

@@ -79,13 +79,10 @@ class Limits:
     crawl_delays: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def build(
-        cls, config: PolitenessConfig, spider: object = None, *, delays: bool = True
-    ) -> Limits:
+    def build(cls, config: PolitenessConfig, spider: object = None) -> Limits:
         """From the settings, with the spider's ``download_delay`` and
-        ``max_concurrent_requests`` attributes over the defaults, as Scrapy does;
-        without ``delays``, every slot's delay is 0 (only the concurrency is held)."""
-        delay = float(getattr(spider, "download_delay", config.delay)) if delays else 0.0
+        ``max_concurrent_requests`` attributes over the defaults, as Scrapy does."""
+        delay = float(getattr(spider, "download_delay", config.delay))
         concurrency = int(getattr(spider, "max_concurrent_requests", config.concurrency))
         default = Limit(max(1, concurrency), max(0.0, delay), min(1.0, config.jitter))
         slots = {}
@@ -95,7 +92,7 @@ class Limits:
                 jitter = 0.5 if values["randomize_delay"] else 0.0
             slots[str(name)] = Limit(
                 max(1, int(values.get("concurrency", default.concurrency))),
-                max(0.0, float(values.get("delay", default.delay))) if delays else 0.0,
+                max(0.0, float(values.get("delay", default.delay))),
                 min(1.0, float(default.jitter if jitter is None else jitter)),
             )
         return cls(default, slots)

@@ -15,6 +15,7 @@ from scrapy import Request
 
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.choice import frontier_for
+from scrapy_dist.frontier.wire import SLOT_WAIT_MAX
 from scrapy_dist.keys import (
     LEVELS_MARKER,
     SLOTS_MARKER,
@@ -523,6 +524,32 @@ def test_delays_and_pauses_written_by_hand_as_infinite_do_not_stop_the_crawl(
     ready_at = frontier.slot_ready_at
     assert ready_at is not None
     assert ready_at - time.monotonic() <= 301
+
+
+def test_a_wait_or_rest_further_ahead_than_a_reserve_sets_ends_at_the_next_reserve(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    """A slot's wait or rest at a time no reserve writes (by hand, garbage: 1e15) kept
+    the slot's requests in Redis forever and the crawl never finished; a pause longer
+    than SLOT_WAIT_MAX waits that long, then is looked at again."""
+    frontier = build()
+    queue = frontier.queue
+    push(frontier, "https://a.com/1", "https://b.com/1")
+    client.zrem(queue.key + ":ready", "a.com", "b.com")
+    client.zadd(queue.key + ":wait", {"a.com": 1e15, "b.com": float("inf")})
+    client.zadd(queue.key + ":resting", {"c.com": 1e15})
+    assert sorted(urls(frontier, 5)) == ["https://a.com/1", "https://b.com/1"]
+    assert client.zcard(queue.key + ":resting") == 0
+    push(frontier, "https://c.com/1")  # not held by the rest that was removed
+    assert urls(frontier, 5) == ["https://c.com/1"]
+    # a pause of two hours: the slot waits an hour at most, then the pause holds again
+    now = time.time()
+    client.zadd(frontier.keys.slot_pauses, {"d.com": (now + 7200) * 1000})
+    push(frontier, "https://d.com/1")
+    assert urls(frontier, 5) == []
+    until = client.zscore(queue.key + ":wait", "d.com")
+    assert until is not None
+    assert now + SLOT_WAIT_MAX - 5 <= until <= now + SLOT_WAIT_MAX + 5
 
 
 def test_a_pauses_key_of_another_type_is_no_pause(

@@ -35,6 +35,7 @@ __all__ = [
     "LUA_CONSTANTS",
     "NO_EPOCH",
     "SLOT_DELAY_MAX",
+    "SLOT_WAIT_MAX",
     "WORKER_ID_PATTERN",
 ]
 
@@ -78,6 +79,11 @@ NO_EPOCH = "none"
 #: The longest delay (seconds) a queue per download slot gives a slot: a robots.txt
 #: ``Crawl-delay`` (or a delay written by hand) asking for more is cut to it.
 SLOT_DELAY_MAX = 300
+#: The farthest ahead (seconds) a queue per download slot puts a slot's wait: a delay,
+#: lengthened by its jitter, is at most twice :data:`SLOT_DELAY_MAX`; a longer pause is
+#: looked at again after this long. A wait or rest further ahead was written by hand
+#: (or is garbage) and ends at the next reserve: no slot waits forever.
+SLOT_WAIT_MAX = 3600
 
 #: The constants every script may name (written as values by
 #: :func:`scrapy_dist.lua_source.inline_constants`).
@@ -100,6 +106,7 @@ LUA_CONSTANTS: dict[str, int | str] = {
     "SLOT_PROBE_SUFFIX": SLOT_PROBE_SUFFIX,
     "SLOTS_MARKER": SLOTS_MARKER,
     "SLOT_DELAY_MAX": SLOT_DELAY_MAX,
+    "SLOT_WAIT_MAX": SLOT_WAIT_MAX,
     "SLOT_INFIX": SLOT_INFIX,
     "SLOTS_READY_SUFFIX": SLOTS_READY_SUFFIX,
     "SLOTS_WAIT_SUFFIX": SLOTS_WAIT_SUFFIX,

@@ -443,7 +443,8 @@ local function index_slots(queue, slots, best, added)
           now = tonumber(t[1]) + tonumber(t[2]) / 1e6
         end
       end
-      if until_ and until_ > now then
+      -- (a rest further ahead than any reserve sets one is garbage: the slot is ready)
+      if until_ and until_ > now and until_ <= now + SLOT_WAIT_MAX then
         wait_pairs[#wait_pairs + 1] = rest_until[k]
         wait_pairs[#wait_pairs + 1] = slot
       else
@@ -556,7 +557,8 @@ local function unpaused(queue, ranked, paused, now)
     local until_ = tonumber(ends[k] or nil)
     if until_ and until_ == until_ and until_ ~= math.huge and until_ / 1000 > now then
       gone[#gone + 1] = slot
-      waits[#waits + 1] = until_ / 1000
+      -- (a longer pause is looked at again then: a wait beyond it is garbage)
+      waits[#waits + 1] = math.min(until_ / 1000, now + SLOT_WAIT_MAX)
       waits[#waits + 1] = slot
     else
       kept[#kept + 1] = slot
@@ -620,6 +622,12 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
   local wait = slots_key(queue, SLOTS_WAIT_SUFFIX)
   local resting = slots_key(queue, SLOTS_REST_SUFFIX)
   local due = redis.call("ZRANGEBYSCORE", wait, "-inf", now, "LIMIT", 0, DUE_MAX)
+  -- a wait further ahead than any reserve sets one (written by hand, garbage) ends now
+  local far = redis.call("ZRANGEBYSCORE", wait, "(" .. (now + SLOT_WAIT_MAX), "+inf",
+    "LIMIT", 0, DUE_MAX)
+  for _, slot in ipairs(far) do
+    due[#due + 1] = slot
+  end
   if #due > 0 then
     local back = {}
     for _, slot in ipairs(due) do
@@ -633,6 +641,7 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
     batched({"ZREM", wait}, due)
   end
   redis.call("ZREMRANGEBYSCORE", resting, "-inf", now)
+  redis.call("ZREMRANGEBYSCORE", resting, "(" .. (now + SLOT_WAIT_MAX), "+inf")
   local entries, scores = {}, {}
   local delays_key = slots_key(queue, SLOTS_DELAYS_SUFFIX)
   local own_delays = redis.call("EXISTS", delays_key) == 1

@@ -102,16 +102,8 @@ class GateBuffer:
         return added
 
 
-def gate(
-    client: redis.Redis,
-    keys: RedisKeys,
-    buffer: GateBuffer,
-    limits: Limits,
-    *,
-    spacing: bool = True,
-) -> Politeness:
-    """A worker's gate over ``buffer`` (a 30 s token timeout, a 0.05 s flush interval;
-    without ``spacing``, as beside the queue per download slot)."""
+def gate(client: redis.Redis, keys: RedisKeys, buffer: GateBuffer, limits: Limits) -> Politeness:
+    """A worker's gate over ``buffer`` (a 30 s token timeout, a 0.05 s flush interval)."""
     from scrapy.statscollectors import MemoryStatsCollector
     from scrapy.utils.test import get_crawler
 
@@ -123,7 +115,6 @@ def gate(
         stats=MemoryStatsCollector(get_crawler()),
         timeout=30,
         flush_interval=0.05,
-        spacing=spacing,
     )
 
 
