@@ -216,14 +216,17 @@ def test_with_the_queue_per_slot_the_gate_holds_a_hosts_concurrency_across_worke
 ) -> None:
     """The queue per download slot spaces a slot's requests, not its downloads in
     flight: a slot without delay gets its concurrency from each worker's downloader
-    (4 workers, 2 each: up to 8 at once), unless the gate holds it for the crawl."""
+    (4 workers, 2 each: 8 at once, or more where Scrapy's downloader lets a burst past
+    its own limit: 20 measured with Scrapy 2.19), unless the gate holds it for the
+    crawl. Beside the queue the gate opens as it does alone, without a warning."""
     a, b, logs = crawl_two_hosts(
         server, two_hosts, tmp_path, politeness=politeness, delay=0, queue=SLOT_QUEUE
     )
     print(f"A: max {max_concurrency(a)} at once, {duration(a):.2f}s; B: {duration(b):.2f}s")
     if politeness:
         assert max_concurrency(a) <= 2
-        assert logs.count("the queue per download slot spaces the requests") == 4
+        assert logs.count("Cluster-wide politeness on") == 4
+        assert "turn one off" not in logs
         assert "scheduler/politeness/granted" in logs
     else:
         assert max_concurrency(a) > 2
