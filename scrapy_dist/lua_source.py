@@ -105,7 +105,8 @@ def source(name: str) -> str:
     """Return the text of ``lua/<name>.lua`` shipped with the package, preceded by what
     it uses of the libraries its ``-- uses:`` line names (each once, a library's own
     libraries first; :func:`used_definitions`), with the shared constants written as
-    their values (:func:`inline_constants`).
+    their values (:func:`inline_constants`). What only the text after a line
+    ``-- (the libraries' other definitions go here)`` uses is put at that line instead.
 
     The files are read with :mod:`importlib.resources`, so a copy of scrapy_dist inside
     a zipped egg (a scrapyd deployment that bundles it) works like an installed one.
@@ -116,26 +117,18 @@ def source(name: str) -> str:
     """
     libraries, body = parts(name)
     later = _LATER.search(body)
-    if later is None:
-        return inline_constants("\n".join([_INLINED, *used_definitions(libraries, body), body]))
-    # a script whose common path returns early (settle's "all done"): the definitions
-    # only the rest of it reaches come after that path, so a call that returns there
-    # does not build them (their closures, upvalues, and the garbage collection of both)
-    head, tail = body[: later.start()], body[later.end() :]
-    first = _kept(libraries, head)
-    rest = [k and not f for k, f in zip(_kept(libraries, body), first, strict=True)]
-    units = [text for library in libraries for _, text in _definitions(library)]
-    return inline_constants(
-        "\n".join(
-            [
-                _INLINED,
-                *(text for k, text in enumerate(units) if first[k]),
-                head,
-                *(text for k, text in enumerate(units) if rest[k]),
-                tail,
-            ]
-        )
-    )
+    head = body if later is None else body[: later.start()]
+    texts = [_INLINED, *used_definitions(libraries, head), head]
+    if later is not None:
+        # a script whose common path returns early (settle's "all done"): the
+        # definitions only the rest of it reaches come after that path, so a call that
+        # returns there does not build them (their closures, upvalues, and the garbage
+        # collection of both)
+        units = [text for library in libraries for _, text in _definitions(library)]
+        first, every = _kept(libraries, head), _kept(libraries, body)
+        texts += [text for text, f, e in zip(units, first, every, strict=True) if e and not f]
+        texts.append(body[later.end() :])
+    return inline_constants("\n".join(texts))
 
 
 #: A line of a script's body after which the definitions of its libraries that only the
