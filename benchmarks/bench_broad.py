@@ -23,7 +23,8 @@ Configurations (``--configs``, comma-separated):
   (``SCHEDULER_QUEUE_CLASS = "scrapy_dist.slot_queue.SlotQueue"``): the frontier itself hands
   out one request of a host per delay, to whichever worker asks;
 - ``dist-slots-polite``: ``dist-slots`` with ``SCHEDULER_POLITENESS = True`` too: the
-  queue spaces the requests, the gate holds each host's concurrency for all workers;
+  queue keeps each host's requests in Redis until they are due, the gate holds each
+  host's concurrency for all workers and spaces the sends as they reach the downloader;
 - ``dist``: scrapy_dist without politeness: each worker applies the delays on its own,
   so a host may get up to ``--workers`` requests per delay;
 - ``sredis``: scrapy-redis, ``--workers`` workers, per-worker delays as ``dist``;

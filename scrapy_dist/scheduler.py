@@ -401,7 +401,8 @@ class Scheduler(BaseScheduler):
         crawler.signals.connect(scheduler.close_if_failed, signal=signals.spider_idle)
         if isinstance(queue_cls, type) and issubclass(queue_cls, SlotQueue):
             # (with SCHEDULER_POLITENESS too, the gate holds the concurrency and spaces
-            # the sends: the queue spaces the leases, which may wait behind the first)
+            # the sends: the queue spaces the leases, and a request leased on time may
+            # still wait behind a download in flight)
             if not config.politeness.autothrottle:
                 # the queue spaces each slot's requests for the crawl (AutoThrottle sets
                 # the downloader's delays itself)
