@@ -77,6 +77,8 @@ PHASES = ("enqueue", "reserve", "settle")
 KEYS = RedisKeys(crawl="b", requests="b:q", dupefilter="b:df", start_urls="b:start")
 TIMEOUT_MS, RECOVER_MS, IDLE_MS = 600_000, 3_000, 3_600_000
 LOOKAHEAD_MS = 100
+#: How long a mark of a slot refused lasts (ms), as a worker sends it.
+MARK_MS = 1_000
 #: Slots with a token kept in flight: one in this many, at most MAX_IN_FLIGHT.
 IN_FLIGHT_EVERY, MAX_IN_FLIGHT = 10, 1000
 
@@ -300,8 +302,10 @@ def politeness(
         busy=KEYS.politeness_busy,
         next_send=KEYS.politeness_next,
         pauses=KEYS.slot_pauses,
+        refused=KEYS.politeness_refused,
         prefix=prefix,
         lookahead_ms=LOOKAHEAD_MS,
+        mark_ms=MARK_MS,
         confirms=[(member, 0.0, 1.0) for member in confirms],
         releases=releases,
         asks=[(slot, 1, 2, 1.0) for slot in slots],

@@ -107,6 +107,9 @@ key                        type         holds
                                         ``<sha1 of slot>:<u|s>|<token>|<slot>``)
 ``<crawl>:polite:next``    zset         download slot -> send time of its next turn
                                         (server ms)
+``<crawl>:polite:refused`` hash         download slot -> ``<server ms>|<n>|<worker>``,
+                                        the worker refused it last and the tokens kept
+                                        for it, for a moment
 ``<crawl>:robots``         hash         site -> the robots.txt one worker fetched
                                         (``b"1|<s>|<status>|" + zlib(body)``,
                                         :mod:`scrapy_dist.robots`)
@@ -451,6 +454,13 @@ class RedisKeys:
         """Cluster-wide politeness: download slot -> earliest send time of its next turn
         (server ms; kept a token timeout after it passed)."""
         return f"{self.crawl}:polite:next"
+
+    @property
+    def politeness_refused(self) -> str:
+        """Cluster-wide politeness: download slot -> ``<server ms>|<n>|<worker>``, the
+        worker refused the slot last while it held less than half its concurrency and
+        the tokens kept for it (a mark that lasts a moment; :mod:`scrapy_dist.politeness`)."""
+        return f"{self.crawl}:polite:refused"
 
     def custom(self, template: str, setting: str) -> str:
         """Expand a key template setting such as ``REDIS_ITEMS_KEY`` for this crawl."""

@@ -29,8 +29,12 @@ within a quarter of a slot's delay of a turn's send. The engine is woken when a
 token falls due. A token is released when its download leaves the downloader
 (``request_left_downloader``) or, failing that, when its request leaves the engine; a
 slot without delay keeps its token for this worker's next request of the slot while it
-has one. A killed worker's tokens expire ``SCHEDULER_POLITENESS_TIMEOUT`` seconds after
-their last renewal (a turn not sent yet: the recovery time, a few heartbeats).
+has one (up to :data:`REUSE_MAX`); a worker refused a slot without delay while it holds
+less than half its concurrency is kept that share of the tokens the others give back,
+for :data:`REFUSED_MARK` (they would otherwise get them back in the very call that
+gives them back, the release running before the grant). A killed worker's tokens
+expire ``SCHEDULER_POLITENESS_TIMEOUT`` seconds after their last renewal (a turn not
+sent yet: the recovery time, a few heartbeats).
 
 Faults: while Redis is unreachable or refuses, no token is granted: requests of gated
 slots wait (buffered and leased), the releases wait to be sent, and the worker backs
@@ -98,6 +102,11 @@ REPAIR_REMINDER = 60.0
 REUSE_MAX = 1.0
 #: Seconds a slot counts as blocked after Redis refused it a token.
 BLOCKED_FOR = 1.0
+#: Seconds Redis keeps tokens of a slot without delay for a worker it refused while that
+#: worker held less than half the slot's concurrency (``lua/politeness.lua``): the other
+#: workers' tokens given back meanwhile go to it, not straight back to them. Longer than
+#: a refused worker takes to ask again; short, so a worker gone costs little.
+REFUSED_MARK = 1.0
 #: Longest delay of the release of a token of a slot without delay.
 LAZY_RELEASE = 0.5
 #: Slots remembered as asked for before the memory starts over.
@@ -191,7 +200,8 @@ class Politeness:
         self.wake = wake
         self.crawl_delay = crawl_delay
         self._scripts = scripts_for(client)
-        #: Names this worker's tokens: unique per worker, no "|".
+        #: Names this worker's tokens: unique per worker, no "|", one ":" at its end (the
+        #: script names a worker by its prefix up to the first ":").
         self._prefix = secrets.token_hex(6) + ":"
         self._calls = 0
         #: Granted tokens not used yet, per slot, by send time.
@@ -602,11 +612,13 @@ class Politeness:
             busy=self.keys.politeness_busy,
             next_send=self.keys.politeness_next,
             pauses=self.keys.slot_pauses,
+            refused=self.keys.politeness_refused,
             prefix=prefix,
             timeout_ms=int(self.timeout * 1000),
             recover_ms=int(self.recover * 1000),
             idle_ms=int(max(KEYS_IDLE, 2 * self.timeout) * 1000),
             lookahead_ms=int(2 * self.flush_interval * 1000),
+            mark_ms=int(REFUSED_MARK * 1000),
             confirms=[
                 (t.member, round(1000 * (started - (t.stamped_at or started)), 3), t.spacing_ms)
                 for t in confirms

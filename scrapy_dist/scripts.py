@@ -524,11 +524,13 @@ class Scripts:
         busy: str,
         next_send: str,
         pauses: str,
+        refused: str,
         prefix: str,
         timeout_ms: int,
         recover_ms: int,
         idle_ms: int,
         lookahead_ms: int,
+        mark_ms: int,
         confirms: Iterable[tuple[str, float, float]] = (),
         releases: Sequence[str] = (),
         turns: Sequence[str] = (),
@@ -542,9 +544,11 @@ class Scripts:
         ``turns``, ``waiting`` and ``holding`` the tokens held (turns in the engine not
         sent yet, granted and not used, sent); ``asks`` holds ``(slot, requests waiting,
         concurrency, delay in ms)`` per slot; a slot paused in ``pauses`` is granted
-        nothing before its pause ends."""
+        nothing before its pause ends; ``refused`` marks for ``mark_ms`` a slot without
+        delay refused to a worker holding less than half its concurrency, and the other
+        workers are granted only what leaves that worker its share meanwhile."""
         confirmed = list(confirms)
-        args: list[Arg] = [prefix, timeout_ms, recover_ms, idle_ms, lookahead_ms]
+        args: list[Arg] = [prefix, timeout_ms, recover_ms, idle_ms, lookahead_ms, mark_ms]
         args.append(len(confirmed))
         for member, ago_ms, delay_ms in confirmed:
             args += (member, ago_ms, delay_ms)
@@ -552,7 +556,7 @@ class Scripts:
             args += [len(members), *members]
         for slot, want, concurrency, delay_ms in asks:
             args += (slot, want, concurrency, delay_ms)
-        return self._call("politeness", [tokens, busy, next_send, pauses], args)
+        return self._call("politeness", [tokens, busy, next_send, pauses, refused], args)
 
     # -- slot pauses (lua/slot_pauses) -------------------------------------------------
 

@@ -170,6 +170,7 @@ class CrawlLayout:
         k = self.keys
         keys = [self.seeds, k.requests, k.deliveries, k.dead, k.seq, k.progress, k.workers]
         keys += [k.politeness_tokens, k.politeness_busy, k.politeness_next, k.slot_pauses]
+        keys.append(k.politeness_refused)
         keys += slots_index_keys(k.requests)  # (a queue per slot's)
         if self.items_stream:  # (the items stream itself is never renamed)
             keys.append(stream_dead_key(self.items_stream))

@@ -187,6 +187,14 @@ ATTACKS: dict[
         lambda k: k.politeness_next,
     ),
     "next at -inf": (lambda k: [("ZADD", k.politeness_next, "-inf", "a.com")], None),
+    "refused a string": (
+        lambda k: [("SET", k.politeness_refused, "x")],
+        lambda k: k.politeness_refused,
+    ),
+    "refused a zset": (
+        lambda k: [("ZADD", k.politeness_refused, 1, "b.com")],
+        lambda k: k.politeness_refused,
+    ),
     "next of a slot not UTF-8, in 1e15 ms": (
         lambda k: [("ZADD", k.politeness_next, "1e15", b"\xff\xfe")],
         lambda k: k.politeness_next,
@@ -237,6 +245,42 @@ def test_each_attack_on_a_politeness_key_is_repaired_once_and_stalls_no_slot(
         assert time.monotonic() < deadline, client.zrange(keys.politeness_busy, 0, -1)
         time.sleep(0.05)
         run_script(client, keys, "w4:", recover_ms=recover)
+
+
+def test_marks_that_are_no_marks_are_removed_and_hold_nothing_back(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """A mark of a slot refused (``polite:refused``) written by hand, malformed, for no
+    tokens or from far ahead, holds no worker back: it is removed, once said, when its
+    slot is asked for; one of a slot nobody asks for does no harm; and a hash grown past
+    its bound of marks starts over (marks are hints: losing them costs a moment of
+    sharing, never a limit)."""
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    garbage = {
+        "a.com": "junk",
+        "b.com": f"{now_ms}|0|w9:",  # no tokens kept
+        "c.com": f"{now_ms + 10**12}|1|w9:",  # from far ahead
+        "d.com": f"{now_ms}|x|w9:",
+        "e.com": b"\xff\xfe|\xc3",  # not UTF-8
+        "untouched.com": "junk",
+    }
+    client.hset(keys.politeness_refused, mapping=garbage)  # type: ignore[arg-type]
+    slots = ["a.com", "b.com", "c.com", "d.com", "e.com"]
+    grants, _, repairs = run_script(client, keys, "w1:", asks=[(s, 2, 2, 0) for s in slots])
+    assert [g[0] for g in grants] == [2] * 5
+    assert repairs == [
+        f"{keys.politeness_refused}\n5 mark(s) that are no marks (written by hand): removed"
+    ]
+    assert client.hkeys(keys.politeness_refused) == [b"untouched.com"]
+    # past the bound, the marks start over with the new one
+    with client.pipeline(transaction=False) as pipe:
+        for i in range(10_000):
+            pipe.hset(keys.politeness_refused, f"s{i}.com", "junk")
+        pipe.execute()
+    (grant,), _, _ = run_script(client, keys, "w2:", asks=[("a.com", 1, 2, 0)])
+    assert grant[0] == 0  # w1 holds both
+    assert client.hkeys(keys.politeness_refused) == [b"a.com"]
 
 
 def test_a_lost_index_blocks_a_turn_not_yet_sent_until_its_holder_confirms(

@@ -7,13 +7,18 @@
 -- no other turn of the slot is granted until its holder confirms that it sent (or gives
 -- it back): Scrapy's DOWNLOAD_DELAY, between sends, for all workers together. A token
 -- not renewed or released by its deadline (its worker died) expires and frees the slot.
+-- A worker refused a slot without delay while it holds less than half its concurrency
+-- leaves a mark for a moment: meanwhile the other workers are granted only what leaves
+-- it that share, so that a worker giving back its tokens in the same call as it asks
+-- for more does not get them straight back while another worker waits for the slot.
 --
 -- The state heals itself: a key of another type is renamed out of the way
 -- (<key>:wrongtype); a lost tokens zset gives the busy index's tokens a short deadline
 -- for their holders to renew (the others expire); a lost busy index is rebuilt from the
 -- tokens; deadlines and send times no worker could have written are brought back into
--- range; renewals and confirmations add again what a worker holds and Redis lost. Each
--- repair is returned once, for the worker to log.
+-- range; renewals and confirmations add again what a worker holds and Redis lost; a mark
+-- that is no mark is removed (marks are hints: losing them costs a moment of sharing,
+-- never a limit). Each repair is returned once, for the worker to log.
 --
 -- uses: _levels
 --
@@ -29,16 +34,23 @@
 --           429/503; written by lua/slot_pauses.lua, only read here): a paused slot is
 --           granted nothing before its pause ends (a key of another type: no pauses;
 --           slot_pauses.lua sets it aside)
--- ARGV[1] = token name prefix of this call (unique per worker, no "|"); a granted token
---           is named "<prefix><n>|<slot>", n counting from 0 over the call's grants
+-- KEYS[5] = refused hash (slot without delay -> "<server ms>|<n>|<worker>": the worker
+--           refused the slot last while holding less than half its concurrency, and
+--           the n tokens kept for it; a mark older than ARGV[6] ms is none, and is
+--           removed when read; the hash starts over past MARKS_MAX fields)
+-- ARGV[1] = token name prefix of this call (unique per worker, no "|"); its part up to
+--           and including the first ":" names the worker (the whole prefix without
+--           one); a granted token is named "<prefix><n>|<slot>", n counting from 0 over
+--           the call's grants
 -- ARGV[2] = token timeout in ms: the deadline of a token sent (or of a slot without
 --           delay) is the time of its grant, confirmation or renewal plus this
 -- ARGV[3] = recovery in ms: the deadline of a turn from its send time, and of a token
 --           found without deadline (its holder renews it within this, or it expires)
--- ARGV[4] = idle expiry of the three keys in ms (renewed by every call); a send time
---           further ahead than this is garbage
+-- ARGV[4] = idle expiry of KEYS[1], [2], [3] and [5] in ms (renewed by every call); a
+--           send time further ahead than this is garbage
 -- ARGV[5] = lookahead in ms: a turn is granted at most this long before its send time
--- ARGV[6] = number of confirmations C; then C triples: token member sent, ms since it
+-- ARGV[6] = how long a mark of KEYS[5] lasts, in ms (0: no marks)
+-- ARGV[7] = number of confirmations C; then C triples: token member sent, ms since it
 --           was sent (as the worker measured it when it made the call: the script's
 --           now is later, so the send is taken no earlier than it was), the slot's delay
 --           in ms (the next turn's send time is at least this after the send)
@@ -56,10 +68,14 @@
 --          lost = the turns and waiting tokens no longer held (stop using them);
 --          repairs = "<key>\n<what was wrong and what was done>", one per repair
 
-local tokens, busy, nextk, pausek = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local tokens, busy, nextk, pausek, refusedk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
+local worker = string.match(prefix, "^[^:]*:") or prefix
 local timeout, recover = tonumber(ARGV[2]), tonumber(ARGV[3])
 local idle, lookahead = tonumber(ARGV[4]), tonumber(ARGV[5])
+local mark_ms = tonumber(ARGV[6])
+-- marks kept at most (slots whose refused worker never came back leave theirs behind)
+local MARKS_MAX = 10000
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- no slot is longer than 200 characters (politeness.SLOT_MAX): these members are no slot
@@ -118,6 +134,13 @@ for k = 1, 3 do
     aside[#aside + 1] = key
     lost_as[key] = "held a " .. kind .. ", not a zset: renamed to " .. set_aside(key)
       .. " (inspect it, then delete it)"
+  end
+end
+do
+  local kind = redis.call("TYPE", refusedk)["ok"]
+  if kind ~= "hash" and kind ~= "none" then
+    repaired(refusedk, "held a " .. kind .. ", not a hash: renamed to " .. set_aside(refusedk)
+      .. " (inspect it, then delete it); politeness goes on with a new one")
   end
 end
 
@@ -248,7 +271,7 @@ local lost_at = tonumber(redis.call("ZSCORE", nextk, LOST_MARK))
 
 -- tokens a worker confirms or holds in flight that Redis no longer had (added again)
 local readded = 0
-local i = 6
+local i = 7
 local confirms = tonumber(ARGV[i])
 for j = i + 1, i + 3 * confirms, 3 do
   local member, ago, delay = ARGV[j], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
@@ -361,6 +384,65 @@ local function paused_until(slot)
   return nil
 end
 
+-- the marks of slots refused (KEYS[5]; see the header): hints, read only when any
+local marks = mark_ms > 0 and redis.call("EXISTS", refusedk) == 1
+local bad_marks = 0
+
+-- the worker of the mark in force on `slot` and the tokens kept for it, or nil (no
+-- mark; one too old or that is no mark is removed)
+local function mark_of(slot)
+  local value = marks and redis.call("HGET", refusedk, slot)
+  if not value then
+    return nil
+  end
+  local at, kept, who = string.match(value, "^(%d+)|(%d+)|(.+)$")
+  at, kept = tonumber(at), tonumber(kept)
+  if not at or kept < 1 or at > now + mark_ms then
+    redis.call("HDEL", refusedk, slot)
+    bad_marks = bad_marks + 1
+    return nil
+  end
+  if now - at >= mark_ms then
+    redis.call("HDEL", refusedk, slot)
+    return nil
+  end
+  return who, kept
+end
+
+-- the tokens this call's worker holds of the slot indexed `h`
+local function held_by(h)
+  local low, high = range_of(h)
+  local n = 0
+  for _, m in ipairs(redis.call("ZRANGEBYLEX", busy, low, high)) do
+    if string.sub(m, #h + 3, #h + 2 + #worker) == worker then
+      n = n + 1
+    end
+  end
+  return n
+end
+
+-- this call's worker was refused `slot` (no delay), `who` the worker of the mark in
+-- force: the worker marks it, unless another's mark is in force (the first refused
+-- keeps its place) or it holds half the concurrency already
+local function refused(slot, h, want, concurrency, who)
+  if mark_ms <= 0 or (who and who ~= worker) then
+    return
+  end
+  local share = math.ceil(concurrency / 2)
+  local held = held_by(h)
+  if held >= share then
+    if who then
+      redis.call("HDEL", refusedk, slot)
+    end
+    return
+  end
+  if not who and redis.call("HLEN", refusedk) >= MARKS_MAX then
+    redis.call("UNLINK", refusedk)
+  end
+  redis.call("HSET", refusedk, slot, now .. "|" .. math.min(want, share - held) .. "|" .. worker)
+  marks = true
+end
+
 while i + 3 <= #ARGV do
   local slot, want = ARGV[i], tonumber(ARGV[i + 1])
   local concurrency, delay = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
@@ -397,26 +479,38 @@ while i + 3 <= #ARGV do
         redis.call("ZADD", busy, 0, h .. "u|" .. member)
         answer(1, at - now, 0)
       end
-    elseif free <= 0 then
-      answer(0, 0, 0)
     else
-      local count_granted = math.min(want, free)
-      for _ = 1, count_granted do
-        local member = prefix .. n .. "|" .. slot
-        n = n + 1
-        redis.call("ZADD", tokens, now + timeout, member)
-        redis.call("ZADD", busy, 0, h .. "s|" .. member)
+      -- tokens kept for another worker refused the slot a moment ago are not granted
+      local who, kept = mark_of(slot)
+      local others = (who and who ~= worker) and math.min(kept, concurrency) or 0
+      local count_granted = math.min(want, free - others)
+      if count_granted <= 0 then
+        answer(0, 0, 0)
+        refused(slot, h, want, concurrency, who)
+      else
+        for _ = 1, count_granted do
+          local member = prefix .. n .. "|" .. slot
+          n = n + 1
+          redis.call("ZADD", tokens, now + timeout, member)
+          redis.call("ZADD", busy, 0, h .. "s|" .. member)
+        end
+        if who == worker then
+          redis.call("HDEL", refusedk, slot)
+        end
+        answer(count_granted, 0, 0)
       end
-      answer(count_granted, 0, 0)
     end
   end
+end
+if bad_marks > 0 then
+  repaired(refusedk, bad_marks .. " mark(s) that are no marks (written by hand): removed")
 end
 for _, key in ipairs(aside) do
   if not told[key] then
     repaired(key, lost_as[key] .. "; politeness goes on with a new one")
   end
 end
-for k = 1, 3 do -- (the pauses key keeps its own expiry)
-  redis.call("PEXPIRE", KEYS[k], idle)
+for _, key in ipairs({ tokens, busy, nextk, refusedk }) do -- (the pauses key keeps its own)
+  redis.call("PEXPIRE", key, idle)
 end
 return { grants, lost, repairs }

@@ -33,6 +33,7 @@ def run_script(
     timeout_ms: int = 60_000,
     recover_ms: int = 3_000,
     lookahead_ms: int = 200,
+    mark_ms: int = 1_000,
     **lists: Any,
 ) -> tuple[list[tuple[int, float, float]], list[bytes], list[str]]:
     """One call of ``lua/politeness.lua`` (``lists``: ``confirms``, ``releases``,
@@ -50,11 +51,13 @@ def run_script(
             busy=keys.politeness_busy,
             next_send=keys.politeness_next,
             pauses=keys.slot_pauses,
+            refused=keys.politeness_refused,
             prefix=prefix,
             timeout_ms=timeout_ms,
             recover_ms=recover_ms,
             idle_ms=3_600_000,
             lookahead_ms=lookahead_ms,
+            mark_ms=mark_ms,
             **lists,
         )
         .run()
