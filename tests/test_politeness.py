@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -332,6 +334,46 @@ def test_two_workers_share_a_one_host_slot_without_delay(
     # an even split is half each (measured: 217 to 299 of 600 for the one with fewer); a
     # loaded machine may slow one worker down, never to a fifth
     assert min(split) >= FAIR_PAGES // 5, split
+
+
+@pytest.mark.e2e
+def test_a_worker_killed_holding_its_share_of_a_slot_frees_it_within_the_timeout(
+    server: RedisServer, two_hosts: TwoHostSite, tmp_path: Path
+) -> None:
+    """A worker killed with -9 mid-crawl, holding its share of a one-host slot: its
+    tokens expire within ``SCHEDULER_POLITENESS_TIMEOUT``, and from then the survivor
+    has the slot's whole concurrency (no mark the killed worker left holds it back
+    longer); every page is crawled."""
+    timeout = 3.0
+    crawl = one_host_crawl(
+        server,
+        two_hosts,
+        tmp_path,
+        SLOT_QUEUE,
+        SCHEDULER_POLITENESS_TIMEOUT=timeout,
+        SCHEDULER_LEASE_TIMEOUT=3,  # (the killed worker's requests come back soon)
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(two_hosts.entries("127.0.0.1")) < 100:
+            assert time.monotonic() < deadline, crawl.logs()
+            time.sleep(0.02)
+        victim = crawl.workers[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.process.wait()
+        killed_at = time.monotonic()
+        assert crawl.wait(120) == [-signal.SIGKILL, 0], crawl.logs()
+        logs = crawl.full_logs()
+    finally:
+        crawl.close()
+    a = two_hosts.entries("127.0.0.1")
+    # (a page in flight when its worker died is crawled again)
+    assert {p for p, _, _ in a} == {f"/p/{i}" for i in range(FAIR_PAGES)}, logs
+    later = [e for e in a if e[1] > killed_at + timeout + 1.0]
+    print(f"after the kill: {len(a) - 100} pages, {len(later)} of them from the timeout on")
+    assert len(later) > 50
+    assert max_concurrency(later) == 2
+    assert max_concurrency(a) <= 2
 
 
 @pytest.mark.e2e
