@@ -4,18 +4,20 @@ every worker of a crawl through Redis (``SCHEDULER_POLITENESS``).
 Scrapy applies ``DOWNLOAD_DELAY`` and ``CONCURRENT_REQUESTS_PER_DOMAIN`` per process, so
 N workers hit a host N times as hard. With politeness on, a worker sends a request only
 with a *token* of the request's download slot (``request.meta["download_slot"]``, else
-its host name, as Scrapy's downloader decides) granted by ``lua/politeness.lua``: a slot
-never has more tokens outstanding than its concurrency. A slot with a delay is given its
-tokens one at a time, as *turns*, as Scrapy's downloader sends one request per slot per
-delay whatever its concurrency: a turn's send time is at least the delay after the
-previous send to the slot, as its sender confirmed it (whoever it was), and the next
-turn is granted only once the holder of the last one confirms that it sent (when the
-request reaches Scrapy's downloader, ``request_reached_downloader``) or gives it back.
+its host name, or with ``CONCURRENT_REQUESTS_PER_IP`` its host's address once this worker
+resolved it, as Scrapy's downloader decides: :func:`slot_naming`) granted by
+``lua/politeness.lua``: a slot never has more tokens outstanding than its concurrency.
+A slot with a delay is given its tokens one at a time, as *turns*, as Scrapy's
+downloader sends one request per slot per delay whatever its concurrency: a turn's send
+time is at least the delay after the previous send to the slot, as its sender confirmed
+it (whoever it was), and the next turn is granted only once the holder of the last one
+confirms that it sent (when the request reaches Scrapy's downloader,
+``request_reached_downloader``) or gives it back.
 Limits come from Scrapy's own settings: ``DOWNLOAD_SLOTS`` (``"delay"``,
 ``"concurrency"``, ``"jitter"`` per slot), else ``DOWNLOAD_DELAY`` and
 ``CONCURRENT_REQUESTS_PER_DOMAIN`` (or the spider's ``download_delay`` and
-``max_concurrent_requests``); a robots.txt ``Crawl-delay`` that Scrapy's
-``RobotsTxtMiddleware`` read raises a slot's delay.
+``max_concurrent_requests``; ``CONCURRENT_REQUESTS_PER_IP`` when above 0); a robots.txt
+``Crawl-delay`` that Scrapy's ``RobotsTxtMiddleware`` read raises a slot's delay.
 
 How it is gated: the scheduler hands out the first buffered request whose slot holds a
 token due now (:meth:`Politeness.take`); requests of slots without one stay buffered
@@ -58,6 +60,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
@@ -154,6 +157,17 @@ class Renewals(NamedTuple):
     holding: list[Token]
 
 
+def slot_naming(config: PolitenessConfig) -> Callable[[Request], str]:
+    """How the gate names a request's slot (and the slot pauses with it): :func:`slot_of`,
+    by the host's address once this worker resolved it when ``CONCURRENT_REQUESTS_PER_IP``
+    is above 0 (Scrapy's DNS cache, as its downloader names slots then). A buffered
+    request's slot may so change from its host name to an address between two calls; a
+    token keeps the slot it was granted for (:attr:`Token.slot`), and goes back under it."""
+    if config.per_ip <= 0:
+        return slot_of
+    return partial(slot_of, address_of=_engine.resolved_address)
+
+
 class Politeness:
     """One worker's side of cluster-wide politeness (see the module docstring).
 
@@ -169,6 +183,9 @@ class Politeness:
         wake: asks the engine to look at the scheduler now.
         crawl_delay: returns the robots.txt ``Crawl-delay`` of a request's site once
             Scrapy's robots middleware read it, else ``None``.
+        paused: seconds left of a slot's pause.
+        slot_of: a request's slot (:func:`slot_naming`); every count, pick and ask of
+            the gate names slots with it.
     """
 
     def __init__(
@@ -185,8 +202,10 @@ class Politeness:
         wake: Callable[[], None] = lambda: None,
         crawl_delay: Callable[[Request], float | None] = lambda request: None,
         paused: Callable[[str], float] = lambda slot: 0.0,
+        slot_of: Callable[[Request], str] = slot_of,
     ) -> None:
         self.client, self.keys, self.deliveries = client, keys, deliveries
+        self.slot_of = slot_of
         #: Seconds left of a slot's pause (:mod:`scrapy_dist.worker.pauses`): no request
         #: of a paused slot is sent, even with a token this worker holds.
         self.paused = paused
@@ -283,6 +302,7 @@ class Politeness:
             if settings.robots
             else (lambda r: None),
             paused=paused,
+            slot_of=slot_naming(settings),
         )
         politeness.crawler = crawler
         politeness.config = settings
@@ -300,10 +320,14 @@ class Politeness:
         self.spider = spider
         if self.config is not None:
             self.limits = Limits.build(self.config, spider)
-            if self.config.per_ip:
-                logger.warning(
-                    "CONCURRENT_REQUESTS_PER_IP is applied by each worker on its own: "
-                    "SCHEDULER_POLITENESS limits download slots by host name",
+            if self.config.per_ip > 0:
+                if self.crawler is not None:
+                    _engine.check_ip_slots(self.crawler)
+                logger.info(
+                    "Cluster-wide politeness holds CONCURRENT_REQUESTS_PER_IP (%(n)d) "
+                    "downloads at once per resolved address, for all workers together (a "
+                    "host counts under its name until this worker resolved it, as in Scrapy)",
+                    {"n": self.config.per_ip},
                     extra={"spider": spider},
                 )
         if self.crawler is not None:
@@ -395,7 +419,7 @@ class Politeness:
         now = time.monotonic()
         waiting: set[str] = set()  # slots without a token due: not looked at twice
         for index, (_, request) in enumerate(self.deliveries.buffer):
-            slot = slot_of(request)
+            slot = self.slot_of(request)
             if slot in waiting:
                 continue
             token = self._usable(slot, now) if self.paused(slot) <= 0 else None
@@ -505,7 +529,7 @@ class Politeness:
         kept: Counter[str] = Counter()
         extra = []
         for index, (_, request) in enumerate(self.deliveries.buffer):
-            slot = slot_of(request)
+            slot = self.slot_of(request)
             kept[slot] += 1
             if kept[slot] > KEEP_WAITING:
                 extra.append(index)
@@ -514,7 +538,7 @@ class Politeness:
 
     def _waiting(self) -> Counter[str]:
         """Buffered requests per slot."""
-        return Counter(slot_of(request) for _, request in self.deliveries.buffer)
+        return Counter(self.slot_of(request) for _, request in self.deliveries.buffer)
 
     def tick(self) -> None:
         """The timer: one call if anything is to be asked, released or renewed; never
@@ -765,7 +789,7 @@ class Politeness:
         if slot in self.limits.crawl_delays:
             return
         for _, request in self.deliveries.buffer:
-            if slot_of(request) == slot:
+            if self.slot_of(request) == slot:
                 delay = self.crawl_delay(request)
                 if delay is not None:
                     if len(self.limits.crawl_delays) > KNOWN_MAX:

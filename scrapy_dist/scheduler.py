@@ -50,12 +50,11 @@ from scrapy_dist.frontier.registry import WorkerRegistry, crawl_started
 from scrapy_dist.frontier.wire import DEAD_NOW
 from scrapy_dist.parents import ORDER as PARENTS_ORDER
 from scrapy_dist.parents import Links, links_for
-from scrapy_dist.politeness import Politeness
+from scrapy_dist.politeness import Politeness, slot_naming
 from scrapy_dist.queue import unleased_queue
 from scrapy_dist.scripts import HistoryKeys
 from scrapy_dist.serializers import RequestCodec, RequestPolicy, Serializer, load_serializer
 from scrapy_dist.slot_queue import SlotQueue
-from scrapy_dist.slots import slot_of
 from scrapy_dist.spiders import RedisSpiderMixin
 from scrapy_dist.worker import engine as _engine
 from scrapy_dist.worker.batch import BatchSize
@@ -317,7 +316,9 @@ class Scheduler(BaseScheduler):
                 crawler,
                 frontier,
                 # the slot as the part that holds its requests back names it
-                slot_of if polite else (lambda request: _engine.slot_key(crawler, request) or ""),
+                slot_naming(config.politeness)
+                if polite
+                else (lambda request: _engine.slot_key(crawler, request) or ""),
                 longest=pause_max,
                 backoff_after=config.scheduler.slot_backoff_after,
                 backoff=config.scheduler.slot_backoff,

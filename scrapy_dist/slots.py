@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.httpobj import urlparse_cached
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
 
     from scrapy_dist.config.scheduling import PolitenessConfig
@@ -25,12 +27,25 @@ SLOT_MAX = 200
 SPACING_MARGIN_MS = 2.0
 
 
-def slot_of(request: Request) -> str:
+def slot_of(request: Request, address_of: Callable[[str], str | None] | None = None) -> str:
     """The download slot of ``request`` as Scrapy's downloader names it
     (``meta["download_slot"]``, else the URL's host name), bounded to :data:`SLOT_MAX`
-    characters; one longer, or without a UTF-8 form, is named by its SHA-1."""
+    characters; one longer, or without a UTF-8 form, is named by its SHA-1.
+
+    Args:
+        request: the request.
+        address_of: with ``CONCURRENT_REQUESTS_PER_IP``, the host's address once this
+            process resolved it, else ``None``
+            (:func:`scrapy_dist.worker.engine.resolved_address`): a request without
+            ``download_slot`` is then named by its host's address when known, by the
+            host name before, as Scrapy's downloader does.
+    """
     raw: Any = request.meta.get("download_slot")
-    return bound_slot(str(urlparse_cached(request).hostname or "" if raw is None else raw))
+    if raw is None:
+        raw = urlparse_cached(request).hostname or ""
+        if address_of is not None:
+            raw = address_of(raw) or raw
+    return bound_slot(str(raw))
 
 
 def bound_slot(slot: str) -> str:
@@ -81,9 +96,16 @@ class Limits:
     @classmethod
     def build(cls, config: PolitenessConfig, spider: object = None) -> Limits:
         """From the settings, with the spider's ``download_delay`` and
-        ``max_concurrent_requests`` attributes over the defaults, as Scrapy does."""
+        ``max_concurrent_requests`` attributes over the defaults, as Scrapy does; with
+        ``CONCURRENT_REQUESTS_PER_IP`` above 0, it is every slot's concurrency (as in
+        Scrapy's downloader, whose slots are then addresses once resolved) unless
+        ``DOWNLOAD_SLOTS`` gives the slot its own."""
         delay = float(getattr(spider, "download_delay", config.delay))
-        concurrency = int(getattr(spider, "max_concurrent_requests", config.concurrency))
+        concurrency = (
+            config.per_ip
+            if config.per_ip > 0
+            else int(getattr(spider, "max_concurrent_requests", config.concurrency))
+        )
         default = Limit(max(1, concurrency), max(0.0, delay), min(1.0, config.jitter))
         slots = {}
         for name, values in config.slots.items():

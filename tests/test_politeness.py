@@ -688,6 +688,133 @@ def test_limits_follow_scrapys_settings() -> None:
     assert Limit(1, 0.0, 0.5).spacing_ms() == 0
 
 
+def test_with_concurrent_requests_per_ip_a_slot_is_the_hosts_address_once_resolved() -> None:
+    """As Scrapy's downloader names it: ``download_slot`` meta first, else the host's
+    address once this process resolved it (Scrapy's DNS cache), else the host name."""
+    from scrapy.resolver import dnscache
+    from scrapy.settings import Settings
+
+    from scrapy_dist.politeness import slot_naming
+    from scrapy_dist.settings import Config
+    from scrapy_dist.worker import engine as _engine
+
+    addresses = {"a.test": "192.0.2.7"}
+    assert slot_of(Request("http://A.test:81/x"), addresses.get) == "192.0.2.7"
+    assert slot_of(Request("http://b.test/x"), addresses.get) == "b.test"
+    assert slot_of(Request("http://a.test/", meta={"download_slot": "mine"}), addresses.get) == (
+        "mine"
+    )
+    assert slot_of(Request("http://a.test/x")) == "a.test"
+    # the gate's naming reads Scrapy's DNS cache with the setting, never without it
+    off = Config(Settings({"SCHEDULER_POLITENESS": True})).politeness
+    on = Config(Settings({"SCHEDULER_POLITENESS": True, "CONCURRENT_REQUESTS_PER_IP": 2}))
+    named = slot_naming(on.politeness)
+    assert named(Request("http://resolved.test/")) == "resolved.test"
+    dnscache["resolved.test"] = "192.0.2.8"
+    dnscache["listed.test"] = ["an address list"]  # (CachingHostnameResolver's entries)
+    try:
+        assert named(Request("http://resolved.test/")) == "192.0.2.8"
+        assert slot_naming(off)(Request("http://resolved.test/")) == "resolved.test"
+        assert _engine.resolved_address("listed.test") is None
+        assert named(Request("http://listed.test/")) == "listed.test"
+    finally:
+        dnscache.pop("resolved.test", None)
+        dnscache.pop("listed.test", None)
+
+
+def test_with_concurrent_requests_per_ip_every_slot_has_that_concurrency() -> None:
+    """As Scrapy's downloader: ``CONCURRENT_REQUESTS_PER_IP`` over the per-domain limit
+    (and the spider's ``max_concurrent_requests``, which Scrapy 2.14 and later make the
+    per-domain setting), a ``DOWNLOAD_SLOTS`` entry keyed by the address over both; the
+    delay per address slot as per host."""
+    from scrapy.settings import Settings
+
+    from scrapy_dist.settings import Config
+
+    config = Config(
+        Settings(
+            {
+                "SCHEDULER_POLITENESS": True,
+                "DOWNLOAD_DELAY": 0.5,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
+                "CONCURRENT_REQUESTS_PER_IP": 2,
+                "DOWNLOAD_SLOTS": {"192.0.2.7": {"concurrency": 5}},
+            }
+        )
+    ).politeness
+
+    class Spider:
+        max_concurrent_requests = 7
+
+    for limits in (Limits.build(config), Limits.build(config, Spider())):
+        assert limits.of("192.0.2.8") == Limit(2, 0.5, 0.5)
+        assert limits.of("a.test") == Limit(2, 0.5, 0.5)  # (not resolved yet)
+        assert limits.of("192.0.2.7") == Limit(5, 0.5, 0.5)
+
+
+def test_a_token_goes_back_under_the_slot_it_was_granted_for_once_the_host_resolves(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """A host's requests count under its name until the worker resolves it, then under
+    its address: the tokens granted for the name go back under the name (the one in
+    flight when its download ends, the one not used at once), and the buffered requests
+    are asked for under the address."""
+    from functools import partial
+
+    buffer = GateBuffer(["http://a.test/1", "http://a.test/2", "http://a.test/3"])
+    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.0)))
+    addresses: dict[str, str] = {}
+    politeness.slot_of = partial(slot_of, address_of=addresses.get)
+    first = take(politeness)
+    assert first is not None
+    assert politeness.out[first].slot == "a.test"
+    assert outstanding(client, keys, "a.test") == 2
+    addresses["a.test"] = "192.0.2.7"  # its download resolved the host
+    time.sleep(0.02)
+    second = take(politeness)  # (not the name's token left: it asks for the address's)
+    assert second is not None
+    assert politeness.out[second].slot == "192.0.2.7"
+    assert outstanding(client, keys, "a.test") == 1  # (the unused one went back)
+    assert outstanding(client, keys, "192.0.2.7") == 2
+    token = politeness.out[first]
+    politeness.finished(first)
+    politeness.tick()  # (nothing of the name waits: its token goes back within 0.5 s)
+    assert politeness.releases == [token.member]
+    assert token.member.endswith("|a.test")
+    time.sleep(0.6)
+    politeness.tick()
+    assert outstanding(client, keys, "a.test") == 0
+    assert outstanding(client, keys, "192.0.2.7") == 2
+    politeness.finished(second)
+    assert take(politeness) is buffer.out[-1]  # the third, with the address's token
+
+
+def test_the_gate_refuses_to_start_where_scrapy_names_no_slot_by_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The address is read from Scrapy's DNS cache, which is no API: a Scrapy whose
+    downloader no longer names a slot by it, or without it, refuses to start rather than
+    limit other slots than Scrapy's."""
+    import scrapy.resolver
+    from scrapy.core.downloader import Downloader
+
+    from scrapy_dist.worker import engine as _engine
+
+    downloader = Downloader.__new__(Downloader)  # (get_slot_key reads no more)
+    downloader.ip_concurrency = 2
+    crawler: Any = SimpleNamespace(engine=SimpleNamespace(downloader=downloader))
+    _engine.check_ip_slots(crawler)
+    assert "scrapy-dist-probe.invalid" not in scrapy.resolver.dnscache
+    downloader.ip_concurrency = 0  # (a downloader that names slots by host name only)
+    with pytest.raises(ConfigurationError, match="CONCURRENT_REQUESTS_PER_IP"):
+        _engine.check_ip_slots(crawler)
+    assert "scrapy-dist-probe.invalid" not in scrapy.resolver.dnscache
+    downloader.ip_concurrency = 2
+    monkeypatch.delattr(scrapy.resolver, "dnscache")
+    with pytest.raises(ConfigurationError, match="dnscache"):
+        _engine.check_ip_slots(crawler)
+
+
 def test_bad_politeness_settings_are_refused() -> None:
     from scrapy.settings import Settings
 

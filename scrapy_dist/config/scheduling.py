@@ -475,7 +475,7 @@ class PolitenessConfig:
         jitter: ``DOWNLOAD_DELAY_JITTER`` (or ``RANDOMIZE_DOWNLOAD_DELAY``: 0.5 or 0).
         slots: ``DOWNLOAD_SLOTS``: slot -> ``{"delay", "concurrency", "jitter"}``.
         timeout: ``SCHEDULER_POLITENESS_TIMEOUT``.
-        per_ip: ``CONCURRENT_REQUESTS_PER_IP`` (not applied cluster-wide).
+        per_ip: ``CONCURRENT_REQUESTS_PER_IP`` (above 0: slots by address, this concurrency).
         autothrottle: ``AUTOTHROTTLE_ENABLED``.
         robots: ``ROBOTSTXT_OBEY`` (``Crawl-delay`` then counts).
         robots_ttl: ``ROBOTSTXT_SHARED_TTL``: seconds a robots.txt one worker fetched

@@ -23,8 +23,11 @@ not a documented API, so :func:`check_downloader` refuses to start without them 
 With ``SCHEDULER_POLITENESS`` and ``ROBOTSTXT_OBEY``, the robots.txt ``Crawl-delay`` a
 site asks for is read from Scrapy's robots middleware's parsers
 (``RobotsTxtMiddleware._parsers``), checked the same way when politeness opens
-(:func:`check_robots`). Nothing else in the package reads a private attribute of
-Scrapy's.
+(:func:`check_robots`). With ``SCHEDULER_POLITENESS`` and ``CONCURRENT_REQUESTS_PER_IP``,
+the address of a host is read from Scrapy's DNS cache (``scrapy.resolver.dnscache``,
+:func:`resolved_address`), as Scrapy's downloader names a slot by it; :func:`check_ip_slots`
+makes sure at open that the downloader still does. Nothing else in the package reads a
+private attribute of Scrapy's.
 
 The engine is also asked for two things through its public API, here too: the
 crawler's engine if it has one (:func:`engine_of`) and closing the spider
@@ -255,6 +258,63 @@ def wake(engine: Any) -> None:
     slot = engine._slot
     if slot is not None:
         slot.nextcall.schedule()
+
+
+#: A host name no resolver answers (RFC 2606) and an address of documentation
+#: (RFC 5737): the probe of :func:`check_ip_slots`.
+_PROBE_HOST, _PROBE_ADDRESS = "scrapy-dist-probe.invalid", "192.0.2.1"
+
+
+def _dnscache() -> Any:
+    """Scrapy's DNS cache (``scrapy.resolver.dnscache``), or ``None`` without one."""
+    import scrapy.resolver
+
+    cache = getattr(scrapy.resolver, "dnscache", None)
+    return cache if callable(getattr(cache, "get", None)) else None
+
+
+def resolved_address(host: str) -> str | None:
+    """The address Scrapy's DNS cache holds for ``host`` once this process resolved it
+    (what Scrapy's downloader names the host's slot by with
+    ``CONCURRENT_REQUESTS_PER_IP``), else ``None``; ``None`` too for an entry that is
+    not one address (``CachingHostnameResolver`` keeps lists, which Scrapy's
+    downloader cannot name a slot by)."""
+    cache = _dnscache()
+    address = cache.get(host) if cache is not None else None
+    return address if isinstance(address, str) else None
+
+
+def check_ip_slots(crawler: Crawler) -> None:
+    """Make sure the crawler's downloader names a host's slot by the address Scrapy's
+    DNS cache holds for it, where :func:`resolved_address` reads it (a made-up host is
+    put in the cache for the check and taken out). A cache that keeps nothing
+    (``DNSCACHE_ENABLED = False``) names no slot by address, for either.
+
+    Raises:
+        ConfigurationError: Scrapy has no ``scrapy.resolver.dnscache``, or its
+            downloader names a slot otherwise (the message names the Scrapy version).
+    """
+    from scrapy import Request
+
+    cache = _dnscache()
+    downloader: Any = getattr(engine_of(crawler), "downloader", None)
+    agrees = cache is not None
+    if agrees and callable(getattr(downloader, "get_slot_key", None)):
+        cache[_PROBE_HOST] = _PROBE_ADDRESS
+        try:
+            if cache.get(_PROBE_HOST) == _PROBE_ADDRESS:
+                key = downloader.get_slot_key(Request(f"http://{_PROBE_HOST}/"))
+                agrees = key == resolved_address(_PROBE_HOST)
+        finally:
+            cache.pop(_PROBE_HOST, None)
+    if not agrees:
+        raise ConfigurationError(
+            f"Scrapy {scrapy.__version__} does not name a download slot by the address in "
+            "scrapy.resolver.dnscache with CONCURRENT_REQUESTS_PER_IP, which scrapy_dist "
+            "reads to hold that limit for all workers with SCHEDULER_POLITENESS: this "
+            "Scrapy version is not supported with both yet; refusing to start rather "
+            "than limit other slots than Scrapy's"
+        )
 
 
 def _robots_middleware(crawler: Crawler) -> Any:
