@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import threading
@@ -62,13 +63,13 @@ FAIR_PAGES, FAIR_SERVE = 600, 0.01
 class TwoHostSite:
     """``/p/<i>`` pages on every host name of one port (page 0 links to all others, so
     every worker has work for both hosts at once), with an access log of
-    ``(host, path, start, end)``: from when the request was read to when its response
+    ``(host, path, start, end, User-Agent)``: from when the request was read to when its response
     was ready, within the time its worker held a token (a response's end taken after
     its write, once the worker may have it and given its token to another, showed a
     third page served at once for 0.1 ms: the thread logged late)."""
 
     def __init__(self) -> None:
-        self.log: list[tuple[str, str, float, float]] = []
+        self.log: list[tuple[str, str, float, float, str]] = []
         self.lock = threading.Lock()
         #: Seconds host A takes to serve page i (``A_SERVE`` unless a test sets it).
         self.a_serve: Callable[[int], float] = lambda i: A_SERVE
@@ -98,9 +99,10 @@ class TwoHostSite:
                 self.end_headers()
                 self.wfile.write(data)
                 with site.lock:
-                    site.log.append((host, self.path, start, end))
+                    agent = self.headers.get("User-Agent") or ""
+                    site.log.append((host, self.path, start, end, agent))
                     if a:
-                        site.a_agents[self.headers.get("User-Agent") or ""] += 1
+                        site.a_agents[agent] += 1
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -116,19 +118,30 @@ class TwoHostSite:
 
     def entries(self, host: str) -> list[tuple[str, float, float]]:
         with self.lock:
-            return sorted((p, s, e) for h, p, s, e in self.log if h == host)
+            return sorted((p, s, e) for h, p, s, e, _ in self.log if h == host)
+
+    def first_starts(self, host: str) -> dict[str, float]:
+        """When the site read each User-Agent's first request to ``host``."""
+        with self.lock:
+            starts = sorted((s, agent) for h, _, s, _, agent in self.log if h == host)
+        first: dict[str, float] = {}
+        for start, agent in starts:
+            first.setdefault(agent, start)
+        return first
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
 
 
-def max_concurrency(entries: list[tuple[str, float, float]]) -> int:
+def max_concurrency(entries: list[tuple[str, float, float]], since: float = -math.inf) -> int:
+    """The most pages served at once (from ``since`` on)."""
     events = sorted([(s, 1) for _, s, _ in entries] + [(e, -1) for _, _, e in entries])
     now = top = 0
-    for _, step in events:
+    for when, step in events:
         now += step
-        top = max(top, now)
+        if when >= since:
+            top = max(top, now)
     return top
 
 
@@ -153,10 +166,11 @@ def crawl_two_hosts(
     delay: float = 0.2,
     concurrency: int = 2,
     queue: str | None = None,
+    **extra: Any,
 ) -> tuple[list[tuple[str, float, float]], list[tuple[str, float, float]], str]:
-    """Crawl both hosts with 4 workers (host A at ``delay`` and ``concurrency``, on
-    ``queue`` if given); returns host A's and B's access log entries and the workers'
-    logs."""
+    """Crawl both hosts with 4 workers (User-Agents ``worker-0`` to ``worker-3``; host A
+    at ``delay`` and ``concurrency``, on ``queue`` if given; ``extra``: more settings);
+    returns host A's and B's access log entries and the workers' logs."""
     settings = {
         "SCHEDULER_POLITENESS": politeness,
         **({"SCHEDULER_QUEUE_CLASS": queue} if queue else {}),
@@ -168,10 +182,12 @@ def crawl_two_hosts(
         "SCHEDULER_WORKER_TIMEOUT": 2,
         "CLOSE_WHEN_CRAWL_DONE": True,
         "CRAWL_DONE_GRACE": 1,
+        **extra,
     }
     crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)  # type: ignore[arg-type]
     try:
-        crawl.start(4)
+        for n in range(4):
+            crawl.start(1, USER_AGENT=f"worker-{n}")
         crawl.wait_ready()
         crawl.seed(site.url("127.0.0.1", 0))
         crawl.seed(site.url("localhost", 0))
@@ -247,6 +263,41 @@ def test_with_the_queue_per_slot_the_gate_holds_a_hosts_concurrency_across_worke
     else:
         assert max_concurrency(a) > 2
         assert "Cluster-wide politeness on" not in logs
+
+
+@pytest.mark.e2e
+def test_with_concurrent_requests_per_ip_the_gate_holds_an_address_across_workers(
+    server: RedisServer, two_hosts: TwoHostSite, tmp_path: Path
+) -> None:
+    """``127.0.0.1`` and ``localhost`` are one address (Scrapy's resolver gives
+    ``localhost`` 127.0.0.1): with ``CONCURRENT_REQUESTS_PER_IP = 2`` and a per-domain
+    limit of 16, once every worker has resolved ``localhost`` the site serves at most 2
+    pages of both names at once, for the 4 workers together. (Before, the gate limited
+    each host name to 16 and each worker's downloader its own 2 per address: 8 at once.)
+    Until a worker resolved ``localhost``, its requests count under the host name, as in
+    Scrapy, so both names may have 2 each for a moment."""
+    a, b, logs = crawl_two_hosts(
+        server,
+        two_hosts,
+        tmp_path,
+        politeness=True,
+        delay=0,
+        concurrency=16,
+        CONCURRENT_REQUESTS_PER_IP=2,
+        DOWNLOAD_SLOTS="{}",
+    )
+    both = a + b
+    resolved = two_hosts.first_starts("localhost")
+    since = max(resolved.values()) + 0.1  # (a page under a host name token ends by then)
+    print(
+        f"max {max_concurrency(both)} at once, {max_concurrency(both, since)} once every "
+        f"worker resolved localhost ({sorted(resolved)}), {duration(both):.2f}s"
+    )
+    assert max_concurrency(both, since) <= 2
+    assert max_concurrency(both) <= 4  # (2 per name at most while some worker had not)
+    assert len([e for e in both if e[1] >= since]) > A_PAGES // 2
+    assert logs.count("downloads at once per resolved address, for all workers together") == 4
+    assert "applied by each worker on its own" not in logs
 
 
 @pytest.mark.e2e
