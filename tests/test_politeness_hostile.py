@@ -283,6 +283,33 @@ def test_marks_that_are_no_marks_are_removed_and_hold_nothing_back(
     assert client.hkeys(keys.politeness_refused) == [b"a.com"]
 
 
+def test_a_mark_keeps_half_the_slot_at_most_and_never_outlasts_its_moment(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """A mark written by hand (or by a worker with a larger concurrency for the slot)
+    that keeps more than half the slot keeps half: the others get the rest (one keeping
+    99 tokens of 8 kept them all); a count no worker could write is no mark (removed,
+    said once); and a mark from ahead of the server's clock is none (one 0.9 s ahead
+    held the slot back for 1.9 s)."""
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    client.hset(
+        keys.politeness_refused,
+        mapping={
+            "a.com": f"{now_ms}|99|w9:",
+            "b.com": f"{now_ms}|{10**20}|w9:",
+            "c.com": f"{now_ms + 900}|1|w9:",
+        },
+    )
+    slots = [("a.com", 8, 8, 0), ("b.com", 8, 8, 0), ("c.com", 2, 2, 0)]
+    grants, _, repairs = run_script(client, keys, "w1:", asks=slots)
+    assert [g[0] for g in grants] == [4, 8, 2]
+    assert repairs == [
+        f"{keys.politeness_refused}\n1 mark(s) that are no marks (written by hand): removed"
+    ]
+    assert client.hkeys(keys.politeness_refused) == [b"a.com"]
+
+
 def test_a_lost_index_blocks_a_turn_not_yet_sent_until_its_holder_confirms(
     client: redis.Redis, keys: RedisKeys
 ) -> None:

@@ -36,8 +36,10 @@
 --           slot_pauses.lua sets it aside)
 -- KEYS[5] = refused hash (slot without delay -> "<server ms>|<n>|<worker>": the worker
 --           refused the slot last while holding less than half its concurrency, and
---           the n tokens kept for it; a mark older than ARGV[6] ms is none, and is
---           removed when read; the hash starts over past MARKS_MAX fields)
+--           the n tokens kept for it, at most half the concurrency of the worker that
+--           reads it; a mark older than ARGV[6] ms, or from ahead of the server's clock,
+--           is none, and is removed when read; the hash starts over past MARKS_MAX
+--           fields)
 -- ARGV[1] = token name prefix of this call (unique per worker, no "|"); its part up to
 --           and including the first ":" names the worker (the whole prefix without
 --           one); a granted token is named "<prefix><n>|<slot>", n counting from 0 over
@@ -397,12 +399,14 @@ local function mark_of(slot)
   end
   local at, kept, who = string.match(value, "^(%d+)|(%d+)|(.+)$")
   at, kept = tonumber(at), tonumber(kept)
-  if not at or kept < 1 or at > now + mark_ms then
+  -- (past 2^53 a count is no integer: no worker wrote it)
+  if not at or kept < 1 or kept > 2 ^ 53 or at > now + mark_ms then
     redis.call("HDEL", refusedk, slot)
     bad_marks = bad_marks + 1
     return nil
   end
-  if now - at >= mark_ms then
+  -- one from ahead (the server's clock stepped back) would last longer than mark_ms
+  if now - at >= mark_ms or at > now then
     redis.call("HDEL", refusedk, slot)
     return nil
   end
@@ -482,7 +486,9 @@ while i + 3 <= #ARGV do
     else
       -- tokens kept for another worker refused the slot a moment ago are not granted
       local who, kept = mark_of(slot)
-      local others = (who and who ~= worker) and math.min(kept, concurrency) or 0
+      -- (a mark keeps at most half the concurrency, whoever wrote it: a worker with
+      -- another concurrency for the slot, or by hand)
+      local others = (who and who ~= worker) and math.min(kept, math.ceil(concurrency / 2)) or 0
       local count_granted = math.min(want, free - others)
       if count_granted <= 0 then
         answer(0, 0, 0)
