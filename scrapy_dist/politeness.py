@@ -31,10 +31,11 @@ within a quarter of a slot's delay of a turn's send. The engine is woken when a
 token falls due. A token is released when its download leaves the downloader
 (``request_left_downloader``) or, failing that, when its request leaves the engine; a
 slot without delay keeps its token for this worker's next request of the slot while it
-has one (up to :data:`REUSE_MAX`); a worker refused a slot without delay while it holds
-less than half its concurrency is kept that share of the tokens the others give back,
-for :data:`REFUSED_MARK` (they would otherwise get them back in the very call that
-gives them back, the release running before the grant). A killed worker's tokens
+has one (up to :data:`REUSE_MAX`); a worker refused a slot without delay (of a
+concurrency above 1) while it holds less than half its concurrency is kept that share
+of the tokens the others give back, for :data:`REFUSED_MARK` (they would otherwise get
+them back in the very call that gives them back, the release running before the
+grant). A killed worker's tokens
 expire ``SCHEDULER_POLITENESS_TIMEOUT`` seconds after their last renewal (a turn not
 sent yet: the recovery time, a few heartbeats).
 

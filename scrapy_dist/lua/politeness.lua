@@ -7,8 +7,8 @@
 -- no other turn of the slot is granted until its holder confirms that it sent (or gives
 -- it back): Scrapy's DOWNLOAD_DELAY, between sends, for all workers together. A token
 -- not renewed or released by its deadline (its worker died) expires and frees the slot.
--- A worker refused a slot without delay while it holds less than half its concurrency
--- leaves a mark for a moment: meanwhile the other workers are granted only what leaves
+-- A worker refused a slot without delay and a concurrency above 1 while it holds less
+-- than half its concurrency leaves a mark for a moment: meanwhile the other workers are granted only what leaves
 -- it that share, so that a worker giving back its tokens in the same call as it asks
 -- for more does not get them straight back while another worker waits for the slot.
 --
@@ -427,9 +427,10 @@ end
 
 -- this call's worker was refused `slot` (no delay), `who` the worker of the mark in
 -- force: the worker marks it, unless another's mark is in force (the first refused
--- keeps its place) or it holds half the concurrency already
+-- keeps its place) or it holds half the concurrency already; a slot of concurrency 1 is
+-- not marked (handing its one token from worker to worker only idles it in between)
 local function refused(slot, h, want, concurrency, who)
-  if mark_ms <= 0 or (who and who ~= worker) then
+  if mark_ms <= 0 or concurrency < 2 or (who and who ~= worker) then
     return
   end
   local share = math.ceil(concurrency / 2)
