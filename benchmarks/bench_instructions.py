@@ -5,6 +5,7 @@ Usage::
 
     python benchmarks/bench_instructions.py               # ~2 min
     python benchmarks/bench_instructions.py --calls 200 --out FILE
+    python benchmarks/bench_instructions.py --queue slots   # SlotQueue
     python benchmarks/bench_instructions.py --ops --functions   # ~4 min
     REDIS_SERVER=<a build with symbols> python benchmarks/bench_instructions.py --profile
     python benchmarks/bench_instructions.py --compare BEFORE.json AFTER.json
@@ -21,7 +22,9 @@ What is counted is user-space work only: the script, the commands it runs, readi
 request and writing the reply. The kernel's side of each round trip (socket calls,
 ``epoll``) is not, and it does not depend on the scripts.
 
-Cases (compact entries of 67-character URLs, a priority queue, the exact set dupefilter):
+Cases (compact entries of 67-character URLs, a priority queue, or with ``--queue slots``
+a queue per download slot whose requests are all of one slot, as the benchmark site's;
+the exact set dupefilter):
 ``return 1`` and ``PING`` (the floor of a call), ``reserve`` of 1, 5 and 20 leases,
 ``settle`` of 1, 5 and 20 leases done, ``enqueue`` of 1 and 20 new links, and **page**: the
 calls of a steady crawl for 10 pages, as ``bench_server.py`` counted them on the
@@ -58,6 +61,8 @@ from typing import TYPE_CHECKING, Any
 
 from bench_lua import Frontier, library, url67, write_result
 
+from scrapy_dist.queue import PriorityQueue
+from scrapy_dist.slot_queue import SlotQueue
 from scrapy_dist.testing.redis_server import RedisServer
 from scrapy_dist.testing.server_kinds import find_redis_server
 
@@ -124,17 +129,28 @@ class Counter:
         return (self.count(run) - idle) / calls
 
 
-def loaded_frontier(client: redis.Redis) -> Frontier:
-    """A :class:`Frontier` whose scripts are loaded already: a load is not a call's cost."""
-    frontier = Frontier(client)
+#: ``--queue``: the request queue of the cases, and the score its requests are queued at.
+QUEUES: dict[str, tuple[type[PriorityQueue], float | str]] = {
+    "levels": (PriorityQueue, 0.0),
+    "slots": (SlotQueue, "0.0@books.example.com"),
+}
+
+
+def loaded_frontier(client: redis.Redis, queue: str = "levels") -> Frontier:
+    """A :class:`Frontier` on a queue of :data:`QUEUES` whose scripts are loaded already:
+    a load is not a call's cost."""
+    cls, score = QUEUES[queue]
+    frontier = Frontier(client, cls(client, "b:q", "b:seq"), score)
     for script in frontier.scripts.all():
         client.script_load(script.script)
     return frontier
 
 
-def measure(counter: Counter, client: redis.Redis, calls: int) -> dict[str, float]:
+def measure(
+    counter: Counter, client: redis.Redis, calls: int, queue: str = "levels"
+) -> dict[str, float]:
     """Instructions per call of each case (per page for "page")."""
-    frontier = loaded_frontier(client)
+    frontier = loaded_frontier(client, queue)
     trivial = client.script_load("return 1")
 
     def span(prepare: Callable[[], Any], make: Callable[[Any], Any]) -> float:
@@ -376,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100, help="calls per case (100)")
     parser.add_argument("--out", type=Path, help="JSON file (default: benchmarks/results/)")
+    parser.add_argument(
+        "--queue",
+        choices=sorted(QUEUES),
+        default="levels",
+        help="levels: PriorityQueue (default); slots: SlotQueue, one slot",
+    )
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--ops", action="store_true", help="also: what one Lua operation costs")
     parser.add_argument(
@@ -398,9 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         with Counter(directory) as counter:
             client = counter.server.client(socket_timeout=120)
             version = str(client.info("server")["redis_version"])
-            per_call = measure(counter, client, args.calls)
+            per_call = measure(counter, client, args.calls, args.queue)
             result: dict[str, Any] = {
                 "redis_version": version,
+                "queue": args.queue,
                 "calls": args.calls,
                 "per_call": per_call,
             }
@@ -409,11 +432,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.functions:
                 result["functions"] = functions(counter, client, args.calls)
             if args.profile:
-                result["profile"] = profile(counter, loaded_frontier(client), args.calls)
+                result["profile"] = profile(
+                    counter, loaded_frontier(client, args.queue), args.calls
+                )
             client.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    print(f"Instructions per call (redis-server {version} under callgrind, {args.calls} calls)")
+    print(
+        f"Instructions per call (redis-server {version} under callgrind, {args.calls} calls, "
+        f"queue {args.queue})"
+    )
     for case, n in per_call.items():
         print(f"  {case:12} {n:12,.0f}")
     if "ops" in result:

@@ -81,10 +81,15 @@ KEYS_OF_BENCH = RedisKeys(crawl="b", requests="b:q", dupefilter="b:df", start_ur
 class Frontier:
     """One crawl's keys on a scratch server, and one typed call per script."""
 
-    def __init__(self, client: redis.Redis, queue: RedisQueue | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, queue: RedisQueue | None = None, score: float | str = 0.0
+    ) -> None:
         self.client = client
         self.scripts = scripts_for(client)
         self.queue = queue or PriorityQueue(client, "b:q", "b:seq")
+        #: Every request's score as its queue's enqueue reads it (a queue per slot's
+        #: ``"<score>@<slot>"``).
+        self.score = score
         self.links = 0
 
     def fresh(self, queued: int = 0, leased: int = 0) -> list[str]:
@@ -94,7 +99,7 @@ class Frontier:
         for start in range(0, queued, 500):
             self.queue.push(
                 [
-                    (CODEC.encode(Request(url67(i), callback=Spiderling().parse)), 0.0, b"")
+                    (CODEC.encode(Request(url67(i), callback=Spiderling().parse)), self.score, b"")
                     for i in range(start, min(start + 500, queued))
                 ]
             )
@@ -158,7 +163,7 @@ class Frontier:
         entries = [
             (
                 hashlib.sha1(url67(i).encode()).digest(),
-                0.0,
+                self.score,
                 CODEC.encode(Request(url67(i), callback=Spiderling().parse)),
             )
             for i in range(first, first + n)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib.resources import files
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from scrapy_dist.exceptions import ConfigurationError
@@ -106,7 +107,8 @@ def source(name: str) -> str:
     it uses of the libraries its ``-- uses:`` line names (each once, a library's own
     libraries first; :func:`used_definitions`), with the shared constants written as
     their values (:func:`inline_constants`). What only the text after a line
-    ``-- (the libraries' other definitions go here)`` uses is put at that line instead.
+    ``-- (the libraries' other definitions go here)`` uses is put at that line instead,
+    and what only one block of the script reaches (:data:`_HERE`) inside that block.
 
     The files are read with :mod:`importlib.resources`, so a copy of scrapy_dist inside
     a zipped egg (a scrapyd deployment that bundles it) works like an installed one.
@@ -114,20 +116,51 @@ def source(name: str) -> str:
     Raises:
         ConfigurationError: The script is not part of this copy of the package (an egg
             or zip built without scrapy_dist's package data).
+        ValueError: A line :data:`_HERE` is not inside a block, or is inside another
+            such block, or the script declares a local of a name that a definition put
+            in the block reads (it would read the script's local instead).
     """
     libraries, body = parts(name)
-    later = _LATER.search(body)
-    head = body if later is None else body[: later.start()]
-    texts = [_INLINED, *used_definitions(libraries, head), head]
-    if later is not None:
-        # a script whose common path returns early (settle's "all done"): the
-        # definitions only the rest of it reaches come after that path, so a call that
-        # returns there does not build them (their closures, upvalues, and the garbage
-        # collection of both)
-        units = [text for library in libraries for _, text in _definitions(library)]
-        first, every = _kept(libraries, head), _kept(libraries, body)
-        texts += [text for text, f, e in zip(units, first, every, strict=True) if e and not f]
-        texts.append(body[later.end() :])
+    # a script whose common path returns early (settle's "all done"), or skips a block
+    # (reserve's reclaim of expired leases, the branch of another kind of queue): the
+    # definitions only the rest or that block reaches are put there, so that a call
+    # that does not run it does not build them (their closures, upvalues, and the
+    # garbage collection of both)
+    blocks = _blocks(body)
+    units = [text for library in libraries for _, text in _definitions(library)]
+    # (a library's opening comment, which defines nothing, stays before the body)
+    named = [bool(names) for library in libraries for names, _ in _definitions(library)]
+    bounds = [0, *(k for block in blocks for k in block), len(body)]
+    outside = "".join(body[bounds[i] : bounds[i + 1]] for i in range(0, len(bounds), 2))
+    reached = [_kept(libraries, body[start:end]) for start, end in blocks]
+    # a definition that two blocks reach is made once, before the body, unless it is one
+    # function alone (each block then makes its own: no state is shared)
+    shared = {
+        k
+        for k in range(len(units))
+        if sum(r[k] for r in reached) > 1 and not _function_alone(units[k])
+    }
+    top = _kept(libraries, "\n".join([outside, *(units[k] for k in sorted(shared))]))
+    names = {n for library in libraries for names, _ in _definitions(library) for n in names}
+    texts, done = [_INLINED, *(text for text, t in zip(units, top, strict=True) if t)], 0
+    for (start, _), r in zip(blocks, reached, strict=True):
+        # (without the comments above them: the first of a library's carries its
+        # opening comment, which two blocks would repeat)
+        here = [
+            _LEADING_COMMENTS.sub("", text)
+            for text, t, b, n in zip(units, top, r, named, strict=True)
+            if b and n and not t
+        ]
+        shadowed = _names_in("\n".join(here)) & (names | LUA_GLOBALS) & _locals_in(body[:start])
+        if shadowed:
+            raise ValueError(
+                f"lua/{name}.lua declares {sorted(shadowed)} before a block its libraries' "
+                f"definitions are put in, which read these names: rename its locals"
+            )
+        # (the marking line gives way to them)
+        texts += [body[done:start], *here]
+        done = body.index("\n", start) + 1
+    texts.append(body[done:])
     return inline_constants("\n".join(texts))
 
 
@@ -135,6 +168,85 @@ def source(name: str) -> str:
 #: text after it reaches are put (:func:`source`): its text before returns early on its
 #: common path, and that path does not build them.
 _LATER = re.compile(r"^-- \(the libraries' other definitions go here\)\n", re.MULTILINE)
+#: A line inside a block of a script's body (a branch of an ``if``, not inside a loop:
+#: the block would build them on every turn), where the definitions of its libraries
+#: that only this block reaches are put (:func:`source`): a call that does not run the
+#: block does not build them. The block ends at the first line indented less than this
+#: one (its ``end``, ``else`` or ``elseif``).
+_HERE = re.compile(
+    r"^( +)-- \(the libraries' definitions only this block uses go here\)\n", re.MULTILINE
+)
+#: The comment lines (and blank lines) that open a library's unit.
+_LEADING_COMMENTS = re.compile(r"\A(?:--[^\n]*\n|\n)*")
+#: The line that closes a block :data:`_HERE` marks.
+_CLOSING = re.compile(r"(end|else|elseif)\b")
+
+#: Globals a script may read (Lua 5.1's and Redis's): a script's local of one of these
+#: names before a block would change what a library definition put in it reads.
+LUA_GLOBALS = frozenset(
+    {
+        "assert", "collectgarbage", "error", "getmetatable", "ipairs", "loadstring", "next",
+        "pairs", "pcall", "rawequal", "rawget", "rawset", "select", "setmetatable",
+        "tonumber", "tostring", "type", "unpack", "xpcall", "string", "table", "math", "bit",
+        "cjson", "cmsgpack", "struct", "redis", "KEYS", "ARGV", "_G", "_VERSION",
+    }
+)  # fmt: skip
+
+
+def _blocks(body: str) -> list[tuple[int, int]]:
+    """The blocks of ``body`` that a line :data:`_HERE` (or :data:`_LATER`, whose block
+    is the rest of the text) marks: (offset of the marking line, offset of the line that
+    closes the block), in order. Raises ValueError for a marking line outside a block or
+    inside another's."""
+    blocks = []
+    for match in _HERE.finditer(body):
+        indent = len(match.group(1))
+        offset = match.end()
+        for line in body[match.end() :].split("\n"):
+            stripped = line.lstrip(" ")
+            if stripped and len(line) - len(stripped) < indent:
+                if not _CLOSING.match(stripped):
+                    raise ValueError(f"a line {match.group(0).strip()!r} outside a block")
+                break
+            offset += len(line) + 1
+        else:
+            raise ValueError(f"a line {match.group(0).strip()!r} outside a block")
+        blocks.append((match.start(), offset))
+    later = _LATER.search(body)
+    if later is not None:
+        blocks.append((later.start(), len(body)))
+    blocks.sort()
+    for (_, end), (start, _) in pairwise(blocks):
+        if start < end:
+            raise ValueError("a block of definitions inside another")
+    return blocks
+
+
+def _function_alone(unit: str) -> bool:
+    """Whether a library's unit (:func:`_definitions`) is one ``local function`` and
+    nothing else: it can be defined in two places without two copies of any state."""
+    code = [line for line in _NOT_CODE.sub("", unit).split("\n") if line.strip()]
+    top_level = [line for line in code if not line[0].isspace()]
+    return (
+        len(top_level) == 2
+        and top_level[0].startswith("local function ")
+        and top_level[1].rstrip() == "end"
+    )
+
+
+#: A local a script declares: ``local function NAME``, ``local A, B``, a loop's names.
+_LOCAL = re.compile(
+    r"\blocal\s+function\s+(\w+)|\blocal\s+([\w\s,]+?)\s*(?:=|\n)|\bfor\s+([\w\s,]+?)\s*(?:=|\bin\b)"
+)
+
+
+def _locals_in(code: str) -> set[str]:
+    """The names ``code`` declares as locals (anywhere in it: a superset of those in
+    scope at its end)."""
+    found: set[str] = set()
+    for match in _LOCAL.finditer(_NOT_CODE.sub(" ", code)):
+        found.update(_NAME.findall(next(g for g in match.groups() if g)))
+    return found
 
 
 #: The first line of every script :func:`source` assembles.

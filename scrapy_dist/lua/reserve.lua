@@ -111,148 +111,158 @@ local function holding_aside(key, holder)
 end
 -- this worker's first, before anything is taken that could not be recorded in it
 holding_aside(holding, worker)
--- so are, before the first expired lease leaves its holding, a deliveries key that is not
--- a hash and a queue or seeds key of another type than entries go back to: reading or
--- putting back would fail the call after the holding was emptied (Redis keeps what was
--- taken). Only a call that reclaims pays for the check.
-local guarded = false
-local function guard_reclaim()
-  if guarded then
-    return
-  end
-  guarded = true
-  local counts_aside = set_aside_deliveries(deliveries)
-  if counts_aside then
-    bury(dead_json("request", "", counts_aside, now, worker, 0))
-  end
-  for _, reason in ipairs(set_aside_destinations(queue, qback, seeds, sback)) do
-    bury(dead_json("request", "", reason, now, worker, 0))
-  end
-end
-
--- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
--- (this worker's too), then the previous version's. Their delivery counts are
--- written at the end, one HSET and one HDEL for the call (lua/_batch.lua): `counted`
--- holds each id's count to keep (false: none), in the order first met (`recounted`), and
--- is read before the hash meanwhile.
-local budget, counted, recounted = reclaim_limit, {}, {}
 -- expired leases put back where they came from (the progress counter "reclaimed")
 local returned = 0
-local function recount(id, times)
-  if counted[id] == nil then
-    recounted[#recounted + 1] = id
-  end
-  counted[id] = times
-end
-local function times_of(ids)
-  local times = delivered(deliveries, ids)
-  for k, id in ipairs(ids) do
-    if counted[id] ~= nil then
-      times[k] = counted[id] or 1
-    end
-  end
-  return times
-end
-local function reclaim(id, origin, score, entry, times, holder)
-  if times >= max_deliveries then
-    local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
-      .. "); SCHEDULER_MAX_DELIVERIES reached"
-    bury(dead_record(origin, entry, reason, now, holder, times))
-    recount(id, false)
-  else
-    return_entry(origin, score, entry, queue, qback, seeds, sback)
-    returned = returned + 1
-    -- a copy's id is not kept across deliveries
-    recount(id, not string.find(id, ":", 1, true) and times)
-  end
-end
--- a record no reserve wrote (edited by hand) is dead-lettered whole
-local function bury_malformed(key, id, record, holder, times)
-  bury(dead_json("request", record, malformed_reason(key, id), now, holder, times))
-  recount(id, false)
-end
 -- (a holders key of another type, written by hand, is set aside and rebuilt first,
 -- lua/_leases.lua rebuild_holders: every call would fail on it, the crawl stalled)
 local expired_holders = redis.pcall("ZRANGEBYSCORE", holders, "-inf", now_arg, "LIMIT", "0",
   ARGV[9])
 if expired_holders.err then
+  -- (the libraries' definitions only this block uses go here)
   if string.sub(expired_holders.err, 1, 9) ~= "WRONGTYPE" then
     redis.call("ZRANGEBYSCORE", holders, "-inf", now_arg) -- fails with Redis's own error
   end
   bury(dead_json("request", "", rebuild_holders(holders, now + duration), now, worker, 0))
   expired_holders = {}
 end
-for _, holder in ipairs(expired_holders) do
-  if budget <= 0 then
-    break
+-- the previous version's expired leases, asked here when no holder's have expired (else
+-- after those, with the budget they leave)
+local expired_previous = #expired_holders == 0 and reclaim_limit > 0
+  and redis.call("ZRANGEBYSCORE", previous, "-inf", now_arg, "LIMIT", "0", ARGV[9])
+-- Only a call that finds expired leases runs this block, and builds what it uses.
+if #expired_holders > 0 or (expired_previous and #expired_previous > 0) then
+  -- (the libraries' definitions only this block uses go here)
+  -- as this worker's holding above, before the first expired lease leaves its holding, a
+  -- deliveries key that is not a hash and a queue or seeds key of another type than
+  -- entries go back to are set aside: reading or putting back would fail the call after
+  -- the holding was emptied (Redis keeps what was taken). Only a call that reclaims pays
+  -- for the check.
+  local guarded = false
+  local function guard_reclaim()
+    if guarded then
+      return
+    end
+    guarded = true
+    local counts_aside = set_aside_deliveries(deliveries)
+    if counts_aside then
+      bury(dead_json("request", "", counts_aside, now, worker, 0))
+    end
+    for _, reason in ipairs(set_aside_destinations(queue, qback, seeds, sback)) do
+      bury(dead_json("request", "", reason, now, worker, 0))
+    end
   end
-  guard_reclaim()
-  local key = holding_key(holders, holder)
-  if holder ~= worker and holding_aside(key, holder) then
-    redis.call("ZREM", holders, holder)
-  else
-    local left = redis.call("HLEN", key)
-    local flat
-    if left <= budget then
-      flat = redis.call("HGETALL", key)
-      redis.call("UNLINK", key)
-      redis.call("ZREM", holders, holder)
-    else
-      flat = redis.call("HRANDFIELD", key, budget, "WITHVALUES")
+
+  -- 1. reclaim expired leases, at most reclaim_limit: those of holders past their deadline
+  -- (this worker's too), then the previous version's. Their delivery counts are
+  -- written at the end, one HSET and one HDEL for the call (lua/_batch.lua): `counted`
+  -- holds each id's count to keep (false: none), in the order first met (`recounted`), and
+  -- is read before the hash meanwhile.
+  local budget, counted, recounted = reclaim_limit, {}, {}
+  local function recount(id, times)
+    if counted[id] == nil then
+      recounted[#recounted + 1] = id
     end
-    local ids = {}
-    for i = 1, #flat, 2 do
-      ids[#ids + 1] = flat[i]
-    end
-    if left > budget then
-      batched({"HDEL", key}, ids)
-    end
-    budget = budget - #ids
-    local times = times_of(ids)
+    counted[id] = times
+  end
+  local function times_of(ids)
+    local times = delivered(deliveries, ids)
     for k, id in ipairs(ids) do
-      local origin, score, entry = parse_holding(id, flat[2 * k])
-      if origin then
-        reclaim(id, origin, score, entry, times[k], holder)
-      else
-        bury_malformed(key, id, flat[2 * k], holder, times[k])
+      if counted[id] ~= nil then
+        times[k] = counted[id] or 1
       end
     end
+    return times
   end
-end
-if budget > 0 then
-  local expired = redis.call("ZRANGEBYSCORE", previous, "-inf", now_arg, "LIMIT", "0",
-    budget == reclaim_limit and ARGV[9] or budget)
-  if #expired > 0 then
+  local function reclaim(id, origin, score, entry, times, holder)
+    if times >= max_deliveries then
+      local reason = "lease expired on " .. times .. " deliveries (last held by " .. holder
+        .. "); SCHEDULER_MAX_DELIVERIES reached"
+      bury(dead_record(origin, entry, reason, now, holder, times))
+      recount(id, false)
+    else
+      return_entry(origin, score, entry, queue, qback, seeds, sback)
+      returned = returned + 1
+      -- a copy's id is not kept across deliveries
+      recount(id, not string.find(id, ":", 1, true) and times)
+    end
+  end
+  -- a record no reserve wrote (edited by hand) is dead-lettered whole
+  local function bury_malformed(key, id, record, holder, times)
+    bury(dead_json("request", record, malformed_reason(key, id), now, holder, times))
+    recount(id, false)
+  end
+  for _, holder in ipairs(expired_holders) do
+    if budget <= 0 then
+      break
+    end
     guard_reclaim()
-    local records = batched({"HMGET", previous_records}, expired)
-    local times = times_of(expired)
-    batched({"ZREM", previous}, expired)
-    batched({"HDEL", previous_records}, expired)
-    for k, id in ipairs(expired) do
-      if records[k] then
-        local origin, score, holder, entry = parse_previous(records[k])
+    local key = holding_key(holders, holder)
+    if holder ~= worker and holding_aside(key, holder) then
+      redis.call("ZREM", holders, holder)
+    else
+      local left = redis.call("HLEN", key)
+      local flat
+      if left <= budget then
+        flat = redis.call("HGETALL", key)
+        redis.call("UNLINK", key)
+        redis.call("ZREM", holders, holder)
+      else
+        flat = redis.call("HRANDFIELD", key, budget, "WITHVALUES")
+      end
+      local ids = {}
+      for i = 1, #flat, 2 do
+        ids[#ids + 1] = flat[i]
+      end
+      if left > budget then
+        batched({"HDEL", key}, ids)
+      end
+      budget = budget - #ids
+      local times = times_of(ids)
+      for k, id in ipairs(ids) do
+        local origin, score, entry = parse_holding(id, flat[2 * k])
         if origin then
           reclaim(id, origin, score, entry, times[k], holder)
         else
-          bury_malformed(previous_records, id, records[k], "", times[k])
+          bury_malformed(key, id, flat[2 * k], holder, times[k])
         end
       end
     end
   end
-end
-local kept, forgotten = {}, {}
-for _, id in ipairs(recounted) do
-  local times = counted[id]
-  if times then
-    kept[#kept + 1] = id
-    kept[#kept + 1] = times
-  else
-    forgotten[#forgotten + 1] = id
+  if budget > 0 then
+    local expired = expired_previous or redis.call("ZRANGEBYSCORE", previous, "-inf", now_arg,
+      "LIMIT", "0", budget == reclaim_limit and ARGV[9] or budget)
+    if #expired > 0 then
+      guard_reclaim()
+      local records = batched({"HMGET", previous_records}, expired)
+      local times = times_of(expired)
+      batched({"ZREM", previous}, expired)
+      batched({"HDEL", previous_records}, expired)
+      for k, id in ipairs(expired) do
+        if records[k] then
+          local origin, score, holder, entry = parse_previous(records[k])
+          if origin then
+            reclaim(id, origin, score, entry, times[k], holder)
+          else
+            bury_malformed(previous_records, id, records[k], "", times[k])
+          end
+        end
+      end
+    end
   end
-end
-batched({"HSET", deliveries}, kept, 2)
-if #forgotten > 0 and redis.call("EXISTS", deliveries) == 1 then
-  batched({"HDEL", deliveries}, forgotten)
+  local kept, forgotten = {}, {}
+  for _, id in ipairs(recounted) do
+    local times = counted[id]
+    if times then
+      kept[#kept + 1] = id
+      kept[#kept + 1] = times
+    else
+      forgotten[#forgotten + 1] = id
+    end
+  end
+  batched({"HSET", deliveries}, kept, 2)
+  if #forgotten > 0 and redis.call("EXISTS", deliveries) == 1 then
+    batched({"HDEL", deliveries}, forgotten)
+  end
 end
 push_returned(set_aside_loudly)
 
@@ -266,6 +276,7 @@ local entries, scores = {}, {}
 if count <= 0 then
   -- only reclaim
 elseif take == "levels" or string.sub(take, 1, 7) == "levels:" then
+  -- (the libraries' definitions only this block uses go here)
   local order = string.sub(take, 8)
   local function set_aside_broken(_, key, kind)
     set_aside_loudly(key, kind, set_aside(key))
@@ -284,6 +295,7 @@ elseif take == "levels" or string.sub(take, 1, 7) == "levels:" then
     end
   end
 elseif take == "slots" or string.sub(take, 1, 6) == "slots:" then
+  -- (the libraries' definitions only this block uses go here)
   -- (an index of another type would fail a write after entries were taken: set aside
   -- first, named in a dead-letter record)
   local aside = slot_keys_aside(queue)
@@ -349,6 +361,7 @@ if source == FROM_QUEUE then
     ids[k] = string.sub(entry, 1, ENTRY_ID_LEN)
   end
 elseif #entries > 0 then
+  -- (the libraries' definitions only this block uses go here)
   -- a seed's id is held by any worker (or by a previous version's lease): one HMGET
   -- per holding, one of the previous leased hash. The seeds are taken already: a key
   -- that is not a hash (written by hand, not set aside yet) holds none, it must not
@@ -398,6 +411,7 @@ if #ids > 0 then
   if kind == "hash" then
     before = batched({"HMGET", deliveries}, ids)
   elseif kind ~= "none" then
+    -- (the libraries' definitions only this block uses go here)
     bury(dead_json("request", "", set_aside_deliveries(deliveries), now, worker, 0))
   end
   local counts, times_pairs, record_pairs = {}, {}, array_of(2 * #ids)
