@@ -712,8 +712,14 @@ local function buckets_filter(state, meta, writes, nfilter)
   }
 end
 
+-- The state the functions of a kind without a window share: its expiry (ARGV[4], ms,
+-- when the call gives filter arguments; 0 = none) and the keys it has checked.
+local function filter_state(nfilter)
+  return {ttl = nfilter > 0 and tonumber(ARGV[4]) or 0, checked = {}}
+end
+
 local function filter_for(kind, nfilter, n, first_key, writes)
-  local state = {ttl = nfilter > 0 and tonumber(ARGV[4]) or 0, checked = {}}
+  local state = filter_state(nfilter)
   if kind == "set" then
     return set_filter(state, KEYS[first_key])
   elseif kind == "zset" then

@@ -51,7 +51,11 @@ end
 -- Per filter kind: test(token) returns true if the token is new (read-only);
 -- record(token) marks it seen.
 local filters = {}
-if filter_kind ~= "none" then
+if filter_kind == "set" then
+  -- the exact set, the default: filter_for's, without building the other kinds
+  filters.set = set_filter(filter_state(nfilter), KEYS[5])
+elseif filter_kind ~= "none" then
+  -- (the libraries' definitions only this block uses go here)
   -- the kinds live in lua/_filters.lua; one that must refuse the call says so here,
   -- before anything is written
   local refusal
@@ -71,6 +75,7 @@ if levels or slots then
   if levels then
     refusal = levels_refusal(queue)
   else
+    -- (the libraries' definitions only this block uses go here)
     refusal = slots_refusal(queue)
   end
   if refusal then
@@ -171,35 +176,38 @@ if #accepted > 0 then
     return false
   end)
   local id_of = id_texts(last - #accepted + 1, #accepted)
-  local push, by_level, order, names = levels and {} or array_of(#accepted), {}, {}, {}
-  for k, i in ipairs(accepted) do
-    local entry = id_of[k] .. ARGV[first + 4 * i + 2]
-    if slots then
+  -- each entry: its id, then its payload
+  if slots then
+    -- (the libraries' definitions only this block uses go here)
+    local by_slot, order = {}, {}
+    for k, i in ipairs(accepted) do
       local score, slot = split_slot(ARGV[first + 4 * i + 1])
-      add_to_slot(by_level, order, slot, score, entry)
-    elseif levels then
+      add_to_slot(by_slot, order, slot, score, id_of[k] .. ARGV[first + 4 * i + 2])
+    end
+    local refusal = push_slots(queue, by_slot, order)
+    if refusal then
+      return redis.error_reply(refusal)
+    end
+  elseif levels then
+    local by_level, order, names = {}, {}, {}
+    for k, i in ipairs(accepted) do
       local score = ARGV[first + 4 * i + 1]
       local name = names[score]
       if name == nil then
         name = level_name(score)
         names[score] = name
       end
-      add_to_level(by_level, order, name, entry, #accepted)
-    else
-      push[#push + 1] = entry
+      add_to_level(by_level, order, name, id_of[k] .. ARGV[first + 4 * i + 2], #accepted)
     end
-  end
-  if slots then
-    local refusal = push_slots(queue, by_level, order)
-    if refusal then
-      return redis.error_reply(refusal)
-    end
-  elseif levels then
     local refusal = push_levels(queue, by_level, order)
     if refusal then
       return redis.error_reply(refusal)
     end
   else
+    local push = array_of(#accepted)
+    for k, i in ipairs(accepted) do
+      push[k] = id_of[k] .. ARGV[first + 4 * i + 2]
+    end
     batched({"LPUSH", queue}, push)
   end
 end
