@@ -27,8 +27,13 @@ end
 -- is renamed out of the way (lua/_levels.lua set_aside: "<holding>:wrongtype"), so
 -- neither its worker nor the workers reclaiming from it fail on it for good. Returns
 -- the dead-letter reason naming it (nil when `key` is a hash or absent), and whether
--- `key` is a hash.
+-- `key` is a hash. (HLEN first: cheaper than TYPE, whose reply is made a table; it
+-- fails on a key of another type.)
 local function set_aside_holding(key)
+  local fields = redis.pcall("HLEN", key)
+  if type(fields) == "number" then
+    return nil, fields > 0
+  end
   local kind = redis.call("TYPE", key)["ok"]
   if kind == "hash" or kind == "none" then
     return nil, kind == "hash"

@@ -263,8 +263,9 @@ if #expired_holders > 0 or (expired_previous and #expired_previous > 0) then
   if #forgotten > 0 and redis.call("EXISTS", deliveries) == 1 then
     batched({"HDEL", deliveries}, forgotten)
   end
+  -- (only a reclaim puts entries back: a call that does not has nothing to push)
+  push_returned(set_aside_loudly)
 end
-push_returned(set_aside_loudly)
 
 -- 2. lease new entries: `entries`, and `scores`, the score each was taken at ("0" from a
 -- list or a set). A number given to a command is formatted with snprintf, which costs
@@ -407,23 +408,37 @@ if #ids > 0 then
   -- (a deliveries key of another type, unless a reclaim set it aside already, is set
   -- aside now: the entries are taken, nothing may fail)
   local before = {}
-  local kind = redis.call("TYPE", deliveries)["ok"]
+  -- (EXISTS first: cheaper than TYPE, whose reply is made a table, and most often the
+  -- hash holds no count)
+  local kind = redis.call("EXISTS", deliveries) == 1 and redis.call("TYPE", deliveries)["ok"]
+    or "none"
   if kind == "hash" then
     before = batched({"HMGET", deliveries}, ids)
   elseif kind ~= "none" then
     -- (the libraries' definitions only this block uses go here)
     bury(dead_json("request", "", set_aside_deliveries(deliveries), now, worker, 0))
   end
-  local counts, times_pairs, record_pairs = {}, {}, array_of(2 * #ids)
+  -- `counts`: each id's deliveries so far in this call, kept only when an id may come
+  -- twice; ids in increasing order (one level's entries, oldest first) are all distinct
+  -- (a key added to a table costs hundreds of instructions, more as the table grows)
+  local counts, times_pairs, record_pairs = nil, {}, array_of(2 * #ids)
+  for k = 2, #ids do
+    if not (ids[k - 1] < ids[k]) then
+      counts = {}
+      break
+    end
+  end
   result = array_of(3 * #ids)
   for k, id in ipairs(ids) do
     local entry = entries[k]
     -- a count written by hand reads as one delivery, as delivered() reads it (failing
     -- here would lose the entries taken)
     local prior = before[k]
-    local times = counts[id] or (prior and (count_of(prior) or 1) or 0)
+    local times = counts and counts[id] or (prior and (count_of(prior) or 1) or 0)
     times = times + 1
-    counts[id] = times
+    if counts then
+      counts[id] = times
+    end
     if times > 1 then
       times_pairs[#times_pairs + 1] = id
       times_pairs[#times_pairs + 1] = times
@@ -445,8 +460,12 @@ if #ids > 0 then
     redis.call("PERSIST", stats)
   end
 end
--- a counter written by hand is restarted, not a failure after the pops (add_counts)
-add_counts(stats, dead, {"dead", buried, "reclaimed", returned}, worker)
+-- a counter written by hand is restarted, not a failure after the pops (add_counts; a
+-- call with nothing to count has nothing to add)
+if buried > 0 or returned > 0 then
+  -- (the libraries' definitions only this block uses go here)
+  add_counts(stats, dead, {"dead", buried, "reclaimed", returned}, worker)
+end
 -- the expired leases put back, after the leases: the worker logs them (no call of its own)
 if returned > 0 then
   result[3 * #ids + 1] = returned
