@@ -342,19 +342,23 @@ local function slot_best(queue, slot)
   return redis.call("ZRANGE", slot_queue(queue, slot) .. LEVELS_SUFFIX, 0, 0, "WITHSCORES")[2]
 end
 
--- The indexes of a queue per slot and the type each holds.
-local SLOT_INDEXES = {{SLOTS_READY_SUFFIX, "zset"}, {SLOTS_WAIT_SUFFIX, "zset"},
-  {SLOTS_REST_SUFFIX, "zset"}, {SLOTS_DELAYS_SUFFIX, "hash"}}
+-- The indexes of a queue per slot, the type each holds, and a command that reads that
+-- type only (it fails on another).
+local SLOT_INDEXES = {{SLOTS_READY_SUFFIX, "zset", "ZCARD"}, {SLOTS_WAIT_SUFFIX, "zset", "ZCARD"},
+  {SLOTS_REST_SUFFIX, "zset", "ZCARD"}, {SLOTS_DELAYS_SUFFIX, "hash", "HLEN"}}
 
 -- Each index of `queue` that holds another type than its own (written by hand): a
--- list of {key, type held, type wanted}.
+-- list of {key, type held, type wanted}. (Its reading command first: cheaper than TYPE,
+-- whose reply is made a Lua table, and it answers for a key of its type or none.)
 local function wrong_slot_indexes(queue)
   local wrong = {}
   for _, index in ipairs(SLOT_INDEXES) do
     local key = slots_key(queue, index[1])
-    local kind = redis.call("TYPE", key)["ok"]
-    if kind ~= "none" and kind ~= index[2] then
-      wrong[#wrong + 1] = {key, kind, index[2]}
+    if type(redis.pcall(index[3], key)) ~= "number" then
+      local kind = redis.call("TYPE", key)["ok"]
+      if kind ~= "none" and kind ~= index[2] then
+        wrong[#wrong + 1] = {key, kind, index[2]}
+      end
     end
   end
   return wrong
@@ -465,17 +469,17 @@ end
 
 -- Add `entry` at `score` (text) to slot `slot` of a batch for push_slots(): `by_slot`
 -- maps a slot to {by_level, order, entries, best score}; `slots` lists the slots in the
--- order they first came.
-local function add_to_slot(by_slot, slots, slot, score, entry)
+-- order they first came. `name`, if given, is level_name(score), known already.
+local function add_to_slot(by_slot, slots, slot, score, entry, name)
   local s = by_slot[slot]
   if s == nil then
     s = {{}, {}, 0, score}
     by_slot[slot] = s
     slots[#slots + 1] = slot
   end
-  add_to_level(s[1], s[2], level_name(score), entry)
+  add_to_level(s[1], s[2], name or level_name(score), entry)
   s[3] = s[3] + 1
-  if tonumber(score) < tonumber(s[4]) then
+  if score ~= s[4] and tonumber(score) < tonumber(s[4]) then
     s[4] = score
   end
 end
@@ -646,7 +650,10 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
   local delays_key = slots_key(queue, SLOTS_DELAYS_SUFFIX)
   local own_delays = redis.call("EXISTS", delays_key) == 1
   local taken, draw = 0, rules.seed
-  paused = paused and redis.call("TYPE", paused)["ok"] == "zset" and paused or nil
+  -- (a zset of pauses holds some: ZCARD fails on another type, gives 0 for none, and
+  -- costs less than TYPE, whose reply is made a Lua table)
+  local pauses = paused and redis.pcall("ZCARD", paused)
+  paused = type(pauses) == "number" and pauses > 0 and paused or nil
   while #entries < count do
     local ranked = redis.call("ZRANGE", ready, 0, count - #entries - 1)
     if #ranked == 0 then
@@ -672,9 +679,13 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
       -- the other slots' higher ones (the slots are ranked again after each round)
       local got, levels, best = take_levels(slot_queue(queue, slot),
         d > 0 and 1 or math.min(want, per), on_broken, nil, order, #ranked > 1)
+      local level, at -- (one text per level: a slot's entries most often share it)
       for j, entry in ipairs(got) do
+        if levels[j] ~= level then
+          level, at = levels[j], levels[j] .. "@" .. slot
+        end
         entries[#entries + 1] = entry
-        scores[#scores + 1] = levels[j] .. "@" .. slot
+        scores[#scores + 1] = at
       end
       if #got > 0 then
         moved = true
