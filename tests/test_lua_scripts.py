@@ -251,6 +251,100 @@ def test_the_definitions_only_the_rest_reaches_come_after_the_early_return() -> 
     assert "-- (the libraries' other definitions go here)" in body
 
 
+#: A library and a script of blocks, for the tests of source()'s placement.
+_BLOCKS_LIBRARY = """-- A library.
+local shared = {}
+local function note(x)
+  shared[#shared + 1] = x
+  return #shared
+end
+local function double(x)
+  return 2 * x
+end
+local function only_a(x)
+  return double(x) + 1
+end
+local function only_b(x)
+  return note(double(x))
+end
+local function everywhere(x)
+  return x
+end
+"""
+_BLOCKS_SCRIPT = """-- uses: _lib
+local out = {everywhere(1)}
+if ARGV[1] == "a" then
+  -- (the libraries' definitions only this block uses go here)
+  out[#out + 1] = only_a(2)
+  out[#out + 1] = note(7)
+elseif ARGV[1] == "b" then
+  -- (the libraries' definitions only this block uses go here)
+  out[#out + 1] = only_b(3)
+end
+return out
+"""
+
+
+def _assembled(monkeypatch: pytest.MonkeyPatch, texts: dict[str, str]) -> str:
+    monkeypatch.setattr(lua_source, "_read", texts.__getitem__)
+    return lua_source.source.__wrapped__("script")
+
+
+def test_the_definitions_only_one_block_reaches_are_built_in_it(
+    monkeypatch: pytest.MonkeyPatch, client: redis.Redis
+) -> None:
+    """A definition only one block reaches is made in it; a function two blocks reach,
+    in each; any other definition two blocks reach (state: one table for both), and
+    what the text outside the blocks reaches, before the body."""
+    text = _assembled(monkeypatch, {"script": _BLOCKS_SCRIPT, "_lib": _BLOCKS_LIBRARY})
+    head, body = text.split("local out = ", 1)
+    block_a, block_b = body.split('elseif ARGV[1] == "b" then')
+    assert _definition_names(head) == {"shared", "everywhere"}
+    assert _definition_names(block_a) == {"double", "note", "only_a"}
+    assert _definition_names(block_b) == {"double", "note", "only_b"}
+    assert "(the libraries' definitions" not in text
+    assert [int(x) for x in client.eval(text, 0, "a")] == [1, 5, 1]
+    assert [int(x) for x in client.eval(text, 0, "b")] == [1, 1]
+    assert [int(x) for x in client.eval(text, 0, "c")] == [1]
+
+
+def test_a_block_of_definitions_is_refused_where_they_would_read_the_wrong_local(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shadowing = _BLOCKS_SCRIPT.replace("local out = ", "local double = 3\nlocal out = ")
+    with pytest.raises(ValueError, match="double"):
+        _assembled(monkeypatch, {"script": shadowing, "_lib": _BLOCKS_LIBRARY})
+    outside = "-- uses: _lib\n  -- (the libraries' definitions only this block uses go here)\n"
+    with pytest.raises(ValueError, match="outside a block"):
+        _assembled(monkeypatch, {"script": outside + "return 1\n", "_lib": _BLOCKS_LIBRARY})
+
+
+def test_reserve_and_enqueue_build_their_rare_paths_only_where_they_run() -> None:
+    """Reclaiming expired leases, the other kind of queue, the other dupefilter kinds:
+    their definitions are made in the blocks that run them, not on every call."""
+    for name, first, common, rare in [
+        (
+            "reserve",
+            "local holders, holding,",
+            {"fence", "holding_record", "batched"},
+            {"parse_holding", "take_slots", "take_levels", "rebuild_holders", "next_ids"},
+        ),
+        (
+            "enqueue",
+            "local queue, seq, holding =",
+            {"fence", "set_filter", "push_levels", "next_ids"},
+            {"filter_for", "bloom_filter", "push_slots", "slots_refusal"},
+        ),
+    ]:
+        head = source(name).split(first, 1)[0]
+        assert common <= _definition_names(head), name
+        assert not rare & _definition_names(head), name
+        assert (
+            "(the libraries' definitions only this block uses go here)"
+            in (lua_source.parts(name)[1])
+        )
+
+
 @pytest.mark.parametrize(
     ("first", "n"),
     [(0, 1), (1, 25), (9, 3), (10, 10), (999, 2), (123456789012345, 17), (2**53 - 31, 31)],
