@@ -413,6 +413,11 @@ local function mark_of(slot)
   return who, kept
 end
 
+-- the tokens a mark keeps for its worker at most, of a slot of `concurrency`: half
+local function share_of(concurrency)
+  return math.ceil(concurrency / 2)
+end
+
 -- the tokens this call's worker holds of the slot indexed `h`
 local function held_by(h)
   local low, high = range_of(h)
@@ -433,7 +438,7 @@ local function refused(slot, h, want, concurrency, who)
   if mark_ms <= 0 or concurrency < 2 or (who and who ~= worker) then
     return
   end
-  local share = math.ceil(concurrency / 2)
+  local share = share_of(concurrency)
   local held = held_by(h)
   if held >= share then
     if who then
@@ -489,7 +494,7 @@ while i + 3 <= #ARGV do
       local who, kept = mark_of(slot)
       -- (a mark keeps at most half the concurrency, whoever wrote it: a worker with
       -- another concurrency for the slot, or by hand)
-      local others = (who and who ~= worker) and math.min(kept, math.ceil(concurrency / 2)) or 0
+      local others = (who and who ~= worker) and math.min(kept, share_of(concurrency)) or 0
       local count_granted = math.min(want, free - others)
       if count_granted <= 0 then
         answer(0, 0, 0)
