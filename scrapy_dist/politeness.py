@@ -35,9 +35,8 @@ has one (up to :data:`REUSE_MAX`); a worker refused a slot without delay (of a
 concurrency above 1) while it holds less than half its concurrency is kept that share
 of the tokens the others give back, for :data:`REFUSED_MARK` (they would otherwise get
 them back in the very call that gives them back, the release running before the
-grant). A killed worker's tokens
-expire ``SCHEDULER_POLITENESS_TIMEOUT`` seconds after their last renewal (a turn not
-sent yet: the recovery time, a few heartbeats).
+grant). A killed worker's tokens expire ``SCHEDULER_POLITENESS_TIMEOUT`` seconds after
+their last renewal (a turn not sent yet: the recovery time, a few heartbeats).
 
 Faults: while Redis is unreachable or refuses, no token is granted: requests of gated
 slots wait (buffered and leased), the releases wait to be sent, and the worker backs
