@@ -708,8 +708,18 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
 ) -> None:
     """What a worker about to close for idleness waits for (:class:`CloseWait`): a plain
     spider, every other worker's leases; a Redis spider, a live holder's until it beats
-    again, a killed one's until they expire and come back. Never its own."""
-    killed, live, survivor = worker(), worker(), worker()
+    again, a killed one's until they expire and come back. Never its own.
+
+    Slower than :data:`FAST`: the test sleeps between beats, and a stall of the test
+    process longer than a heartbeat interval (seen at FAST's 0.15 s on a loaded machine)
+    made the live worker look silent, or let the killed one's leases expire before
+    they were looked at."""
+    timing = {
+        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+        "SCHEDULER_LEASE_TIMEOUT": 4,
+        "SCHEDULER_WORKER_TIMEOUT": 3,
+    }
+    killed, live, survivor = worker(timing), worker(timing), worker(timing)
     for c in "abcd":
         killed.scheduler.enqueue_request(Request(URL + c))
     assert killed.take() is not None
@@ -723,7 +733,7 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
         live.scheduler.registry.heartbeat()
         live.scheduler.deliveries.renew()
 
-    interval = FAST["SCHEDULER_HEARTBEAT_INTERVAL"]
+    interval = timing["SCHEDULER_HEARTBEAT_INTERVAL"]
     plain = survivor.scheduler._close_wait  # the test spider is a plain one
     assert plain is not None
     assert plain.live_too
@@ -759,9 +769,9 @@ def test_a_worker_about_to_close_waits_for_the_leases_others_hold(
     assert found is not None
     held = found.held[killed.frontier.worker_id]
     assert held.leases == 2
-    assert 0 < held.until - found.now <= FAST["SCHEDULER_LEASE_TIMEOUT"]
+    assert 0 < held.until - found.now <= timing["SCHEDULER_LEASE_TIMEOUT"]
     assert found.held[live.frontier.worker_id].leases == 1
-    time.sleep(FAST["SCHEDULER_LEASE_TIMEOUT"] - 2 * interval)
+    time.sleep(timing["SCHEDULER_LEASE_TIMEOUT"] - 2 * interval)
     beat()
     back = [survivor.take(), survivor.take()]  # the reserve takes them back
     assert sorted(r.url for r in back if r) == [URL + "a", URL + "b"]
