@@ -356,6 +356,29 @@ def test_a_longer_crawl_delay_becomes_the_slots_delay_for_every_worker(
     assert ride.command.args[2:] == ("unread.com", "5.0")
 
 
+def test_a_crawl_delay_is_written_for_the_host_and_for_the_slot_scrapy_named(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    """With ``CONCURRENT_REQUESTS_PER_IP`` Scrapy's downloader names a request's slot by
+    its host's address (``meta["download_slot"]``, kept by a retry); the queue names a
+    new request's slot by its host. The site's delay is written under both, once."""
+    from scrapy_dist.worker.crawl_delays import CrawlDelays
+
+    frontier = build(DOWNLOAD_DELAY=0, SCHEDULER_LEASE_TIMEOUT=30)
+    queue = cast("SlotQueue", frontier.queue)
+    delays = CrawlDelays(lambda request: 30.0, queue.limits, queue.key + ":delays")
+    delays.reached(Request("https://slow.com/1", meta={"download_slot": "10.0.0.1"}))
+    delays.reached(Request("https://slow.com/2", meta={"download_slot": "10.0.0.1"}))
+    ride = delays.rider()
+    assert ride is not None
+    assert ride.command.args[2:] == ("10.0.0.1", "30.0", "slow.com", "30.0")
+    ride.on_reply(cast("Any", client).execute_command(*ride.command.args))
+    assert delays.rider() is None
+    push(frontier, "https://slow.com/1", "https://slow.com/2")
+    push(frontier, "https://slow.com/3", "https://slow.com/4", slot="10.0.0.1")
+    assert sorted(urls(frontier, 10)) == ["https://slow.com/1", "https://slow.com/3"]
+
+
 def test_a_reserve_that_got_less_says_when_the_first_waiting_slot_is_ready(
     build: Callable[..., Frontier],
 ) -> None:

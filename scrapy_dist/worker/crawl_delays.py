@@ -18,12 +18,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
+from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.frontier.wire import SLOT_DELAY_MAX
 from scrapy_dist.keys import SLOTS_DELAYS_SUFFIX, slot_id
-from scrapy_dist.slots import slot_of
+from scrapy_dist.slots import bound_slot, slot_of
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
@@ -88,18 +89,24 @@ class CrawlDelays:
         return delays
 
     def reached(self, request: Request, spider: object = None) -> None:
-        """``request_reached_downloader``: note its site's ``Crawl-delay`` once read."""
-        slot = slot_of(request)
-        if slot in self._known:
+        """``request_reached_downloader``: note its site's ``Crawl-delay`` once read,
+        for each name the queue may give the site's requests: the slot Scrapy's
+        downloader gave this one (``meta["download_slot"]``, which a retry keeps) and
+        the host name (a new request's, as :func:`~scrapy_dist.slot_queue.payload_slot_of`
+        names it). They differ with ``CONCURRENT_REQUESTS_PER_IP`` (Scrapy names the
+        slot by the host's address) or a ``download_slot`` of the spider's."""
+        names = [slot for slot in dict.fromkeys(_names(request)) if slot not in self._known]
+        if not names:
             return
         delay = self.crawl_delay(request)
         if delay is None:  # robots.txt not read yet
             return
-        self._known.add(slot)
         delay = min(delay, SLOT_DELAY_MAX)
-        if delay > self.limits.of(slot).delay:
-            self.limits.crawl_delays[slot] = delay
-            self._to_write[slot_id(slot)] = delay
+        for slot in names:
+            self._known.add(slot)
+            if delay > self.limits.of(slot).delay:
+                self.limits.crawl_delays[slot] = delay
+                self._to_write[slot_id(slot)] = delay
 
     def rider(self) -> Read | None:
         """The write for a flush to carry, when there is one."""
@@ -128,3 +135,8 @@ class CrawlDelays:
         self._written.update(writes)
         if new and self.stats is not None:
             self.stats.inc_value("scheduler/slots/crawl_delays", len(new))
+
+
+def _names(request: Request) -> tuple[str, str]:
+    """The slot Scrapy's downloader gave ``request``, and its host's name as a slot."""
+    return slot_of(request), bound_slot(urlparse_cached(request).hostname or "")
