@@ -15,8 +15,8 @@ confirms that it sent (when the request reaches Scrapy's downloader,
 ``request_reached_downloader``) or gives it back.
 Limits come from Scrapy's own settings: ``DOWNLOAD_SLOTS`` (``"delay"``,
 ``"concurrency"``, ``"jitter"`` per slot), else ``DOWNLOAD_DELAY`` and
-``CONCURRENT_REQUESTS_PER_DOMAIN`` (or the spider's ``download_delay`` and
-``max_concurrent_requests``; ``CONCURRENT_REQUESTS_PER_IP`` when above 0); a robots.txt
+``CONCURRENT_REQUESTS_PER_DOMAIN`` (``CONCURRENT_REQUESTS_PER_IP`` when above 0; the
+spider's attributes as Scrapy's downloader reads them: :meth:`Limits.build`); a robots.txt
 ``Crawl-delay`` that Scrapy's ``RobotsTxtMiddleware`` read raises a slot's delay.
 
 How it is gated: the scheduler hands out the first buffered request whose slot holds a

@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import scrapy
 from scrapy.utils.httpobj import urlparse_cached
 
 if TYPE_CHECKING:
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
 
 #: Longest slot name used as is; a longer one is replaced by ``sha1:<hex>``.
 SLOT_MAX = 200
+#: Whether this Scrapy's downloader reads the spider's ``download_delay`` and
+#: ``max_concurrent_requests`` attributes itself, over ``DOWNLOAD_DELAY`` and both
+#: concurrency settings (before 2.18). Scrapy 2.18 deprecated them: its crawler sets
+#: them as the settings at spider priority, where nothing set them at that priority.
+SPIDER_LIMITS_READ = scrapy.version_info[:2] < (2, 18)
 #: Milliseconds added to a slot's delay after a send: the time between the request
 #: reaching Scrapy's downloader and leaving on the wire is not taken from the next gap.
 SPACING_MARGIN_MS = 2.0
@@ -95,17 +101,19 @@ class Limits:
 
     @classmethod
     def build(cls, config: PolitenessConfig, spider: object = None) -> Limits:
-        """From the settings, with the spider's ``download_delay`` and
-        ``max_concurrent_requests`` attributes over the defaults, as Scrapy does; with
-        ``CONCURRENT_REQUESTS_PER_IP`` above 0, it is every slot's concurrency (as in
-        Scrapy's downloader, whose slots are then addresses once resolved) unless
-        ``DOWNLOAD_SLOTS`` gives the slot its own."""
-        delay = float(getattr(spider, "download_delay", config.delay))
-        concurrency = (
-            config.per_ip
-            if config.per_ip > 0
-            else int(getattr(spider, "max_concurrent_requests", config.concurrency))
-        )
+        """From the settings, as Scrapy's downloader sets its slots: with
+        ``CONCURRENT_REQUESTS_PER_IP`` above 0, it is every slot's concurrency (the
+        slots are then addresses once resolved), else the per-domain limit; a
+        ``DOWNLOAD_SLOTS`` entry over both. The spider's ``download_delay`` and
+        ``max_concurrent_requests`` attributes: before Scrapy 2.18 its downloader
+        reads them over both settings (:data:`SPIDER_LIMITS_READ`); from 2.18 its
+        crawler has already made them ``DOWNLOAD_DELAY`` and
+        ``CONCURRENT_REQUESTS_PER_DOMAIN``, unless those are set at spider priority."""
+        delay = config.delay
+        concurrency = config.per_ip if config.per_ip > 0 else config.concurrency
+        if SPIDER_LIMITS_READ:
+            delay = float(getattr(spider, "download_delay", delay))
+            concurrency = int(getattr(spider, "max_concurrent_requests", concurrency))
         default = Limit(max(1, concurrency), max(0.0, delay), min(1.0, config.jitter))
         slots = {}
         for name, values in config.slots.items():

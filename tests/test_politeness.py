@@ -28,7 +28,7 @@ from scrapy import Request
 from scrapy_dist.exceptions import ConfigurationError
 from scrapy_dist.frontier.core import Lease
 from scrapy_dist.keys import RedisKeys
-from scrapy_dist.slots import SLOT_MAX, Limit, Limits, slot_of
+from scrapy_dist.slots import SLOT_MAX, SPIDER_LIMITS_READ, Limit, Limits, slot_of
 from scrapy_dist.testing.crawl import WorkerCrawl, duplicates
 from scrapy_dist.testing.politeness import (
     GateBuffer,
@@ -801,12 +801,84 @@ def test_limits_follow_scrapys_settings() -> None:
         download_delay = 0.25
         max_concurrent_requests = 1
 
-    assert Limits.build(config, Spider()).of("other") == Limit(1, 0.25, 0.5)
+    # (read from the spider before Scrapy 2.18; from 2.18, the crawler made them settings)
+    with_spider = Limit(1, 0.25, 0.5) if SPIDER_LIMITS_READ else Limit(3, 1.5, 0.5)
+    assert Limits.build(config, Spider()).of("other") == with_spider
     limits.crawl_delays["other"] = 10.0
     assert limits.of("other").delay == 10.0
     # jitter only ever lengthens the gap: the mean never drops below the delay
     assert all(1502 <= Limit(1, 1.5, 0.5).spacing_ms() <= 2252 for _ in range(200))
     assert Limit(1, 0.0, 0.5).spacing_ms() == 0
+
+
+#: Crawls one page with each spider below in plain Scrapy (its own scheduler), and prints
+#: per spider the concurrency and delay of the downloader slot the page went through,
+#: beside those :meth:`Limits.build` gives the slot from the crawler's settings.
+SLOT_LIMITS_SCRIPT = """
+import json, sys
+import scrapy
+from scrapy.crawler import CrawlerProcess
+from scrapy_dist.settings import Config
+from scrapy_dist.slots import Limits
+
+URL = sys.argv[1]
+QUIET = {"LOG_ENABLED": False, "TELNETCONSOLE_ENABLED": False, "ROBOTSTXT_OBEY": False,
+         "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.ScrapyPriorityQueue"}
+
+class Base(scrapy.Spider):
+    async def start(self):
+        yield scrapy.Request(URL)
+
+    def parse(self, response):
+        slot_name = response.meta["download_slot"]
+        slot = self.crawler.engine.downloader.slots[slot_name]
+        limit = Limits.build(Config(self.crawler.settings).politeness, self).of(slot_name)
+        print(json.dumps({"spider": self.name, "scrapy": [slot.concurrency, slot.delay],
+                          "ours": [limit.concurrency, limit.delay]}), flush=True)
+
+class PerIp(Base):
+    name = "per_ip"
+    max_concurrent_requests = 7
+    custom_settings = {**QUIET, "CONCURRENT_REQUESTS_PER_IP": 2}
+
+class Attributes(Base):
+    name = "attributes"
+    max_concurrent_requests = 3
+    download_delay = 0.01
+    custom_settings = {**QUIET, "DOWNLOAD_DELAY": 0.5, "CONCURRENT_REQUESTS_PER_DOMAIN": 5}
+
+class Settings(Base):
+    name = "settings"
+    custom_settings = {**QUIET, "DOWNLOAD_DELAY": 0.02, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}
+
+process = CrawlerProcess(QUIET)
+for spider in (PerIp, Attributes, Settings):
+    process.crawl(spider)
+process.start()
+"""
+
+
+def test_each_slots_limits_are_those_of_scrapys_own_downloader() -> None:
+    """Scrapy is the reference: the concurrency and delay :meth:`Limits.build` gives a
+    slot are those of the slot Scrapy's downloader made for the same page, with the
+    spider's ``max_concurrent_requests`` and ``download_delay`` (read by the downloader
+    over every setting before Scrapy 2.18, turned into settings from 2.18, where the
+    settings of the spider's ``custom_settings`` win) and ``CONCURRENT_REQUESTS_PER_IP``."""
+    import subprocess
+    import sys
+
+    with TestSite(1) as site:
+        done = subprocess.run(
+            [sys.executable, "-c", SLOT_LIMITS_SCRIPT, site.page_url(0)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    found = {r["spider"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert sorted(found) == ["attributes", "per_ip", "settings"], done.stderr[-3000:]
+    for spider, seen in found.items():
+        assert seen["ours"] == seen["scrapy"], (spider, seen)
 
 
 def test_with_concurrent_requests_per_ip_a_slot_is_the_hosts_address_once_resolved() -> None:
@@ -845,9 +917,10 @@ def test_with_concurrent_requests_per_ip_a_slot_is_the_hosts_address_once_resolv
 
 def test_with_concurrent_requests_per_ip_every_slot_has_that_concurrency() -> None:
     """As Scrapy's downloader: ``CONCURRENT_REQUESTS_PER_IP`` over the per-domain limit
-    (and the spider's ``max_concurrent_requests``, which Scrapy 2.14 and later make the
-    per-domain setting), a ``DOWNLOAD_SLOTS`` entry keyed by the address over both; the
-    delay per address slot as per host."""
+    (and over the spider's ``max_concurrent_requests`` from Scrapy 2.18, which makes it
+    the per-domain setting; before, the downloader let the attribute win), a
+    ``DOWNLOAD_SLOTS`` entry keyed by the address over both; the delay per address slot
+    as per host."""
     from scrapy.settings import Settings
 
     from scrapy_dist.settings import Config
@@ -867,10 +940,13 @@ def test_with_concurrent_requests_per_ip_every_slot_has_that_concurrency() -> No
     class Spider:
         max_concurrent_requests = 7
 
-    for limits in (Limits.build(config), Limits.build(config, Spider())):
-        assert limits.of("192.0.2.8") == Limit(2, 0.5, 0.5)
-        assert limits.of("a.test") == Limit(2, 0.5, 0.5)  # (not resolved yet)
-        assert limits.of("192.0.2.7") == Limit(5, 0.5, 0.5)
+    limits = Limits.build(config)
+    assert limits.of("192.0.2.8") == Limit(2, 0.5, 0.5)
+    assert limits.of("a.test") == Limit(2, 0.5, 0.5)  # (not resolved yet)
+    assert limits.of("192.0.2.7") == Limit(5, 0.5, 0.5)
+    limits = Limits.build(config, Spider())
+    assert limits.of("192.0.2.8") == Limit(7 if SPIDER_LIMITS_READ else 2, 0.5, 0.5)
+    assert limits.of("192.0.2.7") == Limit(5, 0.5, 0.5)
 
 
 def test_a_token_goes_back_under_the_slot_it_was_granted_for_once_the_host_resolves(
