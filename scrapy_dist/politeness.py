@@ -120,6 +120,11 @@ KEEP_WAITING = 2
 #: Share of the token timeout a token is used for locally after its last renewal (the
 #: rest is margin for clocks and round trips).
 VALID_SHARE = 0.8
+#: Longest wait between two refills of a worker whose buffered requests all wait, while
+#: each refill brings only requests of those slots (a crawl of few hosts: the requests
+#: handed back come straight back). It doubles from half a flush interval per such
+#: refill, and starts over when one brings another slot's request.
+REFILL_WAIT_MAX = 1.0
 
 
 @dataclass
@@ -257,6 +262,8 @@ class Politeness:
         self._renew_at = 0.0
         self._last_call = 0.0
         self._refilled_at = 0.0
+        #: Seconds from one refill of waiting slots to the next (see REFILL_WAIT_MAX).
+        self._refill_wait = 0.0
         #: Since when Redis fails (monotonic), and until when not to call.
         self._outage_since: float | None = None
         self._backoff = 0.0
@@ -404,16 +411,33 @@ class Politeness:
         if (
             blocked  # Redis refused each slot, or its next send time is ahead: lease more
             and now - self.deliveries.frontier.found_empty_at > 0.25
-            and now - self._refilled_at >= self.flush_interval / 2
+            and now - self._refilled_at >= max(self.flush_interval / 2, self._refill_wait)
         ):
             self._refilled_at = now
             self._shed(waiting)
-            self.deliveries.refill_more(decode, reject)
+            self._refill(waiting, decode, reject)
         if time.monotonic() - self._last_call >= self.flush_interval / 4 and any(
             slot not in self._known for slot in self._waiting()
         ):
             self.sync()  # a slot never asked for: ask now rather than at the next tick
         return self._pick()
+
+    def _refill(
+        self,
+        waiting: Counter[str],
+        decode: Callable[[bytes], Request],
+        reject: Callable[[Lease, SerializationError], str],
+    ) -> None:
+        """Lease more while every buffered request waits; when what comes is only more
+        of the waiting slots' requests (those just handed back, in a crawl of few
+        hosts), wait longer before the next refill (:data:`REFILL_WAIT_MAX`)."""
+        self.deliveries.refill_more(decode, reject)
+        if any(slot not in waiting for slot in self._waiting()):
+            self._refill_wait = 0.0
+        else:
+            self.stats.inc_value("scheduler/politeness/refills_of_waiting")
+            wait = max(self.flush_interval / 2, 2 * self._refill_wait)
+            self._refill_wait = min(wait, REFILL_WAIT_MAX)
 
     def _pick(self) -> Request | None:
         now = time.monotonic()

@@ -1183,6 +1183,41 @@ def test_tokens_of_requests_handed_back_are_released(client: redis.Redis, keys: 
     assert outstanding(client, keys, "a.com") == 2
 
 
+def test_refills_that_bring_back_only_waiting_slots_come_less_often(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """A worker whose buffered requests all wait hands back those beyond
+    ``KEEP_WAITING`` and leases more; when the queue gives back only the same slots'
+    requests (one host: the ones just handed back), the next refill waits twice as
+    long, up to ``REFILL_WAIT_MAX``; a refill that brings another slot starts over.
+    (Before, two workers on one host of concurrency 2 handed back 4,284 leases for
+    600 pages, one refill every half flush interval.)"""
+    from scrapy_dist.politeness import KEEP_WAITING, REFILL_WAIT_MAX
+
+    limits = Limits(Limit(1, 0.0))
+    holder = gate(client, keys, GateBuffer(["http://a.test/x"]), limits)
+    assert take(holder) is not None  # another worker holds the slot's one token
+    buffer = GateBuffer([f"http://a.test/{i}" for i in range(6)])
+    politeness = gate(client, keys, buffer, limits)
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        assert take(politeness) is None
+        time.sleep(0.005)
+    # every half flush interval (0.025 s) they were 40; waits of 0.025, 0.05, 0.1, 0.2,
+    # 0.4 (then 0.8) give at most 7
+    assert 1 <= buffer.refills <= 7, buffer.refills
+    assert politeness.stats.get_value("scheduler/politeness/refills_of_waiting") == buffer.refills
+    assert len(buffer.buffer) >= KEEP_WAITING
+    assert politeness._refill_wait <= REFILL_WAIT_MAX
+    # another host's request comes with the next refill: the wait starts over
+    buffer.more.append("http://b.test/1")
+    politeness._refilled_at = 0.0
+    picked = take(politeness)
+    assert picked is not None
+    assert picked.url == "http://b.test/1"
+    assert politeness._refill_wait == 0.0
+
+
 def test_bad_download_slot_jitter_is_refused() -> None:
     from scrapy.settings import Settings
 

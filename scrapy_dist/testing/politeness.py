@@ -84,13 +84,15 @@ def outstanding(client: redis.Redis, keys: RedisKeys, slot: str) -> int:
 class GateBuffer:
     """What :class:`~scrapy_dist.politeness.Politeness` uses of
     :class:`~scrapy_dist.worker.deliveries.Deliveries`: a buffer of leased requests, and
-    ``more`` handed out by the next :meth:`refill_more`."""
+    ``more`` handed out by the next :meth:`refill_more` (requests handed back go first,
+    as the queue gives them to the next reserve); ``refills`` counts the refills."""
 
     def __init__(self, urls: list[str]) -> None:
         self.buffer = deque((Lease(str(i), 1, b""), Request(u)) for i, u in enumerate(urls))
         self.out: list[Request] = []
         self.frontier = SimpleNamespace(found_empty_at=0.0)
         self.more: list[str] = []
+        self.refills = 0
 
     def take_at(self, index: int) -> Request:
         _, request = self.buffer[index]
@@ -98,7 +100,14 @@ class GateBuffer:
         self.out.append(request)
         return request
 
+    def hand_back_at(self, indexes: list[int]) -> None:
+        chosen = set(indexes)
+        handed = [r.url for i, (_, r) in enumerate(self.buffer) if i in chosen]
+        self.buffer = deque(item for i, item in enumerate(self.buffer) if i not in chosen)
+        self.more[:0] = handed
+
     def refill_more(self, decode: Any, reject: Any) -> bool:
+        self.refills += 1
         for url in self.more:
             self.buffer.append((Lease(url, 1, b""), Request(url)))
         added, self.more = bool(self.more), []
