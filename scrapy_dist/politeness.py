@@ -407,7 +407,10 @@ class Politeness:
         self.starved = True
         now = time.monotonic()
         waiting = self._waiting()
-        blocked = all(slot in self.refused_at or slot in self.pending for slot in waiting)
+        full = self._full()
+        blocked = all(
+            slot in self.refused_at or slot in self.pending or slot in full for slot in waiting
+        )
         if (
             blocked  # Redis refused each slot, or its next send time is ahead: lease more
             and now - self.deliveries.frontier.found_empty_at > 0.25
@@ -616,21 +619,32 @@ class Politeness:
         self._recovered()
         return True
 
+    def _full(self) -> set[str]:
+        """Slots whose concurrency this worker's own downloads in flight fill: Redis
+        would refuse them any token, so they are not asked for, and count as blocked."""
+        out = Counter(token.slot for token in self.out.values())
+        return {slot for slot, n in out.items() if n >= self.limits.of(slot).concurrency}
+
     def _asks(self, waiting: Counter[str], now: float) -> list[tuple[str, int, Limit]]:
         """What to ask for: ``(slot, tokens wanted, its limit)`` for each slot with more
-        requests waiting than tokens held, not refused lately; one turn at most for a
-        slot with delay, and none while this worker holds one of its turns not sent, or
-        sent and not confirmed by this call (Redis grants no other one meanwhile)."""
+        requests waiting than tokens held, not refused lately and not filled by this
+        worker's own downloads (:meth:`_full`); one turn at most for a slot with delay,
+        and none while this worker holds one of its turns not sent, or sent and not
+        confirmed by this call (Redis grants no other one meanwhile)."""
         confirming = {id(t) for t in self.confirms}
         unsent = {
             t.slot
             for t in self.out.values()
             if t.turn and not t.confirmed and id(t) not in confirming
         }
+        full = self._full()
         asks = []
         for slot, count in waiting.items():
             held = len(self.pending.get(slot, ())) + len(self.idle.get(slot, ()))
             if count <= held or self.retry_at.get(slot, 0.0) > now or slot in unsent:
+                continue
+            if slot in full:
+                self.stats.inc_value("scheduler/politeness/asks_skipped")
                 continue
             self._refresh_crawl_delay(slot)
             limit = self.limits.of(slot)

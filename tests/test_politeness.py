@@ -1049,9 +1049,10 @@ def test_a_blocked_slot_does_not_hold_up_another(client: redis.Redis, keys: Redi
     confirm_sent(politeness, first)
     # the buffer holds only a slot Redis refuses: more is leased, other slots go through
     time.sleep(0.06)
-    politeness.tick()  # confirms the send; asks for a.com, refused: 0.3 s after the send
+    politeness.tick()  # confirms the send; a.com is not asked for: its download fills it
     assert not politeness.confirms
-    assert "a.com" in politeness.refused_at
+    assert "a.com" in politeness._full()
+    assert politeness.stats.get_value("scheduler/politeness/asks_skipped") == 1
     buffer.more = ["http://c.com/1", "http://b.com/2"]
     time.sleep(0.02)  # on-demand calls are at most 4 per flush interval
     third = take(politeness)  # a slot never asked for is asked for at once
@@ -1216,6 +1217,34 @@ def test_refills_that_bring_back_only_waiting_slots_come_less_often(
     assert picked is not None
     assert picked.url == "http://b.test/1"
     assert politeness._refill_wait == 0.0
+
+
+def test_a_slot_this_worker_fills_with_its_own_downloads_is_not_asked_for(
+    client: redis.Redis, keys: RedisKeys
+) -> None:
+    """Redis would refuse it: no ask (before, about 100 such asks in a crawl of one
+    host), and the slot counts as blocked, so the worker leases other slots' requests."""
+    buffer = GateBuffer([f"http://a.test/{i}" for i in range(4)])
+    politeness = gate(client, keys, buffer, Limits(Limit(2, 0.0)))
+    assert take(politeness) is not None
+    assert take(politeness) is not None  # both tokens in this worker's downloads
+    assert outstanding(client, keys, "a.test") == 2
+    politeness._refilled_at = 0.0
+    buffer.more.append("http://b.test/1")
+    time.sleep(0.02)  # (a quarter flush interval since the last call: b.test asked at once)
+    picked = take(politeness)  # blocked: leases more, and b.test gets its token
+    assert picked is not None
+    assert picked.url == "http://b.test/1"
+    stats = politeness.stats
+    assert stats.get_value("scheduler/politeness/refused") is None
+    politeness.starved = True
+    politeness.sync()  # a.test's two waiting requests: nothing asked
+    assert stats.get_value("scheduler/politeness/asks_skipped") == 2
+    assert stats.get_value("scheduler/politeness/refused") is None
+    politeness.finished(buffer.out[0])  # one download ends: its token is kept for the next
+    again = take(politeness)
+    assert again is not None
+    assert again.url.startswith("http://a.test/")
 
 
 def test_bad_download_slot_jitter_is_refused() -> None:
