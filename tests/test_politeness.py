@@ -172,6 +172,47 @@ def two_hosts() -> Iterator[TwoHostSite]:
     site.close()
 
 
+#: The settings of every crawl of these tests: quick to notice a silent worker, ending by
+#: themselves soon after the last page.
+CRAWL_SETTINGS = {
+    "CONCURRENT_REQUESTS": 16,
+    "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
+    "SCHEDULER_WORKER_TIMEOUT": 2,
+    "CLOSE_WHEN_CRAWL_DONE": True,
+    "CRAWL_DONE_GRACE": 1,
+}
+
+
+def run_workers(
+    server: RedisServer,
+    site: TwoHostSite,
+    tmp_path: Path,
+    settings: dict[str, Any],
+    *,
+    seeds: list[str],
+    workers: int,
+) -> str:
+    """Crawl ``site`` from ``seeds`` with ``workers`` workers (User-Agents ``worker-0``,
+    ``worker-1``...) of :data:`CRAWL_SETTINGS` and ``settings``, to their end; their logs."""
+    crawl = WorkerCrawl(
+        server,
+        site,  # type: ignore[arg-type]
+        tmp_path,
+        project_dir=PROJECT,
+        settings={**CRAWL_SETTINGS, **settings},
+    )
+    try:
+        for n in range(workers):
+            crawl.start(1, USER_AGENT=f"worker-{n}")
+        crawl.wait_ready()
+        for seed in seeds:
+            crawl.seed(seed)
+        assert crawl.wait(60) == [0] * workers, crawl.logs()
+        return crawl.full_logs()
+    finally:
+        crawl.close()
+
+
 def crawl_two_hosts(
     server: RedisServer,
     site: TwoHostSite,
@@ -192,24 +233,10 @@ def crawl_two_hosts(
         "DOWNLOAD_DELAY": delay,
         "CONCURRENT_REQUESTS_PER_DOMAIN": concurrency,
         "DOWNLOAD_SLOTS": json.dumps({"localhost": {"concurrency": 16, "delay": 0}}),
-        "CONCURRENT_REQUESTS": 16,
-        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
-        "SCHEDULER_WORKER_TIMEOUT": 2,
-        "CLOSE_WHEN_CRAWL_DONE": True,
-        "CRAWL_DONE_GRACE": 1,
         **extra,
     }
-    crawl = WorkerCrawl(server, site, tmp_path, project_dir=PROJECT, settings=settings)  # type: ignore[arg-type]
-    try:
-        for n in range(4):
-            crawl.start(1, USER_AGENT=f"worker-{n}")
-        crawl.wait_ready()
-        crawl.seed(site.url("127.0.0.1", 0))
-        crawl.seed(site.url("localhost", 0))
-        assert crawl.wait(60) == [0, 0, 0, 0], crawl.logs()
-        logs = crawl.full_logs()
-    finally:
-        crawl.close()
+    seeds = [site.url("127.0.0.1", 0), site.url("localhost", 0)]
+    logs = run_workers(server, site, tmp_path, settings, seeds=seeds, workers=4)
     a, b = site.entries("127.0.0.1"), site.entries("localhost")
     # every page once
     assert [p for p, _, _ in a] == sorted(f"/p/{i}" for i in range(A_PAGES)), logs
@@ -332,22 +359,9 @@ def test_with_the_queue_per_slot_and_per_ip_a_robots_crawl_delay_spaces_the_host
         "ROBOTSTXT_OBEY": True,
         "DOWNLOAD_DELAY": 0,
         "CONCURRENT_REQUESTS_PER_IP": 2,
-        "CONCURRENT_REQUESTS": 16,
-        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
-        "SCHEDULER_WORKER_TIMEOUT": 2,
-        "CLOSE_WHEN_CRAWL_DONE": True,
-        "CRAWL_DONE_GRACE": 1,
     }
-    crawl = WorkerCrawl(server, two_hosts, tmp_path, project_dir=PROJECT, settings=settings)  # type: ignore[arg-type]
-    try:
-        for n in range(2):
-            crawl.start(1, USER_AGENT=f"worker-{n}")
-        crawl.wait_ready()
-        crawl.seed(two_hosts.url("localhost", 0))
-        assert crawl.wait(60) == [0, 0], crawl.logs()
-        logs = crawl.full_logs()
-    finally:
-        crawl.close()
+    seeds = [two_hosts.url("localhost", 0)]
+    logs = run_workers(server, two_hosts, tmp_path, settings, seeds=seeds, workers=2)
     pages = two_hosts.entries("localhost")
     assert sorted(p for p, _, _ in pages) == sorted(f"/p/{i}" for i in range(30)), logs
     # the first pages may go before a worker has read robots.txt; the last 20 are spaced
@@ -400,11 +414,7 @@ def one_host_crawl(
             **({"SCHEDULER_QUEUE_CLASS": queue} if queue else {}),
             "DOWNLOAD_DELAY": 0,
             "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
-            "CONCURRENT_REQUESTS": 16,
-            "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
-            "SCHEDULER_WORKER_TIMEOUT": 2,
-            "CLOSE_WHEN_CRAWL_DONE": True,
-            "CRAWL_DONE_GRACE": 1,
+            **CRAWL_SETTINGS,
             **settings,
         },
     )
