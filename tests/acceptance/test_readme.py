@@ -1,4 +1,5 @@
-"""The README's "Use it" snippets, executed as written (taken from README.md at test time).
+"""The README's "Use it" snippets, executed as written (taken from README.md at test time),
+and its first command, the demo.
 
 Only what cannot run offline changes: ``https://example.com`` is the local site (its
 home page is the site's first page), ``redis-cli`` is redis-py against the session's
@@ -9,8 +10,12 @@ command line, as a user would point them elsewhere.
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conftest import environment
 from test_crawls import readme_block
 
 if TYPE_CHECKING:
@@ -60,3 +65,24 @@ def test_readme_use_it(project: Project) -> None:
     status = project.cli("status", "books", "--redis-url", project.redis_url)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "books" in status.stdout
+
+
+def test_readme_demo_crawls_every_page_once(tmp_path: Path) -> None:
+    """The README's first command, ``make demo``, as the Makefile runs it after its set-up:
+    ``example/demo.py`` (here on a 600-page site) crawls with two workers over a Redis
+    of its own, says ``Result: OK`` and exits 0; its worker logs go to ``$TMPDIR``."""
+    demo = Path(__file__).resolve().parents[2] / "example" / "demo.py"
+    done = subprocess.run(
+        [sys.executable, str(demo), "--pages", "600"],
+        cwd=tmp_path,
+        env=environment({"TMPDIR": str(tmp_path)}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    said = done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, said
+    assert "Result: OK" in done.stdout, said
+    assert "600 of 600 expected" in done.stdout, said
+    assert "pages fetched more than once  0" in done.stdout, said
