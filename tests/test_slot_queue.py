@@ -379,6 +379,38 @@ def test_a_crawl_delay_is_written_for_the_host_and_for_the_slot_scrapy_named(
     assert sorted(urls(frontier, 10)) == ["https://slow.com/1", "https://slow.com/3"]
 
 
+def test_an_address_hosts_own_crawl_delay_is_written_after_another_host_resolved_to_it(
+    build: Callable[..., Frontier], client: redis.Redis
+) -> None:
+    """With ``CONCURRENT_REQUESTS_PER_IP``, ``http://localhost/`` is downloaded in the slot
+    ``127.0.0.1``, the name the queue gives ``http://127.0.0.1/``'s requests. Meeting
+    localhost first (no ``Crawl-delay``) does not make ``127.0.0.1``'s own one unread.
+    (Before, its name was taken as known from localhost's robots.txt: never written,
+    and one worker crawled 40 pages of a site asking for 1 s in 0.5 s.)"""
+    from scrapy_dist.worker.crawl_delays import CrawlDelays
+
+    frontier = build(DOWNLOAD_DELAY=0, SCHEDULER_LEASE_TIMEOUT=30)
+    queue = cast("SlotQueue", frontier.queue)
+    read = {"localhost": 0.0, "127.0.0.1": 30.0, "other.com": 10.0}
+    delays = CrawlDelays(
+        lambda request: read[request.url.split("/")[2]], queue.limits, queue.key + ":delays"
+    )
+    delays.reached(Request("http://localhost/1", meta={"download_slot": "127.0.0.1"}))
+    assert delays.rider() is None  # no Crawl-delay
+    delays.reached(Request("http://127.0.0.1/1", meta={"download_slot": "127.0.0.1"}))
+    ride = delays.rider()
+    assert ride is not None
+    assert ride.command.args[2:] == ("127.0.0.1", "30.0")
+    ride.on_reply(cast("Any", client).execute_command(*ride.command.args))
+    push(frontier, "http://127.0.0.1/2", "http://127.0.0.1/3")
+    assert urls(frontier, 10) == ["http://127.0.0.1/2"]
+    # another host on that address asking for less leaves the longer delay
+    delays.reached(Request("http://other.com/1", meta={"download_slot": "127.0.0.1"}))
+    ride = delays.rider()
+    assert ride is not None
+    assert ride.command.args[2:] == ("other.com", "10.0")
+
+
 def test_a_reserve_that_got_less_says_when_the_first_waiting_slot_is_ready(
     build: Callable[..., Frontier],
 ) -> None:

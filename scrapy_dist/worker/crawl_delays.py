@@ -65,8 +65,11 @@ class CrawlDelays:
         self.key = key
         self.stats = stats
         self.clock = clock
-        #: Slots whose delay is known (written, or no longer than their own).
+        #: Host names whose site's delay is known (written, or no longer than their own).
         self._known: set[str] = set()
+        #: Slots Scrapy's downloader named otherwise than by the host (an address, a
+        #: ``download_slot``) whose delay is known: the first of their sites' read.
+        self._known_slots: set[str] = set()
         #: The delays written (escaped slot -> seconds), written again now and then.
         self._written: dict[str, float] = {}
         self._to_write: dict[str, float] = {}
@@ -94,19 +97,27 @@ class CrawlDelays:
         downloader gave this one (``meta["download_slot"]``, which a retry keeps) and
         the host name (a new request's, as :func:`~scrapy_dist.slot_queue.payload_slot_of`
         names it). They differ with ``CONCURRENT_REQUESTS_PER_IP`` (Scrapy names the
-        slot by the host's address) or a ``download_slot`` of the spider's."""
-        names = [slot for slot in dict.fromkeys(_names(request)) if slot not in self._known]
+        slot by the host's address) or a ``download_slot`` of the spider's.
+
+        A host name is known by its own site's robots.txt only: the address another
+        host resolved to may also be a host's name (``http://127.0.0.1/`` beside
+        ``http://localhost/``), whose own ``Crawl-delay`` is still read then. A name
+        written both ways keeps the longer delay."""
+        slot, host = _names(request)
+        names = [slot] if slot != host and slot not in self._known_slots else []
+        if host not in self._known:
+            names.append(host)
         if not names:
             return
         delay = self.crawl_delay(request)
         if delay is None:  # robots.txt not read yet
             return
         delay = min(delay, SLOT_DELAY_MAX)
-        for slot in names:
-            self._known.add(slot)
-            if delay > self.limits.of(slot).delay:
-                self.limits.crawl_delays[slot] = delay
-                self._to_write[slot_id(slot)] = delay
+        for name in names:
+            (self._known if name == host else self._known_slots).add(name)
+            if delay > self.limits.of(name).delay:
+                self.limits.crawl_delays[name] = delay
+                self._to_write[slot_id(name)] = delay
 
     def rider(self) -> Read | None:
         """The write for a flush to carry, when there is one."""
