@@ -57,6 +57,7 @@ NAMES = (
     "politeness",
     "slot_pauses",
     "slot_counts",
+    "crawl_delays",
 )
 
 

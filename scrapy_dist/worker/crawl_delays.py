@@ -24,6 +24,7 @@ from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.frontier.wire import SLOT_DELAY_MAX
 from scrapy_dist.keys import SLOTS_DELAYS_SUFFIX, slot_id
+from scrapy_dist.lua_source import source
 from scrapy_dist.slots import bound_slot, slot_of
 from scrapy_dist.worker import engine as _engine
 
@@ -70,6 +71,9 @@ class CrawlDelays:
         #: Slots Scrapy's downloader named otherwise than by the host (an address, a
         #: ``download_slot``) whose delay is known: the first of their sites' read.
         self._known_slots: set[str] = set()
+        #: The names (escaped) written as a host's name: over what Redis holds, where a
+        #: name Scrapy's downloader gave (an address) goes only where it holds none.
+        self._hosts: set[str] = set()
         #: The delays written (escaped slot -> seconds), written again now and then.
         self._written: dict[str, float] = {}
         self._to_write: dict[str, float] = {}
@@ -118,6 +122,8 @@ class CrawlDelays:
             if delay > self.limits.of(name).delay:
                 self.limits.crawl_delays[name] = delay
                 self._to_write[slot_id(name)] = delay
+                if name == host:
+                    self._hosts.add(slot_id(name))
 
     def rider(self) -> Read | None:
         """The write for a flush to carry, when there is one."""
@@ -133,8 +139,11 @@ class CrawlDelays:
         self._writing = writes
         args: list[str | int] = []
         for slot, delay in writes.items():
-            args += [slot, repr(delay)]
-        return Read(Command(("HSET", self.key, *args)), lambda reply: self._replied(reply, writes))
+            args += [slot, repr(delay), "h" if slot in self._hosts else "s"]
+        # EVAL, not EVALSHA: a plain command in the flush's pipeline, whatever the
+        # server's script cache holds (a failover or restart empties it)
+        command = ("EVAL", source("crawl_delays"), 1, self.key, *args)
+        return Read(Command(command), lambda reply: self._replied(reply, writes))
 
     def _replied(self, reply: Any, writes: dict[str, float]) -> None:
         if self._writing is writes:
