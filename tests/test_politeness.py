@@ -342,6 +342,16 @@ def test_with_concurrent_requests_per_ip_the_gate_holds_an_address_across_worker
     assert "applied by each worker on its own" not in logs
 
 
+#: The queue per slot, robots.txt obeyed, 2 downloads at once per address, no delay of
+#: its own: what a site's ``Crawl-delay`` does with addresses and host names.
+ROBOTS_PER_IP = {
+    "SCHEDULER_QUEUE_CLASS": SLOT_QUEUE,
+    "ROBOTSTXT_OBEY": True,
+    "DOWNLOAD_DELAY": 0,
+    "CONCURRENT_REQUESTS_PER_IP": 2,
+}
+
+
 @pytest.mark.e2e
 def test_with_the_queue_per_slot_and_per_ip_a_robots_crawl_delay_spaces_the_hosts_requests(
     server: RedisServer, two_hosts: TwoHostSite, tmp_path: Path
@@ -354,14 +364,8 @@ def test_with_the_queue_per_slot_and_per_ip_a_robots_crawl_delay_spaces_the_host
     pages in about 0.3 s.)"""
     two_hosts.b_pages = 30
     two_hosts.robots["localhost"] = "User-agent: *\nCrawl-delay: 0.3\n"
-    settings = {
-        "SCHEDULER_QUEUE_CLASS": SLOT_QUEUE,
-        "ROBOTSTXT_OBEY": True,
-        "DOWNLOAD_DELAY": 0,
-        "CONCURRENT_REQUESTS_PER_IP": 2,
-    }
     seeds = [two_hosts.url("localhost", 0)]
-    logs = run_workers(server, two_hosts, tmp_path, settings, seeds=seeds, workers=2)
+    logs = run_workers(server, two_hosts, tmp_path, ROBOTS_PER_IP, seeds=seeds, workers=2)
     pages = two_hosts.entries("localhost")
     assert sorted(p for p, _, _ in pages) == sorted(f"/p/{i}" for i in range(30)), logs
     # the first pages may go before a worker has read robots.txt; the last 20 are spaced
@@ -383,17 +387,7 @@ def test_with_the_queue_per_slot_and_per_ip_a_site_named_by_its_address_keeps_it
     two_hosts.a_pages, two_hosts.b_pages = 12, 2
     two_hosts.a_serve = lambda i: 0.02
     two_hosts.robots["127.0.0.1"] = "User-agent: *\nCrawl-delay: 0.5\n"
-    settings = {
-        "SCHEDULER_QUEUE_CLASS": SLOT_QUEUE,
-        "ROBOTSTXT_OBEY": True,
-        "DOWNLOAD_DELAY": 0,
-        "CONCURRENT_REQUESTS_PER_IP": 2,
-        "CONCURRENT_REQUESTS": 16,
-        "SCHEDULER_HEARTBEAT_INTERVAL": 0.5,
-        "SCHEDULER_WORKER_TIMEOUT": 2,
-        "CLOSE_WHEN_CRAWL_DONE": True,
-        "CRAWL_DONE_GRACE": 1,
-    }
+    settings = {**CRAWL_SETTINGS, **ROBOTS_PER_IP}
     crawl = WorkerCrawl(server, two_hosts, tmp_path, project_dir=PROJECT, settings=settings)  # type: ignore[arg-type]
     try:
         crawl.start(1)
