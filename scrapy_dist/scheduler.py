@@ -322,6 +322,9 @@ class Scheduler(BaseScheduler):
                 longest=pause_max,
                 backoff_after=config.scheduler.slot_backoff_after,
                 backoff=config.scheduler.slot_backoff,
+                # (the queue per slot names a site's new requests by host, and holds a
+                # paused one's in Redis; Scrapy may name its slot by address)
+                host_too=isinstance(frontier.queue, SlotQueue),
             )
         counts = None
         if cls.leased and config.scheduler.slot_counts:

@@ -54,6 +54,13 @@ def slot_of(request: Request, address_of: Callable[[str], str | None] | None = N
     return bound_slot(str(raw))
 
 
+def host_slot(request: Request) -> str:
+    """The slot of ``request``'s host name, as the queue per download slot names a new
+    request's (one without ``meta["download_slot"]``). Scrapy's downloader may have
+    named it otherwise (by the host's address, with ``CONCURRENT_REQUESTS_PER_IP``)."""
+    return bound_slot(urlparse_cached(request).hostname or "")
+
+
 def bound_slot(slot: str) -> str:
     """``slot`` as Redis keeps it (a zset member): as it is, or, when longer than
     :data:`SLOT_MAX` characters or without a UTF-8 form, ``sha1:`` and its SHA-1."""

@@ -176,3 +176,37 @@ def test_a_pause_whose_flush_brought_no_reply_is_written_again(
     clock.now += 1.0
     carry(pauses.rider, client)
     assert client.zscore(RedisKeys.build(name).slot_pauses, "busy.example") is not None
+
+
+def test_with_the_queue_per_slot_a_pause_names_the_host_too(client: redis.Redis, name: str) -> None:
+    """With ``CONCURRENT_REQUESTS_PER_IP`` Scrapy's downloader names the slot by the
+    host's address (``meta["download_slot"]``); the queue per slot names the site's new
+    requests by their host. Both are paused, so the queue holds the site's requests in
+    Redis. (Before, only the address was: two workers of the queue per slot sent 2 and
+    4 of one host's requests during its 3 s Retry-After; 0 and 0 after.)"""
+    frontier: Any = SimpleNamespace(keys=RedisKeys.build(name))
+    stats = MemoryStatsCollector(get_crawler())
+    pauses = SlotPauses(
+        frontier,
+        lambda r: r.meta["download_slot"],
+        stats,
+        longest=300.0,
+        backoff_after=3,
+        backoff=10.0,
+        host_too=True,
+        clock=Clock(),
+    )
+    request = Request(URL, meta={"download_slot": "10.0.0.1"})
+    pauses.downloaded(_response(429, "30"), request)
+    assert pauses.left("10.0.0.1") == pytest.approx(30.0)
+    assert pauses.left("busy.example") == pytest.approx(30.0)
+    assert stats.get_value("scheduler/slots/paused") == 1  # one pause, two names
+    carry(pauses.rider, client)
+    stored = client.zrange(RedisKeys.build(name).slot_pauses, 0, -1)
+    assert sorted(stored) == [b"10.0.0.1", b"busy.example"]
+    # without the queue per slot, the slot alone
+    alone, _ = _pauses(name + "-alone")
+    alone.slot_key = lambda r: r.meta["download_slot"]
+    alone.downloaded(_response(429, "30"), request)
+    assert alone.left("10.0.0.1") == pytest.approx(30.0)
+    assert alone.left("busy.example") == 0.0

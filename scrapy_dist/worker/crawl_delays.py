@@ -18,14 +18,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.frontier.wire import SLOT_DELAY_MAX
 from scrapy_dist.keys import SLOTS_DELAYS_SUFFIX, slot_id
 from scrapy_dist.lua_source import source
-from scrapy_dist.slots import bound_slot, slot_of
+from scrapy_dist.slots import host_slot, slot_of
 from scrapy_dist.worker import engine as _engine
 
 if TYPE_CHECKING:
@@ -159,4 +158,4 @@ class CrawlDelays:
 
 def _names(request: Request) -> tuple[str, str]:
     """The slot Scrapy's downloader gave ``request``, and its host's name as a slot."""
-    return slot_of(request), bound_slot(urlparse_cached(request).hostname or "")
+    return slot_of(request), host_slot(request)

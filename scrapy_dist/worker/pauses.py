@@ -20,7 +20,8 @@ there are no pauses.
 
 The slot name comes from the request (its host, or ``meta["download_slot"]``): it is
 only a member of the zset, never part of a key name, and a long one is named by its
-SHA-1 (:func:`scrapy_dist.politeness.bound_slot`).
+SHA-1 (:func:`scrapy_dist.slots.bound_slot`). With the queue per download slot, the
+host's name is paused too where the slot has another (``host_too``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from scrapy import signals
 from scrapy_dist.frontier.events import Read
 from scrapy_dist.frontier.outbox import Command
 from scrapy_dist.lua_source import source
-from scrapy_dist.slots import bound_slot
+from scrapy_dist.slots import bound_slot, host_slot
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,6 +90,9 @@ class SlotPauses:
         longest: ``SCHEDULER_SLOT_PAUSE_MAX`` seconds.
         backoff_after: ``SCHEDULER_SLOT_BACKOFF_AFTER`` (0: runs never pause a slot).
         backoff: ``SCHEDULER_SLOT_BACKOFF`` seconds.
+        host_too: pause a request's host name too where its slot has another name (an
+            address, with ``CONCURRENT_REQUESTS_PER_IP``): the queue per download slot
+            names a site's new requests by their host, and holds them in Redis then.
         clock: monotonic seconds.
     """
 
@@ -101,10 +105,12 @@ class SlotPauses:
         longest: float,
         backoff_after: int,
         backoff: float,
+        host_too: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.frontier = frontier
         self.slot_key = slot_key
+        self.host_too = host_too
         self.stats = stats
         self.longest_ms = max(1, round(longest * 1000))
         self.backoff_after = backoff_after
@@ -132,6 +138,7 @@ class SlotPauses:
         longest: float,
         backoff_after: int,
         backoff: float,
+        host_too: bool = False,
     ) -> SlotPauses:
         """The pauses of a crawler's scheduler: its responses watched, its frontier's
         flushes carrying the reads."""
@@ -143,6 +150,7 @@ class SlotPauses:
             longest=longest,
             backoff_after=backoff_after,
             backoff=backoff,
+            host_too=host_too,
         )
         crawler.signals.connect(pauses.downloaded, signal=signals.response_downloaded)
         frontier.events.carry(pauses.rider)
@@ -172,10 +180,11 @@ class SlotPauses:
             self._run.pop(slot, None)
             self._runs.pop(slot, None)
             return
+        host = host_slot(request) if self.host_too else slot
         asked = retry_after(response.headers.get(b"Retry-After"))
         if asked is not None:
             self._run.pop(slot, None)
-            self.pause(slot, asked, f"Retry-After on a {response.status}")
+            self.pause(slot, asked, f"Retry-After on a {response.status}", host=host)
             return
         if not self.backoff_after:
             return
@@ -188,23 +197,27 @@ class SlotPauses:
             slot,
             self.backoff * 2 ** min(runs - 1, 30),
             f"{self.backoff_after} responses {response.status} or 429/503 in a row",
+            host=host,
         )
 
-    def pause(self, slot: str, seconds: float, why: str) -> None:
+    def pause(self, slot: str, seconds: float, why: str, *, host: str | None = None) -> None:
         """Pause ``slot`` (stored name) for ``seconds`` (at most the longest pause) here
-        at once, and for every worker with the next flush."""
+        at once, and for every worker with the next flush; the same for ``host``, the
+        slot of the request's host name, where it is another name (see ``host_too``)."""
         ms = min(self.longest_ms, max(0, round(seconds * 1000)))
         if not ms:
             return
         until = self.clock() + ms / 1000
-        if until > self.until.get(slot, 0.0):
-            self.until[slot] = until
-        self._to_write[slot] = max(ms, self._to_write.get(slot, 0))
+        names = dict.fromkeys((slot, host or slot))
+        for name in names:
+            if until > self.until.get(name, 0.0):
+                self.until[name] = until
+            self._to_write[name] = max(ms, self._to_write.get(name, 0))
         self._next_read = 0.0  # the next flush carries the write
         self.stats.inc_value("scheduler/slots/paused")
         logger.info(
             "Pausing download slot %(slot)s for %(s).1fs for every worker (%(why)s)",
-            {"slot": slot, "s": ms / 1000, "why": why},
+            {"slot": " and ".join(names), "s": ms / 1000, "why": why},
         )
 
     # -- Redis ----------------------------------------------------------------------------
