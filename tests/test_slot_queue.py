@@ -621,6 +621,12 @@ def test_delays_and_pauses_written_by_hand_as_infinite_do_not_stop_the_crawl(
     ready_at = frontier.slot_ready_at
     assert ready_at is not None
     assert ready_at - time.monotonic() <= 301
+    # the junk is deleted and said, once each, in a dead-letter record naming it
+    assert client.hgetall(queue.key + ":delays") == {b"b.com": b"1e9"}
+    reasons = sorted(d["reason"] for d in map(json.loads, client.lrange(frontier.keys.dead, 0, -1)))
+    assert len(reasons) == 2, reasons
+    assert reasons[0].startswith(f'{queue.key}:delays held "inf" for slot a.com, not a delay')
+    assert reasons[1].startswith(f'{queue.key}:delays held "nan" for slot c.com, not a delay')
 
 
 def test_a_wait_or_rest_further_ahead_than_a_reserve_sets_ends_at_the_next_reserve(

@@ -616,6 +616,8 @@ end
 -- one slot is ready). First, the slots whose wait ended are ready again (those emptied
 -- meanwhile leave the indexes). Returns the entries and each one's "<level
 -- score>@<slot>" (what put_back_slot reads back). `on_broken` as take_levels's.
+-- `rules.on_junk`, if set, is called with the delays hash, a slot and the field's value
+-- when the field holds no delay (junk, nan, inf written by hand), after deleting it.
 -- `paused`, if given, is the crawl's zset of slot pauses (slot as Scrapy names it ->
 -- server time in ms the pause ends, scrapy_dist/worker/pauses.py): a ready slot paused
 -- beyond now waits until its pause ends instead (a key of another type: no pauses).
@@ -674,6 +676,11 @@ local function take_slots(queue, count, now, rules, on_broken, order, paused)
       local crawl_delay = delay_of(delays[k] or nil)
       if crawl_delay and crawl_delay > d then
         d = crawl_delay
+      elseif delays[k] and not crawl_delay and rules.on_junk then
+        -- a field that holds no delay (written by hand): deleted and said (the workers
+        -- that know the site's Crawl-delay write it again)
+        redis.call("HDEL", delays_key, slot)
+        rules.on_junk(delays_key, slot, delays[k])
       end
       -- several slots: one level per visit, so that a slot's lower priorities wait for
       -- the other slots' higher ones (the slots are ranked again after each round)

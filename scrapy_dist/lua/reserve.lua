@@ -303,7 +303,13 @@ elseif take == "slots" or string.sub(take, 1, 6) == "slots:" then
   if aside then
     bury(dead_json("request", "", aside, now, worker, 0))
   end
-  entries, scores = take_slots(queue, count, now, slot_rules(ARGV, 11), function(_, key, kind)
+  local rules = slot_rules(ARGV, 11)
+  rules.on_junk = function(key, slot, value)
+    bury(dead_json("request", "", key .. " held " .. string.format("%q", string.sub(value, 1, 100))
+      .. " for slot " .. slot .. ", not a delay in seconds: deleted (a worker that read the "
+      .. "site's robots.txt writes its Crawl-delay again within 30 s)", now, worker, 0))
+  end
+  entries, scores = take_slots(queue, count, now, rules, function(_, key, kind)
     set_aside_loudly(key, kind, set_aside(key))
     return true
   end, string.sub(take, 7), KEYS[12])
