@@ -125,6 +125,11 @@ VALID_SHARE = 0.8
 #: handed back come straight back). It doubles from half a flush interval per such
 #: refill, and starts over when one brings another slot's request.
 REFILL_WAIT_MAX = 1.0
+#: Seconds after a slot's last buffered request left this worker's buffer during which
+#: its refills do not wait longer: more of that slot may be in the queue, its next token
+#: soon (a delayed host's requests behind another host's handed back, in a crawl of few
+#: hosts, lost its turns while every worker waited up to REFILL_WAIT_MAX).
+DRAINED_FOR = 2.0
 
 
 @dataclass
@@ -264,6 +269,10 @@ class Politeness:
         self._refilled_at = 0.0
         #: Seconds from one refill of waiting slots to the next (see REFILL_WAIT_MAX).
         self._refill_wait = 0.0
+        #: The slots buffered when every buffered request last waited, and when one of
+        #: them was last found gone from the buffer (see DRAINED_FOR).
+        self._starved_slots: set[str] = set()
+        self._drained_at = -math.inf
         #: Since when Redis fails (monotonic), and until when not to call.
         self._outage_since: float | None = None
         self._backoff = 0.0
@@ -407,6 +416,11 @@ class Politeness:
         self.starved = True
         now = time.monotonic()
         waiting = self._waiting()
+        if any(slot not in waiting for slot in self._starved_slots):
+            self._drained_at = now  # a slot's last buffered request went: more may come
+        self._starved_slots = set(waiting)
+        if now - self._drained_at < DRAINED_FOR:
+            self._refill_wait = 0.0
         full = self._full()
         blocked = all(
             slot in self.refused_at or slot in self.pending or slot in full for slot in waiting
