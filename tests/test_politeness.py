@@ -1291,7 +1291,7 @@ def test_refills_do_not_wait_longer_for_a_while_after_a_slot_left_the_buffer(
         assert politeness._refill_wait <= politeness.flush_interval / 2
         time.sleep(0.005)
     # every half flush interval (0.025 s): about 20; waiting longer, at most 5
-    assert buffer.refills >= 10, buffer.refills
+    assert buffer.refills >= 8, buffer.refills
     # past DRAINED_FOR the waits grow again
     politeness._drained_at -= DRAINED_FOR
     refills = buffer.refills
