@@ -9,19 +9,15 @@
 --             holds no delay, so that it never replaces the delay of a host of that name,
 --             http://127.0.0.1/ beside a http://localhost/ resolved to it)
 -- Returns: the number of fields written.
+-- uses: _levels
 
 local key = KEYS[1]
-
--- whether a field's text is a delay (a reserve ignores junk, nan and inf: so does this)
-local function is_delay(text)
-  local d = tonumber(text)
-  return d ~= nil and d == d and d >= 0 and d ~= math.huge
-end
 
 local written = 0
 for i = 1, #ARGV - 2, 3 do
   local slot, delay = ARGV[i], ARGV[i + 1]
-  if ARGV[i + 2] == "h" or not is_delay(redis.call("HGET", key, slot)) then
+  -- (a field a reserve reads as no delay, delay_of: missing, junk, nan, inf)
+  if ARGV[i + 2] == "h" or delay_of(redis.call("HGET", key, slot)) == nil then
     redis.call("HSET", key, slot, delay)
     written = written + 1
   end
