@@ -106,7 +106,7 @@ class CrawlDelays:
         host resolved to may also be a host's name (``http://127.0.0.1/`` beside
         ``http://localhost/``), whose own ``Crawl-delay`` is still read then. A name
         written both ways keeps the longer delay."""
-        slot, host = _names(request)
+        slot, host = slot_of(request), host_slot(request)
         names = [slot] if slot != host and slot not in self._known_slots else []
         if host not in self._known:
             names.append(host)
@@ -154,8 +154,3 @@ class CrawlDelays:
         self._written.update(writes)
         if new and self.stats is not None:
             self.stats.inc_value("scheduler/slots/crawl_delays", len(new))
-
-
-def _names(request: Request) -> tuple[str, str]:
-    """The slot Scrapy's downloader gave ``request``, and its host's name as a slot."""
-    return slot_of(request), host_slot(request)
